@@ -1,0 +1,42 @@
+"""rankscope: one call from anywhere, one view per experiment, on OpenTelemetry.
+
+This module only re-exports; the implementation lives in ``rankscope._internal``.
+Importing it changes nothing global: ``init`` (or the first call) configures the process.
+"""
+
+from ._internal.backends.base import LoggerBackend, LoggingMode, Metric, register_backend
+from ._internal.main import (
+    current_step,
+    dropped_points,
+    flush,
+    force_flush,
+    get_resource,
+    init,
+    record_metric,
+    shutdown,
+)
+from ._internal.reduce import (
+    DISTRIBUTION_RELATIVE_ERROR,
+    MetricAccumulator,
+    Reduce,
+)
+from ._version import __version__
+
+__all__ = [
+    "DISTRIBUTION_RELATIVE_ERROR",
+    "LoggerBackend",
+    "LoggingMode",
+    "Metric",
+    "MetricAccumulator",
+    "Reduce",
+    "__version__",
+    "current_step",
+    "dropped_points",
+    "flush",
+    "force_flush",
+    "get_resource",
+    "init",
+    "record_metric",
+    "register_backend",
+    "shutdown",
+]

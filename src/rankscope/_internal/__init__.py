@@ -1,0 +1,1 @@
+"""rankscope internals: nothing here is public API; import from ``rankscope``."""

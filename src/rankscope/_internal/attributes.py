@@ -1,0 +1,43 @@
+"""The one place that knows rankscope's attribute and metric names.
+
+Resource attributes say who a process is; data-point attributes say which step and
+reduction a point belongs to. The sink decodes with the same constants, so a rename
+here is a wire-format change.
+"""
+
+from __future__ import annotations
+
+# Resource attributes (strings unless noted).
+EXPERIMENT_ID = "rankscope.experiment.id"
+EXPERIMENT_ATTEMPT = "rankscope.experiment.attempt"  # int
+ROLE = "rankscope.role"
+REPLICA = "rankscope.replica"
+RANK = "rankscope.rank"
+LOCAL_RANK = "rankscope.local_rank"
+WORLD_SIZE = "rankscope.world_size"
+MESH_PREFIX = "rankscope.mesh."
+
+# Standard OpenTelemetry resource attributes we fill in.
+SERVICE_NAME = "service.name"
+SERVICE_INSTANCE_ID = "service.instance.id"
+HOST_NAME = "host.name"
+PROCESS_PID = "process.pid"
+
+# Data-point attributes.
+STEP = "rankscope.step"  # int; absent on periodic exports of processes that never flush
+REDUCE = "rankscope.reduce"  # the reduce type's name, e.g. "mean"
+STATE_FIELD = "rankscope.state"  # for custom reduce types: which state field this point holds
+
+# Metrics rankscope emits about itself.
+FLUSH_MARKER = "rankscope.flush"  # one point per flush: "this process closed step N" (value: keys)
+DROPPED_POINTS = "rankscope.dropped_points"  # points lost to a full queue or failed exports
+
+INSTRUMENTATION_SCOPE = "rankscope"
+
+
+def mesh_rank(dim: str) -> str:
+    return f"{MESH_PREFIX}{dim}.rank"
+
+
+def mesh_size(dim: str) -> str:
+    return f"{MESH_PREFIX}{dim}.size"

@@ -1,0 +1,10 @@
+"""Local views: backends that run inside the process (the sink reuses the interface)."""
+
+from .base import LoggerBackend, LoggingMode, Metric, get_backend_class, register_backend
+from .console import ConsoleBackend
+from .jsonl import JsonlBackend
+
+register_backend("console", ConsoleBackend)
+register_backend("jsonl", JsonlBackend)
+
+__all__ = ["LoggerBackend", "LoggingMode", "Metric", "get_backend_class", "register_backend"]

@@ -1,0 +1,83 @@
+"""The backend interface (Forge's LoggerBackend) and the registry that finds backends.
+
+A backend gets ``init`` once, ``log_batch`` with reduced metrics at each flush (modes
+``per_rank_reduce`` and ``global_reduce``), ``log_stream`` with every raw value (mode
+``per_rank_no_reduce``) and ``finish`` at shutdown. Methods may be ``async``; rankscope
+runs them to completion. Third parties ship one through the ``rankscope.backends`` entry
+point group, or call ``register_backend``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from ..reduce import Reduce
+
+
+class LoggingMode(str, enum.Enum):
+    GLOBAL_REDUCE = "global_reduce"
+    PER_RANK_REDUCE = "per_rank_reduce"
+    PER_RANK_NO_REDUCE = "per_rank_no_reduce"
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One value handed to a backend: reduced (log_batch) or raw (log_stream)."""
+
+    key: str
+    value: float
+    reduction: Reduce
+    timestamp: float | None = None
+
+
+class LoggerBackend:
+    """Base class of backends; ``logger_backend_config`` is the backend's config dict."""
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
+        self.logger_backend_config = dict(logger_backend_config or {})
+        mode = self.logger_backend_config.get("logging_mode", LoggingMode.PER_RANK_REDUCE)
+        try:
+            self.logging_mode = LoggingMode(mode)
+        except ValueError:
+            known = ", ".join(m.value for m in LoggingMode)
+            raise ValueError(f"{type(self).__name__}: logging_mode {mode!r} is not one of {known}") from None
+
+    def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Called once before any data; ``process_name`` labels this process (role_replica_rRANK)."""
+        self.process_name = process_name
+
+    def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> Any:
+        """Reduced metrics of one step (``global_step`` is None for periodic exports)."""
+
+    def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> Any:
+        """One raw value, as recorded (only in ``per_rank_no_reduce`` mode)."""
+
+    def finish(self) -> Any:
+        """Called once at shutdown, after the last batch."""
+
+
+_BACKENDS: dict[str, type[LoggerBackend]] = {}
+
+
+def register_backend(name: str, backend_class: type[LoggerBackend]) -> None:
+    if not (isinstance(backend_class, type) and issubclass(backend_class, LoggerBackend)):
+        raise TypeError(f"register_backend({name!r}): {backend_class!r} is not a LoggerBackend subclass")
+    _BACKENDS[name] = backend_class
+
+
+def get_backend_class(name: str) -> type[LoggerBackend]:
+    """Find a backend by name: registered ones first, then ``rankscope.backends`` entry points."""
+    found = _BACKENDS.get(name)
+    if found is None:
+        for ep in entry_points(group="rankscope.backends"):
+            if ep.name == name:
+                found = ep.load()
+                register_backend(name, found)  # type: ignore[arg-type]
+                break
+    if found is None:
+        known = sorted({*_BACKENDS, *(ep.name for ep in entry_points(group="rankscope.backends"))})
+        raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(known)}")
+    return found

@@ -1,0 +1,41 @@
+"""Console backend: Forge's blocks on flush, one line per value when streaming."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from .base import LoggerBackend, LoggingMode, Metric
+
+
+def format_value(value: float) -> str:
+    """Numbers as Forge prints them; NaN and inf shown as ``nan``/``inf``, never hidden."""
+    return repr(float(value))
+
+
+class ConsoleBackend(LoggerBackend):
+    def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        super().init(process_name)
+        self.rank = kwargs.get("rank", 0)
+        self.world_size = kwargs.get("world_size", 1)
+        self.role = kwargs.get("role", "main")
+
+    def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.logging_mode is LoggingMode.GLOBAL_REDUCE:
+            title = "GlobalReduce"
+        else:
+            title = self.process_name or "process"
+        step = "-" if global_step is None else global_step
+        lines = [f"=== [{title}] - METRICS STEP {step} ==="]
+        lines += [f"{m.key}: {format_value(m.value)}" for m in metrics]
+        lines.append("===============")
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+
+    def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp or time.time()))
+        sys.stdout.write(
+            f"[{self.rank}] [{self.role}-{self.rank}/{self.world_size}] {stamp} INFO "
+            f"{metric.key}: {format_value(metric.value)}\n"
+        )

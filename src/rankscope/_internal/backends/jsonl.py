@@ -1,0 +1,43 @@
+"""JSONL backend: one JSON object per value, one file per process.
+
+Config: ``path`` (default ``rankscope_logs/{experiment}/{process}.jsonl``). Non-finite
+numbers are written as ``NaN``/``Infinity``, which Python's json module reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from .base import LoggerBackend, Metric
+
+
+class JsonlBackend(LoggerBackend):
+    def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        super().init(process_name)
+        self.identity = {k: kwargs[k] for k in ("experiment", "role", "replica", "rank") if kwargs.get(k) is not None}
+        template = self.logger_backend_config.get("path", "rankscope_logs/{experiment}/{process}.jsonl")
+        path = Path(str(template).format(process=process_name, pid=os.getpid(), **self.identity))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+
+    def _write(self, kind: str, metric: Metric, step: int | None) -> None:
+        row = {
+            "kind": kind, "step": step, "key": metric.key, "value": metric.value,
+            "reduce": metric.reduction.value, "time": metric.timestamp, **self.identity,
+        }
+        self._file.write(json.dumps(row) + "\n")
+
+    def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        for metric in metrics:
+            self._write(self.logging_mode.value, metric, global_step)
+        self._file.flush()
+
+    def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        self._write("stream", metric, global_step)
+
+    def finish(self) -> None:
+        self._file.close()

@@ -1,0 +1,152 @@
+"""Per-process metric state: what ``record_metric`` writes and ``flush`` hands off.
+
+The hot path (in ``main.record_metric``) touches only ``Collector.accs``: a dict lookup
+and an ``append`` on a slotted accumulator. Everything else (first use of a key, type
+checks, device tensors, streaming) goes through ``Collector.record``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .reduce import MetricAccumulator, Reduce
+from .values import check_key, to_number
+
+StreamSink = Callable[[str, float, Reduce, float], None]
+
+
+@dataclass(slots=True)
+class DeviceValues:
+    """1-element device tensors of one step, copied to the host in one batch per device.
+
+    ``start`` runs on the caller's thread at flush: it stacks the tensors and queues an
+    asynchronous copy into pinned memory plus a CUDA event, so flush never waits for the
+    GPU. ``values`` runs on the export thread and waits for that event there.
+    """
+
+    keys: list[str] = field(default_factory=list)
+    tensors: list[Any] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    _copies: list[tuple[list[int], Any, Any]] = field(default_factory=list)
+
+    def start(self) -> None:
+        torch = sys.modules["torch"]
+        by_device: dict[Any, list[int]] = {}
+        for i, tensor in enumerate(self.tensors):
+            by_device.setdefault(tensor.device, []).append(i)
+        for device, indices in by_device.items():
+            stacked = torch.stack([self.tensors[i].to(torch.float64) for i in indices])
+            if device.type == "cuda":
+                host = torch.empty(stacked.shape, dtype=torch.float64, pin_memory=True)
+                host.copy_(stacked, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                self._copies.append((indices, host, event))
+            else:  # other accelerators: copy on the export thread
+                self._copies.append((indices, stacked, None))
+        self.tensors = []  # drop references to the originals; the stacked copies live on
+
+    def values(self) -> list[float]:
+        out = [0.0] * len(self.keys)
+        for indices, host, event in self._copies:
+            if event is not None:
+                event.synchronize()
+            for i, v in zip(indices, host.cpu().tolist(), strict=True):
+                out[i] = v
+        return out
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """Everything one process recorded for one step (``step`` None: a periodic export)."""
+
+    step: int | None
+    start_time_unix_nano: int
+    time_unix_nano: int
+    accs: dict[str, MetricAccumulator]
+    device: DeviceValues | None
+
+
+class Collector:
+    """Accumulators of the step in progress plus the process-lifetime key registry."""
+
+    __slots__ = ("accs", "fast", "_reduce_of", "_lower", "_device", "_streams", "_step_start")
+
+    def __init__(self, streams: list[StreamSink]) -> None:
+        self.accs: dict[str, MetricAccumulator] = {}
+        self._reduce_of: dict[str, Reduce] = {}
+        self._lower: dict[str, str] = {}
+        self._device: DeviceValues | None = None
+        self._streams = streams
+        # The hot path may skip ``record`` only when nothing else must see the value.
+        self.fast = not streams
+        self._step_start = time.time_ns()
+
+    def set_streams(self, streams: list[StreamSink]) -> None:
+        self._streams = streams
+        self.fast = not streams
+
+    def record(self, key: str, value: Any, reduce: Reduce) -> None:
+        """Full path: validate, convert, accumulate, stream. Raises on user errors."""
+        known = self._reduce_of.get(key)
+        if known is None:
+            self._register(key, reduce)
+        elif known is not reduce:
+            raise ValueError(
+                f"record_metric({key!r}): recorded with {known!r} before, now with {reduce!r}; "
+                "one key has one reduce type per process"
+            )
+        number = to_number(key, value)
+        acc = self.accs.get(key)
+        if acc is None:
+            acc = self.accs[key] = reduce.accumulator_class(reduce)
+        if type(number) is float:
+            acc.append(number)
+            if self._streams:
+                now = time.time()
+                for stream in self._streams:
+                    stream(key, number, reduce, now)
+        else:  # a device tensor: read at flush, streamed then with its record time
+            if self._device is None:
+                self._device = DeviceValues()
+            self._device.keys.append(key)
+            self._device.tensors.append(number)
+            self._device.times.append(time.time())
+
+    def _register(self, key: str, reduce: Reduce) -> None:
+        if not isinstance(reduce, Reduce):
+            raise TypeError(f"record_metric({key!r}): reduce must be a rankscope Reduce, got {reduce!r}")
+        check_key(key)
+        other = self._lower.get(key.lower())
+        if other is not None:
+            raise ValueError(
+                f"record_metric({key!r}): metric names are case-insensitive in OpenTelemetry and "
+                f"{other!r} is already recorded; use one spelling"
+            )
+        self._lower[key.lower()] = key
+        self._reduce_of[key] = reduce
+
+    def take(self, step: int | None) -> StepBatch | None:
+        """Hand off the current step's state and start a fresh one (O(1) on the caller)."""
+        accs, device = self.accs, self._device
+        now = time.time_ns()
+        start, self._step_start = self._step_start, now
+        self.accs, self._device = {}, None
+        if device is not None:
+            device.start()
+        if not accs and step is None:
+            return None
+        return StepBatch(step, start, now, accs, device)
+
+    def stream_device_values(self, batch: StepBatch, values: list[float]) -> None:
+        """Feed host copies of a batch's device values into its accumulators (export thread)."""
+        assert batch.device is not None
+        for key, value, when in zip(batch.device.keys, values, batch.device.times, strict=True):
+            acc = batch.accs[key]
+            acc.append(value)
+            for stream in self._streams:
+                stream(key, value, acc.reduction_type, when)

@@ -1,0 +1,344 @@
+"""The export thread: local backends and OTLP, off the caller's thread, bounded.
+
+``flush`` puts a ``StepBatch`` on a bounded queue and returns. This thread reads device
+values (waiting on CUDA events here, never on the caller), hands reduced values to the
+local backends, and sends every queued step in one OTLP request through the OTel SDK's
+exporter. Points that cannot be queued or exported are counted; once an export succeeds
+again the count is reported in a warning and in the ``rankscope.dropped_points`` metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.metrics.export import Metric as OTelMetric
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from .._version import __version__
+from . import attributes as attr
+from .backends.base import LoggerBackend, LoggingMode, Metric
+from .collector import Collector, StepBatch
+from .reduce import Reduce, reduced_items
+from .wire import encode
+
+_STREAM_QUEUE_LIMIT = 65536
+_MAX_STEPS_PER_REQUEST = 64
+
+
+def make_otlp_exporter(endpoint: str | None, protocol: str) -> MetricExporter | None:
+    """The SDK's OTLP metric exporter, or None when no endpoint is configured anywhere."""
+    if endpoint is None and not (
+        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    ):
+        return None
+    if endpoint is not None and "://" not in endpoint:
+        endpoint = f"http://{endpoint}"  # a bare host:port means plaintext; say https:// for TLS
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+        if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/metrics"):
+            endpoint = endpoint.rstrip("/") + "/v1/metrics"
+        return HttpExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+    return GrpcExporter(endpoint=endpoint)
+
+
+class _PullReader(MetricReader):
+    """Collects the MeterProvider's own instruments when the export thread asks (delta)."""
+
+    def __init__(self) -> None:
+        super().__init__(preferred_temporality=dict.fromkeys(_INSTRUMENT_TYPES, AggregationTemporality.DELTA))
+        self._data: MetricsData | None = None
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+        self._data = metrics_data
+
+    def pull(self) -> list[ScopeMetrics]:
+        self.collect()
+        data, self._data = self._data, None
+        if data is None:
+            return []
+        return [sm for rm in data.resource_metrics for sm in rm.scope_metrics]
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+def _instrument_types() -> tuple[type, ...]:
+    from opentelemetry.sdk.metrics import (
+        Counter,
+        Histogram,
+        ObservableCounter,
+        ObservableGauge,
+        ObservableUpDownCounter,
+        UpDownCounter,
+    )
+    from opentelemetry.sdk.metrics import _Gauge as Gauge
+
+    return (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge, Gauge)
+
+
+_INSTRUMENT_TYPES = _instrument_types()
+
+
+class BackendSet:
+    """The process's local backends; every call runs on the export thread."""
+
+    def __init__(self, backends: list[LoggerBackend], init_kwargs: dict[str, Any], process_name: str) -> None:
+        self.backends = backends
+        self.reducing = [b for b in backends if b.logging_mode is not LoggingMode.PER_RANK_NO_REDUCE]
+        self.streaming = [b for b in backends if b.logging_mode is LoggingMode.PER_RANK_NO_REDUCE]
+        self._init_kwargs = init_kwargs
+        self._process_name = process_name
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):  # Forge-style async backends
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(result)  # type: ignore[arg-type]
+
+    def init(self) -> None:
+        for backend in self.backends:
+            self.call(backend.init, self._process_name, **self._init_kwargs)
+
+    def log_batch(self, batch: StepBatch) -> None:
+        if not self.reducing:
+            return
+        now = time.time()
+        metrics = [
+            Metric(name, value, acc.reduction_type, now)
+            for key, acc in batch.accs.items()
+            for name, value in reduced_items(key, acc.get_value())
+        ]
+        for backend in self.reducing:
+            self.call(backend.log_batch, metrics, batch.step)
+
+    def log_stream(self, metric: Metric, step: int | None) -> None:
+        for backend in self.streaming:
+            self.call(backend.log_stream, metric, step)
+
+    def finish(self) -> None:
+        for backend in self.backends:
+            self.call(backend.finish)
+        if self._loop is not None:
+            self._loop.close()
+
+
+class ExportThread:
+    """Owns the bounded queue and the thread that drains it."""
+
+    def __init__(
+        self,
+        *,
+        resource: Resource,
+        collector: Collector,
+        backends: BackendSet,
+        otlp: MetricExporter | None,
+        export_interval: float,
+        max_queued_steps: int,
+        periodic: Callable[[], bool],
+        on_error: Callable[[str, BaseException], None],
+    ) -> None:
+        self.resource = resource
+        self.collector = collector
+        self.backends = backends
+        self.otlp = otlp
+        self.export_interval = export_interval
+        self.max_queued_steps = max_queued_steps
+        self._periodic = periodic
+        self._on_error = on_error
+        self._scope = InstrumentationScope(attr.INSTRUMENTATION_SCOPE, __version__)
+        self._reader = _PullReader()
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader])
+        meter = self.meter_provider.get_meter(attr.INSTRUMENTATION_SCOPE, __version__)
+        self._dropped_counter = meter.create_counter(
+            attr.DROPPED_POINTS, unit="{point}", description="points rankscope could not queue or export"
+        )
+        self._queue: queue.Queue[Any] = queue.Queue(_STREAM_QUEUE_LIMIT)
+        self._queued_steps = 0
+        self._lock = threading.Lock()
+        self.dropped_total = 0
+        self._dropped_unreported = 0
+        self._warned_drop = False
+        self._deadline: float | None = None
+        self._thread = threading.Thread(target=self._run, name="rankscope-export", daemon=True)
+        self._thread.start()
+
+    # -- caller side -------------------------------------------------------------------
+
+    def submit(self, batch: StepBatch) -> None:
+        with self._lock:
+            full = self._queued_steps >= self.max_queued_steps
+            if not full:
+                self._queued_steps += 1
+        if full or not self._put(("batch", batch)):
+            self._drop(len(batch.accs), "the export queue is full")
+
+    def stream(self, key: str, value: float, reduce: Reduce, when: float, step: int | None) -> None:
+        if not self._put(("stream", Metric(key, value, reduce, when), step)):
+            self._drop(1, "the export queue is full")
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything queued before this call has been handled."""
+        done = threading.Event()
+        if not self._put(("sync", done)):
+            return False
+        return done.wait(timeout)
+
+    def shutdown(self, timeout: float) -> None:
+        self._deadline = time.monotonic() + timeout
+        self._put(("stop", None), block=True, timeout=timeout)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            # Stuck in an export retry: stop the exporter; whatever is left is lost.
+            if self.otlp is not None:
+                self.otlp.shutdown(timeout_millis=100)
+            self._thread.join(1.0)
+            left = sum(len(item[1].accs) for item in list(self._queue.queue) if item[0] == "batch")
+            self._drop(left, f"shutdown did not finish exporting within {timeout:.1f}s")
+            self._report_drops(final=True)
+        elif self.otlp is not None:
+            self.otlp.shutdown()
+        self.meter_provider.shutdown()
+
+    def _put(self, item: Any, block: bool = False, timeout: float | None = None) -> bool:
+        try:
+            self._queue.put(item, block=block, timeout=timeout)
+            return True
+        except queue.Full:
+            return False
+
+    def _drop(self, points: int, why: str) -> None:
+        with self._lock:
+            self.dropped_total += points
+            self._dropped_unreported += points
+            first = not self._warned_drop
+            self._warned_drop = True
+        if first and points:
+            warnings.warn(f"rankscope: dropping metric points because {why}; the job is unaffected "
+                          "and the count is reported when export recovers", RuntimeWarning, stacklevel=3)
+
+    # -- export thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.backends.init()
+        except Exception as exc:
+            self._on_error("backend init", exc)
+        stop = False
+        while not stop:
+            try:
+                item = self._queue.get(timeout=self.export_interval)
+            except queue.Empty:
+                if self._periodic():
+                    self._guarded(self._periodic_export)
+                continue
+            items = [item]
+            while len(items) < _MAX_STEPS_PER_REQUEST:  # coalesce what is already waiting
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            batches: list[StepBatch] = []
+            for kind, *rest in items:
+                if kind == "batch":
+                    with self._lock:
+                        self._queued_steps -= 1
+                    self._guarded(self._prepare, rest[0])
+                    batches.append(rest[0])
+                elif kind == "stream":
+                    self._guarded(self.backends.log_stream, *rest)
+                elif kind == "sync":
+                    self._guarded(self._export, batches)
+                    batches = []
+                    rest[0].set()
+                elif kind == "stop":
+                    stop = True
+            self._guarded(self._export, batches)
+        if self._periodic():
+            self._guarded(self._periodic_export)
+        self._guarded(self.backends.finish)
+
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._on_error(getattr(fn, "__name__", "export"), exc)
+
+    def _periodic_export(self) -> None:
+        batch = self.collector.take(None)
+        if batch is not None:
+            self._prepare(batch)
+            self._export([batch])
+
+    def _prepare(self, batch: StepBatch) -> None:
+        """Read device values, then give the step to the local backends."""
+        if batch.device is not None:
+            self.collector.stream_device_values(batch, batch.device.values())
+            batch.device = None
+        self.backends.log_batch(batch)
+
+    def _export(self, batches: list[StepBatch]) -> None:
+        if self.otlp is None:
+            return
+        sdk_scopes = self._reader.pull()
+        if not batches and not sdk_scopes:
+            return
+        metrics: list[OTelMetric] = []
+        points = 0
+        for batch in batches:
+            for key, acc in batch.accs.items():
+                metric = encode(key, acc, batch.step, batch.start_time_unix_nano, batch.time_unix_nano)
+                if metric is not None:
+                    metrics.append(metric)
+            points += len(batch.accs)
+            if batch.step is not None:
+                marker = NumberDataPoint(
+                    {attr.STEP: batch.step}, batch.start_time_unix_nano, batch.time_unix_nano, len(batch.accs)
+                )
+                metrics.append(OTelMetric(attr.FLUSH_MARKER, "a process closed a step", "{key}",
+                                          Sum([marker], AggregationTemporality.DELTA, True)))
+        scopes = [ScopeMetrics(self._scope, metrics, ""), *sdk_scopes] if metrics else sdk_scopes
+        data = MetricsData([ResourceMetrics(self.resource, scopes, "")])
+        timeout_ms = 10_000.0
+        if self._deadline is not None:
+            timeout_ms = max(100.0, (self._deadline - time.monotonic()) * 1000)
+        result = self.otlp.export(data, timeout_millis=timeout_ms)
+        if result is MetricExportResult.SUCCESS:
+            self._report_drops(final=False)
+        else:
+            self._drop(points, "the OTLP endpoint did not accept an export")
+
+    def _report_drops(self, final: bool) -> None:
+        with self._lock:
+            n, self._dropped_unreported = self._dropped_unreported, 0
+            self._warned_drop = False
+        if n:
+            self._dropped_counter.add(n)
+            state = "at shutdown" if final else "before export recovered"
+            warnings.warn(f"rankscope: {n} metric points were dropped {state} "
+                          f"({self.dropped_total} in total)", RuntimeWarning, stacklevel=2)

@@ -1,0 +1,170 @@
+"""Who is this process? One OTel Resource, built once per process.
+
+Precedence, lowest first: detection (torch.distributed group > Monarch actor > torchrun /
+torchelastic env > SLURM env) < ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` <
+``RANKSCOPE_*`` < explicit ``init()`` arguments (including ``mesh=``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+from . import attributes as attr
+from .settings import resolve
+
+
+def _int_env(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        text = env.get(name, "").strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+    return None
+
+
+def _detect_experiment(env: Mapping[str, str]) -> str | None:
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run_id and run_id != "none":
+        return run_id
+    slurm = env.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        return f"slurm-{slurm}"
+    if run_id == "none" and "RANK" in env:
+        # torchrun without --rdzv-id: the ranks of one node share the agent (our parent).
+        # Multi-node jobs must set --rdzv-id or RANKSCOPE_EXPERIMENT (README says so).
+        return f"torchrun-{socket.gethostname()}-{os.getppid()}"
+    return None
+
+
+def generate_experiment_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def _detect_torch_distributed() -> dict[str, Any]:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return {}
+    return {attr.RANK: dist.get_rank(), attr.WORLD_SIZE: dist.get_world_size()}
+
+
+def _detect_monarch() -> dict[str, Any]:
+    actor = sys.modules.get("monarch.actor")
+    if actor is None:
+        return {}
+    try:
+        point = actor.current_rank()
+        sizes = dict(actor.current_size())
+    except Exception:  # not inside an actor, or an API change: detection is best effort
+        return {}
+    if not sizes:
+        return {}
+    found: dict[str, Any] = {attr.RANK: point.rank, attr.WORLD_SIZE: point.size}
+    for dim in point.keys():
+        found[attr.mesh_rank(dim)] = point[dim]
+        found[attr.mesh_size(dim)] = sizes[dim]
+    return found
+
+
+def _detect_mesh(mesh: Any) -> dict[str, Any]:
+    """Rank and size of this process along every named dimension of a torch DeviceMesh."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    if not names:
+        raise ValueError("init(mesh=...): the DeviceMesh needs mesh_dim_names to name its dimensions")
+    found: dict[str, Any] = {}
+    for index, name in enumerate(names):
+        found[attr.mesh_rank(name)] = mesh.get_local_rank(index)
+        found[attr.mesh_size(name)] = mesh.size(index)
+    return found
+
+
+def build_resource(
+    *,
+    experiment: str | None = None,
+    role: str | None = None,
+    replica: str | int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    mesh: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> Resource:
+    """Build this process's Resource (see the module docstring for precedence)."""
+    env = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+
+    # Detection, weakest first so stronger sources overwrite.
+    slurm_rank = _int_env(env, "SLURM_PROCID")
+    if slurm_rank is not None:
+        found[attr.RANK] = slurm_rank
+        found[attr.LOCAL_RANK] = _int_env(env, "SLURM_LOCALID")
+        found[attr.WORLD_SIZE] = _int_env(env, "SLURM_NTASKS")
+    for key, names in ((attr.RANK, ("RANK",)), (attr.LOCAL_RANK, ("LOCAL_RANK",)), (attr.WORLD_SIZE, ("WORLD_SIZE",))):
+        value = _int_env(env, *names)
+        if value is not None:
+            found[key] = value
+    found.update(_detect_monarch())
+    found.update(_detect_torch_distributed())
+    attempt = _int_env(env, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT") or 0
+    found.setdefault(attr.RANK, 0)
+    found.setdefault(attr.WORLD_SIZE, 1)
+    found.setdefault(attr.LOCAL_RANK, found[attr.RANK] if found[attr.WORLD_SIZE] == 1 else None)
+    if mesh is not None:
+        found.update(_detect_mesh(mesh))
+
+    # OTEL_RESOURCE_ATTRIBUTES overrides detection; RANKSCOPE_* and arguments override it.
+    otel = dict(OTELResourceDetector().detect().attributes) if environ is None else _parse_otel(env)
+    experiment = resolve("experiment", experiment, env) or otel.get(attr.EXPERIMENT_ID) or _detect_experiment(env)
+    role = (
+        resolve("role", role, env)
+        or otel.get(attr.ROLE)
+        or ("trainer" if "RANK" in env or found[attr.WORLD_SIZE] > 1 else "main")
+    )
+    replica = resolve("replica", replica, env) or otel.get(attr.REPLICA)
+
+    values: dict[str, Any] = {k: v for k, v in found.items() if v is not None}
+    if rank is not None:
+        values[attr.RANK] = rank
+    if world_size is not None:
+        values[attr.WORLD_SIZE] = world_size
+    values.update({k: v for k, v in otel.items() if k.startswith("rankscope.")})
+    values[attr.EXPERIMENT_ID] = experiment or generate_experiment_id()
+    values[attr.ROLE] = role
+    if replica is not None:
+        values[attr.REPLICA] = replica
+    values.setdefault(attr.EXPERIMENT_ATTEMPT, attempt)
+
+    # Contract: rankscope.* are strings except the attempt (an int).
+    final: dict[str, Any] = {k: str(v) for k, v in values.items()}
+    final[attr.EXPERIMENT_ATTEMPT] = int(values[attr.EXPERIMENT_ATTEMPT])
+    final.update({k: v for k, v in otel.items() if not k.startswith("rankscope.")})
+    final[attr.SERVICE_NAME] = env.get("OTEL_SERVICE_NAME") or otel.get(attr.SERVICE_NAME) or role
+    if final[attr.SERVICE_NAME] == "unknown_service":
+        final[attr.SERVICE_NAME] = role
+    final[attr.SERVICE_INSTANCE_ID] = uuid.uuid4().hex
+    final.setdefault(attr.HOST_NAME, socket.gethostname())
+    final[attr.PROCESS_PID] = os.getpid()
+    return Resource(final)
+
+
+def _parse_otel(env: Mapping[str, str]) -> dict[str, Any]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` from an explicit mapping (tests); the SDK parses os.environ."""
+    found: dict[str, Any] = {}
+    for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            found[key.strip()] = value.strip()
+    return found
+
+
+def process_label(resource: Resource) -> str:
+    """A short name for headers and stream lines: ``trainer_r1`` or ``generator_2_r0``."""
+    a = resource.attributes
+    replica = a.get(attr.REPLICA)
+    middle = f"_{replica}" if replica is not None else ""
+    return f"{a.get(attr.ROLE)}{middle}_r{a.get(attr.RANK)}"

@@ -1,0 +1,273 @@
+"""The public calls: init, record_metric, flush, force_flush, shutdown.
+
+Process state lives in module globals so ``record_metric`` costs one global read and a
+dict lookup on its fast path (a Python float for a key already seen this step). The
+first call of any function auto-initializes from the environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import traceback
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+
+from . import attributes as attr
+from .backends.base import LoggerBackend, LoggingMode, get_backend_class
+from .collector import Collector
+from .export import BackendSet, ExportThread, make_otlp_exporter
+from .identity import build_resource, process_label
+from .reduce import Reduce
+from .settings import resolve
+
+_MEAN = Reduce.MEAN
+
+# Hot-path state. ``_collector`` is None until init (or when disabled).
+_collector: Collector | None = None
+_disabled = False
+_runtime: _Runtime | None = None
+_lock = threading.RLock()
+internal_errors: list[str] = []
+"""Internal errors seen in this process (most recent last, bounded); tests assert it stays empty."""
+
+
+class _Runtime:
+    """One initialized rankscope in one process."""
+
+    def __init__(self, resource: Resource, collector: Collector, thread: ExportThread, shutdown_timeout: float):
+        self.resource = resource
+        self.collector = collector
+        self.thread = thread
+        self.shutdown_timeout = shutdown_timeout
+        self.flushed = False
+        self.last_step: int | None = None
+
+    @property
+    def current_step(self) -> int | None:
+        """The step in progress: the one after the last flushed step (None before any flush)."""
+        return None if self.last_step is None else self.last_step + 1
+
+
+def _report_internal_error(where: str, exc: BaseException) -> None:
+    """Telemetry never takes the job down: internal errors become a warning."""
+    message = f"rankscope: internal error in {where}: {exc!r}"
+    internal_errors.append(message)
+    del internal_errors[:-100]
+    if "PYTEST_CURRENT_TEST" in os.environ:  # loud in our own tests
+        traceback.print_exception(exc)
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def init(
+    *,
+    experiment: str | None = None,
+    role: str | None = None,
+    backends: Mapping[str, Mapping[str, Any]] | None = None,
+    endpoint: str | None = None,
+    replica: str | int | None = None,
+    mesh: Any = None,
+    protocol: str | None = None,
+    export_interval: float | None = None,
+    disable: bool | None = None,
+) -> Resource | None:
+    """Configure rankscope for this process; optional (first use auto-initializes from env).
+
+    Args:
+        experiment: experiment id shared by all processes of the job (``RANKSCOPE_EXPERIMENT``).
+        role: trainer, generator, replay_buffer, controller, ... (``RANKSCOPE_ROLE``).
+        backends: local views, e.g. ``{"console": {"logging_mode": "per_rank_reduce"}}``.
+        endpoint: OTLP endpoint of a sink or Collector (``RANKSCOPE_ENDPOINT``).
+        replica: replica index of this role (``RANKSCOPE_REPLICA``).
+        mesh: a torch ``DeviceMesh``; each named dimension's rank and size join the Resource.
+        protocol: ``grpc`` (default) or ``http/protobuf`` (``RANKSCOPE_PROTOCOL``).
+        export_interval: seconds between periodic exports before the first flush.
+        disable: make every call a no-op (``RANKSCOPE_DISABLE``).
+
+    Returns:
+        The process Resource, or None when disabled. Calling init again reconfigures:
+        values recorded so far are kept for the next flush.
+    """
+    global _collector, _disabled, _runtime
+    with _lock:
+        if resolve("disable", disable):
+            _shutdown_locked()
+            _collector, _disabled = None, True
+            return None
+        previous = _runtime
+        resource = build_resource(experiment=experiment, role=role, replica=replica, mesh=mesh)
+        label = process_label(resource)
+        otlp = make_otlp_exporter(resolve("endpoint", endpoint), resolve("protocol", protocol))
+        alone = resource.attributes.get(attr.WORLD_SIZE) == "1" and otlp is None
+        backend_objects = _make_backends(backends or {}, alone)
+        init_kwargs = {
+            "rank": resource.attributes.get(attr.RANK),
+            "world_size": resource.attributes.get(attr.WORLD_SIZE),
+            "role": resource.attributes.get(attr.ROLE),
+            "replica": resource.attributes.get(attr.REPLICA),
+            "experiment": resource.attributes.get(attr.EXPERIMENT_ID),
+        }
+        backend_set = BackendSet(backend_objects, init_kwargs, label)
+        collector = Collector(streams=[])
+        runtime: _Runtime | None = None
+        thread = ExportThread(
+            resource=resource,
+            collector=collector,
+            backends=backend_set,
+            otlp=otlp,
+            export_interval=resolve("export_interval", export_interval),
+            max_queued_steps=resolve("max_queued_steps"),
+            periodic=lambda: runtime is not None and not runtime.flushed,
+            on_error=_report_internal_error,
+        )
+        runtime = _Runtime(resource, collector, thread, resolve("shutdown_timeout"))
+        if backend_set.streaming:
+            collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
+        if previous is not None:  # keep what was recorded before re-init
+            collector.accs = previous.collector.accs
+            _shutdown_locked(drain_unflushed=False)
+        # Children of this process (spawned workers, `rankscope run` commands) join this experiment.
+        os.environ["RANKSCOPE_EXPERIMENT"] = str(resource.attributes[attr.EXPERIMENT_ID])
+        if endpoint is not None:
+            os.environ["RANKSCOPE_ENDPOINT"] = endpoint
+        _runtime, _collector, _disabled = runtime, collector, False
+        return resource
+
+
+def _make_backends(config: Mapping[str, Mapping[str, Any]], alone: bool) -> list[LoggerBackend]:
+    made: list[LoggerBackend] = []
+    for name, options in config.items():
+        backend = get_backend_class(name)(dict(options))
+        if backend.logging_mode is LoggingMode.GLOBAL_REDUCE and not alone:
+            # Cross-process reduction belongs to the sink; a local copy would show one rank as "global".
+            continue
+        made.append(backend)
+    return made
+
+
+def _auto_init() -> Collector | None:
+    with _lock:
+        if _collector is None and not _disabled:
+            try:
+                init()
+            except ValueError:
+                raise  # a bad RANKSCOPE_*/OTEL_* value: the user must see it
+            except Exception as exc:
+                _report_internal_error("auto-init", exc)
+        return _collector
+
+
+def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
+    """Record ``value`` under ``key``; reduced per step by ``reduce`` (default MEAN).
+
+    Callable from any function of any process. Raises ``TypeError``/``ValueError`` naming
+    the key for a non-numeric or multi-element value, an empty or invalid key, or a key
+    already recorded with another reduce type. CUDA tensors are not synchronized here.
+    """
+    c = _collector
+    if c is None:
+        if _disabled:
+            return
+        c = _auto_init()
+        if c is None:
+            return
+    if c.fast and type(value) is float:
+        acc = c.accs.get(key)
+        if acc is not None and acc.reduction_type is reduce:
+            acc.append(value)
+            return
+    if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
+        return
+    c.record(key, value, reduce)
+
+
+def _never() -> bool:
+    return False
+
+
+_is_compiling = _never
+
+
+def _bind_compile_check() -> None:
+    global _is_compiling
+    torch = sys.modules.get("torch")
+    if torch is not None and _is_compiling is _never:
+        _is_compiling = torch.compiler.is_compiling
+
+
+def flush(step: int) -> None:
+    """Close ``step`` on this process: everything recorded since the last flush is exported
+    stamped with it. Returns at once; export runs on a background thread."""
+    if _disabled:
+        return
+    runtime = _runtime
+    if runtime is None:
+        if _auto_init() is None:
+            return
+        runtime = _runtime
+        assert runtime is not None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise TypeError(f"flush(step): step must be a non-negative int, got {step!r}")
+    _bind_compile_check()
+    batch = runtime.collector.take(step)
+    runtime.flushed = True
+    runtime.last_step = step
+    if batch is not None:
+        runtime.thread.submit(batch)
+
+
+def force_flush(timeout: float = 10.0) -> bool:
+    """Block until everything flushed so far has reached the backends and the endpoint."""
+    runtime = _runtime
+    return True if runtime is None else runtime.thread.flush(timeout)
+
+
+def shutdown() -> None:
+    """Export what is left (unflushed values go out without a step) and stop the export thread."""
+    with _lock:
+        _shutdown_locked()
+
+
+def _shutdown_locked(drain_unflushed: bool = True) -> None:
+    global _collector, _runtime
+    runtime = _runtime
+    _runtime, _collector = None, None
+    if runtime is None:
+        return
+    if drain_unflushed:
+        batch = runtime.collector.take(None)
+        if batch is not None:
+            runtime.thread.submit(batch)
+    runtime.thread.shutdown(runtime.shutdown_timeout)
+
+
+def get_resource() -> Resource | None:
+    """This process's Resource (auto-initializing), or None when disabled."""
+    if _runtime is None and _auto_init() is None:
+        return None
+    return _runtime.resource if _runtime is not None else None
+
+
+def current_step() -> int | None:
+    """The step in progress on this process: last flushed step + 1, None before any flush."""
+    return None if _runtime is None else _runtime.current_step
+
+
+def dropped_points() -> int:
+    """Points this process could not queue or export so far."""
+    return 0 if _runtime is None else _runtime.thread.dropped_total
+
+
+def _after_fork_in_child() -> None:
+    """A forked child is a new process: new identity, new thread; same experiment via env."""
+    global _collector, _runtime
+    _collector, _runtime = None, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(shutdown)

@@ -1,0 +1,104 @@
+"""One table of settings: argument > ``RANKSCOPE_*`` > ``OTEL_*`` alias > default.
+
+The table is the single source of truth: ``resolve_settings`` reads it, and the README's
+settings section is generated from it (``rankscope settings --markdown``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def parse_bool(text: str) -> bool:
+    return text.strip().lower() in _TRUE
+
+
+def _parse_positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _parse_protocol(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("grpc", "http/protobuf"):
+        raise ValueError(f"must be 'grpc' or 'http/protobuf', got {text!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    env: str
+    default: Any
+    doc: str
+    parse: Callable[[str], Any] = str
+    otel_env: tuple[str, ...] = ()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("experiment", "RANKSCOPE_EXPERIMENT", None,
+            "Experiment id shared by every process of one job. Detected from torchelastic/SLURM "
+            "when unset; a generated id is exported to child processes."),
+    Setting("role", "RANKSCOPE_ROLE", None,
+            "What this process is: trainer, generator, replay_buffer, controller, ...",
+            otel_env=("OTEL_SERVICE_NAME",)),
+    Setting("replica", "RANKSCOPE_REPLICA", None, "Replica index of this role (e.g. generator 1)."),
+    Setting("endpoint", "RANKSCOPE_ENDPOINT", None,
+            "OTLP endpoint of a sink or Collector (host:port or URL). Unset: the exporter honours "
+            "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT; if those are unset too, metrics stay in the "
+            "process (local backends only)."),
+    Setting("protocol", "RANKSCOPE_PROTOCOL", "grpc", "OTLP transport: grpc or http/protobuf.",
+            parse=_parse_protocol,
+            otel_env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")),
+    Setting("disable", "RANKSCOPE_DISABLE", False,
+            "true/1/yes: every rankscope call is a no-op.", parse=parse_bool),
+    Setting("export_interval", "RANKSCOPE_EXPORT_INTERVAL", 1.0,
+            "Seconds between periodic exports for processes that never call flush().",
+            parse=_parse_positive_float),
+    Setting("max_queued_steps", "RANKSCOPE_MAX_QUEUED_STEPS", 256,
+            "Flushed steps waiting for export before new ones are dropped (and counted).",
+            parse=_parse_positive_int),
+    Setting("shutdown_timeout", "RANKSCOPE_SHUTDOWN_TIMEOUT", 5.0,
+            "Seconds shutdown() waits to drain queued exports; the rest is counted as dropped.",
+            parse=_parse_positive_float),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def resolve(name: str, argument: Any = None, environ: Mapping[str, str] | None = None) -> Any:
+    """Resolve one setting; a bad environment value raises ``ValueError`` naming the variable."""
+    setting = _BY_NAME[name]
+    if argument is not None:
+        return argument
+    env = os.environ if environ is None else environ
+    for var in (setting.env, *setting.otel_env):
+        text = env.get(var)
+        if text is not None and text.strip() != "":
+            try:
+                return setting.parse(text)
+            except ValueError as exc:
+                raise ValueError(f"{var}={text!r}: {exc}") from None
+    return setting.default
+
+
+def settings_markdown() -> str:
+    rows = ["| setting | variable | OTel fallback | default | meaning |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        fallback = ", ".join(f"`{v}`" for v in s.otel_env) or "—"
+        rows.append(f"| `{s.name}` | `{s.env}` | {fallback} | `{s.default}` | {s.doc} |")
+    return "\n".join(rows)
