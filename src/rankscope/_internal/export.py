@@ -173,7 +173,7 @@ class ExportThread:
         self._on_error = on_error
         self._scope = InstrumentationScope(attr.INSTRUMENTATION_SCOPE, __version__)
         self._reader = _PullReader()
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader])
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], shutdown_on_exit=False)
         meter = self.meter_provider.get_meter(attr.INSTRUMENTATION_SCOPE, __version__)
         self._dropped_counter = meter.create_counter(
             attr.DROPPED_POINTS, unit="{point}", description="points rankscope could not queue or export"

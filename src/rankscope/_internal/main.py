@@ -136,6 +136,7 @@ def init(
         if endpoint is not None:
             os.environ["RANKSCOPE_ENDPOINT"] = endpoint
         _runtime, _collector, _disabled = runtime, collector, False
+        _bind_compile_check()
         return resource
 
 
@@ -176,7 +177,7 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
         c = _auto_init()
         if c is None:
             return
-    if c.fast and type(value) is float:
+    if c.fast and (type(value) is float or type(value) is int):
         acc = c.accs.get(key)
         if acc is not None and acc.reduction_type is reduce:
             acc.append(value)

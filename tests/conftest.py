@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import rankscope as rs
+from rankscope._internal import main as rs_main
+
+from .otlp_receiver import GrpcReceiver, HttpReceiver
+
+ROOT = Path(__file__).resolve().parent.parent
+_ENV_PREFIXES = ("RANKSCOPE_", "OTEL_", "TORCHELASTIC_", "SLURM_")
+_ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def clean_rankscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts unconfigured, with no launcher variables, and must cause no internal error."""
+    for name in list(os.environ):
+        if name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES:
+            monkeypatch.delenv(name)
+    rs.shutdown()
+    rs_main._disabled = False
+    rs_main.internal_errors.clear()
+    yield
+    rs.shutdown()
+    rs_main._disabled = False
+    assert rs_main.internal_errors == [], rs_main.internal_errors
+
+
+@pytest.fixture
+def receiver() -> Iterator[GrpcReceiver]:
+    r = GrpcReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def http_receiver() -> Iterator[HttpReceiver]:
+    r = HttpReceiver()
+    yield r
+    r.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run code in a fresh interpreter (a clean process: env is read once per process)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(_ENV_PREFIXES)}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=ROOT)

@@ -1,0 +1,66 @@
+"""States survive the trip through the OTel SDK's OTLP encoder and back, for every reduce type."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from rankscope import Reduce
+from rankscope._internal import attributes as attr
+from rankscope._internal.wire import decode, encode
+
+from .test_reduce import WordCount
+
+VALUES = [3.0, -1.5, 0.0, 250.0, 7.25, math.inf, 1e-3]
+
+
+def _roundtrip(reduce: Reduce, values: list[float], step: int | None = 4) -> list:
+    acc = reduce.accumulator_class(reduce)
+    for v in values:
+        acc.append(v)
+    metric = encode("train/loss", acc, step, 1, 2)
+    assert metric is not None
+    resource = Resource({attr.RANK: "3"})
+    data = MetricsData([ResourceMetrics(resource, [ScopeMetrics(InstrumentationScope("rankscope"), [metric], "")], "")])
+    wire = encode_metrics(data).SerializeToString()
+    request = ExportMetricsServiceRequest()
+    request.ParseFromString(wire)
+    points = list(decode(request))
+    for p in points:
+        assert p.key == "train/loss" and p.reduce == reduce.value and p.step == step
+        assert p.resource[attr.RANK] == "3"
+    return [acc.get_state(), [p.state for p in points]]
+
+
+@pytest.mark.parametrize("name", ["mean", "sum", "max", "min", "std", "count", "last", "distribution"])
+def test_builtin_states_roundtrip(name: str) -> None:
+    reduce = Reduce.get(name)
+    sent, received = _roundtrip(reduce, VALUES)
+    assert len(received) == 1
+    cls = reduce.accumulator_class
+    want, got = cls.get_reduced_value_from_states([sent]), cls.get_reduced_value_from_states(received)
+    if not isinstance(want, dict):
+        want, got = {"value": want}, {"value": got}
+    assert want.keys() == got.keys()
+    for k in want:  # std of values holding inf is nan on both sides
+        assert got[k] == want[k] or (math.isnan(got[k]) and math.isnan(want[k])), k
+
+
+def test_custom_state_roundtrip_and_step_absent() -> None:
+    reduce = Reduce.register("above_ten", WordCount)
+    sent, received = _roundtrip(reduce, [11, 12, 1], step=None)
+    assert received == [{"reduction_type": "above_ten", "hits": 2}] == [sent]
+
+
+def test_foreign_metrics_are_skipped() -> None:
+    request = ExportMetricsServiceRequest()
+    metric = request.resource_metrics.add().scope_metrics.add().metrics.add()
+    metric.name = "someone.elses"
+    metric.gauge.data_points.add().as_double = 1.0
+    assert list(decode(request)) == []
