@@ -55,17 +55,23 @@ def _detect_torch_distributed() -> dict[str, Any]:
 
 
 def _detect_monarch() -> dict[str, Any]:
-    actor = sys.modules.get("monarch.actor")
-    if actor is None:
+    # Actor processes load monarch's internals, not always the ``monarch.actor`` facade;
+    # we only look when monarch is already loaded (never import it ourselves).
+    if "monarch" not in sys.modules:
         return {}
     try:
-        point = actor.current_rank()
-        sizes = dict(actor.current_size())
+        from monarch.actor import current_rank, current_size
+
+        point = current_rank()
+        sizes = dict(current_size())
     except Exception:  # not inside an actor, or an API change: detection is best effort
         return {}
     if not sizes:
         return {}
-    found: dict[str, Any] = {attr.RANK: point.rank, attr.WORLD_SIZE: point.size}
+    world = 1
+    for size in sizes.values():
+        world *= size
+    found: dict[str, Any] = {attr.RANK: point.rank, attr.WORLD_SIZE: world}
     for dim in point.keys():
         found[attr.mesh_rank(dim)] = point[dim]
         found[attr.mesh_size(dim)] = sizes[dim]
@@ -125,14 +131,16 @@ def build_resource(
         or otel.get(attr.ROLE)
         or ("trainer" if "RANK" in env or found[attr.WORLD_SIZE] > 1 else "main")
     )
-    replica = resolve("replica", replica, env) or otel.get(attr.REPLICA)
+    replica = resolve("replica", replica, env)
+    if replica is None:
+        replica = otel.get(attr.REPLICA)
 
     values: dict[str, Any] = {k: v for k, v in found.items() if v is not None}
+    values.update({k: v for k, v in otel.items() if k.startswith("rankscope.")})
     if rank is not None:
         values[attr.RANK] = rank
     if world_size is not None:
         values[attr.WORLD_SIZE] = world_size
-    values.update({k: v for k, v in otel.items() if k.startswith("rankscope.")})
     values[attr.EXPERIMENT_ID] = experiment or generate_experiment_id()
     values[attr.ROLE] = role
     if replica is not None:
