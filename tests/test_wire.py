@@ -5,15 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from rankscope import Reduce
 from rankscope._internal import attributes as attr
-from rankscope._internal.wire import decode, encode
+from rankscope._internal.wire import PointAttributes, decode, encode, encode_resource
 
 from .test_reduce import WordCount
 
@@ -24,13 +20,12 @@ def _roundtrip(reduce: Reduce, values: list[float], step: int | None = 4) -> lis
     acc = reduce.accumulator_class(reduce)
     for v in values:
         acc.append(v)
-    metric = encode("train/loss", acc, step, 1, 2)
+    metric = encode("train/loss", acc, step, 1, 2, PointAttributes())
     assert metric is not None
-    resource = Resource({attr.RANK: "3"})
-    data = MetricsData([ResourceMetrics(resource, [ScopeMetrics(InstrumentationScope("rankscope"), [metric], "")], "")])
-    wire = encode_metrics(data).SerializeToString()
+    sent = ExportMetricsServiceRequest()
+    sent.resource_metrics.add(resource=encode_resource({attr.RANK: "3"})).scope_metrics.add().metrics.append(metric)
     request = ExportMetricsServiceRequest()
-    request.ParseFromString(wire)
+    request.ParseFromString(sent.SerializeToString())
     points = list(decode(request))
     for p in points:
         assert p.key == "train/loss" and p.reduce == reduce.value and p.step == step

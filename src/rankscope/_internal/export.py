@@ -17,37 +17,47 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
-    MetricExporter,
     MetricExportResult,
     MetricReader,
     MetricsData,
-    NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
 )
-from opentelemetry.sdk.metrics.export import Metric as OTelMetric
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .._version import __version__
 from . import attributes as attr
 from .backends.base import LoggerBackend, LoggingMode, Metric
 from .collector import Collector, StepBatch
 from .reduce import Reduce, reduced_items
-from .wire import encode
+from .wire import PointAttributes, encode, encode_resource
 
 _STREAM_QUEUE_LIMIT = 65536
 _MAX_STEPS_PER_REQUEST = 64
 
 
-def make_otlp_exporter(endpoint: str | None, protocol: str) -> MetricExporter | None:
-    """The SDK's OTLP metric exporter, or None when no endpoint is configured anywhere."""
+class OtlpSender(Protocol):
+    def send(self, request: ExportMetricsServiceRequest) -> bool: ...
+    def shutdown(self, timeout_millis: float = ...) -> None: ...
+
+
+def make_otlp_exporter(endpoint: str | None, protocol: str) -> OtlpSender | None:
+    """The SDK's OTLP metric exporter for ``protocol``, or None when no endpoint is configured.
+
+    rankscope builds the OTLP protobuf itself (its states are already aggregated, and the
+    SDK's dataclass round trip costs ~5x more on the export thread), then hands the request
+    to the SDK exporter's protobuf-level entry point, so endpoint, headers, TLS, compression,
+    timeouts and retries follow the SDK and its ``OTEL_EXPORTER_OTLP_*`` variables.
+    """
     if endpoint is None and not (
         os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     ):
@@ -55,14 +65,36 @@ def make_otlp_exporter(endpoint: str | None, protocol: str) -> MetricExporter | 
     if endpoint is not None and "://" not in endpoint:
         endpoint = f"http://{endpoint}"  # a bare host:port means plaintext; say https:// for TLS
     if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
-
         if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/metrics"):
             endpoint = endpoint.rstrip("/") + "/v1/metrics"
-        return HttpExporter(endpoint=endpoint)
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+        return _HttpSender(endpoint=endpoint)
+    return _GrpcSender(endpoint=endpoint)
 
-    return GrpcExporter(endpoint=endpoint)
+
+def _points(request: ExportMetricsServiceRequest) -> int:
+    return sum(len(m.ListFields()) for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
+
+
+class _GrpcSender(GrpcMetricExporter):
+    """The SDK gRPC exporter fed with a ready request (its ``_export`` retry loop is reused)."""
+
+    def _translate_data(self, data: Any) -> Any:
+        return data
+
+    def _count_data(self, data: Any) -> int:
+        return _points(data)
+
+    def send(self, request: ExportMetricsServiceRequest) -> bool:
+        return self._export(data=request) is MetricExportResult.SUCCESS  # type: ignore[arg-type]
+
+
+class _HttpSender(HttpMetricExporter):
+    """The SDK HTTP/protobuf exporter fed with a ready request."""
+
+    def send(self, request: ExportMetricsServiceRequest) -> bool:
+        if self._shutdown:
+            return False
+        return self._export_batch(request) is MetricExportResult.SUCCESS
 
 
 class _PullReader(MetricReader):
@@ -75,12 +107,10 @@ class _PullReader(MetricReader):
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
         self._data = metrics_data
 
-    def pull(self) -> list[ScopeMetrics]:
+    def pull(self) -> MetricsData | None:
         self.collect()
         data, self._data = self._data, None
-        if data is None:
-            return []
-        return [sm for rm in data.resource_metrics for sm in rm.scope_metrics]
+        return data
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         pass
@@ -157,7 +187,7 @@ class ExportThread:
         resource: Resource,
         collector: Collector,
         backends: BackendSet,
-        otlp: MetricExporter | None,
+        otlp: OtlpSender | None,
         export_interval: float,
         max_queued_steps: int,
         periodic: Callable[[], bool],
@@ -171,7 +201,9 @@ class ExportThread:
         self.max_queued_steps = max_queued_steps
         self._periodic = periodic
         self._on_error = on_error
-        self._scope = InstrumentationScope(attr.INSTRUMENTATION_SCOPE, __version__)
+        self._resource_pb = encode_resource(resource.attributes)
+        self._scope = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version=__version__)
+        self._point_attributes = PointAttributes()
         self._reader = _PullReader()
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], shutdown_on_exit=False)
         meter = self.meter_provider.get_meter(attr.INSTRUMENTATION_SCOPE, __version__)
@@ -184,7 +216,6 @@ class ExportThread:
         self.dropped_total = 0
         self._dropped_unreported = 0
         self._warned_drop = False
-        self._deadline: float | None = None
         self._thread = threading.Thread(target=self._run, name="rankscope-export", daemon=True)
         self._thread.start()
 
@@ -210,7 +241,6 @@ class ExportThread:
         return done.wait(timeout)
 
     def shutdown(self, timeout: float) -> None:
-        self._deadline = time.monotonic() + timeout
         self._put(("stop", None), block=True, timeout=timeout)
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -305,30 +335,29 @@ class ExportThread:
     def _export(self, batches: list[StepBatch]) -> None:
         if self.otlp is None:
             return
-        sdk_scopes = self._reader.pull()
-        if not batches and not sdk_scopes:
-            return
-        metrics: list[OTelMetric] = []
+        sdk_data = self._reader.pull()
+        request = encode_metrics(sdk_data) if sdk_data is not None else ExportMetricsServiceRequest()
+        if batches:
+            scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
         points = 0
         for batch in batches:
-            for key, acc in batch.accs.items():
-                metric = encode(key, acc, batch.step, batch.start_time_unix_nano, batch.time_unix_nano)
+            t0, t1 = batch.start_time_unix_nano, batch.time_unix_nano
+            for i, (key, acc) in enumerate(batch.accs.items()):
+                metric = encode(key, acc, batch.step, t0, t1, self._point_attributes)
                 if metric is not None:
-                    metrics.append(metric)
+                    scope.metrics.append(metric)
+                if i % 32 == 31:
+                    time.sleep(0)  # hand the GIL back to the training thread between chunks
             points += len(batch.accs)
-            if batch.step is not None:
-                marker = NumberDataPoint(
-                    {attr.STEP: batch.step}, batch.start_time_unix_nano, batch.time_unix_nano, len(batch.accs)
-                )
-                metrics.append(OTelMetric(attr.FLUSH_MARKER, "a process closed a step", "{key}",
-                                          Sum([marker], AggregationTemporality.DELTA, True)))
-        scopes = [ScopeMetrics(self._scope, metrics, ""), *sdk_scopes] if metrics else sdk_scopes
-        data = MetricsData([ResourceMetrics(self.resource, scopes, "")])
-        timeout_ms = 10_000.0
-        if self._deadline is not None:
-            timeout_ms = max(100.0, (self._deadline - time.monotonic()) * 1000)
-        result = self.otlp.export(data, timeout_millis=timeout_ms)
-        if result is MetricExportResult.SUCCESS:
+            if batch.step is not None:  # "this process closed step N" (value: number of keys)
+                marker = scope.metrics.add(name=attr.FLUSH_MARKER, unit="{key}")
+                marker.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
+                marker.sum.is_monotonic = True
+                marker.sum.data_points.add(start_time_unix_nano=t0, time_unix_nano=t1, as_int=len(batch.accs),
+                                           attributes=self._point_attributes.get("flush", batch.step)[1:])
+        if not request.resource_metrics:
+            return
+        if self.otlp.send(request):
             self._report_drops(final=False)
         else:
             self._drop(points, "the OTLP endpoint did not accept an export")

@@ -1,6 +1,6 @@
 """How reduce states travel as OpenTelemetry metric points, both ways.
 
-``encode`` turns one process's per-step states into OTel SDK metric data (exported by the
+``encode`` turns one process's per-step states into OTLP metric protobufs (sent by the
 SDK's own OTLP exporters); ``decode`` turns a received OTLP request back into states that
 ``Reduce.get(name).accumulator_class.get_reduced_value_from_states`` merges exactly.
 
@@ -27,24 +27,47 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Buckets,
-    ExponentialHistogram,
-    ExponentialHistogramDataPoint,
-    Gauge,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
-    NumberDataPoint,
-    Sum,
-)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from . import attributes as attr
 from .reduce import MetricAccumulator
 
 SUM_SQ = "rankscope.sum_sq"
-_DELTA = AggregationTemporality.DELTA
+_DELTA = pb.AGGREGATION_TEMPORALITY_DELTA
+
+
+def _kv(key: str, value: str | int | float) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, str):
+        return KeyValue(key=key, value=AnyValue(string_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(double_value=value))
+
+
+def encode_resource(attributes: Mapping[str, Any]) -> Resource:
+    return Resource(attributes=[_kv(k, v) for k, v in attributes.items() if isinstance(v, (str, int, float))])
+
+
+class PointAttributes:
+    """Encoded ``{rankscope.reduce, rankscope.step}`` lists, built once per (reduce, step)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int | None], list[KeyValue]] = {}
+
+    def get(self, reduce: str, step: int | None) -> list[KeyValue]:
+        found = self._cache.get((reduce, step))
+        if found is None:
+            found = [_kv(attr.REDUCE, reduce)]
+            if step is not None:
+                found.append(_kv(attr.STEP, step))
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[(reduce, step)] = found
+        return found
 
 
 def encode(
@@ -53,56 +76,68 @@ def encode(
     step: int | None,
     start_time_unix_nano: int,
     time_unix_nano: int,
-) -> Metric | None:
-    """One metric for one key's state in one step, or None when a custom state has no numbers."""
+    point_attributes: PointAttributes,
+) -> pb.Metric | None:
+    """One OTLP metric for one key's state in one step, or None when a custom state has no numbers."""
     state = acc.get_state()
     name = acc.reduction_type.value
-    point_attrs: dict[str, Any] = {attr.REDUCE: name}
-    if step is not None:
-        point_attrs[attr.STEP] = step
+    kvs = point_attributes.get(name, step)
+    metric = pb.Metric(name=key)
     t0, t1 = start_time_unix_nano, time_unix_nano
-    data: Any
     if name in ("sum", "count"):
-        value = state[name]
-        data = Sum([NumberDataPoint(point_attrs, t0, t1, value)], _DELTA, is_monotonic=name == "count")
+        metric.sum.aggregation_temporality = _DELTA
+        metric.sum.is_monotonic = name == "count"
+        _number(metric.sum.data_points.add(start_time_unix_nano=t0, time_unix_nano=t1), state[name], kvs)
     elif name in ("max", "min"):
-        data = Gauge([NumberDataPoint(point_attrs, t0, t1, state[name])])
+        _number(metric.gauge.data_points.add(start_time_unix_nano=t0, time_unix_nano=t1), state[name], kvs)
     elif name == "last":
-        data = Gauge([NumberDataPoint(point_attrs, t0, state["time_unix_nano"] or t1, state["value"])])
+        point = metric.gauge.data_points.add(start_time_unix_nano=t0, time_unix_nano=state["time_unix_nano"] or t1)
+        _number(point, state["value"], kvs)
     elif name in ("mean", "std"):
-        if name == "std":
-            point_attrs[SUM_SQ] = float(state["sum_sq"])
+        metric.histogram.aggregation_temporality = _DELTA
         count = state["count"]
-        point = HistogramDataPoint(point_attrs, t0, t1, count, state["sum"], [count], [], None, None)  # type: ignore[arg-type]
-        data = Histogram([point], _DELTA)
-    elif name == "distribution":
-        point_e = ExponentialHistogramDataPoint(
-            point_attrs, t0, t1,
-            count=state["count"], sum=state["sum"], scale=state["scale"], zero_count=state["zero_count"],
-            positive=_dense(state["positive"]), negative=_dense(state["negative"]), flags=0,
-            min=state["min"], max=state["max"],
+        h = metric.histogram.data_points.add(
+            start_time_unix_nano=t0, time_unix_nano=t1, count=count, sum=state["sum"], bucket_counts=[count]
         )
-        data = ExponentialHistogram([point_e], _DELTA)
+        h.attributes.extend(kvs)
+        if name == "std":
+            h.attributes.append(_kv(SUM_SQ, float(state["sum_sq"])))
+    elif name == "distribution":
+        metric.exponential_histogram.aggregation_temporality = _DELTA
+        e = metric.exponential_histogram.data_points.add(
+            start_time_unix_nano=t0, time_unix_nano=t1, count=state["count"], sum=state["sum"],
+            scale=state["scale"], zero_count=state["zero_count"], min=state["min"], max=state["max"],
+        )
+        e.attributes.extend(kvs)
+        _dense(e.positive, state["positive"])
+        _dense(e.negative, state["negative"])
     else:
-        points = [
-            NumberDataPoint({**point_attrs, attr.STATE_FIELD: field}, t0, t1, value)
-            for field, value in state.items()
-            if field != "reduction_type" and isinstance(value, (int, float)) and not isinstance(value, bool)
-        ]
-        if not points:
+        for field, value in state.items():
+            if field != "reduction_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                point = metric.gauge.data_points.add(start_time_unix_nano=t0, time_unix_nano=t1)
+                _number(point, value, kvs)
+                point.attributes.append(_kv(attr.STATE_FIELD, field))
+        if not metric.gauge.data_points:
             return None
-        data = Gauge(points)
-    return Metric(name=key, description=None, unit=None, data=data)
+    return metric
 
 
-def _dense(buckets: Mapping[int, int]) -> Buckets:
-    if not buckets:
-        return Buckets(0, [])
-    lo, hi = min(buckets), max(buckets)
-    counts = [0] * (hi - lo + 1)
-    for index, n in buckets.items():
-        counts[index - lo] = n
-    return Buckets(lo, counts)
+def _number(point: Any, value: float | int, kvs: list[KeyValue]) -> None:
+    if isinstance(value, int):
+        point.as_int = value
+    else:
+        point.as_double = value
+    point.attributes.extend(kvs)
+
+
+def _dense(target: Any, buckets: Mapping[int, int]) -> None:
+    if buckets:
+        lo, hi = min(buckets), max(buckets)
+        counts = [0] * (hi - lo + 1)
+        for index, n in buckets.items():
+            counts[index - lo] = n
+        target.offset = lo
+        target.bucket_counts.extend(counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +184,7 @@ def _decode_metric(resource: Mapping[str, Any], metric: Any) -> Iterator[Decoded
         t = point.time_unix_nano
         state: dict[str, Any] = {"reduction_type": reduce}
         if kind == "sum" or (kind == "gauge" and reduce in ("max", "min", "last")):
-            value = _number(point)
+            value = _point_value(point)
             if reduce == "last":
                 state.update(value=value, time_unix_nano=t)
             else:
@@ -168,7 +203,7 @@ def _decode_metric(resource: Mapping[str, Any], metric: Any) -> Iterator[Decoded
         elif kind == "gauge":
             field = a.get(attr.STATE_FIELD)
             if isinstance(field, str):
-                custom.setdefault((reduce, step, t), {"reduction_type": reduce})[field] = _number(point)
+                custom.setdefault((reduce, step, t), {"reduction_type": reduce})[field] = _point_value(point)
             continue
         else:
             continue
@@ -177,5 +212,5 @@ def _decode_metric(resource: Mapping[str, Any], metric: Any) -> Iterator[Decoded
         yield DecodedPoint(resource, metric.name, reduce, step, state, t)
 
 
-def _number(point: Any) -> float | int:
+def _point_value(point: Any) -> float | int:
     return point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
