@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import rankscope as rs  # noqa: E402
+import rankscope as rs
 
 # The receiver runs in its own process, as a sink would: its CPU is not the job's.
 RECEIVER = """
@@ -72,8 +72,9 @@ def loop(a: torch.Tensor, reps: int, steps: int, telemetry: bool) -> float:
 
 
 def main() -> None:
-    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert receiver.stdout is not None
     rs.init(experiment="bench", endpoint=receiver.stdout.readline().strip())
     costs = flush_cost()
@@ -85,14 +86,20 @@ def main() -> None:
     rs.force_flush(30)
     rs.shutdown()
     receiver.communicate(timeout=10)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}, "
-          f"torch {torch.__version__}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}, "
+        f"torch {torch.__version__}"
+    )
     costs_us = sorted(c * 1e6 for c in costs)
-    print(f"flush() with 200 keys, caller thread: median {statistics.median(costs_us):.0f} us, "
-          f"p99 {costs_us[int(len(costs_us) * 0.99)]:.0f} us (budget <= 1000 us)")
+    print(
+        f"flush() with 200 keys, caller thread: median {statistics.median(costs_us):.0f} us, "
+        f"p99 {costs_us[int(len(costs_us) * 0.99)]:.0f} us (budget <= 1000 us)"
+    )
     b, w = statistics.median(base), statistics.median(with_rs)
-    print(f"training loop, 50 steps of {b / 50 * 1000:.1f} ms: without {b:.3f} s, with 100 metrics/step "
-          f"{w:.3f} s, overhead {100 * (w - b) / b:+.2f} % (budget <= 1 %)")
+    print(
+        f"training loop, 50 steps of {b / 50 * 1000:.1f} ms: without {b:.3f} s, with 100 metrics/step "
+        f"{w:.3f} s, overhead {100 * (w - b) / b:+.2f} % (budget <= 1 %)"
+    )
     print(f"points dropped: {rs.dropped_points()}")
 
 

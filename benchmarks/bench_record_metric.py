@@ -53,8 +53,9 @@ def disabled_ns() -> float:
         f"print(statistics.median(t.repeat({REPEATS}, {N}))/{N}*1e9)"
     )
     env = {**os.environ, "RANKSCOPE_DISABLE": "1"}
-    return float(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                capture_output=True, text=True).stdout)
+    return float(
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+    )
 
 
 def main() -> None:
@@ -64,8 +65,10 @@ def main() -> None:
     otel_hist = per_call_ns("hist.record(1.5, attrs)", OTEL_SETUP)
     otel_counter = per_call_ns("counter.add(1, attrs)", OTEL_SETUP)
     off = disabled_ns()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"Python {platform.python_version()}"
+    )
     rows = [
         ("rankscope record_metric(float)", rs_float),
         ("rankscope record_metric(int)", rs_int),
@@ -78,9 +81,11 @@ def main() -> None:
         print(f"{name:48s} {ns:8.0f} ns/call")
     print(f"ratio Histogram.record / record_metric(float): {otel_hist / rs_float:.1f}x (budget >= 4x)")
     print(f"ratio Counter.add / record_metric(float):      {otel_counter / rs_float:.1f}x")
-    print(f"budgets: float <= 500 ns: {'OK' if rs_float <= 500 else 'OVER'}; "
-          f"disabled <= 150 ns: {'OK' if off <= 150 else 'OVER'}; "
-          f"vs Histogram.record >= 4x: {'OK' if otel_hist / rs_float >= 4 else 'UNDER'}")
+    print(
+        f"budgets: float <= 500 ns: {'OK' if rs_float <= 500 else 'OVER'}; "
+        f"disabled <= 150 ns: {'OK' if off <= 150 else 'OVER'}; "
+        f"vs Histogram.record >= 4x: {'OK' if otel_hist / rs_float >= 4 else 'UNDER'}"
+    )
 
 
 if __name__ == "__main__":

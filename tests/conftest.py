@@ -58,5 +58,12 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
     """Run code in a fresh interpreter (a clean process: env is read once per process)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(_ENV_PREFIXES)}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=timeout, check=False, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=ROOT,
+    )

@@ -77,7 +77,7 @@ class HttpReceiver(_Store):
         store = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path != "/v1/metrics" or self.headers.get("Content-Type") != "application/x-protobuf":
                     self.send_response(415 if self.path == "/v1/metrics" else 404)

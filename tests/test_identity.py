@@ -12,8 +12,13 @@ from rankscope._internal.identity import build_resource
 
 from .conftest import run_python
 
-TORCHRUN = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "job-42",
-            "TORCHELASTIC_RESTART_COUNT": "2"}
+TORCHRUN = {
+    "RANK": "5",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "TORCHELASTIC_RUN_ID": "job-42",
+    "TORCHELASTIC_RESTART_COUNT": "2",
+}
 
 
 def test_torchrun_environment() -> None:
@@ -25,8 +30,13 @@ def test_torchrun_environment() -> None:
 
 
 def test_slurm_environment() -> None:
-    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "991",
-           "SLURM_RESTART_COUNT": "1"}
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "3",
+        "SLURM_NTASKS": "16",
+        "SLURM_JOB_ID": "991",
+        "SLURM_RESTART_COUNT": "1",
+    }
     a = build_resource(environ=env).attributes
     assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("3", "3", "16")
     assert a[attr.EXPERIMENT_ID] == "slurm-991" and a[attr.EXPERIMENT_ATTEMPT] == 1
@@ -39,8 +49,11 @@ def test_torchrun_inside_slurm_uses_torchrun_ranks() -> None:
 
 
 def test_precedence_arguments_over_rankscope_env_over_otel_over_detection() -> None:
-    env = {**TORCHRUN, "OTEL_RESOURCE_ATTRIBUTES": "rankscope.experiment.id=from-otel,rankscope.rank=6,team=rl",
-           "OTEL_SERVICE_NAME": "svc"}
+    env = {
+        **TORCHRUN,
+        "OTEL_RESOURCE_ATTRIBUTES": "rankscope.experiment.id=from-otel,rankscope.rank=6,team=rl",
+        "OTEL_SERVICE_NAME": "svc",
+    }
     a = build_resource(environ=env).attributes
     assert a[attr.EXPERIMENT_ID] == "from-otel" and a[attr.RANK] == "6" and a["team"] == "rl"
     assert a[attr.ROLE] == "svc" == a[attr.SERVICE_NAME]
@@ -133,6 +146,7 @@ def test_monarch_actor_rank_and_mesh() -> None:
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, result.stdout + result.stderr
     found = sorted(json.loads(lines[0][7:]), key=lambda a: a[attr.RANK])
-    assert [(a[attr.RANK], a[attr.WORLD_SIZE], a["rankscope.mesh.gpus.rank"], a["rankscope.mesh.gpus.size"])
-            for a in found] == [("0", "2", "0", "2"), ("1", "2", "1", "2")]
+    assert [
+        (a[attr.RANK], a[attr.WORLD_SIZE], a["rankscope.mesh.gpus.rank"], a["rankscope.mesh.gpus.size"]) for a in found
+    ] == [("0", "2", "0", "2"), ("1", "2", "1", "2")]
     assert {a[attr.EXPERIMENT_ID] for a in found} == {"exp-monarch"}

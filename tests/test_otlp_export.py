@@ -27,7 +27,9 @@ def _check(points: list) -> None:
     assert {p.reduce for p in mine} == {"mean"}
     tokens = [p for p in points if p.key == "tokens"]
     assert [(p.step, p.reduce, p.state["sum"]) for p in sorted(tokens, key=lambda p: p.step)] == [
-        (0, "sum", 10.0), (1, "sum", 10.0)]
+        (0, "sum", 10.0),
+        (1, "sum", 10.0),
+    ]
     resource = mine[0].resource
     assert resource[attr.EXPERIMENT_ID] == "exp-otlp" and resource[attr.ROLE] == "trainer"
     assert resource[attr.RANK] == "0" and resource[attr.WORLD_SIZE] == "1"
@@ -70,8 +72,14 @@ def test_each_flush_sends_a_step_marker(receiver: GrpcReceiver) -> None:
 
     deadline = _t.monotonic() + 10
     while _t.monotonic() < deadline:
-        markers = [m for r in receiver.requests for rm in r.resource_metrics for sm in rm.scope_metrics
-                   for m in sm.metrics if m.name == attr.FLUSH_MARKER]
+        markers = [
+            m
+            for r in receiver.requests
+            for rm in r.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == attr.FLUSH_MARKER
+        ]
         steps = sorted(dp.attributes[0].value.int_value for m in markers for dp in m.sum.data_points)
         if steps == [0, 1]:
             break
@@ -121,5 +129,6 @@ def test_disable_makes_nothing_leave_the_process(receiver: GrpcReceiver) -> None
     assert control.returncode == 0, control.stderr
     receiver.wait_for(lambda ps: any(p.key == "x" for p in ps))
     assert {p.resource[attr.PROCESS_PID] for p in receiver.points()} == {
-        p.resource[attr.PROCESS_PID] for p in receiver.points() if p.key == "x"}
+        p.resource[attr.PROCESS_PID] for p in receiver.points() if p.key == "x"
+    }
     assert len({p.resource[attr.SERVICE_INSTANCE_ID] for p in receiver.points()}) == 1  # only the control run

@@ -10,9 +10,22 @@ import rankscope as rs
 from .conftest import run_python
 
 PUBLIC = [
-    "DISTRIBUTION_RELATIVE_ERROR", "LoggerBackend", "LoggingMode", "Metric", "MetricAccumulator", "Reduce",
-    "__version__", "current_step", "dropped_points", "flush", "force_flush", "get_resource", "init",
-    "record_metric", "register_backend", "shutdown",
+    "DISTRIBUTION_RELATIVE_ERROR",
+    "LoggerBackend",
+    "LoggingMode",
+    "Metric",
+    "MetricAccumulator",
+    "Reduce",
+    "__version__",
+    "current_step",
+    "dropped_points",
+    "flush",
+    "force_flush",
+    "get_resource",
+    "init",
+    "record_metric",
+    "register_backend",
+    "shutdown",
 ]
 
 
@@ -39,18 +52,24 @@ def test_import_changes_nothing_global() -> None:
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
-        "env_changed": False, "threads": 0, "meter_provider_set": False, "torch_imported": False}
+        "env_changed": False,
+        "threads": 0,
+        "meter_provider_set": False,
+        "torch_imported": False,
+    }
 
 
 def test_third_party_backend_through_entry_point(tmp_path) -> None:
-    (tmp_path / "shout_backend.py").write_text(textwrap.dedent("""
+    (tmp_path / "shout_backend.py").write_text(
+        textwrap.dedent("""
         import rankscope as rs
 
         class Shout(rs.LoggerBackend):
             def log_batch(self, metrics, global_step, *args, **kwargs):
                 for m in metrics:
                     print(f"SHOUT {m.key.upper()}={m.value} @ {global_step}", flush=True)
-    """))
+    """)
+    )
     dist = tmp_path / "shout_backend-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: shout-backend\nVersion: 1.0\n")

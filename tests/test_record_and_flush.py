@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ def test_forge_single_process_example_prints_global_block(capsys: pytest.Capture
     rs.flush(0)
     rs.shutdown()
     out = capsys.readouterr().out
-    assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_sum_metric: 6.0\nmy_max_metric: 3.0\nmy_mean_metric: 2.0\n" in out
+    assert (
+        "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_sum_metric: 6.0\nmy_max_metric: 3.0\nmy_mean_metric: 2.0\n" in out
+    )
 
 
 def test_per_rank_reduce_header_names_the_process(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,7 +73,7 @@ def test_bad_input_raises_at_the_call_site(key: str, value: object, error: type,
 def test_two_reduce_types_for_one_key_raise_at_second_call() -> None:
     rs.record_metric("reward", 1.0, rs.Reduce.MEAN)
     rs.flush(0)
-    with pytest.raises(ValueError, match="'reward'.*Reduce.MEAN.*Reduce.MAX"):
+    with pytest.raises(ValueError, match=r"'reward'.*Reduce\.MEAN.*Reduce\.MAX"):
         rs.record_metric("reward", 1.0, rs.Reduce.MAX)
     with pytest.raises(ValueError, match="case-insensitive"):
         rs.record_metric("Reward", 1.0, rs.Reduce.MEAN)
@@ -101,17 +104,23 @@ def test_per_rank_no_reduce_streams_every_value(capsys: pytest.CaptureFixture[st
 
 def test_jsonl_backend_writes_both_modes(tmp_path) -> None:
     reduced, stream = tmp_path / "reduced.jsonl", tmp_path / "stream.jsonl"
-    rs.init(experiment="exp-j", backends={
-        "jsonl": {"logging_mode": "per_rank_reduce", "path": str(reduced)},
-    })
+    rs.init(
+        experiment="exp-j",
+        backends={
+            "jsonl": {"logging_mode": "per_rank_reduce", "path": str(reduced)},
+        },
+    )
     rs.shutdown()
     from rankscope._internal.backends.jsonl import JsonlBackend
 
     rs.register_backend("jsonl_stream", JsonlBackend)
-    rs.init(experiment="exp-j", backends={
-        "jsonl": {"logging_mode": "per_rank_reduce", "path": str(reduced)},
-        "jsonl_stream": {"logging_mode": "per_rank_no_reduce", "path": str(stream)},
-    })
+    rs.init(
+        experiment="exp-j",
+        backends={
+            "jsonl": {"logging_mode": "per_rank_reduce", "path": str(reduced)},
+            "jsonl_stream": {"logging_mode": "per_rank_no_reduce", "path": str(stream)},
+        },
+    )
     rs.record_metric("lat", 1.0, rs.Reduce.DISTRIBUTION)
     rs.record_metric("lat", 3.0, rs.Reduce.DISTRIBUTION)
     rs.record_metric("nanny", math.nan)
@@ -129,7 +138,7 @@ def test_jsonl_backend_writes_both_modes(tmp_path) -> None:
 class AsyncCollect(rs.LoggerBackend):
     """A Forge-style backend with async methods, registered by the user."""
 
-    batches: list = []
+    batches: ClassVar[list] = []
 
     async def init(self, process_name=None, *args, **kwargs):
         self.process_name = process_name
@@ -148,7 +157,7 @@ def test_custom_async_backend_registered_by_class() -> None:
 
 
 def test_unknown_backend_and_mode_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="unknown backend 'wandbx'.*console"):
+    with pytest.raises(ValueError, match=r"unknown backend 'wandbx'.*console"):
         rs.init(backends={"wandbx": {}})
     with pytest.raises(ValueError, match="logging_mode 'global'"):
         rs.init(backends={"console": {"logging_mode": "global"}})

@@ -34,8 +34,12 @@ def test_scalar_reduces_merge_exactly(seed: int) -> None:
     values = [rng.uniform(-50, 150) for _ in range(rng.randint(5, 400))]
     parts = _split(values, rng.randint(1, 8), rng)
     expected = {
-        Reduce.MEAN: np.mean(values), Reduce.SUM: np.sum(values), Reduce.MAX: max(values),
-        Reduce.MIN: min(values), Reduce.STD: np.std(values), Reduce.COUNT: len(values),
+        Reduce.MEAN: np.mean(values),
+        Reduce.SUM: np.sum(values),
+        Reduce.MAX: max(values),
+        Reduce.MIN: min(values),
+        Reduce.STD: np.std(values),
+        Reduce.COUNT: len(values),
     }
     for reduce, want in expected.items():
         got = reduce.accumulator_class.get_reduced_value_from_states(_states(reduce, parts))
@@ -58,8 +62,13 @@ def test_nan_is_kept(reduce: Reduce) -> None:
 
 
 def test_inf_is_kept() -> None:
-    assert Reduce.MAX.accumulator_class.get_reduced_value_from_states(_states(Reduce.MAX, [[1.0], [math.inf]])) == math.inf
-    assert Reduce.MEAN.accumulator_class.get_reduced_value_from_states(_states(Reduce.MEAN, [[-math.inf, 1.0]])) == -math.inf
+    assert (
+        Reduce.MAX.accumulator_class.get_reduced_value_from_states(_states(Reduce.MAX, [[1.0], [math.inf]])) == math.inf
+    )
+    assert (
+        Reduce.MEAN.accumulator_class.get_reduced_value_from_states(_states(Reduce.MEAN, [[-math.inf, 1.0]]))
+        == -math.inf
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))

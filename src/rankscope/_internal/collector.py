@@ -74,7 +74,7 @@ class StepBatch:
 class Collector:
     """Accumulators of the step in progress plus the process-lifetime key registry."""
 
-    __slots__ = ("accs", "fast", "_reduce_of", "_lower", "_device", "_streams", "_step_start")
+    __slots__ = ("_device", "_lower", "_reduce_of", "_step_start", "_streams", "accs", "fast")
 
     def __init__(self, streams: list[StreamSink]) -> None:
         self.accs: dict[str, MetricAccumulator] = {}

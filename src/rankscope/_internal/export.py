@@ -19,13 +19,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     MetricExportResult,
@@ -42,7 +42,10 @@ from .reduce import Reduce, reduced_items
 from .wire import PointAttributes, encode, encode_resource
 
 _STREAM_QUEUE_LIMIT = 65536
-_MAX_STEPS_PER_REQUEST = 64
+_MAX_ITEMS_PER_ROUND = 256
+_MIN_EXPORT_GAP = 0.1
+"""Seconds between OTLP requests of one process: steps flushed faster than this share a
+request (a 20 ms training step would otherwise pay a gRPC call per step)."""
 
 
 class OtlpSender(Protocol):
@@ -269,8 +272,12 @@ class ExportThread:
             first = not self._warned_drop
             self._warned_drop = True
         if first and points:
-            warnings.warn(f"rankscope: dropping metric points because {why}; the job is unaffected "
-                          "and the count is reported when export recovers", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"rankscope: dropping metric points because {why}; the job is unaffected "
+                "and the count is reported when export recovers",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # -- export thread -----------------------------------------------------------------
 
@@ -279,36 +286,40 @@ class ExportThread:
             self.backends.init()
         except Exception as exc:
             self._on_error("backend init", exc)
+        pending: list[StepBatch] = []  # prepared steps waiting for the next OTLP request
+        last_export = 0.0
         stop = False
         while not stop:
+            wait = self.export_interval if not pending else max(0.0, last_export + _MIN_EXPORT_GAP - time.monotonic())
             try:
-                item = self._queue.get(timeout=self.export_interval)
+                items = [self._queue.get(timeout=wait)]
             except queue.Empty:
-                if self._periodic():
-                    self._guarded(self._periodic_export)
-                continue
-            items = [item]
-            while len(items) < _MAX_STEPS_PER_REQUEST:  # coalesce what is already waiting
+                items = []
+            while items and len(items) < _MAX_ITEMS_PER_ROUND:  # take what is already waiting
                 try:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            batches: list[StepBatch] = []
+            syncs: list[threading.Event] = []
             for kind, *rest in items:
                 if kind == "batch":
                     with self._lock:
                         self._queued_steps -= 1
                     self._guarded(self._prepare, rest[0])
-                    batches.append(rest[0])
+                    pending.append(rest[0])
                 elif kind == "stream":
                     self._guarded(self.backends.log_stream, *rest)
                 elif kind == "sync":
-                    self._guarded(self._export, batches)
-                    batches = []
-                    rest[0].set()
+                    syncs.append(rest[0])
                 elif kind == "stop":
                     stop = True
-            self._guarded(self._export, batches)
+            if not items and not pending and self._periodic():
+                self._guarded(self._periodic_export)
+            elif pending and (syncs or stop or time.monotonic() - last_export >= _MIN_EXPORT_GAP):
+                self._guarded(self._export, pending)
+                pending, last_export = [], time.monotonic()
+            for done in syncs:
+                done.set()
         if self._periodic():
             self._guarded(self._periodic_export)
         self._guarded(self.backends.finish)
@@ -353,8 +364,12 @@ class ExportThread:
                 marker = scope.metrics.add(name=attr.FLUSH_MARKER, unit="{key}")
                 marker.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
                 marker.sum.is_monotonic = True
-                marker.sum.data_points.add(start_time_unix_nano=t0, time_unix_nano=t1, as_int=len(batch.accs),
-                                           attributes=self._point_attributes.get("flush", batch.step)[1:])
+                marker.sum.data_points.add(
+                    start_time_unix_nano=t0,
+                    time_unix_nano=t1,
+                    as_int=len(batch.accs),
+                    attributes=self._point_attributes.get("flush", batch.step)[1:],
+                )
         if not request.resource_metrics:
             return
         if self.otlp.send(request):
@@ -369,5 +384,8 @@ class ExportThread:
         if n:
             self._dropped_counter.add(n)
             state = "at shutdown" if final else "before export recovered"
-            warnings.warn(f"rankscope: {n} metric points were dropped {state} "
-                          f"({self.dropped_total} in total)", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"rankscope: {n} metric points were dropped {state} ({self.dropped_total} in total)",
+                RuntimeWarning,
+                stacklevel=2,
+            )

@@ -72,7 +72,7 @@ def _detect_monarch() -> dict[str, Any]:
     for size in sizes.values():
         world *= size
     found: dict[str, Any] = {attr.RANK: point.rank, attr.WORLD_SIZE: world}
-    for dim in point.keys():
+    for dim in point.keys():  # noqa: SIM118 - a monarch Point, not a dict
         found[attr.mesh_rank(dim)] = point[dim]
         found[attr.mesh_size(dim)] = sizes[dim]
     return found
@@ -124,16 +124,18 @@ def build_resource(
         found.update(_detect_mesh(mesh))
 
     # OTEL_RESOURCE_ATTRIBUTES overrides detection; RANKSCOPE_* and arguments override it.
-    otel = dict(OTELResourceDetector().detect().attributes) if environ is None else _parse_otel(env)
-    experiment = resolve("experiment", experiment, env) or otel.get(attr.EXPERIMENT_ID) or _detect_experiment(env)
-    role = (
+    otel: dict[str, Any] = dict(OTELResourceDetector().detect().attributes) if environ is None else _parse_otel(env)
+    experiment_id: Any = (
+        resolve("experiment", experiment, env) or otel.get(attr.EXPERIMENT_ID) or _detect_experiment(env)
+    )
+    role_name: Any = (
         resolve("role", role, env)
         or otel.get(attr.ROLE)
         or ("trainer" if "RANK" in env or found[attr.WORLD_SIZE] > 1 else "main")
     )
-    replica = resolve("replica", replica, env)
-    if replica is None:
-        replica = otel.get(attr.REPLICA)
+    replica_id: Any = resolve("replica", replica, env)
+    if replica_id is None:
+        replica_id = otel.get(attr.REPLICA)
 
     values: dict[str, Any] = {k: v for k, v in found.items() if v is not None}
     values.update({k: v for k, v in otel.items() if k.startswith("rankscope.")})
@@ -141,19 +143,19 @@ def build_resource(
         values[attr.RANK] = rank
     if world_size is not None:
         values[attr.WORLD_SIZE] = world_size
-    values[attr.EXPERIMENT_ID] = experiment or generate_experiment_id()
-    values[attr.ROLE] = role
-    if replica is not None:
-        values[attr.REPLICA] = replica
+    values[attr.EXPERIMENT_ID] = experiment_id or generate_experiment_id()
+    values[attr.ROLE] = role_name
+    if replica_id is not None:
+        values[attr.REPLICA] = replica_id
     values.setdefault(attr.EXPERIMENT_ATTEMPT, attempt)
 
     # Contract: rankscope.* are strings except the attempt (an int).
     final: dict[str, Any] = {k: str(v) for k, v in values.items()}
     final[attr.EXPERIMENT_ATTEMPT] = int(values[attr.EXPERIMENT_ATTEMPT])
     final.update({k: v for k, v in otel.items() if not k.startswith("rankscope.")})
-    final[attr.SERVICE_NAME] = env.get("OTEL_SERVICE_NAME") or otel.get(attr.SERVICE_NAME) or role
+    final[attr.SERVICE_NAME] = env.get("OTEL_SERVICE_NAME") or otel.get(attr.SERVICE_NAME) or role_name
     if final[attr.SERVICE_NAME] == "unknown_service":
-        final[attr.SERVICE_NAME] = role
+        final[attr.SERVICE_NAME] = role_name
     final[attr.SERVICE_INSTANCE_ID] = uuid.uuid4().hex
     final.setdefault(attr.HOST_NAME, socket.gethostname())
     final[attr.PROCESS_PID] = os.getpid()

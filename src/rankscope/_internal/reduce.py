@@ -30,7 +30,7 @@ class Reduce:
     a sink finds third-party ones through the ``rankscope.reducers`` entry point group.
     """
 
-    __slots__ = ("value", "accumulator_class")
+    __slots__ = ("accumulator_class", "value")
 
     MEAN: ClassVar[Reduce]
     SUM: ClassVar[Reduce]
@@ -125,7 +125,7 @@ class MetricAccumulator:
 class MeanAccumulator(MetricAccumulator):
     """Count-weighted mean: merging sums and counts is exact for any split of the values."""
 
-    __slots__ = ("sum", "count")
+    __slots__ = ("count", "sum")
 
     def __init__(self, reduction: Reduce) -> None:
         super().__init__(reduction)
@@ -180,9 +180,9 @@ class MaxAccumulator(MetricAccumulator):
         self.max = -math.inf
 
     def append(self, value: float) -> None:
-        if value > self.max or value != value:
-            if self.max == self.max:  # not already NaN: NaN stays sticky
-                self.max = value
+        # NaN stays sticky: once max is NaN, nothing replaces it.
+        if (value > self.max or value != value) and self.max == self.max:
+            self.max = value
 
     def get_state(self) -> dict[str, Any]:
         return {"reduction_type": self.reduction_type.value, "max": self.max}
@@ -206,9 +206,8 @@ class MinAccumulator(MetricAccumulator):
         self.min = math.inf
 
     def append(self, value: float) -> None:
-        if value < self.min or value != value:
-            if self.min == self.min:
-                self.min = value
+        if (value < self.min or value != value) and self.min == self.min:
+            self.min = value
 
     def get_state(self) -> dict[str, Any]:
         return {"reduction_type": self.reduction_type.value, "min": self.min}
@@ -225,7 +224,7 @@ class MinAccumulator(MetricAccumulator):
 class StdAccumulator(MetricAccumulator):
     """Population standard deviation (ddof=0), pooled from sum, sum of squares and count."""
 
-    __slots__ = ("sum", "sum_sq", "count")
+    __slots__ = ("count", "sum", "sum_sq")
 
     def __init__(self, reduction: Reduce) -> None:
         super().__init__(reduction)
@@ -286,7 +285,7 @@ class CountAccumulator(MetricAccumulator):
 class LastAccumulator(MetricAccumulator):
     """The most recent value; across processes, the one recorded last by wall clock."""
 
-    __slots__ = ("value", "time_unix_nano")
+    __slots__ = ("time_unix_nano", "value")
 
     def __init__(self, reduction: Reduce) -> None:
         super().__init__(reduction)
@@ -341,7 +340,14 @@ class DistributionAccumulator(MetricAccumulator):
     inf shows in the mean) but not toward the percentiles, which rank finite values.
     """
 
-    __slots__ = ("count", "sum", "min", "max", "zero_count", "positive", "negative")
+    __slots__ = ("count", "max", "min", "negative", "positive", "sum", "zero_count")
+    count: int
+    sum: float
+    min: float
+    max: float
+    zero_count: int
+    positive: dict[int, int]
+    negative: dict[int, int]
 
     def __init__(self, reduction: Reduce) -> None:
         super().__init__(reduction)
@@ -416,8 +422,8 @@ class DistributionAccumulator(MetricAccumulator):
         self.min = math.inf
         self.max = -math.inf
         self.zero_count = 0
-        self.positive: dict[int, int] = {}
-        self.negative: dict[int, int] = {}
+        self.positive = {}
+        self.negative = {}
 
 
 def _harmonic_mid(index: int, base: float) -> float:

@@ -50,31 +50,59 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("experiment", "RANKSCOPE_EXPERIMENT", None,
-            "Experiment id shared by every process of one job. Detected from torchelastic/SLURM "
-            "when unset; a generated id is exported to child processes."),
-    Setting("role", "RANKSCOPE_ROLE", None,
-            "What this process is: trainer, generator, replay_buffer, controller, ...",
-            otel_env=("OTEL_SERVICE_NAME",)),
+    Setting(
+        "experiment",
+        "RANKSCOPE_EXPERIMENT",
+        None,
+        "Experiment id shared by every process of one job. Detected from torchelastic/SLURM "
+        "when unset; a generated id is exported to child processes.",
+    ),
+    Setting(
+        "role",
+        "RANKSCOPE_ROLE",
+        None,
+        "What this process is: trainer, generator, replay_buffer, controller, ...",
+        otel_env=("OTEL_SERVICE_NAME",),
+    ),
     Setting("replica", "RANKSCOPE_REPLICA", None, "Replica index of this role (e.g. generator 1)."),
-    Setting("endpoint", "RANKSCOPE_ENDPOINT", None,
-            "OTLP endpoint of a sink or Collector (host:port or URL). Unset: the exporter honours "
-            "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT; if those are unset too, metrics stay in the "
-            "process (local backends only)."),
-    Setting("protocol", "RANKSCOPE_PROTOCOL", "grpc", "OTLP transport: grpc or http/protobuf.",
-            parse=_parse_protocol,
-            otel_env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")),
-    Setting("disable", "RANKSCOPE_DISABLE", False,
-            "true/1/yes: every rankscope call is a no-op.", parse=parse_bool),
-    Setting("export_interval", "RANKSCOPE_EXPORT_INTERVAL", 1.0,
-            "Seconds between periodic exports for processes that never call flush().",
-            parse=_parse_positive_float),
-    Setting("max_queued_steps", "RANKSCOPE_MAX_QUEUED_STEPS", 256,
-            "Flushed steps waiting for export before new ones are dropped (and counted).",
-            parse=_parse_positive_int),
-    Setting("shutdown_timeout", "RANKSCOPE_SHUTDOWN_TIMEOUT", 5.0,
-            "Seconds shutdown() waits to drain queued exports; the rest is counted as dropped.",
-            parse=_parse_positive_float),
+    Setting(
+        "endpoint",
+        "RANKSCOPE_ENDPOINT",
+        None,
+        "OTLP endpoint of a sink or Collector (host:port or URL). Unset: the exporter honours "
+        "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT; if those are unset too, metrics stay in the "
+        "process (local backends only).",
+    ),
+    Setting(
+        "protocol",
+        "RANKSCOPE_PROTOCOL",
+        "grpc",
+        "OTLP transport: grpc or http/protobuf.",
+        parse=_parse_protocol,
+        otel_env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    ),
+    Setting("disable", "RANKSCOPE_DISABLE", False, "true/1/yes: every rankscope call is a no-op.", parse=parse_bool),
+    Setting(
+        "export_interval",
+        "RANKSCOPE_EXPORT_INTERVAL",
+        1.0,
+        "Seconds between periodic exports for processes that never call flush().",
+        parse=_parse_positive_float,
+    ),
+    Setting(
+        "max_queued_steps",
+        "RANKSCOPE_MAX_QUEUED_STEPS",
+        256,
+        "Flushed steps waiting for export before new ones are dropped (and counted).",
+        parse=_parse_positive_int,
+    ),
+    Setting(
+        "shutdown_timeout",
+        "RANKSCOPE_SHUTDOWN_TIMEOUT",
+        5.0,
+        "Seconds shutdown() waits to drain queued exports; the rest is counted as dropped.",
+        parse=_parse_positive_float,
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

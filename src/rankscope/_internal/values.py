@@ -66,6 +66,4 @@ def to_number(key: str, value: Any) -> Any:
 
 
 def _INT_DTYPES(torch: Any) -> frozenset[Any]:  # noqa: N802 - reads like a constant at the call site
-    return frozenset(
-        {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
-    )
+    return frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})

@@ -105,8 +105,14 @@ def encode(
     elif name == "distribution":
         metric.exponential_histogram.aggregation_temporality = _DELTA
         e = metric.exponential_histogram.data_points.add(
-            start_time_unix_nano=t0, time_unix_nano=t1, count=state["count"], sum=state["sum"],
-            scale=state["scale"], zero_count=state["zero_count"], min=state["min"], max=state["max"],
+            start_time_unix_nano=t0,
+            time_unix_nano=t1,
+            count=state["count"],
+            sum=state["sum"],
+            scale=state["scale"],
+            zero_count=state["zero_count"],
+            min=state["min"],
+            max=state["max"],
         )
         e.attributes.extend(kvs)
         _dense(e.positive, state["positive"])
@@ -195,7 +201,11 @@ def _decode_metric(resource: Mapping[str, Any], metric: Any) -> Iterator[Decoded
                 state["sum_sq"] = float(a.get(SUM_SQ, 0.0))
         elif kind == "exponential_histogram":
             state.update(
-                scale=point.scale, count=point.count, sum=point.sum, min=point.min, max=point.max,
+                scale=point.scale,
+                count=point.count,
+                sum=point.sum,
+                min=point.min,
+                max=point.max,
                 zero_count=point.zero_count,
                 positive={point.positive.offset + i: n for i, n in enumerate(point.positive.bucket_counts) if n},
                 negative={point.negative.offset + i: n for i, n in enumerate(point.negative.bucket_counts) if n},

@@ -22,10 +22,8 @@ class ConsoleBackend(LoggerBackend):
         self.role = kwargs.get("role", "main")
 
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
-        if self.logging_mode is LoggingMode.GLOBAL_REDUCE:
-            title = "GlobalReduce"
-        else:
-            title = self.process_name or "process"
+        global_view = self.logging_mode is LoggingMode.GLOBAL_REDUCE
+        title = "GlobalReduce" if global_view else self.process_name or "process"
         step = "-" if global_step is None else global_step
         lines = [f"=== [{title}] - METRICS STEP {step} ==="]
         lines += [f"{m.key}: {format_value(m.value)}" for m in metrics]

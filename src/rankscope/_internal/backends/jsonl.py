@@ -26,8 +26,13 @@ class JsonlBackend(LoggerBackend):
 
     def _write(self, kind: str, metric: Metric, step: int | None) -> None:
         row = {
-            "kind": kind, "step": step, "key": metric.key, "value": metric.value,
-            "reduce": metric.reduction.value, "time": metric.timestamp, **self.identity,
+            "kind": kind,
+            "step": step,
+            "key": metric.key,
+            "value": metric.value,
+            "reduce": metric.reduction.value,
+            "time": metric.timestamp,
+            **self.identity,
         }
         self._file.write(json.dumps(row) + "\n")
 
