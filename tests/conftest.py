@@ -38,6 +38,7 @@ def clean_rankscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def receiver() -> Iterator[GrpcReceiver]:
     r = GrpcReceiver()
     yield r
+    rs.shutdown()  # before the receiver goes away, so the last export has somewhere to go
     r.close()
 
 
@@ -45,6 +46,7 @@ def receiver() -> Iterator[GrpcReceiver]:
 def http_receiver() -> Iterator[HttpReceiver]:
     r = HttpReceiver()
     yield r
+    rs.shutdown()
     r.close()
 
 

@@ -61,30 +61,25 @@ def test_standard_otel_variables_are_honoured(receiver: GrpcReceiver, monkeypatc
     assert points[0].resource["team"] == "rl"
 
 
+def _marker_steps(receiver: GrpcReceiver) -> list[int]:
+    return sorted(
+        dp.attributes[0].value.int_value
+        for r in list(receiver.requests)
+        for rm in r.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == attr.FLUSH_MARKER
+        for dp in m.sum.data_points
+    )
+
+
 def test_each_flush_sends_a_step_marker(receiver: GrpcReceiver) -> None:
     rs.init(endpoint=receiver.endpoint)
     rs.flush(0)  # nothing recorded: the sink still learns this process closed step 0
     rs.record_metric("a", 1.0)
     rs.flush(1)
     assert rs.force_flush(20)
-    receiver.wait_for(lambda ps: True)
-    import time as _t
-
-    deadline = _t.monotonic() + 10
-    while _t.monotonic() < deadline:
-        markers = [
-            m
-            for r in receiver.requests
-            for rm in r.resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-            if m.name == attr.FLUSH_MARKER
-        ]
-        steps = sorted(dp.attributes[0].value.int_value for m in markers for dp in m.sum.data_points)
-        if steps == [0, 1]:
-            break
-        _t.sleep(0.05)
-    assert steps == [0, 1]
+    receiver.wait_for(lambda _: _marker_steps(receiver) == [0, 1], timeout=10)
 
 
 def test_periodic_export_for_a_process_that_never_flushes(receiver: GrpcReceiver) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 import queue
 import threading
@@ -46,6 +47,14 @@ _MAX_ITEMS_PER_ROUND = 256
 _MIN_EXPORT_GAP = 0.1
 """Seconds between OTLP requests of one process: steps flushed faster than this share a
 request (a 20 ms training step would otherwise pay a gRPC call per step)."""
+
+
+def _warn(message: str) -> None:
+    """A RuntimeWarning that cannot take the export thread down, even under ``-W error``."""
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Warning:
+        logging.getLogger("rankscope").warning(message)
 
 
 class OtlpSender(Protocol):
@@ -272,11 +281,9 @@ class ExportThread:
             first = not self._warned_drop
             self._warned_drop = True
         if first and points:
-            warnings.warn(
+            _warn(
                 f"rankscope: dropping metric points because {why}; the job is unaffected "
-                "and the count is reported when export recovers",
-                RuntimeWarning,
-                stacklevel=3,
+                "and the count is reported when export recovers"
             )
 
     # -- export thread -----------------------------------------------------------------
@@ -384,8 +391,4 @@ class ExportThread:
         if n:
             self._dropped_counter.add(n)
             state = "at shutdown" if final else "before export recovered"
-            warnings.warn(
-                f"rankscope: {n} metric points were dropped {state} ({self.dropped_total} in total)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            _warn(f"rankscope: {n} metric points were dropped {state} ({self.dropped_total} in total)")
