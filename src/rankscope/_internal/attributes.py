@@ -31,6 +31,14 @@ STATE_FIELD = "rankscope.state"  # for custom reduce types: which state field th
 # Metrics rankscope emits about itself.
 FLUSH_MARKER = "rankscope.flush"  # one point per flush: "this process closed step N" (value: keys)
 DROPPED_POINTS = "rankscope.dropped_points"  # points lost to a full queue or failed exports
+GOODBYE = "rankscope.goodbye"  # sent once at shutdown: "stop waiting for my steps"
+EXPECTED_PROCESSES = "rankscope.expected_processes"  # on a controller's flush marker: procs it flushed
+STREAM_KEY = "rankscope.key"  # log-record attributes of streamed (per_rank_no_reduce) values
+STREAM_VALUE = "rankscope.value"
+
+# Metrics the sink adds to an experiment's global view.
+MISSING_PROCESSES = "rankscope/missing_processes"
+LATE_POINTS = "rankscope/late_points"
 
 INSTRUMENTATION_SCOPE = "rankscope"
 

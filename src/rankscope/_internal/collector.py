@@ -69,6 +69,8 @@ class StepBatch:
     time_unix_nano: int
     accs: dict[str, MetricAccumulator]
     device: DeviceValues | None
+    expected: int = 0
+    """Processes a controller flushed with this step (itself included); 0 when not a controller."""
 
 
 class Collector:

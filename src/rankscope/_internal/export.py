@@ -12,27 +12,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import queue
 import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    MetricExportResult,
-    MetricReader,
-    MetricsData,
-)
+from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
@@ -40,7 +33,8 @@ from . import attributes as attr
 from .backends.base import LoggerBackend, LoggingMode, Metric
 from .collector import Collector, StepBatch
 from .reduce import Reduce, reduced_items
-from .wire import PointAttributes, encode, encode_resource
+from .senders import EmbeddedSenders, Senders
+from .wire import PointAttributes, encode, encode_resource, key_value
 
 _STREAM_QUEUE_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
@@ -55,58 +49,6 @@ def _warn(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
     except Warning:
         logging.getLogger("rankscope").warning(message)
-
-
-class OtlpSender(Protocol):
-    def send(self, request: ExportMetricsServiceRequest) -> bool: ...
-    def shutdown(self, timeout_millis: float = ...) -> None: ...
-
-
-def make_otlp_exporter(endpoint: str | None, protocol: str) -> OtlpSender | None:
-    """The SDK's OTLP metric exporter for ``protocol``, or None when no endpoint is configured.
-
-    rankscope builds the OTLP protobuf itself (its states are already aggregated, and the
-    SDK's dataclass round trip costs ~5x more on the export thread), then hands the request
-    to the SDK exporter's protobuf-level entry point, so endpoint, headers, TLS, compression,
-    timeouts and retries follow the SDK and its ``OTEL_EXPORTER_OTLP_*`` variables.
-    """
-    if endpoint is None and not (
-        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    ):
-        return None
-    if endpoint is not None and "://" not in endpoint:
-        endpoint = f"http://{endpoint}"  # a bare host:port means plaintext; say https:// for TLS
-    if protocol == "http/protobuf":
-        if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/metrics"):
-            endpoint = endpoint.rstrip("/") + "/v1/metrics"
-        return _HttpSender(endpoint=endpoint)
-    return _GrpcSender(endpoint=endpoint)
-
-
-def _points(request: ExportMetricsServiceRequest) -> int:
-    return sum(len(m.ListFields()) for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
-
-
-class _GrpcSender(GrpcMetricExporter):
-    """The SDK gRPC exporter fed with a ready request (its ``_export`` retry loop is reused)."""
-
-    def _translate_data(self, data: Any) -> Any:
-        return data
-
-    def _count_data(self, data: Any) -> int:
-        return _points(data)
-
-    def send(self, request: ExportMetricsServiceRequest) -> bool:
-        return self._export(data=request) is MetricExportResult.SUCCESS  # type: ignore[arg-type]
-
-
-class _HttpSender(HttpMetricExporter):
-    """The SDK HTTP/protobuf exporter fed with a ready request."""
-
-    def send(self, request: ExportMetricsServiceRequest) -> bool:
-        if self._shutdown:
-            return False
-        return self._export_batch(request) is MetricExportResult.SUCCESS
 
 
 class _PullReader(MetricReader):
@@ -199,11 +141,12 @@ class ExportThread:
         resource: Resource,
         collector: Collector,
         backends: BackendSet,
-        otlp: OtlpSender | None,
+        otlp: Senders | EmbeddedSenders | None,
         export_interval: float,
         max_queued_steps: int,
         periodic: Callable[[], bool],
         on_error: Callable[[str, BaseException], None],
+        stream_to_sink: bool = False,
     ) -> None:
         self.resource = resource
         self.collector = collector
@@ -213,6 +156,8 @@ class ExportThread:
         self.max_queued_steps = max_queued_steps
         self._periodic = periodic
         self._on_error = on_error
+        self.stream_to_sink = stream_to_sink and otlp is not None
+        self._streams: list[tuple[Metric, int | None]] = []
         self._resource_pb = encode_resource(resource.attributes)
         self._scope = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version=__version__)
         self._point_attributes = PointAttributes()
@@ -315,20 +260,24 @@ class ExportThread:
                     self._guarded(self._prepare, rest[0])
                     pending.append(rest[0])
                 elif kind == "stream":
-                    self._guarded(self.backends.log_stream, *rest)
+                    if self.stream_to_sink:
+                        self._streams.append((rest[0], rest[1]))
+                    else:
+                        self._guarded(self.backends.log_stream, *rest)
                 elif kind == "sync":
                     syncs.append(rest[0])
                 elif kind == "stop":
                     stop = True
+            due = time.monotonic() - last_export >= _MIN_EXPORT_GAP
             if not items and not pending and self._periodic():
                 self._guarded(self._periodic_export)
-            elif pending and (syncs or stop or time.monotonic() - last_export >= _MIN_EXPORT_GAP):
-                self._guarded(self._export, pending)
+            elif (pending or self._streams) and (syncs or stop or due):
+                self._guarded(self._export, pending, stop)
                 pending, last_export = [], time.monotonic()
+            elif stop:
+                self._guarded(self._export, [], True)
             for done in syncs:
                 done.set()
-        if self._periodic():
-            self._guarded(self._periodic_export)
         self._guarded(self.backends.finish)
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -342,6 +291,8 @@ class ExportThread:
         if batch is not None:
             self._prepare(batch)
             self._export([batch])
+        elif self._streams:
+            self._export([])
 
     def _prepare(self, batch: StepBatch) -> None:
         """Read device values, then give the step to the local backends."""
@@ -350,9 +301,13 @@ class ExportThread:
             batch.device = None
         self.backends.log_batch(batch)
 
-    def _export(self, batches: list[StepBatch]) -> None:
+    def _export(self, batches: list[StepBatch], goodbye: bool = False) -> None:
         if self.otlp is None:
             return
+        if self._streams:
+            streams, self._streams = self._streams, []
+            if not self._send_logs(streams):
+                self._drop(len(streams), "the OTLP endpoint did not accept streamed values")
         sdk_data = self._reader.pull()
         request = encode_metrics(sdk_data) if sdk_data is not None else ExportMetricsServiceRequest()
         if batches:
@@ -371,18 +326,59 @@ class ExportThread:
                 marker = scope.metrics.add(name=attr.FLUSH_MARKER, unit="{key}")
                 marker.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
                 marker.sum.is_monotonic = True
-                marker.sum.data_points.add(
+                point = marker.sum.data_points.add(
                     start_time_unix_nano=t0,
                     time_unix_nano=t1,
                     as_int=len(batch.accs),
                     attributes=self._point_attributes.get("flush", batch.step)[1:],
                 )
+                if batch.expected:
+                    point.attributes.append(key_value(attr.EXPECTED_PROCESSES, batch.expected))
+        if goodbye:  # "this process is done: stop waiting for its steps"
+            if not batches:
+                scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
+            bye = scope.metrics.add(name=attr.GOODBYE)
+            bye.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
+            bye.sum.data_points.add(time_unix_nano=time.time_ns(), as_int=1)
         if not request.resource_metrics:
             return
-        if self.otlp.send(request):
+        if self._send(request):
             self._report_drops(final=False)
         else:
             self._drop(points, "the OTLP endpoint did not accept an export")
+
+    def _send(self, request: Any) -> bool:
+        try:
+            return bool(self.otlp is not None and self.otlp.send(request))
+        except Exception as exc:  # e.g. the embedded sink could not start: count, warn once
+            self._warn_unreachable(exc)
+            return False
+
+    def _warn_unreachable(self, exc: Exception) -> None:
+        if not getattr(self, "_warned_unreachable", False):
+            self._warned_unreachable = True
+            _warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
+
+    def _send_logs(self, streams: list[tuple[Metric, int | None]]) -> bool:
+        request = ExportLogsServiceRequest()
+        records = request.resource_logs.add(resource=self._resource_pb).scope_logs.add(scope=self._scope)
+        for metric, step in streams:
+            record = records.log_records.add(
+                time_unix_nano=int((metric.timestamp or time.time()) * 1e9),
+                severity_number=9,  # INFO
+                severity_text="INFO",
+            )
+            record.body.string_value = f"{metric.key}: {metric.value}"
+            record.attributes.extend(
+                [key_value(attr.STREAM_KEY, metric.key), key_value(attr.STREAM_VALUE, float(metric.value))]
+            )
+            if step is not None:
+                record.attributes.append(key_value(attr.STEP, step))
+        try:
+            return bool(self.otlp is not None and self.otlp.send_logs(request))
+        except Exception as exc:
+            self._warn_unreachable(exc)
+            return False
 
     def _report_drops(self, final: bool) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ first call of any function auto-initializes from the environment.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import threading
@@ -21,9 +22,11 @@ from opentelemetry.sdk.resources import Resource
 from . import attributes as attr
 from .backends.base import LoggerBackend, LoggingMode, get_backend_class
 from .collector import Collector
-from .export import BackendSet, ExportThread, make_otlp_exporter
+from .export import BackendSet, ExportThread
+from .export import _warn as _warn_export
 from .identity import build_resource, process_label
 from .reduce import Reduce
+from .senders import EmbeddedSenders, Senders, has_endpoint, post_config
 from .settings import resolve
 
 _MEAN = Reduce.MEAN
@@ -47,6 +50,7 @@ class _Runtime:
         self.shutdown_timeout = shutdown_timeout
         self.flushed = False
         self.last_step: int | None = None
+        self.monarch_controller = False
 
     @property
     def current_step(self) -> int | None:
@@ -102,15 +106,20 @@ def init(
         previous = _runtime
         resource = build_resource(experiment=experiment, role=role, replica=replica, mesh=mesh)
         label = process_label(resource)
-        otlp = make_otlp_exporter(resolve("endpoint", endpoint), resolve("protocol", protocol))
-        alone = resource.attributes.get(attr.WORLD_SIZE) == "1" and otlp is None
-        backend_objects = _make_backends(backends or {}, alone)
+        experiment_id = str(resource.attributes[attr.EXPERIMENT_ID])
+        views: dict[str, Any] = {k: dict(v) for k, v in (backends or resolve("backends") or {}).items()}
+        stream = any(v.get("logging_mode") == LoggingMode.PER_RANK_NO_REDUCE.value for v in views.values())
+        senders, views_in_sink = _make_senders(
+            resource, resolve("endpoint", endpoint), resolve("protocol", protocol), views, stream
+        )
+        world = resource.attributes.get(attr.WORLD_SIZE)
+        backend_objects = [] if views_in_sink else _make_backends(views, alone=world == "1" and senders is None)
         init_kwargs = {
             "rank": resource.attributes.get(attr.RANK),
-            "world_size": resource.attributes.get(attr.WORLD_SIZE),
+            "world_size": world,
             "role": resource.attributes.get(attr.ROLE),
             "replica": resource.attributes.get(attr.REPLICA),
-            "experiment": resource.attributes.get(attr.EXPERIMENT_ID),
+            "experiment": experiment_id,
         }
         backend_set = BackendSet(backend_objects, init_kwargs, label)
         collector = Collector(streams=[])
@@ -119,25 +128,85 @@ def init(
             resource=resource,
             collector=collector,
             backends=backend_set,
-            otlp=otlp,
+            otlp=senders,
+            stream_to_sink=views_in_sink and stream,
             export_interval=resolve("export_interval", export_interval),
             max_queued_steps=resolve("max_queued_steps"),
             periodic=lambda: runtime is not None and not runtime.flushed,
             on_error=_report_internal_error,
         )
         runtime = _Runtime(resource, collector, thread, resolve("shutdown_timeout"))
-        if backend_set.streaming:
+        runtime.monarch_controller = _is_monarch_controller()
+        if backend_set.streaming or thread.stream_to_sink:
             collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
         if previous is not None:  # keep what was recorded before re-init
             collector.accs = previous.collector.accs
             _shutdown_locked(drain_unflushed=False)
         # Children of this process (spawned workers, `rankscope run` commands) join this experiment.
-        os.environ["RANKSCOPE_EXPERIMENT"] = str(resource.attributes[attr.EXPERIMENT_ID])
+        os.environ["RANKSCOPE_EXPERIMENT"] = experiment_id
         if endpoint is not None:
             os.environ["RANKSCOPE_ENDPOINT"] = endpoint
+        if backends is not None:
+            os.environ["RANKSCOPE_BACKENDS"] = json.dumps(views)
         _runtime, _collector, _disabled = runtime, collector, False
         _bind_compile_check()
         return resource
+
+
+def _make_senders(
+    resource: Resource, endpoint: str | None, protocol: str, views: dict[str, Any], stream: bool
+) -> tuple[Senders | EmbeddedSenders | None, bool]:
+    """Where this process's OTLP goes, and whether its views run in that sink.
+
+    An endpoint: export there; views run in the sink only when it takes posted configs
+    (``rankscope run`` sets ``RANKSCOPE_SINK_CONTROL``). No endpoint: a multi-process job
+    (or ``RANKSCOPE_SINK=embedded``) uses the experiment's embedded sink; a lone process
+    keeps its views to itself.
+    """
+    experiment = str(resource.attributes[attr.EXPERIMENT_ID])
+    control = resolve("sink_control")
+    if has_endpoint(endpoint):
+        if control is None:
+            return Senders(endpoint, protocol, stream=False), False
+
+        def post_then_send() -> tuple[str, str]:
+            _post_views(control, experiment, views)
+            return endpoint or "", control
+
+        return EmbeddedSenders(post_then_send, protocol, stream), True
+    mode = resolve("sink")
+    multi = resource.attributes.get(attr.WORLD_SIZE) != "1" or "monarch" in sys.modules
+    if mode == "embedded" or (mode == "auto" and multi):
+
+        def connect() -> tuple[str, str]:
+            from ..sink.embedded import connect as connect_embedded
+
+            found = connect_embedded(experiment)
+            _post_views(found[1], experiment, views)
+            return found
+
+        return EmbeddedSenders(connect, "grpc", stream), True
+    return None, False
+
+
+def _post_views(control: str, experiment: str, views: dict[str, Any]) -> None:
+    if views:
+        try:
+            answer = post_config(control, experiment, views)
+        except OSError as exc:
+            answer = f"could not post: {exc}"
+        if answer != "ok":
+            _warn_export(f"rankscope: the sink did not take this process's views ({answer})")
+
+
+def _is_monarch_controller() -> bool:
+    if "monarch" not in sys.modules:
+        return False
+    try:
+        from . import monarch
+    except ImportError:
+        return False
+    return not monarch.in_actor()
 
 
 def _make_backends(config: Mapping[str, Mapping[str, Any]], alone: bool) -> list[LoggerBackend]:
@@ -218,6 +287,16 @@ def flush(step: int) -> None:
     batch = runtime.collector.take(step)
     runtime.flushed = True
     runtime.last_step = step
+    if runtime.monarch_controller:
+        try:
+            from .monarch import flush_actors
+
+            asked = flush_actors(step)
+        except Exception as exc:
+            _report_internal_error("Monarch actor flush", exc)
+            asked = 0
+        if batch is not None and asked:
+            batch.expected = asked + 1
     if batch is not None:
         runtime.thread.submit(batch)
 

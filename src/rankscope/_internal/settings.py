@@ -6,6 +6,7 @@ settings section is generated from it (``rankscope settings --markdown``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,20 @@ def _parse_positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise ValueError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _parse_backends(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError('must be a JSON object like {"console": {"logging_mode": "global_reduce"}}')
+    return value
+
+
+def _parse_sink(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("auto", "embedded", "off"):
+        raise ValueError(f"must be 'auto', 'embedded' or 'off', got {text!r}")
     return value
 
 
@@ -80,6 +95,35 @@ SETTINGS: tuple[Setting, ...] = (
         "OTLP transport: grpc or http/protobuf.",
         parse=_parse_protocol,
         otel_env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    ),
+    Setting(
+        "backends",
+        "RANKSCOPE_BACKENDS",
+        None,
+        'Views as JSON, e.g. {"wandb": {"logging_mode": "global_reduce"}}. init(backends=...) '
+        "sets it for child processes.",
+        parse=_parse_backends,
+    ),
+    Setting(
+        "sink",
+        "RANKSCOPE_SINK",
+        "auto",
+        "Embedded sink when no endpoint is set: auto (for multi-process jobs: torchrun ranks, "
+        "Monarch), embedded (always), off (views stay in each process).",
+        parse=_parse_sink,
+    ),
+    Setting(
+        "sink_grace",
+        "RANKSCOPE_SINK_GRACE",
+        10.0,
+        "Seconds a sink waits for the last processes of a step before finalizing it without them.",
+        parse=_parse_positive_float,
+    ),
+    Setting(
+        "sink_control",
+        "RANKSCOPE_SINK_CONTROL",
+        None,
+        "HTTP URL of a rankscope sink that takes this experiment's views (set by `rankscope run`).",
     ),
     Setting("disable", "RANKSCOPE_DISABLE", False, "true/1/yes: every rankscope call is a no-op.", parse=parse_bool),
     Setting(

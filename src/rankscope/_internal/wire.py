@@ -38,7 +38,7 @@ SUM_SQ = "rankscope.sum_sq"
 _DELTA = pb.AGGREGATION_TEMPORALITY_DELTA
 
 
-def _kv(key: str, value: str | int | float) -> KeyValue:
+def key_value(key: str, value: str | int | float) -> KeyValue:
     if isinstance(value, bool):
         return KeyValue(key=key, value=AnyValue(bool_value=value))
     if isinstance(value, str):
@@ -49,7 +49,7 @@ def _kv(key: str, value: str | int | float) -> KeyValue:
 
 
 def encode_resource(attributes: Mapping[str, Any]) -> Resource:
-    return Resource(attributes=[_kv(k, v) for k, v in attributes.items() if isinstance(v, (str, int, float))])
+    return Resource(attributes=[key_value(k, v) for k, v in attributes.items() if isinstance(v, (str, int, float))])
 
 
 class PointAttributes:
@@ -61,9 +61,9 @@ class PointAttributes:
     def get(self, reduce: str, step: int | None) -> list[KeyValue]:
         found = self._cache.get((reduce, step))
         if found is None:
-            found = [_kv(attr.REDUCE, reduce)]
+            found = [key_value(attr.REDUCE, reduce)]
             if step is not None:
-                found.append(_kv(attr.STEP, step))
+                found.append(key_value(attr.STEP, step))
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[(reduce, step)] = found
@@ -101,7 +101,7 @@ def encode(
         )
         h.attributes.extend(kvs)
         if name == "std":
-            h.attributes.append(_kv(SUM_SQ, float(state["sum_sq"])))
+            h.attributes.append(key_value(SUM_SQ, float(state["sum_sq"])))
     elif name == "distribution":
         metric.exponential_histogram.aggregation_temporality = _DELTA
         e = metric.exponential_histogram.data_points.add(
@@ -122,7 +122,7 @@ def encode(
             if field != "reduction_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 point = metric.gauge.data_points.add(start_time_unix_nano=t0, time_unix_nano=t1)
                 _number(point, value, kvs)
-                point.attributes.append(_kv(attr.STATE_FIELD, field))
+                point.attributes.append(key_value(attr.STATE_FIELD, field))
         if not metric.gauge.data_points:
             return None
     return metric
@@ -163,26 +163,26 @@ def _any_value(value: Any) -> Any:
     return getattr(value, kind) if kind in ("string_value", "bool_value", "int_value", "double_value") else None
 
 
-def _attrs(kvs: Any) -> dict[str, Any]:
+def attributes_dict(kvs: Any) -> dict[str, Any]:
     return {kv.key: _any_value(kv.value) for kv in kvs}
 
 
 def decode(request: Any) -> Iterator[DecodedPoint]:
     """Yield rankscope states from an ``ExportMetricsServiceRequest``; other metrics are skipped."""
     for rm in request.resource_metrics:
-        resource = _attrs(rm.resource.attributes)
+        resource = attributes_dict(rm.resource.attributes)
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                yield from _decode_metric(resource, metric)
+                yield from decode_metric(resource, metric)
 
 
-def _decode_metric(resource: Mapping[str, Any], metric: Any) -> Iterator[DecodedPoint]:
+def decode_metric(resource: Mapping[str, Any], metric: Any) -> Iterator[DecodedPoint]:
     kind = metric.WhichOneof("data")
     if kind is None:
         return
     custom: dict[tuple[str, int | None, int], dict[str, Any]] = {}
     for point in getattr(metric, kind).data_points:
-        a = _attrs(point.attributes)
+        a = attributes_dict(point.attributes)
         reduce = a.get(attr.REDUCE)
         if not isinstance(reduce, str):
             continue

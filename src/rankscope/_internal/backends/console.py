@@ -23,17 +23,20 @@ class ConsoleBackend(LoggerBackend):
 
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
         global_view = self.logging_mode is LoggingMode.GLOBAL_REDUCE
-        title = "GlobalReduce" if global_view else self.process_name or "process"
+        title = "GlobalReduce" if global_view else kwargs.get("process_name") or self.process_name or "process"
         step = "-" if global_step is None else global_step
-        lines = [f"=== [{title}] - METRICS STEP {step} ==="]
-        lines += [f"{m.key}: {format_value(m.value)}" for m in metrics]
+        late = " (late update)" if kwargs.get("late") else ""
+        lines = [f"=== [{title}] - METRICS STEP {step}{late} ==="]
+        # The sink's housekeeping keys (rankscope/missing_processes ...) show only when non-zero.
+        lines += [f"{m.key}: {format_value(m.value)}" for m in metrics if m.value or not m.key.startswith("rankscope/")]
         lines.append("===============")
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp or time.time()))
-        sys.stdout.write(
-            f"[{self.rank}] [{self.role}-{self.rank}/{self.world_size}] {stamp} INFO "
-            f"{metric.key}: {format_value(metric.value)}\n"
-        )
+        rank = kwargs.get("rank", self.rank)  # the sink says whose value it is
+        role = kwargs.get("process_name", self.role).rsplit("_r", 1)[0] if "process_name" in kwargs else self.role
+        size = kwargs.get("world_size", self.world_size)
+        sys.stdout.write(f"[{rank}] [{role}-{rank}/{size}] {stamp} INFO {metric.key}: {format_value(metric.value)}\n")
+        sys.stdout.flush()

@@ -24,7 +24,7 @@ class JsonlBackend(LoggerBackend):
         self.path = path
         self._file: IO[str] = path.open("a", encoding="utf-8")
 
-    def _write(self, kind: str, metric: Metric, step: int | None) -> None:
+    def _write(self, kind: str, metric: Metric, step: int | None, extra: dict[str, Any]) -> None:
         row = {
             "kind": kind,
             "step": step,
@@ -34,15 +34,21 @@ class JsonlBackend(LoggerBackend):
             "time": metric.timestamp,
             **self.identity,
         }
+        if extra.get("process_name"):  # at the sink: whose value this is
+            row.update(process=extra["process_name"], role=extra.get("role"), rank=extra.get("rank"))
+            if extra.get("replica") is not None:
+                row["replica"] = extra["replica"]
+        if extra.get("late"):
+            row["late"] = True
         self._file.write(json.dumps(row) + "\n")
 
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
         for metric in metrics:
-            self._write(self.logging_mode.value, metric, global_step)
+            self._write(self.logging_mode.value, metric, global_step, kwargs)
         self._file.flush()
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
-        self._write("stream", metric, global_step)
+        self._write("stream", metric, global_step, kwargs)
 
     def finish(self) -> None:
         self._file.close()

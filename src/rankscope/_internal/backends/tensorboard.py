@@ -1,0 +1,58 @@
+"""TensorBoard backend: scalars in event files, one directory per view.
+
+Config: ``logdir`` (default ``rankscope_logs/tensorboard``). The global view writes to
+``{logdir}/{experiment}/global``, per-process views to ``{logdir}/{experiment}/{process}``,
+so TensorBoard overlays processes as runs. Uses the ``tensorboard`` package's own event
+writer (``pip install 'rankscope[tensorboard]'``); torch is not needed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from .base import LoggerBackend, Metric
+
+
+class TensorBoardBackend(LoggerBackend):
+    def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        super().init(process_name)
+        try:
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError as exc:
+            raise ImportError(
+                "the tensorboard backend needs tensorboard: pip install 'rankscope[tensorboard]'"
+            ) from exc
+        self._event, self._summary, self._writer_class = Event, Summary, EventFileWriter
+        experiment = str(kwargs.get("experiment") or "rankscope")
+        self.root = Path(self.logger_backend_config.get("logdir", "rankscope_logs/tensorboard")) / experiment
+        self._default = process_name or "global"
+        self._writers: dict[str, Any] = {}
+
+    def _writer(self, name: str) -> Any:
+        writer = self._writers.get(name)
+        if writer is None:
+            path = self.root / name
+            path.mkdir(parents=True, exist_ok=True)
+            writer = self._writers[name] = self._writer_class(str(path))
+        return writer
+
+    def _write(self, name: str, metrics: list[Metric], step: int | None) -> None:
+        values = [self._summary.Value(tag=m.key, simple_value=m.value) for m in metrics]
+        event = self._event(wall_time=time.time(), step=step or 0, summary=self._summary(value=values))
+        self._writer(name).add_event(event)
+
+    def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        self._write(kwargs.get("process_name") or self._default, metrics, global_step)
+        for writer in self._writers.values():
+            writer.flush()
+
+    def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        self._write(kwargs.get("process_name") or self._default, [metric], global_step)
+
+    def finish(self) -> None:
+        for writer in self._writers.values():
+            writer.close()

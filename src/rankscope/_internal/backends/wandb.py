@@ -1,0 +1,92 @@
+"""W&B backend: exactly one run per experiment, every role and process in it.
+
+The run id is derived from the experiment id, and the run is opened with
+``resume="allow"``, so a restarted sink continues the same run instead of starting a new
+one. Values are plotted against a ``step`` metric declared with ``define_metric``, not
+W&B's internal ``_step``: steps of different roles share one axis, and a late update of
+an earlier step is a valid log call (W&B's own step only ever increases).
+
+Config keys: ``project`` (``WANDB_PROJECT``), ``entity`` (``WANDB_ENTITY``), ``group``
+(``WANDB_RUN_GROUP``), ``mode`` (``WANDB_MODE``: online/offline/disabled), ``dir``,
+``name`` (default: the experiment id), ``per_rank_series`` (default true: a global view
+also logs each process's values under ``role/replica/rRANK/key``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from .base import LoggerBackend, LoggingMode, Metric
+
+STEP_METRIC = "step"
+
+
+def run_id_for(experiment: str) -> str:
+    """A W&B run id that is stable for an experiment id (and valid whatever the id holds)."""
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "-", experiment).strip("-")[:48]
+    return f"{readable}-{hashlib.sha1(experiment.encode()).hexdigest()[:8]}"
+
+
+def series_prefix(process: Any) -> str:
+    """``trainer/r0`` or ``generator/1/r0``: one series per process in the experiment's run."""
+    replica = getattr(process, "replica", None)
+    middle = "" if replica is None else f"/{replica}"
+    return f"{process.role}{middle}/r{process.rank}"
+
+
+class WandbBackend(LoggerBackend):
+    def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        super().init(process_name)
+        try:
+            import wandb
+        except ImportError as exc:  # pragma: no cover - wandb is a dependency
+            raise ImportError("the wandb backend needs wandb: pip install wandb") from exc
+        c = self.logger_backend_config
+        experiment = str(kwargs.get("experiment") or c.get("name") or "rankscope")
+        self.per_rank_series = bool(c.get("per_rank_series", True))
+        self.run = wandb.init(
+            id=c.get("id") or run_id_for(experiment),
+            resume="allow",
+            name=c.get("name") or experiment,
+            project=c.get("project"),
+            entity=c.get("entity"),
+            group=c.get("group"),
+            mode=c.get("mode"),
+            dir=c.get("dir"),
+            config={"rankscope.experiment.id": experiment},
+            reinit="create_new",  # the sink holds one run per experiment, side by side
+            settings=wandb.Settings(console="off", silent=True),
+        )
+        self.run.define_metric(STEP_METRIC)
+        self.run.define_metric("*", step_metric=STEP_METRIC)
+
+    def _row(self, metrics: list[Metric], prefix: str = "") -> dict[str, float]:
+        return {f"{prefix}{m.key}": m.value for m in metrics}
+
+    def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.logging_mode is LoggingMode.PER_RANK_REDUCE and kwargs.get("process") is not None:
+            row = self._row(metrics, series_prefix(kwargs["process"]) + "/")
+        else:
+            row = self._row(metrics)
+            if self.per_rank_series:
+                for process, values in kwargs.get("per_process", {}).items():
+                    row.update(self._row(values, series_prefix(process) + "/"))
+        if global_step is not None:
+            row[STEP_METRIC] = global_step
+        if kwargs.get("late"):
+            row["rankscope/late_update"] = 1.0
+        self.run.log(row)
+
+    def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        prefix = series_prefix(kwargs["process"]) + "/" if kwargs.get("process") is not None else ""
+        row: dict[str, float] = {f"{prefix}{metric.key}": metric.value}
+        if global_step is not None:
+            row[STEP_METRIC] = global_step
+        self.run.log(row)
+
+    def finish(self) -> None:
+        run = getattr(self, "run", None)
+        if run is not None:
+            run.finish()

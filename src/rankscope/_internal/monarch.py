@@ -1,0 +1,72 @@
+"""Controller-driven steps for Monarch actors.
+
+When a Monarch controller calls ``flush(N)``, every live process mesh it created gets a
+``flush(N)`` message through a small actor spawned once per mesh. Monarch delivers it
+after the replies the controller already awaited, so everything the actors recorded during
+those calls is stamped with step N in the actor processes themselves — exactly, however
+late their exports reach the sink. The controller's own flush marker carries how many
+processes it flushed, so the sink waits for all of them.
+
+Uses ``monarch._src.actor.proc_mesh._proc_mesh_registry`` (torchmonarch 0.7); if that
+moves, fan-out is skipped with one warning and actor values fall back to the step in
+progress at the sink.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from typing import Any
+
+from monarch.actor import Actor, current_size, endpoint
+
+_flushers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_warned = False
+
+
+def in_actor() -> bool:
+    try:
+        return bool(dict(current_size()))
+    except Exception:
+        return False
+
+
+class StepFlusher(Actor):
+    """Lives on each actor process mesh; closes the controller's step there."""
+
+    @endpoint
+    async def flush(self, step: int, controller_pid: int) -> None:
+        if os.getpid() != controller_pid:  # meshes of the controller's own process
+            import rankscope
+
+            rankscope.flush(step)
+
+
+def flush_actors(step: int) -> int:
+    """Send ``flush(step)`` to every live process mesh; returns how many processes were asked."""
+    global _warned
+    try:
+        from monarch._src.actor.proc_mesh import _proc_mesh_registry
+
+        meshes = [pm for pm in list(_proc_mesh_registry) if not getattr(pm, "_stopped", False)]
+    except Exception as exc:
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                f"rankscope: cannot list Monarch process meshes ({exc!r}); actor steps follow the sink",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return 0
+    asked = 0
+    for mesh in meshes:
+        extent = mesh.extent
+        if not extent.labels:  # the controller's own process
+            continue
+        flusher = _flushers.get(mesh)
+        if flusher is None:
+            flusher = _flushers[mesh] = mesh.spawn("rankscope_step_flusher", StepFlusher)
+        flusher.flush.broadcast(step, os.getpid())
+        asked += extent.nelements
+    return asked

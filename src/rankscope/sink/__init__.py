@@ -1,0 +1,6 @@
+"""The rankscope sink: the OTLP receiver and per-experiment reducer (``rankscope sink``)."""
+
+from .experiment import Experiment, Process, StepView
+from .service import DEFAULT_BACKENDS, Sink, SinkConfig
+
+__all__ = ["DEFAULT_BACKENDS", "Experiment", "Process", "Sink", "SinkConfig", "StepView"]

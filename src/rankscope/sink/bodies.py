@@ -1,0 +1,135 @@
+"""Pure OTLP/HTTP request handling: content types, gzip with a size cap, OTLP/JSON.
+
+No sockets here: ``decode_body`` turns (path, headers, body) into a protobuf request or an
+``HttpError`` carrying the OTLP-correct status, so the transport stays thin and the rules
+are tested without a server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+SIGNALS: dict[str, tuple[str, type[Message], type[Message]]] = {
+    "/v1/metrics": ("metrics", ExportMetricsServiceRequest, ExportMetricsServiceResponse),
+    "/v1/traces": ("traces", ExportTraceServiceRequest, ExportTraceServiceResponse),
+    "/v1/logs": ("logs", ExportLogsServiceRequest, ExportLogsServiceResponse),
+}
+
+# OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping expects base64.
+_ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
+
+
+@dataclass(frozen=True, slots=True)
+class HttpError(Exception):
+    status: int
+    message: str
+    retry_after: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    signal: str
+    request: Message
+    response_class: type[Message]
+    json: bool
+
+
+def media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def decode_body(
+    path: str, content_type: str | None, content_encoding: str | None, body: bytes, max_bytes: int
+) -> Decoded:
+    """Decode one OTLP/HTTP request body; raises ``HttpError`` with the status to answer."""
+    found = SIGNALS.get(path.split("?", 1)[0].rstrip("/"))
+    if found is None:
+        raise HttpError(404, f"no OTLP signal at {path!r}; use /v1/metrics, /v1/traces or /v1/logs")
+    signal, request_class, response_class = found
+    kind = media_type(content_type)
+    if kind not in (PROTOBUF, JSON):
+        raise HttpError(415, f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
+    body = decompress(body, content_encoding, max_bytes)
+    request = request_class()
+    try:
+        if kind == PROTOBUF:
+            request.ParseFromString(body)
+        else:
+            json_format.ParseDict(hex_ids_to_base64(json.loads(body)), request, ignore_unknown_fields=True)
+    except (DecodeError, json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise HttpError(400, f"undecodable {signal} body: {exc}") from None
+    return Decoded(signal, request, response_class, kind == JSON)
+
+
+def decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
+    """Undo gzip/deflate, refusing to inflate past ``max_bytes`` (gzip bombs get 413)."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise HttpError(415, f"unsupported content encoding {content_encoding!r}; use gzip or identity")
+    inflater = zlib.decompressobj(wbits=47 if encoding == "gzip" else 15)  # 47: gzip or zlib header
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise HttpError(400, f"corrupt {encoding} body: {exc}") from None
+    if len(out) > max_bytes or inflater.unconsumed_tail:
+        raise HttpError(413, f"body inflates past the {max_bytes}-byte limit")
+    if not inflater.eof:
+        raise HttpError(400, f"truncated {encoding} body")
+    return out
+
+
+def hex_ids_to_base64(node: Any) -> Any:
+    """Rewrite OTLP/JSON's hex ids into the base64 that protobuf's JSON parser reads."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key in _ID_FIELDS and isinstance(value, str):
+                try:
+                    value = base64.b64encode(bytes.fromhex(value)).decode()
+                except ValueError:
+                    raise ValueError(f"{key} {value!r} is not hex") from None
+            else:
+                value = hex_ids_to_base64(value)
+            out[key] = value
+        return out
+    if isinstance(node, list):
+        return [hex_ids_to_base64(v) for v in node]
+    return node
+
+
+def encode_response(decoded: Decoded, response: Message) -> tuple[str, bytes]:
+    """The response in the request's encoding (OTLP: answer JSON with JSON)."""
+    if decoded.json:
+        return JSON, json_format.MessageToJson(response, indent=None).encode()
+    return PROTOBUF, response.SerializeToString()
+
+
+def encode_status(message: str, code: int, json_body: bool) -> tuple[str, bytes]:
+    """An error body: ``google.rpc.Status``, as OTLP/HTTP asks."""
+    from google.rpc.status_pb2 import Status
+
+    status = Status(code=code, message=message)
+    if json_body:
+        return JSON, json_format.MessageToJson(status, indent=None).encode()
+    return PROTOBUF, status.SerializeToString()

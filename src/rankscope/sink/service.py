@@ -1,0 +1,305 @@
+"""The sink: ingest decoded OTLP, align steps per experiment, hand finished steps to views.
+
+Transports (``grpc_server``, ``http_server``) decode and call ``Sink.export_*``; those run
+under one lock, so the OTLP response can say exactly how many points were rejected, and a
+bounded count of requests in flight turns overload into a retryable answer instead of
+an unbounded queue. A timer thread finalizes steps whose grace period ran out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._internal import attributes as attr
+from .._internal.wire import attributes_dict
+from .experiment import Experiment, StepView
+from .views import ViewWriter
+
+log = logging.getLogger("rankscope.sink")
+
+DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
+
+
+class OverloadedError(Exception):
+    """More requests in flight than the sink takes; the client should retry later."""
+
+    retry_after = 1
+
+
+@dataclass(kw_only=True)
+class SinkConfig:
+    """How a sink listens and what it writes (CLI flags and ``RANKSCOPE_SINK_*`` map here)."""
+
+    host: str = "127.0.0.1"
+    grpc_port: int | None = 4317
+    http_port: int | None = 4318
+    backends: Mapping[str, Mapping[str, Any]] | None = None
+    """Views for every experiment; None: each experiment's posted config, else console."""
+    grace: float = 10.0
+    token: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_in_flight: int = 64
+    retain_steps: int = 16
+    grpc_workers: int = 8
+
+
+@dataclass
+class Result:
+    accepted: int = 0
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.errors[:8])
+
+
+class Sink:
+    """Receives OTLP from every process of every experiment and writes per-step views."""
+
+    def __init__(self, config: SinkConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or SinkConfig()
+        self.clock = clock
+        self.experiments: dict[str, Experiment] = {}
+        self.writers: dict[str, ViewWriter] = {}
+        self.posted_backends: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+        self.spans_received = 0
+        self.internal_errors: list[str] = []
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._servers: list[Any] = []
+        self._timer = threading.Thread(target=self._tick, name="rankscope-sink-timer", daemon=True)
+        self.grpc_port: int | None = None
+        self.http_port: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Sink:
+        from .grpc_server import start_grpc
+        from .http_server import start_http
+
+        c = self.config
+        if c.grpc_port is not None:
+            server, self.grpc_port = start_grpc(self, c.host, c.grpc_port)
+            self._servers.append(server)
+        if c.http_port is not None:
+            server, self.http_port = start_http(self, c.host, c.http_port)
+            self._servers.append(server)
+        self._timer.start()
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the gRPC receiver (what ``RANKSCOPE_ENDPOINT`` should say)."""
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        return f"{host}:{self.grpc_port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop receiving, finalize every open step (naming what is missing), close the views."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for server in self._servers:
+            server.stop()
+        if self._timer.is_alive():
+            self._timer.join(timeout)
+        with self._lock:
+            for experiment in self.experiments.values():
+                self._write(experiment.id, experiment.ready(force=True))
+            writers = list(self.writers.values())
+        for writer in writers:
+            writer.close(timeout)
+
+    def __enter__(self) -> Sink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- ingest (called by the transports) ------------------------------------------------
+
+    def _enter(self) -> None:
+        with self._in_flight_lock:
+            if self._in_flight >= self.config.max_in_flight or self._stop.is_set():
+                raise OverloadedError("the sink is at capacity" if not self._stop.is_set() else "the sink is stopping")
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
+
+    def export_metrics(self, request: Any) -> Result:
+        self._enter()
+        try:
+            with self._lock:
+                return self._ingest_metrics(request)
+        finally:
+            self._leave()
+
+    def export_logs(self, request: Any) -> Result:
+        self._enter()
+        try:
+            with self._lock:
+                return self._ingest_logs(request)
+        finally:
+            self._leave()
+
+    def export_traces(self, request: Any) -> Result:
+        self._enter()
+        try:
+            spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            with self._lock:
+                self.spans_received += spans
+            return Result(accepted=spans)
+        finally:
+            self._leave()
+
+    def _ingest_metrics(self, request: Any) -> Result:
+        result = Result()
+        for rm in request.resource_metrics:
+            resource = attributes_dict(rm.resource.attributes)
+            metrics = [m for sm in rm.scope_metrics for m in sm.metrics]
+            experiment_id = resource.get(attr.EXPERIMENT_ID)
+            if not isinstance(experiment_id, str) or not experiment_id:
+                if any(m.name.startswith("rankscope") or _has_reduce(m) for m in metrics):
+                    result.rejected += sum(_point_count(m) for m in metrics)
+                    result.errors.append(f"resource without {attr.EXPERIMENT_ID}: points rejected")
+                continue
+            experiment = self._experiment(experiment_id)
+            try:
+                ingested, late = experiment.ingest(resource, metrics)
+            except Exception as exc:  # a bug must not take the other clients down
+                self._internal_error("ingest", exc)
+                result.rejected += sum(_point_count(m) for m in metrics)
+                continue
+            result.accepted += ingested.accepted
+            result.rejected += ingested.rejected
+            result.errors.extend(ingested.errors)
+            self._write(experiment_id, late)
+            self._write(experiment_id, experiment.ready())
+        return result
+
+    def _ingest_logs(self, request: Any) -> Result:
+        result = Result()
+        for rl in request.resource_logs:
+            resource = attributes_dict(rl.resource.attributes)
+            experiment_id = resource.get(attr.EXPERIMENT_ID)
+            for sl in rl.scope_logs:
+                for record in sl.log_records:
+                    a = attributes_dict(record.attributes)
+                    key, value = a.get(attr.STREAM_KEY), a.get(attr.STREAM_VALUE)
+                    if not isinstance(key, str) or not isinstance(experiment_id, str):
+                        result.accepted += 1  # an ordinary log record: accepted, not ours to view
+                        continue
+                    if not isinstance(value, (int, float)):
+                        result.rejected += 1
+                        result.errors.append(f"streamed {key!r} has no numeric {attr.STREAM_VALUE}")
+                        continue
+                    experiment = self._experiment(experiment_id)
+                    step = a.get(attr.STEP)
+                    experiment.ingest_stream(resource, key, float(value), step if isinstance(step, int) else None)
+                    result.accepted += 1
+            if isinstance(experiment_id, str) and experiment_id in self.experiments:
+                experiment = self.experiments[experiment_id]
+                streams, experiment.streams = experiment.streams, []
+                writer = self._writer(experiment_id)
+                for process, metric, step in streams:
+                    writer.stream(process, metric, step)
+        return result
+
+    # -- control (HTTP routes used by embedded clients) ------------------------------------
+
+    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
+        """An experiment's processes say which views they want (used when the sink has none)."""
+        if self.config.backends is not None:
+            return "ignored: this sink's views are fixed by its configuration"
+        with self._lock:
+            known = self.posted_backends.get(experiment_id)
+            if known is None and experiment_id not in self.writers:
+                self.posted_backends[experiment_id] = {k: dict(v) for k, v in backends.items()}
+                return "ok"
+            if known == backends:
+                return "ok"
+            return "ignored: this experiment's views are already configured"
+
+    def status(self, experiment_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            experiment = self.experiments.get(experiment_id)
+            if experiment is None:
+                return None
+            return {
+                "experiment": experiment_id,
+                "last_finalized_step": experiment.last_finalized,
+                "processes": len(experiment.processes),
+                "late_points": experiment.late_points,
+            }
+
+    def wait_written(self, experiment_id: str, timeout: float = 10.0) -> bool:
+        """Block until the views of ``experiment_id`` wrote everything finalized so far."""
+        writer = self.writers.get(experiment_id)
+        return True if writer is None else writer.wait_idle(timeout)
+
+    def finalize(self, experiment_id: str | None = None) -> None:
+        """Finalize open steps now (naming what is missing) — used when the job has ended."""
+        with self._lock:
+            for experiment in list(self.experiments.values()):
+                if experiment_id is None or experiment.id == experiment_id:
+                    self._write(experiment.id, experiment.ready(force=True))
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _experiment(self, experiment_id: str) -> Experiment:
+        found = self.experiments.get(experiment_id)
+        if found is None:
+            found = self.experiments[experiment_id] = Experiment(
+                experiment_id, grace=self.config.grace, retain_steps=self.config.retain_steps, clock=self.clock
+            )
+        return found
+
+    def _writer(self, experiment_id: str) -> ViewWriter:
+        writer = self.writers.get(experiment_id)
+        if writer is None:
+            config = self.config.backends or self.posted_backends.get(experiment_id) or DEFAULT_BACKENDS
+            writer = self.writers[experiment_id] = ViewWriter(experiment_id, config, self._internal_error)
+        return writer
+
+    def _write(self, experiment_id: str, views: list[StepView]) -> None:
+        if views:
+            writer = self._writer(experiment_id)
+            for view in views:
+                writer.step(view)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.05):
+            with self._lock:
+                now = self.clock()
+                for experiment in self.experiments.values():
+                    deadline = experiment.next_deadline()
+                    if deadline is not None and now >= deadline:
+                        self._write(experiment.id, experiment.ready())
+
+    def _internal_error(self, where: str, exc: BaseException) -> None:
+        message = f"rankscope sink: internal error in {where}: {exc!r}"
+        self.internal_errors.append(message)
+        del self.internal_errors[:-100]
+        log.error("%s\n%s", message, "".join(traceback.format_exception(exc)))
+
+
+def _point_count(metric: Any) -> int:
+    kind = metric.WhichOneof("data")
+    return len(getattr(metric, kind).data_points) if kind else 0
+
+
+def _has_reduce(metric: Any) -> bool:
+    kind = metric.WhichOneof("data")
+    if not kind:
+        return False
+    return any(kv.key == attr.REDUCE for p in getattr(metric, kind).data_points for kv in p.attributes)
