@@ -33,6 +33,7 @@ FLUSH_MARKER = "rankscope.flush"  # one point per flush: "this process closed st
 DROPPED_POINTS = "rankscope.dropped_points"  # points lost to a full queue or failed exports
 GOODBYE = "rankscope.goodbye"  # sent once at shutdown: "stop waiting for my steps"
 EXPECTED_PROCESSES = "rankscope.expected_processes"  # on a controller's flush marker: procs it flushed
+DRIVEN = "rankscope.driven"  # on an actor's flush marker: its controller closed this step
 STREAM_KEY = "rankscope.key"  # log-record attributes of streamed (per_rank_no_reduce) values
 STREAM_VALUE = "rankscope.value"
 

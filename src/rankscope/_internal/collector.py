@@ -70,6 +70,8 @@ class StepBatch:
     accs: dict[str, MetricAccumulator]
     device: DeviceValues | None
     expected: int = 0
+    driven: bool = False
+    """Closed by a Monarch controller's flush (the sink then also waits for that controller)."""
     """Processes a controller flushed with this step (itself included); 0 when not a controller."""
 
 

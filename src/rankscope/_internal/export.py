@@ -334,6 +334,8 @@ class ExportThread:
                 )
                 if batch.expected:
                     point.attributes.append(key_value(attr.EXPECTED_PROCESSES, batch.expected))
+                if batch.driven:
+                    point.attributes.append(key_value(attr.DRIVEN, True))
         if goodbye:  # "this process is done: stop waiting for its steps"
             if not batches:
                 scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)

@@ -71,11 +71,26 @@ def _detect_monarch() -> dict[str, Any]:
     world = 1
     for size in sizes.values():
         world *= size
-    found: dict[str, Any] = {attr.RANK: point.rank, attr.WORLD_SIZE: world}
+    found: dict[str, Any] = {attr.RANK: point.rank, attr.WORLD_SIZE: world, _ROLE_HINT: "actor"}
+    try:  # Forge-style labels: the actor class is the role, its mesh the replica (MyActor_eLAm_r0)
+        from monarch.actor import context
+
+        instance = context().actor_instance
+        name = str(instance.class_name).rsplit(".", 1)[-1]
+        if name != "StepFlusher":  # rankscope's own flush actor says nothing about the process
+            found[_ROLE_HINT] = name
+            mesh_id = str(instance.actor_id).split("<", 1)[1].split(">", 1)[0]
+            found[_REPLICA_HINT] = mesh_id[:4]
+    except Exception:
+        pass
     for dim in point.keys():  # noqa: SIM118 - a monarch Point, not a dict
         found[attr.mesh_rank(dim)] = point[dim]
         found[attr.mesh_size(dim)] = sizes[dim]
     return found
+
+
+_ROLE_HINT = "_role"
+_REPLICA_HINT = "_replica"
 
 
 def _detect_mesh(mesh: Any) -> dict[str, Any]:
@@ -128,14 +143,16 @@ def build_resource(
     experiment_id: Any = (
         resolve("experiment", experiment, env) or otel.get(attr.EXPERIMENT_ID) or _detect_experiment(env)
     )
+    role_hint, replica_hint = found.pop(_ROLE_HINT, None), found.pop(_REPLICA_HINT, None)
     role_name: Any = (
         resolve("role", role, env)
         or otel.get(attr.ROLE)
+        or role_hint
         or ("trainer" if "RANK" in env or found[attr.WORLD_SIZE] > 1 else "main")
     )
     replica_id: Any = resolve("replica", replica, env)
     if replica_id is None:
-        replica_id = otel.get(attr.REPLICA)
+        replica_id = otel.get(attr.REPLICA, replica_hint)
 
     values: dict[str, Any] = {k: v for k, v in found.items() if v is not None}
     values.update({k: v for k, v in otel.items() if k.startswith("rankscope.")})

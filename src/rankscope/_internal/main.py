@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 import warnings
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from .export import BackendSet, ExportThread
 from .export import _warn as _warn_export
 from .identity import build_resource, process_label
 from .reduce import Reduce
-from .senders import EmbeddedSenders, Senders, has_endpoint, post_config
+from .senders import EmbeddedSenders, Senders, has_endpoint, post_config, sink_status
 from .settings import resolve
 
 _MEAN = Reduce.MEAN
@@ -273,6 +274,15 @@ def _bind_compile_check() -> None:
 def flush(step: int) -> None:
     """Close ``step`` on this process: everything recorded since the last flush is exported
     stamped with it. Returns at once; export runs on a background thread."""
+    _flush(step, driven=False)
+
+
+def flush_driven(step: int) -> None:
+    """``flush`` sent by a Monarch controller to its actor processes."""
+    _flush(step, driven=True)
+
+
+def _flush(step: int, driven: bool) -> None:
     if _disabled:
         return
     runtime = _runtime
@@ -297,6 +307,8 @@ def flush(step: int) -> None:
             asked = 0
         if batch is not None and asked:
             batch.expected = asked + 1
+    if batch is not None:
+        batch.driven = driven
     if batch is not None:
         runtime.thread.submit(batch)
 
@@ -324,6 +336,23 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
         if batch is not None:
             runtime.thread.submit(batch)
     runtime.thread.shutdown(runtime.shutdown_timeout)
+    _wait_for_sink_views(runtime)
+
+
+def _wait_for_sink_views(runtime: _Runtime) -> None:
+    """With a sink that this job owns, return once it has written this process's last step,
+    so the job's final views are out when the program ends (bounded by the shutdown timeout)."""
+    senders = runtime.thread.otlp
+    control = getattr(senders, "control_url", None)
+    if control is None or runtime.last_step is None:
+        return
+    experiment = str(runtime.resource.attributes[attr.EXPERIMENT_ID])
+    deadline = time.monotonic() + runtime.shutdown_timeout
+    while time.monotonic() < deadline:
+        status = sink_status(control, experiment)
+        if status is None or status.get("last_written_step", -1) >= runtime.last_step:
+            return
+        time.sleep(0.05)
 
 
 def get_resource() -> Resource | None:

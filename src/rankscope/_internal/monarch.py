@@ -38,9 +38,9 @@ class StepFlusher(Actor):
     @endpoint
     async def flush(self, step: int, controller_pid: int) -> None:
         if os.getpid() != controller_pid:  # meshes of the controller's own process
-            import rankscope
+            from .main import flush_driven
 
-            rankscope.flush(step)
+            flush_driven(step)
 
 
 def flush_actors(step: int) -> int:

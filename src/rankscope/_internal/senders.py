@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -137,6 +138,16 @@ class EmbeddedSenders:
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         if self._inner is not None:
             self._inner.shutdown(timeout_millis)
+
+
+def sink_status(control_url: str, experiment: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    url = f"{control_url.rstrip('/')}/rankscope/v1/status?{urllib.parse.urlencode({'experiment': experiment})}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            found = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def post_config(control_url: str, experiment: str, backends: Mapping[str, Any], timeout: float = 5.0) -> str:

@@ -65,6 +65,7 @@ class _Step:
     states: dict[str, list[tuple[Process, dict[str, Any]]]] = field(default_factory=dict)
     reduces: dict[str, Reduce] = field(default_factory=dict)
     expected: int = 0
+    driven: bool = False
     reporters: set[str] = field(default_factory=set)
 
 
@@ -182,7 +183,8 @@ class Experiment:
                     a = attributes_dict(point.attributes)
                     step = a.get(attr.STEP)
                     if isinstance(step, int) and step >= 0:
-                        self._marker(process, step, _int(a.get(attr.EXPECTED_PROCESSES), 0), now)
+                        expected = _int(a.get(attr.EXPECTED_PROCESSES), 0)
+                        self._marker(process, step, expected, a.get(attr.DRIVEN) is True, now)
                 continue
             if name == attr.GOODBYE:
                 process.live = False
@@ -221,7 +223,7 @@ class Experiment:
         self.last_activity = self.clock()
         self.streams.append((process, Metric(key, value, Reduce.MEAN, time.time()), step))
 
-    def _marker(self, process: Process, step: int, expected: int, now: float) -> None:
+    def _marker(self, process: Process, step: int, expected: int, driven: bool, now: float) -> None:
         process.stepped = True
         process.live = True
         process.last_marker = max(process.last_marker, step)
@@ -231,6 +233,7 @@ class Experiment:
         bucket = self._open.get(step) or self._open.setdefault(step, _Step(step, now))
         bucket.reporters.add(process.id)
         bucket.expected = max(bucket.expected, expected)
+        bucket.driven = bucket.driven or driven
 
     # -- finalize ----------------------------------------------------------------------
 
@@ -256,6 +259,8 @@ class Experiment:
                     role, replica, _ = group
                     absent.append((f"{role}{'' if replica is None else f'_{replica}'}_r{rank}", (group, rank)))
         bucket = self._open.get(step)
+        if bucket is not None and bucket.driven and not bucket.expected:
+            absent.append(("controller", None))  # actors closed the step; their controller's count is due
         if bucket is not None and bucket.expected > len(bucket.reporters) + len(absent):
             absent.append((f"+{bucket.expected - len(bucket.reporters) - len(absent)} unnamed", None))
         return absent

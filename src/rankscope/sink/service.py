@@ -240,6 +240,7 @@ class Sink:
                 "last_finalized_step": experiment.last_finalized,
                 "processes": len(experiment.processes),
                 "late_points": experiment.late_points,
+                "last_written_step": writer.written_step if (writer := self.writers.get(experiment_id)) else -1,
             }
 
     def wait_written(self, experiment_id: str, timeout: float = 10.0) -> bool:

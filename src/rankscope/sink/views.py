@@ -58,6 +58,7 @@ class ViewWriter:
         self._queue: queue.Queue[Any] = queue.Queue(max_queued)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dropped = 0
+        self.written_step = -1
         self._thread = threading.Thread(target=self._run, name=f"rankscope-views-{experiment}", daemon=True)
         self._thread.start()
 
@@ -107,6 +108,8 @@ class ViewWriter:
                 item[1].set()
             elif kind == "step":
                 self._write_step(item[1])
+                if not item[1].late:
+                    self.written_step = max(self.written_step, item[1].step)
             elif kind == "stream":
                 _, process, metric, step = item
                 for backend in self.backends:
