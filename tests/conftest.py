@@ -4,13 +4,15 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import rankscope as rs
 from rankscope._internal import main as rs_main
+from rankscope.sink import Sink, SinkConfig
 
 from .otlp_receiver import GrpcReceiver, HttpReceiver
 
@@ -69,3 +71,22 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
         check=False,
         cwd=ROOT,
     )
+
+
+@pytest.fixture
+def make_sink() -> Iterator[Callable[..., Sink]]:
+    """Start real sinks on ephemeral loopback ports; stopped (and checked) after the test."""
+    started: list[Sink] = []
+
+    def make(**config: Any) -> Sink:
+        config.setdefault("grpc_port", 0)
+        config.setdefault("http_port", 0)
+        sink = Sink(SinkConfig(**config)).start()
+        started.append(sink)
+        return sink
+
+    yield make
+    rs.shutdown()
+    for sink in started:
+        sink.stop()
+        assert sink.internal_errors == [], sink.internal_errors

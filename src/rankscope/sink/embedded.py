@@ -43,13 +43,18 @@ def runtime_dir(experiment: str) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    """Running (a zombie has exited: its parent may be busy reading our output before reaping it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust the signal check
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _read_live(info: Path, experiment: str) -> dict[str, Any] | None:

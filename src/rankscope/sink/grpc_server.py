@@ -82,7 +82,6 @@ def start_grpc(sink: Sink, host: str, port: int) -> tuple[Any, int]:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=sink.config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
-        maximum_concurrent_rpcs=sink.config.max_in_flight * 2,
     )
     metrics_grpc.add_MetricsServiceServicer_to_server(_Metrics(sink), server)
     trace_grpc.add_TraceServiceServicer_to_server(_Traces(sink), server)

@@ -57,7 +57,7 @@ class WandbBackend(LoggerBackend):
             dir=c.get("dir"),
             config={"rankscope.experiment.id": experiment},
             reinit="create_new",  # the sink holds one run per experiment, side by side
-            settings=wandb.Settings(console="off", silent=True),
+            settings=wandb.Settings(console="off", silent=True, disable_git=True),
         )
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric("*", step_metric=STEP_METRIC)

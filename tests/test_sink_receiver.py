@@ -1,0 +1,179 @@
+"""The sink's OTLP receiver: statuses for bad input, OTLP/JSON, gzip, tokens, overload.
+
+Pure body rules are tested without sockets; the rest against a real sink on loopback."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+
+import grpc
+import pytest
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
+
+from rankscope._internal.collector import Collector
+from rankscope._internal.reduce import Reduce
+from rankscope._internal.wire import PointAttributes, encode, encode_resource
+from rankscope.sink.bodies import HttpError, decode_body, hex_ids_to_base64
+
+
+def metrics_request(experiment: str = "e", key: str = "loss", value: float = 1.0, step: int = 0) -> bytes:
+    c = Collector(streams=[])
+    c.record(key, value, Reduce.MEAN)
+    request = mpb.ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add(
+        resource=encode_resource({"rankscope.experiment.id": experiment, "service.instance.id": "p1"})
+    )
+    metric = encode(key, c.accs[key], step, 0, 1, PointAttributes())
+    assert metric is not None
+    rm.scope_metrics.add().metrics.append(metric)
+    return request.SerializeToString()
+
+
+def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+PB = {"Content-Type": "application/x-protobuf"}
+
+
+def test_body_rules_without_sockets() -> None:
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/metrics", "text/plain", None, b"x", 100)
+    assert e.value.status == 415
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/metrics", "application/x-protobuf", None, b"\xff\xff\xff", 100)
+    assert e.value.status == 400
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/metrics", "application/x-protobuf", "gzip", gzip.compress(b"\0" * 1000), 100)
+    assert e.value.status == 413
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/nope", "application/x-protobuf", None, b"", 100)
+    assert e.value.status == 404
+    assert hex_ids_to_base64({"spans": [{"traceId": "00ff", "name": "x"}]}) == {
+        "spans": [{"traceId": "AP8=", "name": "x"}]
+    }
+
+
+def test_bad_bodies_get_the_right_status_and_the_sink_keeps_serving(make_sink) -> None:
+    sink = make_sink(max_body_bytes=64 * 1024)
+    port = sink.http_port
+    good = metrics_request()
+
+    status, headers, body = post(port, "/v1/metrics", b"\x0a\xff\xff\xff\xff", PB)
+    assert status == 400 and headers["Content-Type"] == "application/x-protobuf"
+    assert "undecodable" in Status.FromString(body).message
+
+    status, _, _ = post(port, "/v1/metrics", good, {"Content-Type": "text/html"})
+    assert status == 415
+
+    status, _, _ = post(port, "/v1/metrics", b"\0" * (65 * 1024), PB)
+    assert status == 413
+
+    bomb = gzip.compress(b"\0" * (50 * 1024 * 1024))  # 50 MiB of zeros in ~50 KiB
+    assert len(bomb) < 64 * 1024
+    status, _, body = post(port, "/v1/metrics", bomb, {**PB, "Content-Encoding": "gzip"})
+    assert status == 413 and "inflates past" in Status.FromString(body).message
+
+    # Good clients are still served, over both transports, gzip included.
+    status, _, body = post(port, "/v1/metrics", gzip.compress(good), {**PB, "Content-Encoding": "gzip"})
+    assert status == 200 and not mpb.ExportMetricsServiceResponse.FromString(body).HasField("partial_success")
+    with grpc.insecure_channel(sink.endpoint) as channel:
+        mgrpc.MetricsServiceStub(channel).Export(mpb.ExportMetricsServiceRequest.FromString(good), timeout=10)
+    assert sink.status("e")["processes"] == 1
+
+
+def test_otlp_json_with_hex_ids_and_integer_enums(make_sink) -> None:
+    sink = make_sink()
+    body = {
+        "resourceMetrics": [
+            {
+                "resource": {"attributes": [{"key": "rankscope.experiment.id", "value": {"stringValue": "j"}}]},
+                "scopeMetrics": [
+                    {
+                        "metrics": [
+                            {
+                                "name": "loss",
+                                "gauge": {
+                                    "dataPoints": [
+                                        {
+                                            "asDouble": 2.5,
+                                            "timeUnixNano": "1",
+                                            "attributes": [
+                                                {"key": "rankscope.reduce", "value": {"stringValue": "max"}},
+                                                {"key": "rankscope.step", "value": {"intValue": "0"}},
+                                            ],
+                                            "exemplars": [{"spanId": "00f067aa0ba902b7", "asDouble": 1}],
+                                        }
+                                    ]
+                                },
+                            },
+                            {
+                                "name": "rankscope.flush",
+                                "sum": {
+                                    "aggregationTemporality": 1,
+                                    "dataPoints": [
+                                        {
+                                            "asInt": "1",
+                                            "attributes": [{"key": "rankscope.step", "value": {"intValue": "0"}}],
+                                        }
+                                    ],
+                                },
+                            },
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+    status, headers, answer = post(
+        sink.http_port, "/v1/metrics", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    assert status == 200 and headers["Content-Type"] == "application/json", answer
+    assert sink.status("j")["last_finalized_step"] == 0
+
+
+def test_rejected_points_are_counted_in_partial_success(make_sink) -> None:
+    sink = make_sink()
+    request = mpb.ExportMetricsServiceRequest.FromString(metrics_request())
+    point = request.resource_metrics[0].scope_metrics[0].metrics[0].histogram.data_points[0]
+    point.attributes[0].value.string_value = "no-such-reduce"
+    status, _, body = post(sink.http_port, "/v1/metrics", request.SerializeToString(), PB)
+    answer = mpb.ExportMetricsServiceResponse.FromString(body)
+    assert status == 200 and answer.partial_success.rejected_data_points == 1
+    assert "no-such-reduce" in answer.partial_success.error_message
+
+
+def test_bearer_token_on_both_transports(make_sink) -> None:
+    sink = make_sink(token="s3cret")
+    good = metrics_request()
+    assert post(sink.http_port, "/v1/metrics", good, PB)[0] == 401
+    assert post(sink.http_port, "/v1/metrics", good, {**PB, "Authorization": "Bearer s3cret"})[0] == 200
+    with grpc.insecure_channel(sink.endpoint) as channel:
+        stub = mgrpc.MetricsServiceStub(channel)
+        request = mpb.ExportMetricsServiceRequest.FromString(good)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Export(request, timeout=10)
+        assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        stub.Export(request, timeout=10, metadata=(("authorization", "Bearer s3cret"),))
+
+
+def test_over_capacity_is_retryable(make_sink) -> None:
+    sink = make_sink(max_in_flight=0)  # every request finds the sink full
+    status, headers, _ = post(sink.http_port, "/v1/metrics", metrics_request(), PB)
+    assert status == 429 and headers["Retry-After"] == "1"
+    with grpc.insecure_channel(sink.endpoint) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            mgrpc.MetricsServiceStub(channel).Export(
+                mpb.ExportMetricsServiceRequest.FromString(metrics_request()), timeout=10
+            )
+        assert e.value.code() is grpc.StatusCode.UNAVAILABLE

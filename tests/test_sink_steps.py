@@ -1,0 +1,184 @@
+"""Step alignment and exact reduction across processes (pure, with an injected clock),
+and the same rules end to end: a missing process and a late point through a real sink."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
+
+from rankscope._internal import attributes as attr
+from rankscope._internal.collector import Collector
+from rankscope._internal.reduce import Reduce
+from rankscope._internal.wire import PointAttributes, encode, key_value
+from rankscope.sink import Experiment
+
+from .conftest import run_python
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def resource(pid: str, rank: int = 0, world: int = 1, role: str = "trainer", **extra: Any) -> dict[str, Any]:
+    return {
+        attr.EXPERIMENT_ID: "x",
+        attr.SERVICE_INSTANCE_ID: pid,
+        attr.ROLE: role,
+        attr.RANK: str(rank),
+        attr.WORLD_SIZE: str(world),
+        attr.EXPERIMENT_ATTEMPT: 0,
+        **extra,
+    }
+
+
+def metrics(values: dict[str, tuple[Reduce, list[float]]], step: int | None, marker: bool = True) -> list[Any]:
+    c = Collector(streams=[])
+    for key, (reduce, numbers) in values.items():
+        for n in numbers:
+            c.record(key, n, reduce)
+    out = [encode(k, acc, step, 0, 1, PointAttributes()) for k, acc in c.accs.items()]
+    if marker and step is not None:
+        m = pb.Metric(name=attr.FLUSH_MARKER)
+        m.sum.data_points.add(as_int=len(values), attributes=[key_value(attr.STEP, step)])
+        out.append(m)
+    return out
+
+
+def values_of(view: Any) -> dict[str, float]:
+    return {m.key: m.value for m in view.global_metrics}
+
+
+def test_exact_merge_across_ranks_and_per_process_values() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    data = {0: [1.0, 2.0], 1: [3.0], 2: [4.0, 5.0, 6.0], 3: [7.0]}
+    for rank, numbers in data.items():
+        ms = metrics(
+            {
+                "loss": (Reduce.MEAN, numbers),
+                "spread": (Reduce.STD, numbers),
+                "peak": (Reduce.MAX, numbers),
+                "n": (Reduce.SUM, numbers),
+            },
+            step=0,
+        )
+        e.ingest(resource(f"p{rank}", rank, 4), ms)
+        assert (e.ready() == []) == (rank < 3)  # final exactly when the 4th rank reports
+    everything = [v for numbers in data.values() for v in numbers]
+    e2 = Experiment("x", grace=5, clock=Clock())
+    for rank, numbers in data.items():
+        e2.ingest(resource(f"p{rank}", rank, 4), metrics({"loss": (Reduce.MEAN, numbers)}, step=0))
+    view = e2.ready()[0]
+    assert values_of(view)["loss"] == statistics.fmean(everything)  # weighted by count, not mean of means
+    assert [p.label for p in view.per_process] == ["trainer_r0", "trainer_r1", "trainer_r2", "trainer_r3"]
+    assert [m.value for ms in view.per_process.values() for m in ms] == [1.5, 3.0, 5.0, 7.0]
+
+
+def test_pooled_std_max_sum() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    data = {0: [1.0, 2.0], 1: [3.0, 10.0]}
+    for rank, numbers in data.items():
+        ms = metrics({"s": (Reduce.STD, numbers), "m": (Reduce.MAX, numbers), "n": (Reduce.SUM, numbers)}, step=3)
+        e.ingest(resource(f"p{rank}", rank, 2), ms)
+    (view,) = e.ready()
+    got = values_of(view)
+    assert view.step == 3
+    assert abs(got["s"] - statistics.pstdev([1.0, 2.0, 3.0, 10.0])) < 1e-12
+    assert got["m"] == 10.0 and got["n"] == 16.0 and got[attr.MISSING_PROCESSES] == 0.0
+
+
+def test_missing_process_named_after_grace_then_not_waited_for() -> None:
+    clock = Clock()
+    e = Experiment("x", grace=2, clock=clock)
+    e.ingest(resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
+    assert e.ready() == [] and e.missing(0) == ["trainer_r1"]
+    clock.now = 2.5
+    (view,) = e.ready()
+    assert view.missing == ["trainer_r1"] and values_of(view)[attr.MISSING_PROCESSES] == 1.0
+    e.ingest(resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
+    assert [v.step for v in e.ready()] == [1]  # the dead rank costs one grace period, not one per step
+
+
+def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
+    clock = Clock()
+    e = Experiment("x", grace=1, clock=clock)
+    e.ingest(resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
+    clock.now = 1.5
+    (first,) = e.ready()
+    assert values_of(first)["n"] == 1.0
+    _, late = e.ingest(resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=0))
+    assert e.late_points == 1
+    (update,) = late
+    assert update.late and update.step == 0 and values_of(update)["n"] == 3.0  # corrected, nothing lost
+
+
+def test_free_running_process_lands_in_the_step_in_progress() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    e.ingest(resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
+    e.ready()
+    e.ingest(resource("buf", role="replay_buffer"), metrics({"buffer_size": (Reduce.MAX, [7.0])}, step=None))
+    e.ingest(resource("t0"), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
+    (view,) = e.ready()
+    assert view.step == 1 and values_of(view)["buffer_size"] == 7.0
+
+
+def test_actor_markers_wait_for_their_controller() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    for rank in range(2):
+        ms = metrics({"r": (Reduce.SUM, [float(rank)])}, step=0)
+        ms[-1].sum.data_points[0].attributes.append(key_value(attr.DRIVEN, True))
+        e.ingest(resource(f"a{rank}", rank, 2, role="MyActor", **{attr.REPLICA: "m1"}), ms)
+    assert e.ready() == [] and e.missing(0) == ["controller"]
+    ms = metrics({}, step=0)
+    ms[-1].sum.data_points[0].attributes.append(key_value(attr.EXPECTED_PROCESSES, 5))
+    e.ingest(resource("c", role="controller"), ms)
+    assert e.missing(0) == ["+2 unnamed"]  # the controller flushed 4 actor processes, 2 reported
+
+
+SDK_PROCESS = """
+import os, rankscope as rs
+rs.init(experiment="e2e", endpoint=os.environ["SINK"])
+for step in {steps}:
+    rs.record_metric("n", 1, rs.Reduce.SUM)
+    rs.flush(step)
+rs.shutdown()
+"""
+
+
+def test_missing_and_late_through_a_real_sink(make_sink, tmp_path, caplog) -> None:
+    out = tmp_path / "views.jsonl"
+    sink = make_sink(grace=1.0, backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}})
+    env = {"SINK": sink.endpoint, "RANK": "0", "WORLD_SIZE": "2"}  # rank 1 of 2 never reports
+    result = run_python(SDK_PROCESS.format(steps="[0, 1]"), env)
+    assert result.returncode == 0, result.stderr
+    deadline_rows = _wait_rows(sink, out, lambda rows: {r["step"] for r in rows} >= {0, 1})
+    missing = {r["step"]: r["value"] for r in deadline_rows if r["key"] == attr.MISSING_PROCESSES}
+    assert missing == {0: 1.0, 1: 0.0}
+    assert any("trainer_r1" in r.getMessage() for r in caplog.records)
+
+    late = run_python(SDK_PROCESS.format(steps="[0]"), {**env, "RANK": "1"})  # rank 1 shows up late
+    assert late.returncode == 0, late.stderr
+    rows = _wait_rows(sink, out, lambda rows: any(r.get("late") for r in rows))
+    (update,) = [r for r in rows if r.get("late") and r["key"] == "n"]
+    assert update["step"] == 0 and update["value"] == 2.0
+    assert sink.status("e2e")["late_points"] == 1
+
+
+def _wait_rows(sink: Any, path: Any, done: Any, timeout: float = 20.0) -> list[dict[str, Any]]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        sink.wait_written("e2e", 5)
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if done(rows):
+            return rows
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; rows so far: {rows}")

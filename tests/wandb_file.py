@@ -1,0 +1,79 @@
+"""Read a W&B run back from its ``run-*.wandb`` file (W&B >= 0.30 ships no reader).
+
+The file is a LevelDB-style log: a 7-byte header (``:W&B``, magic 0xBEE1, version 0), then
+32 KiB blocks of records, each ``crc32 (uint32) | length (uint16) | type (uint8) | payload``
+with type 1 full, 2 first, 3 middle, 4 last; the payload is a ``wandb_internal_pb2.Record``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from wandb.proto import wandb_internal_pb2
+
+BLOCK = 32 * 1024
+HEADER = 7
+
+
+def records(path: Path) -> Iterator[Any]:
+    data = path.read_bytes()
+    ident, magic, version = struct.unpack("<4sHB", data[:HEADER])
+    assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), (ident, hex(magic), version)
+    offset, pending = HEADER, b""
+    while offset + HEADER <= len(data):
+        left_in_block = BLOCK - offset % BLOCK
+        if left_in_block < HEADER:  # trailer padding
+            offset += left_in_block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[offset : offset + HEADER])
+        payload = data[offset + HEADER : offset + HEADER + length]
+        offset += HEADER + length
+        if kind == 0 and length == 0:
+            break  # zero fill: end of what was written
+        if kind in (1, 2):
+            pending = payload
+        else:
+            pending += payload
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+            pending = b""
+
+
+def run_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("run-*.wandb"))
+
+
+def run_id(path: Path) -> str:
+    for record in records(path):
+        if record.WhichOneof("record_type") == "run":
+            return str(record.run.run_id)
+    raise AssertionError(f"no run record in {path}")
+
+
+def history(path: Path) -> list[dict[str, Any]]:
+    """Every ``run.log`` row, decoded."""
+    rows = []
+    for record in records(path):
+        if record.WhichOneof("record_type") == "history":
+            row = {}
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)
+                row[key] = json.loads(item.value_json)
+            rows.append(row)
+    return rows
+
+
+def by_step(paths: list[Path]) -> dict[int, dict[str, Any]]:
+    """Rows keyed by rankscope's ``step`` metric, later rows (late updates) merged on top."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in paths:
+        for row in history(path):
+            if "step" in row:
+                found.setdefault(int(row["step"]), {}).update(row)
+    return found
