@@ -69,16 +69,39 @@ class _Step:
     reporters: set[str] = field(default_factory=set)
 
 
-@dataclass(frozen=True, slots=True)
 class StepView:
-    """A finished step: the global values, each process's values, who was missing."""
+    """A finished step: the global values, each process's values (computed on first use), who was missing."""
 
-    experiment: str
-    step: int
-    global_metrics: list[Metric]
-    per_process: dict[Process, list[Metric]]
-    missing: list[str]
-    late: bool = False
+    def __init__(
+        self, experiment: str, step: int, bucket: _Step, global_metrics: list[Metric], missing: list[str], late: bool
+    ) -> None:
+        self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
+        self.global_metrics = global_metrics
+        self._bucket = bucket
+        self._per_process: dict[Process, list[Metric]] | None = None
+
+    @property
+    def per_process(self) -> dict[Process, list[Metric]]:
+        """Per-process values, reduced only when a view asks (per-rank views, W&B series)."""
+        if self._per_process is None:
+            self._per_process = _per_process(self._bucket)
+        return self._per_process
+
+
+def _per_process(bucket: _Step) -> dict[Process, list[Metric]]:
+    stamp = time.time()
+    per_process: dict[Process, list[Metric]] = {}
+    for key, entries in bucket.states.items():
+        reduce = bucket.reduces[key]
+        merge = reduce.accumulator_class.get_reduced_value_from_states
+        by_process: dict[Process, list[dict[str, Any]]] = {}
+        for process, state in entries:
+            by_process.setdefault(process, []).append(state)
+        for process, states in by_process.items():
+            per_process.setdefault(process, []).extend(
+                Metric(n, v, reduce, stamp) for n, v in reduced_items(key, merge(states))
+            )
+    return dict(sorted(per_process.items(), key=lambda kv: (kv[0].role, kv[0].replica or "", kv[0].rank)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,28 +325,15 @@ class Experiment:
     def _view(self, bucket: _Step, missing: list[str], late: bool = False) -> StepView:
         stamp = time.time()
         global_metrics: list[Metric] = []
-        per_process: dict[Process, list[Metric]] = {}
         for key, entries in bucket.states.items():
             reduce = bucket.reduces[key]
-            merge = reduce.accumulator_class.get_reduced_value_from_states
-            value = merge([state for _, state in entries])
+            value = reduce.accumulator_class.get_reduced_value_from_states([state for _, state in entries])
             global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in reduced_items(key, value))
-            by_process: dict[Process, list[dict[str, Any]]] = {}
-            for process, state in entries:
-                by_process.setdefault(process, []).append(state)
-            for process, states in by_process.items():
-                own = merge(states)
-                per_process.setdefault(process, []).extend(
-                    Metric(n, v, reduce, stamp) for n, v in reduced_items(key, own)
-                )
         if not late:
             global_metrics.append(Metric(attr.MISSING_PROCESSES, float(len(missing)), Reduce.MAX, stamp))
             if self.late_points:
                 global_metrics.append(Metric(attr.LATE_POINTS, float(self.late_points), Reduce.MAX, stamp))
-        ordered = dict(
-            sorted(per_process.items(), key=lambda item: (item[0].role, item[0].replica or "", item[0].rank))
-        )
-        return StepView(self.id, bucket.step, global_metrics, ordered, missing, late)
+        return StepView(self.id, bucket.step, bucket, global_metrics, missing, late)
 
     def local_pids(self, host: str) -> set[int]:
         return {p.pid for p in self.processes.values() if p.pid and p.host == host}
