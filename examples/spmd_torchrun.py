@@ -1,10 +1,10 @@
-"""SPMD ranks under torchrun, each printing its own per-step block.
+"""SPMD ranks under torchrun: the exact cross-rank view per step, plus one block per rank.
 
     torchrun --standalone --nproc_per_node=4 examples/spmd_torchrun.py
 
-Each rank's Resource (rank, local rank, world size, experiment from the torchrun run id)
-is detected; set RANKSCOPE_ENDPOINT to send every rank's states to one sink for the exact
-cross-rank view.
+Zero setup: each rank's Resource (rank, world size, experiment from the torchrun run id) is
+detected, the first rank starts the experiment's embedded sink, the others find it, and the
+sink prints the global view and the per-rank views as each step completes.
 """
 
 import torch
@@ -15,7 +15,7 @@ import rankscope as rs
 
 def main() -> None:
     dist.init_process_group("gloo")
-    rs.init(backends={"console": {"logging_mode": "per_rank_reduce"}})
+    rs.init(backends={"console": {"logging_mode": "global_reduce"}, "per_rank": {"backend": "console"}})
     rank = dist.get_rank()
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

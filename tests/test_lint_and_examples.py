@@ -41,6 +41,7 @@ def test_spmd_example_under_torchrun() -> None:
     ]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    for rank in range(2):
-        for step in range(3):
+    for step in range(3):
+        assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
+        for rank in range(2):
             assert f"=== [trainer_r{rank}] - METRICS STEP {step} ===" in result.stdout

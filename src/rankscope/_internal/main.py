@@ -213,7 +213,7 @@ def _is_monarch_controller() -> bool:
 def _make_backends(config: Mapping[str, Mapping[str, Any]], alone: bool) -> list[LoggerBackend]:
     made: list[LoggerBackend] = []
     for name, options in config.items():
-        backend = get_backend_class(name)(dict(options))
+        backend = get_backend_class(str(options.get("backend", name)))(dict(options))
         if backend.logging_mode is LoggingMode.GLOBAL_REDUCE and not alone:
             # Cross-process reduction belongs to the sink; a local copy would show one rank as "global".
             continue
