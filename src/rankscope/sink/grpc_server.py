@@ -38,43 +38,19 @@ def _call(sink: Sink, context: Any, export: Any, request: Any) -> Result:
         raise  # unreachable: abort raises
 
 
-class _Metrics(metrics_grpc.MetricsServiceServicer):
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
+def _servicer(sink: Sink, base: type, export_name: str, response_class: type, rejected_field: str) -> Any:
+    """A collector service instance whose Export hands the request to ``sink.<export_name>``."""
+    sink_export = getattr(sink, export_name)
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
-        r = _call(self.sink, context, self.sink.export_metrics, request)
-        response = metrics_pb.ExportMetricsServiceResponse()
+    def export(self: Any, request: Any, context: Any) -> Any:
+        r = _call(sink, context, sink_export, request)
+        response = response_class()
         if r.rejected:
-            response.partial_success.rejected_data_points = r.rejected
+            setattr(response.partial_success, rejected_field, r.rejected)
             response.partial_success.error_message = r.message
         return response
 
-
-class _Traces(trace_grpc.TraceServiceServicer):
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
-        r = _call(self.sink, context, self.sink.export_traces, request)
-        response = trace_pb.ExportTraceServiceResponse()
-        if r.rejected:
-            response.partial_success.rejected_spans = r.rejected
-            response.partial_success.error_message = r.message
-        return response
-
-
-class _Logs(logs_grpc.LogsServiceServicer):
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
-        r = _call(self.sink, context, self.sink.export_logs, request)
-        response = logs_pb.ExportLogsServiceResponse()
-        if r.rejected:
-            response.partial_success.rejected_log_records = r.rejected
-            response.partial_success.error_message = r.message
-        return response
+    return type(f"_{base.__name__}", (base,), {"Export": export})()
 
 
 def start_grpc(sink: Sink, host: str, port: int) -> tuple[Any, int]:
@@ -83,9 +59,22 @@ def start_grpc(sink: Sink, host: str, port: int) -> tuple[Any, int]:
         futures.ThreadPoolExecutor(max_workers=sink.config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
-    metrics_grpc.add_MetricsServiceServicer_to_server(_Metrics(sink), server)
-    trace_grpc.add_TraceServiceServicer_to_server(_Traces(sink), server)
-    logs_grpc.add_LogsServiceServicer_to_server(_Logs(sink), server)
+    metrics = _servicer(
+        sink,
+        metrics_grpc.MetricsServiceServicer,
+        "export_metrics",
+        metrics_pb.ExportMetricsServiceResponse,
+        "rejected_data_points",
+    )
+    traces = _servicer(
+        sink, trace_grpc.TraceServiceServicer, "export_traces", trace_pb.ExportTraceServiceResponse, "rejected_spans"
+    )
+    logs = _servicer(
+        sink, logs_grpc.LogsServiceServicer, "export_logs", logs_pb.ExportLogsServiceResponse, "rejected_log_records"
+    )
+    metrics_grpc.add_MetricsServiceServicer_to_server(metrics, server)
+    trace_grpc.add_TraceServiceServicer_to_server(traces, server)
+    logs_grpc.add_LogsServiceServicer_to_server(logs, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"rankscope sink: cannot listen for OTLP/gRPC on {host}:{port}")

@@ -8,11 +8,12 @@ an unbounded queue. A timer thread finalizes steps whose grace period ran out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,41 +127,33 @@ class Sink:
 
     # -- ingest (called by the transports) ------------------------------------------------
 
-    def _enter(self) -> None:
+    @contextlib.contextmanager
+    def _admitted(self) -> Iterator[None]:
+        """One request in flight under the ingest lock; over capacity raises ``OverloadedError``."""
         with self._in_flight_lock:
             if self._in_flight >= self.config.max_in_flight or self._stop.is_set():
                 raise OverloadedError("the sink is at capacity" if not self._stop.is_set() else "the sink is stopping")
             self._in_flight += 1
-
-    def _leave(self) -> None:
-        with self._in_flight_lock:
-            self._in_flight -= 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
 
     def export_metrics(self, request: Any) -> Result:
-        self._enter()
-        try:
-            with self._lock:
-                return self._ingest_metrics(request)
-        finally:
-            self._leave()
+        with self._admitted():
+            return self._ingest_metrics(request)
 
     def export_logs(self, request: Any) -> Result:
-        self._enter()
-        try:
-            with self._lock:
-                return self._ingest_logs(request)
-        finally:
-            self._leave()
+        with self._admitted():
+            return self._ingest_logs(request)
 
     def export_traces(self, request: Any) -> Result:
-        self._enter()
-        try:
-            spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-            with self._lock:
-                self.spans_received += spans
-            return Result(accepted=spans)
-        finally:
-            self._leave()
+        spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        with self._admitted():
+            self.spans_received += spans
+        return Result(accepted=spans)
 
     def _ingest_metrics(self, request: Any) -> Result:
         result = Result()
