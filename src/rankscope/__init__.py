@@ -5,6 +5,7 @@ Importing it changes nothing global: ``init`` (or the first call) configures the
 """
 
 from ._internal.backends.base import LoggerBackend, LoggingMode, Metric, register_backend
+from ._internal.gpu_timing import CudaTimingProcessor
 from ._internal.main import (
     current_step,
     dropped_points,
@@ -20,15 +21,18 @@ from ._internal.reduce import (
     MetricAccumulator,
     Reduce,
 )
+from ._internal.tracing import Tracer, inject_env, record_event, set_step, trace
 from ._version import __version__
 
 __all__ = [
     "DISTRIBUTION_RELATIVE_ERROR",
+    "CudaTimingProcessor",
     "LoggerBackend",
     "LoggingMode",
     "Metric",
     "MetricAccumulator",
     "Reduce",
+    "Tracer",
     "__version__",
     "current_step",
     "dropped_points",
@@ -36,7 +40,11 @@ __all__ = [
     "force_flush",
     "get_resource",
     "init",
+    "inject_env",
+    "record_event",
     "record_metric",
     "register_backend",
+    "set_step",
     "shutdown",
+    "trace",
 ]

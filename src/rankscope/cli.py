@@ -98,6 +98,46 @@ def _run(args: argparse.Namespace) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _steps(text: str | None) -> tuple[int | None, int | None]:
+    """``"5"`` → (5, 5); ``"2:8"`` → (2, 8); ``"10:"`` → (10, None)."""
+    if not text:
+        return None, None
+    low, sep, high = text.partition(":")
+    first = int(low) if low.strip() else None
+    return first, (int(high) if high.strip() else None) if sep else first
+
+
+def _gantt(args: argparse.Namespace) -> int:
+    """Write a Perfetto/Chrome trace-event file from the sink's stored spans or JSONL span files."""
+    from . import gantt
+    from .sink.traces import parse_ranks
+
+    if bool(args.files) == bool(args.sink):
+        print("rankscope gantt: give JSONL span files, or --sink URL --experiment ID", file=sys.stderr)
+        return 2
+    first, last = _steps(args.steps)
+    keep = gantt.Filter(first, last, parse_ranks(args.ranks))
+    if args.sink:
+        experiment = args.experiment or resolve("experiment")
+        if not experiment:
+            print("rankscope gantt: --sink needs --experiment (or RANKSCOPE_EXPERIMENT)", file=sys.stderr)
+            return 2
+        rows = gantt.read_sink(args.sink, experiment, keep, args.token or os.environ.get("RANKSCOPE_SINK_TOKEN"))
+    else:
+        rows = gantt.read_jsonl(args.files)
+    try:
+        written = gantt.write(rows, args.output, keep, gz=True if args.gzip else None)
+    except (OSError, ValueError) as exc:
+        print(f"rankscope gantt: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"rankscope gantt: {written.spans} spans of {written.processes} processes -> {args.output} "
+        "(open in https://ui.perfetto.dev)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rankscope", description="rankscope: experiment-scoped telemetry")
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
@@ -122,6 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         if name == "run":
             p.add_argument("command_line", nargs=argparse.REMAINDER, help="-- command [args...]")
         p.set_defaults(fn=fn)
+    g = commands.add_parser("gantt", help="write a Perfetto/Chrome trace file: one track per rank, per step")
+    g.add_argument("files", nargs="*", help="JSONL span files (the sink's /rankscope/v1/spans format)")
+    g.add_argument("--sink", help="the sink's HTTP URL, e.g. http://127.0.0.1:4318")
+    g.add_argument("--experiment", help="experiment id to read from the sink (default RANKSCOPE_EXPERIMENT)")
+    g.add_argument("--steps", help="step or range: 5, 2:8, 10:")
+    g.add_argument("--ranks", help="rank subset: 0,2,4-7")
+    g.add_argument("-o", "--output", default="trace.json", help="output file; .gz is gzipped (default trace.json)")
+    g.add_argument("--gzip", action="store_true", help="gzip the output whatever its name")
+    g.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
+    g.set_defaults(fn=_gantt)
     args = parser.parse_args(argv)
     try:
         return int(args.fn(args))

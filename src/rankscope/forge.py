@@ -17,8 +17,8 @@ from typing import Any
 from ._internal import main as _main
 from ._internal.backends.base import LoggerBackend, LoggingMode, Metric
 from ._internal.main import record_metric
-from ._internal.perf import Tracer, trace
 from ._internal.reduce import MetricAccumulator, Reduce
+from ._internal.tracing import Tracer, trace
 
 __all__ = [
     "LoggerBackend",

@@ -71,6 +71,8 @@ class StepBatch:
     device: DeviceValues | None
     expected: int = 0
     driven: bool = False
+    deferred: list[tuple[str, str, Any, Any, Any]] | None = None
+    """GPU-timed durations (avg key, max key, start mark, end mark, processor), read on the export thread."""
     """Closed by a Monarch controller's flush (the sink then also waits for that controller)."""
     """Processes a controller flushed with this step (itself included); 0 when not a controller."""
 
@@ -78,13 +80,14 @@ class StepBatch:
 class Collector:
     """Accumulators of the step in progress plus the process-lifetime key registry."""
 
-    __slots__ = ("_device", "_lower", "_reduce_of", "_step_start", "_streams", "accs", "fast")
+    __slots__ = ("_deferred", "_device", "_lower", "_reduce_of", "_step_start", "_streams", "accs", "fast")
 
     def __init__(self, streams: list[StreamSink]) -> None:
         self.accs: dict[str, MetricAccumulator] = {}
         self._reduce_of: dict[str, Reduce] = {}
         self._lower: dict[str, str] = {}
         self._device: DeviceValues | None = None
+        self._deferred: list[tuple[str, str, Any, Any, Any]] = []
         self._streams = streams
         # The hot path may skip ``record`` only when nothing else must see the value.
         self.fast = not streams
@@ -134,17 +137,44 @@ class Collector:
         self._lower[key.lower()] = key
         self._reduce_of[key] = reduce
 
+    def defer(self, avg_key: str, max_key: str, start: Any, end: Any, processor: Any) -> None:
+        """A GPU-timed duration: its value is ``elapsed_time`` of two CUDA events, read at export."""
+        for key, reduce in ((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)):
+            known = self._reduce_of.get(key)
+            if known is None:
+                self._register(key, reduce)
+            elif known is not reduce:
+                raise ValueError(f"trace: {key!r} was recorded with {known!r} before")
+        processor.hold(start, end)
+        self._deferred.append((avg_key, max_key, start, end, processor))
+
     def take(self, step: int | None) -> StepBatch | None:
         """Hand off the current step's state and start a fresh one (O(1) on the caller)."""
-        accs, device = self.accs, self._device
+        accs, device, deferred = self.accs, self._device, self._deferred
         now = time.time_ns()
         start, self._step_start = self._step_start, now
         self.accs, self._device = {}, None
+        if deferred:
+            self._deferred = []
         if device is not None:
             device.start()
-        if not accs and step is None:
+        if not accs and not deferred and step is None:
             return None
-        return StepBatch(step, start, now, accs, device)
+        return StepBatch(step, start, now, accs, device, deferred=deferred or None)
+
+    def resolve_deferred(self, batch: StepBatch) -> None:
+        """Wait for a batch's GPU-timed durations (export thread) and accumulate them."""
+        for avg_key, max_key, start, end, processor in batch.deferred or ():
+            try:
+                seconds = processor.elapsed_s(start, end)
+            finally:
+                processor.release(start, end)
+            for key, reduce in ((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)):
+                acc = batch.accs.get(key)
+                if acc is None:
+                    acc = batch.accs[key] = reduce.accumulator_class(reduce)
+                acc.append(seconds)
+        batch.deferred = None
 
     def stream_device_values(self, batch: StepBatch, values: list[float]) -> None:
         """Feed host copies of a batch's device values into its accumulators (export thread)."""

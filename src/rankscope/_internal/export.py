@@ -34,10 +34,12 @@ from .backends.base import LoggerBackend, LoggingMode, Metric
 from .collector import Collector, StepBatch
 from .reduce import Reduce, reduced_items
 from .senders import EmbeddedSenders, Senders
+from .spans import SpanBuffer, encode_spans
 from .wire import PointAttributes, encode, encode_resource, key_value
 
 _STREAM_QUEUE_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
+_MAX_SPANS_PER_REQUEST = 4096
 _MIN_EXPORT_GAP = 0.1
 """Seconds between OTLP requests of one process: steps flushed faster than this share a
 request (a 20 ms training step would otherwise pay a gRPC call per step)."""
@@ -147,8 +149,11 @@ class ExportThread:
         periodic: Callable[[], bool],
         on_error: Callable[[str, BaseException], None],
         stream_to_sink: bool = False,
+        spans: SpanBuffer | None = None,
     ) -> None:
         self.resource = resource
+        self.spans = spans if spans is not None else SpanBuffer(1)
+        self._spans_dropped_reported = 0
         self.collector = collector
         self.backends = backends
         self.otlp = otlp
@@ -271,6 +276,8 @@ class ExportThread:
             due = time.monotonic() - last_export >= _MIN_EXPORT_GAP
             if not items and not pending and self._periodic():
                 self._guarded(self._periodic_export)
+            elif not pending and len(self.spans) and (due or syncs or stop):  # e.g. GPU spans after their step
+                self._guarded(self._export_spans)
             elif (pending or self._streams) and (syncs or stop or due):
                 self._guarded(self._export, pending, stop)
                 pending, last_export = [], time.monotonic()
@@ -287,6 +294,7 @@ class ExportThread:
             self._on_error(getattr(fn, "__name__", "export"), exc)
 
     def _periodic_export(self) -> None:
+        self._export_spans()
         batch = self.collector.take(None)
         if batch is not None:
             self._prepare(batch)
@@ -295,7 +303,9 @@ class ExportThread:
             self._export([])
 
     def _prepare(self, batch: StepBatch) -> None:
-        """Read device values, then give the step to the local backends."""
+        """Read device values and GPU-timed durations, then give the step to the local backends."""
+        if batch.deferred:
+            self.collector.resolve_deferred(batch)
         if batch.device is not None:
             self.collector.stream_device_values(batch, batch.device.values())
             batch.device = None
@@ -304,6 +314,7 @@ class ExportThread:
     def _export(self, batches: list[StepBatch], goodbye: bool = False) -> None:
         if self.otlp is None:
             return
+        self._export_spans()  # before the flush markers: the sink sees a step's spans when it closes it
         if self._streams:
             streams, self._streams = self._streams, []
             if not self._send_logs(streams):
@@ -348,6 +359,24 @@ class ExportThread:
             self._report_drops(final=False)
         else:
             self._drop(points, "the OTLP endpoint did not accept an export")
+
+    def _export_spans(self) -> None:
+        while len(self.spans):
+            records = self.spans.drain(_MAX_SPANS_PER_REQUEST)
+            request = encode_spans(records, self._resource_pb, self._scope)
+            try:
+                ok = self.otlp is not None and self.otlp.send_spans(request)
+            except Exception as exc:
+                self._warn_unreachable(exc)
+                ok = False
+            if not ok:
+                self.spans.dropped += len(records)
+                self._drop(0, "the OTLP endpoint did not accept spans")
+                break
+        if self.spans.dropped > self._spans_dropped_reported:
+            n = self.spans.dropped - self._spans_dropped_reported
+            self._spans_dropped_reported = self.spans.dropped
+            _warn(f"rankscope: {n} spans were dropped ({self.spans.dropped} in total); the job is unaffected")
 
     def _send(self, request: Any) -> bool:
         try:

@@ -1,4 +1,4 @@
-"""The public calls: init, record_metric, flush, force_flush, shutdown.
+"""The public calls: init, record_metric, flush, force_flush, shutdown (tracing: ``tracing``).
 
 Process state lives in module globals so ``record_metric`` costs one global read and a
 dict lookup on its fast path (a Python float for a key already seen this step). The
@@ -29,6 +29,8 @@ from .identity import build_resource, process_label
 from .reduce import Reduce
 from .senders import EmbeddedSenders, Senders, has_endpoint, post_config, sink_status
 from .settings import resolve
+from .tracer_provider import install_tracer_provider
+from .tracing import TracingState
 
 _MEAN = Reduce.MEAN
 
@@ -44,8 +46,16 @@ internal_errors: list[str] = []
 class _Runtime:
     """One initialized rankscope in one process."""
 
-    def __init__(self, resource: Resource, collector: Collector, thread: ExportThread, shutdown_timeout: float):
+    def __init__(
+        self,
+        resource: Resource,
+        collector: Collector,
+        thread: ExportThread,
+        shutdown_timeout: float,
+        tracing: TracingState,
+    ):
         self.resource = resource
+        self.tracing = tracing
         self.collector = collector
         self.thread = thread
         self.shutdown_timeout = shutdown_timeout
@@ -124,6 +134,14 @@ def init(
         }
         backend_set = BackendSet(backend_objects, init_kwargs, label)
         collector = Collector(streams=[])
+        monarch_controller = _is_monarch_controller()
+        tracing = TracingState(
+            resource,
+            sample_ratio=resolve("trace_sample") if senders is not None else 0.0,  # spans need somewhere to go
+            root=_is_trace_root(resource, monarch_controller),
+            max_spans=resolve("max_queued_spans"),
+            on_error=_report_internal_error,
+        )
         runtime: _Runtime | None = None
         thread = ExportThread(
             resource=resource,
@@ -135,13 +153,15 @@ def init(
             max_queued_steps=resolve("max_queued_steps"),
             periodic=lambda: runtime is not None and not runtime.flushed,
             on_error=_report_internal_error,
+            spans=tracing.buffer,
         )
-        runtime = _Runtime(resource, collector, thread, resolve("shutdown_timeout"))
-        runtime.monarch_controller = _is_monarch_controller()
+        runtime = _Runtime(resource, collector, thread, resolve("shutdown_timeout"), tracing)
+        runtime.monarch_controller = monarch_controller
         if backend_set.streaming or thread.stream_to_sink:
             collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
         if previous is not None:  # keep what was recorded before re-init
             collector.accs = previous.collector.accs
+            tracing.last_step, tracing.explicit_step = previous.tracing.last_step, previous.tracing.explicit_step
             _shutdown_locked(drain_unflushed=False)
         # Children of this process (spawned workers, `rankscope run` commands) join this experiment.
         os.environ["RANKSCOPE_EXPERIMENT"] = experiment_id
@@ -151,7 +171,32 @@ def init(
             os.environ["RANKSCOPE_BACKENDS"] = json.dumps(views)
         _runtime, _collector, _disabled = runtime, collector, False
         _bind_compile_check()
+        install_tracer_provider(resource)
+        if "monarch" in sys.modules:
+            _install_monarch_propagation()
         return resource
+
+
+def _is_trace_root(resource: Resource, monarch_controller: bool) -> bool:
+    """Whether this process emits each step's root span (exactly one process per experiment)."""
+    explicit = resolve("trace_root")
+    if explicit is not None:
+        return bool(explicit)
+    if monarch_controller:
+        return True
+    if "monarch" in sys.modules and not _is_monarch_controller():
+        return False  # an actor process: its controller owns the step
+    a = resource.attributes
+    return str(a.get(attr.RANK)) == "0" and a.get(attr.ROLE) in ("trainer", "main", "controller")
+
+
+def _install_monarch_propagation() -> None:
+    try:
+        from .propagation import install_caller
+
+        install_caller()
+    except Exception as exc:
+        _report_internal_error("Monarch context propagation", exc)
 
 
 def _make_senders(
@@ -307,16 +352,22 @@ def _flush(step: int, driven: bool) -> None:
             asked = 0
         if batch is not None and asked:
             batch.expected = asked + 1
+    try:
+        runtime.tracing.closed(step)
+    except Exception as exc:
+        _report_internal_error("step root span", exc)
     if batch is not None:
         batch.driven = driven
-    if batch is not None:
         runtime.thread.submit(batch)
 
 
 def force_flush(timeout: float = 10.0) -> bool:
     """Block until everything flushed so far has reached the backends and the endpoint."""
     runtime = _runtime
-    return True if runtime is None else runtime.thread.flush(timeout)
+    if runtime is None:
+        return True
+    gpu_done = runtime.tracing.force_flush(int(timeout * 1000))
+    return runtime.thread.flush(timeout) and gpu_done
 
 
 def shutdown() -> None:
@@ -331,6 +382,7 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
     _runtime, _collector = None, None
     if runtime is None:
         return
+    runtime.tracing.shutdown()  # GPU-timed spans still pending go to the buffer first
     if drain_unflushed:
         batch = runtime.collector.take(None)
         if batch is not None:
@@ -360,6 +412,13 @@ def get_resource() -> Resource | None:
     if _runtime is None and _auto_init() is None:
         return None
     return _runtime.resource if _runtime is not None else None
+
+
+def defer_gpu_duration(avg_key: str, max_key: str, start: Any, end: Any, processor: Any) -> None:
+    """A ``timer="gpu"`` phase: its duration is read from CUDA events on the export thread."""
+    c = _collector
+    if c is not None:
+        c.defer(avg_key, max_key, start, end, processor)
 
 
 def current_step() -> int | None:

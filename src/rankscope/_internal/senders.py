@@ -21,10 +21,13 @@ from typing import Any
 
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk._logs.export import LogRecordExportResult
 from opentelemetry.sdk.metrics.export import MetricExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 
 def _points(request: Any) -> int:
@@ -69,6 +72,24 @@ class _HttpLogs(HttpLogExporter):
         return bool(self._client.export(request.SerializeToString()).success)
 
 
+class _GrpcSpans(GrpcSpanExporter):
+    def _translate_data(self, data: Any) -> Any:
+        return data
+
+    def _count_data(self, data: Any) -> int:
+        return sum(len(ss.spans) for rs in data.resource_spans for ss in rs.scope_spans)
+
+    def send(self, request: Any) -> bool:
+        return self._export(data=request) is SpanExportResult.SUCCESS  # type: ignore[arg-type]
+
+
+class _HttpSpans(HttpSpanExporter):
+    def send(self, request: Any) -> bool:
+        if self._shutdown:
+            return False
+        return bool(self._client.export(request.SerializeToString()).success)
+
+
 def _url(endpoint: str | None) -> str | None:
     if endpoint is not None and "://" not in endpoint:
         return f"http://{endpoint}"  # a bare host:port means plaintext; say https:// for TLS
@@ -82,17 +103,28 @@ def has_endpoint(endpoint: str | None) -> bool:
 
 
 class Senders:
-    """The metric sender and (when values are streamed) the log sender of one process."""
+    """The metric and span senders and (when values are streamed) the log sender of one process."""
 
     def __init__(self, endpoint: str | None, protocol: str, stream: bool) -> None:
         url = _url(endpoint)
+        self._spans: Any = None
+        self._protocol, self._url = protocol, url
         if protocol == "http/protobuf":
             base = None if url is None else url.rstrip("/").removesuffix("/v1/metrics")
+            self._base = base
             self.metrics: Any = _HttpMetrics(endpoint=None if base is None else f"{base}/v1/metrics")
             self.logs: Any = _HttpLogs(endpoint=None if base is None else f"{base}/v1/logs") if stream else None
         else:
             self.metrics = _GrpcMetrics(endpoint=url)
             self.logs = _GrpcLogs(endpoint=url) if stream else None
+
+    def send_spans(self, request: Any) -> bool:
+        if self._spans is None:  # made on first use: most processes of a metrics-only job never trace
+            if self._protocol == "http/protobuf":
+                self._spans = _HttpSpans(endpoint=None if self._base is None else f"{self._base}/v1/traces")
+            else:
+                self._spans = _GrpcSpans(endpoint=self._url)
+        return bool(self._spans.send(request))
 
     def send(self, request: Any) -> bool:
         return bool(self.metrics.send(request))
@@ -104,6 +136,8 @@ class Senders:
         self.metrics.shutdown(timeout_millis=timeout_millis)
         if self.logs is not None:
             self.logs.shutdown()
+        if self._spans is not None:
+            self._spans.shutdown()
 
 
 class EmbeddedSenders:
@@ -134,6 +168,10 @@ class EmbeddedSenders:
     def send_logs(self, request: Any) -> bool:
         inner = self._ready()
         return inner is not None and inner.send_logs(request)
+
+    def send_spans(self, request: Any) -> bool:
+        inner = self._ready()
+        return inner is not None and inner.send_spans(request)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         if self._inner is not None:

@@ -26,6 +26,13 @@ def _parse_positive_float(text: str) -> float:
     return value
 
 
+def _parse_ratio(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be between 0 and 1")
+    return value
+
+
 def _parse_positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -138,6 +145,29 @@ SETTINGS: tuple[Setting, ...] = (
         "RANKSCOPE_MAX_QUEUED_STEPS",
         256,
         "Flushed steps waiting for export before new ones are dropped (and counted).",
+        parse=_parse_positive_int,
+    ),
+    Setting(
+        "trace_sample",
+        "RANKSCOPE_TRACE_SAMPLE",
+        1.0,
+        "Fraction of steps whose spans are kept (0..1). Decided from the step's trace id, so every "
+        "rank keeps or drops the same steps; duration metrics are always recorded.",
+        parse=_parse_ratio,
+    ),
+    Setting(
+        "trace_root",
+        "RANKSCOPE_TRACE_ROOT",
+        None,
+        "true/false: whether this process emits each step's root span. Unset: a Monarch controller "
+        "does, actors do not, otherwise rank 0 of role trainer/main/controller.",
+        parse=parse_bool,
+    ),
+    Setting(
+        "max_queued_spans",
+        "RANKSCOPE_MAX_QUEUED_SPANS",
+        65536,
+        "Finished spans waiting for export before new ones are dropped (and counted).",
         parse=_parse_positive_int,
     ),
     Setting(

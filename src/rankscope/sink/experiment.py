@@ -33,6 +33,7 @@ from .._internal import attributes as attr
 from .._internal.backends.base import Metric
 from .._internal.reduce import Reduce, reduced_items
 from .._internal.wire import attributes_dict, decode_metric
+from .traces import TraceStore
 
 
 @dataclass(slots=True, eq=False)
@@ -128,8 +129,10 @@ class Experiment:
         grace: float,
         retain_steps: int = 16,
         clock: Callable[[], float] = time.monotonic,
+        traces: TraceStore | None = None,
     ) -> None:
         self.id = experiment_id
+        self.traces = traces if traces is not None else TraceStore()
         self.grace = grace
         self.retain_steps = retain_steps
         self.clock = clock
@@ -330,6 +333,7 @@ class Experiment:
             value = reduce.accumulator_class.get_reduced_value_from_states([state for _, state in entries])
             global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in reduced_items(key, value))
         if not late:
+            global_metrics.extend(self.traces.stragglers(bucket.step))
             global_metrics.append(Metric(attr.MISSING_PROCESSES, float(len(missing)), Reduce.MAX, stamp))
             if self.late_points:
                 global_metrics.append(Metric(attr.LATE_POINTS, float(self.late_points), Reduce.MAX, stamp))

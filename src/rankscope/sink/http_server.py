@@ -2,7 +2,9 @@
 
 Routes: ``POST /v1/metrics|traces|logs`` (OTLP, protobuf or JSON, optionally gzip),
 ``GET /healthz``, and two control routes for embedded clients: ``POST /rankscope/v1/config``
-(an experiment's views) and ``GET /rankscope/v1/status?experiment=ID``.
+(an experiment's views) and ``GET /rankscope/v1/status?experiment=ID``, and
+``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]``: stored spans as
+JSONL, streamed in chunks (what ``rankscope gantt --sink`` reads).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .bodies import HttpError, decode_body, encode_response, encode_status, media_type
 from .service import OverloadedError
+from .traces import parse_ranks
 
 if TYPE_CHECKING:
     from .service import Sink
@@ -123,7 +126,35 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(200, "application/json", json.dumps(found).encode())
             return
+        if url.path == "/rankscope/v1/spans":
+            if not self._authorized():
+                self._error(HttpError(401, "missing or wrong bearer token"))
+                return
+            self._spans(parse_qs(url.query))
+            return
         self._error(HttpError(404, f"nothing at {url.path!r}"))
+
+    def _spans(self, query: dict[str, list[str]]) -> None:
+        experiment = query.get("experiment", [""])[0]
+        try:
+            first = int(query["first"][0]) if "first" in query else None
+            last = int(query["last"][0]) if "last" in query else None
+            ranks = parse_ranks(query.get("ranks", [""])[0])
+        except ValueError as exc:
+            self._error(HttpError(400, f"bad span query: {exc}"))
+            return
+        found = self.sink.spans(experiment, first, last, ranks)
+        if found is None:
+            self._error(HttpError(404, f"no experiment {experiment!r}"))
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for start in range(0, len(found), 1000):
+            chunk = "".join(json.dumps(span.row()) + "\n" for span in found[start : start + 1000]).encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        self.wfile.write(b"0\r\n\r\n")
 
 
 class _Server(ThreadingHTTPServer):

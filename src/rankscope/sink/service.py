@@ -20,6 +20,7 @@ from typing import Any
 from .._internal import attributes as attr
 from .._internal.wire import attributes_dict
 from .experiment import Experiment, StepView
+from .traces import TraceStore
 from .views import ViewWriter
 
 log = logging.getLogger("rankscope.sink")
@@ -47,6 +48,10 @@ class SinkConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_in_flight: int = 64
     retain_steps: int = 16
+    trace_retain_steps: int = 64
+    """Steps whose spans an experiment keeps (``rankscope gantt``, straggler views)."""
+    max_spans: int = 200_000
+    """Spans an experiment keeps at most; the oldest steps go first."""
     grpc_workers: int = 8
 
 
@@ -150,10 +155,40 @@ class Sink:
             return self._ingest_logs(request)
 
     def export_traces(self, request: Any) -> Result:
-        spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
         with self._admitted():
-            self.spans_received += spans
-        return Result(accepted=spans)
+            return self._ingest_traces(request)
+
+    def _ingest_traces(self, request: Any) -> Result:
+        """Store spans per experiment; spans of resources without an experiment id are accepted, not kept."""
+        result = Result()
+        for rs in request.resource_spans:
+            n = sum(len(ss.spans) for ss in rs.scope_spans)
+            self.spans_received += n
+            resource = attributes_dict(rs.resource.attributes)
+            experiment_id = resource.get(attr.EXPERIMENT_ID)
+            if not isinstance(experiment_id, str) or not experiment_id:
+                result.accepted += n
+                continue
+            experiment = self._experiment(experiment_id)
+            try:
+                accepted, rejected = experiment.traces.ingest(experiment.process_for(resource), rs.scope_spans)
+            except Exception as exc:
+                self._internal_error("trace ingest", exc)
+                result.rejected += n
+                continue
+            result.accepted += accepted + (n - accepted - rejected)  # over the retention cap: kept count only
+            result.rejected += rejected
+            if rejected:
+                result.errors.append(f"{rejected} spans with malformed trace or span ids")
+        return result
+
+    def spans(
+        self, experiment_id: str, first: int | None = None, last: int | None = None, ranks: set[int] | None = None
+    ) -> list[Any] | None:
+        """Stored spans of an experiment (see ``sink.traces``), or None for an unknown experiment."""
+        with self._lock:
+            experiment = self.experiments.get(experiment_id)
+            return None if experiment is None else experiment.traces.select(first, last, ranks)
 
     def _ingest_metrics(self, request: Any) -> Result:
         result = Result()
@@ -234,6 +269,8 @@ class Sink:
                 "processes": len(experiment.processes),
                 "late_points": experiment.late_points,
                 "last_written_step": writer.written_step if (writer := self.writers.get(experiment_id)) else -1,
+                "spans_stored": experiment.traces.count,
+                "spans_dropped": experiment.traces.dropped,
             }
 
     def wait_written(self, experiment_id: str, timeout: float = 10.0) -> bool:
@@ -254,7 +291,11 @@ class Sink:
         found = self.experiments.get(experiment_id)
         if found is None:
             found = self.experiments[experiment_id] = Experiment(
-                experiment_id, grace=self.config.grace, retain_steps=self.config.retain_steps, clock=self.clock
+                experiment_id,
+                grace=self.config.grace,
+                retain_steps=self.config.retain_steps,
+                clock=self.clock,
+                traces=TraceStore(retain_steps=self.config.trace_retain_steps, max_spans=self.config.max_spans),
             )
         return found
 

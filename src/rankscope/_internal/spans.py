@@ -1,0 +1,205 @@
+"""Spans as rankscope records them: slotted records, one trace per step, OTLP encoding.
+
+``trace(...).step(...)`` must cost a fraction of an OTel SDK span, so a phase is a
+slotted ``SpanRecord`` appended to a bounded buffer; the export thread encodes the
+buffer into an OTLP ``ExportTraceServiceRequest``. The user's own OTel SDK spans join
+the same buffer through ``BufferProcessor`` (an ordinary ``SpanProcessor``).
+
+Every process derives the trace id and root span id of step N from (experiment, attempt,
+N) alone, so all ranks' spans of a step share one trace and one parent without talking
+to each other; exactly one process emits that root span (``main._emit_step_root``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1 import trace_pb2
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
+
+from . import attributes as attr
+from .wire import key_value
+
+_CLOCK_OFFSET = time.time_ns() - time.perf_counter_ns()
+_perf_ns = time.perf_counter_ns
+random_id = random.getrandbits  # ids need uniqueness, not secrecy (the OTel SDK does the same)
+
+_TRACE_ID_LIMIT = (1 << 64) - 1
+_KIND_INTERNAL = trace_pb2.Span.SPAN_KIND_INTERNAL
+
+
+def now_ns() -> int:
+    """Wall-clock nanoseconds on a monotonic base (one offset per process: durations never jump)."""
+    return _perf_ns() + _CLOCK_OFFSET
+
+
+class SpanRecord:
+    """A finished span. Field names follow ``ReadableSpan`` so span processors can read either."""
+
+    __slots__ = (
+        "attributes",
+        "end_time",
+        "error",
+        "events",
+        "kind",
+        "name",
+        "parent_id",
+        "span_id",
+        "start_time",
+        "trace_id",
+    )
+
+    kind: int
+
+    def __init__(
+        self,
+        name: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int,
+        start_time: int,
+        end_time: int,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.start_time = start_time
+        self.end_time = end_time
+        self.attributes = attributes
+        self.events: list[tuple[str, int, dict[str, Any]]] | None = None
+        self.error: str | None = None
+        self.kind = int(_KIND_INTERNAL)
+
+    @property
+    def context(self) -> SpanContext:
+        return SpanContext(self.trace_id, self.span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+    def __repr__(self) -> str:
+        return f"SpanRecord({self.name!r}, trace={self.trace_id:032x}, span={self.span_id:016x})"
+
+
+def step_ids(experiment: str, attempt: int, step: int) -> tuple[int, int]:
+    """(trace id, root span id) of one step: the same in every process of the experiment."""
+    digest = hashlib.blake2b(f"{experiment}\x00{attempt}\x00{step}".encode(), digest_size=24).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:], "big") or 1
+
+
+def is_sampled(trace_id: int, ratio: float) -> bool:
+    """The OTel ``TraceIdRatioBased`` rule: every rank keeps or drops the same steps."""
+    return (trace_id & _TRACE_ID_LIMIT) < round(ratio * (_TRACE_ID_LIMIT + 1))
+
+
+class SpanBuffer:
+    """Bounded buffer of finished spans; what does not fit is counted, never blocks."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._spans: deque[SpanRecord] = deque()
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def add(self, span: SpanRecord) -> None:
+        if len(self._spans) < self.capacity:
+            self._spans.append(span)
+        else:
+            with self._lock:
+                self.dropped += 1
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def drain(self, limit: int = 1 << 30) -> list[SpanRecord]:
+        out: list[SpanRecord] = []
+        pop = self._spans.popleft
+        try:
+            while len(out) < limit:
+                out.append(pop())
+        except IndexError:
+            pass
+        return out
+
+
+class BufferProcessor(SpanProcessor):
+    """The last stage of every span pipeline: finished spans into the process's buffer.
+
+    Takes rankscope's ``SpanRecord``s and the OTel SDK's ``ReadableSpan``s (a user's own
+    spans from the tracer provider rankscope installs), so both leave in one OTLP stream.
+    """
+
+    def __init__(self, buffer: SpanBuffer) -> None:
+        self.buffer = buffer
+
+    def on_end(self, span: Any) -> None:
+        self.buffer.add(span if isinstance(span, SpanRecord) else from_readable(span))
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def from_readable(span: ReadableSpan) -> SpanRecord:
+    """An SDK span as a record (the user's own spans under rankscope's context)."""
+    ctx = span.context
+    parent = span.parent
+    record = SpanRecord(
+        span.name,
+        ctx.trace_id if ctx else 0,
+        ctx.span_id if ctx else 0,
+        parent.span_id if parent else 0,
+        span.start_time or 0,
+        span.end_time or span.start_time or 0,
+        dict(span.attributes or {}),
+    )
+    record.kind = int(span.kind.value) + 1  # SDK SpanKind starts at INTERNAL=0; OTLP at INTERNAL=1
+    if span.events:
+        record.events = [(e.name, e.timestamp, dict(e.attributes or {})) for e in span.events]
+    if span.status is not None and span.status.status_code is StatusCode.ERROR:
+        record.error = span.status.description or "error"
+    return record
+
+
+def _value(v: Any) -> Any:
+    return v if isinstance(v, (str, bool, int, float)) else str(v)
+
+
+def encode_spans(records: Iterable[SpanRecord], resource: Any, scope: Any) -> ExportTraceServiceRequest:
+    """One OTLP request for a process's spans (rankscope's protobuf, sent by the SDK exporter)."""
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add(resource=resource).scope_spans.add(scope=scope).spans
+    for r in records:
+        span = spans.add(
+            trace_id=r.trace_id.to_bytes(16, "big"),
+            span_id=r.span_id.to_bytes(8, "big"),
+            name=r.name,
+            kind=r.kind,
+            start_time_unix_nano=r.start_time,
+            end_time_unix_nano=r.end_time,
+        )
+        if r.parent_id:
+            span.parent_span_id = r.parent_id.to_bytes(8, "big")
+        if r.attributes:
+            span.attributes.extend(key_value(k, _value(v)) for k, v in r.attributes.items())
+        if r.events:
+            for name, when, attrs in r.events:
+                event = span.events.add(name=name, time_unix_nano=when)
+                event.attributes.extend(key_value(k, _value(v)) for k, v in attrs.items())
+        if r.error is not None:
+            span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
+            span.status.message = r.error
+    return request
+
+
+def span_attributes(step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    found: dict[str, Any] = {attr.STEP: step}
+    if extra:
+        found.update(extra)
+    return found

@@ -1,0 +1,483 @@
+"""``trace``/``Tracer``: phases as spans in the step's trace, and Forge's duration metrics.
+
+``with rs.trace("train_step") as t: ...; t.step("fwd"); ...`` makes one span for the
+whole block and one child span per ``step(name)`` (the time since the previous mark),
+and records Forge's metric names, so dashboards carry over:
+``{prefix}/{name}/duration_avg_s``, ``{prefix}/{name}/duration_max_s``,
+``{prefix}/total_duration_avg_s``, ``{prefix}/total_duration_max_s`` and, with
+``track_memory``, ``{prefix}/memory_peak_max_gb`` and ``{prefix}/memory_delta_end_start_avg_gb``.
+
+Where a span hangs: under the current OpenTelemetry span if there is one (an enclosing
+trace, the user's own span, the caller of a Monarch endpoint, ``TRACEPARENT``), else under
+the root span of the step in progress (one trace per step per experiment, see ``spans``).
+The block's span is the current OTel span inside it, so the user's own spans nest under it.
+
+``timer="gpu"`` times the phases with CUDA events through ``CudaTimingProcessor``: nothing
+waits on the caller's thread; the duration metrics are read by the export thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import sys
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from . import attributes as attr
+from . import main as _main
+from .gpu_timing import CudaTimingProcessor, Mark
+from .reduce import Reduce
+from .spans import BufferProcessor, SpanBuffer, SpanRecord, is_sampled, now_ns, random_id, step_ids
+
+F = TypeVar("F", bound=Callable[..., Any])
+_GB = float(1 << 30)
+_MEAN, _MAX = Reduce.MEAN, Reduce.MAX
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+CALLER = "rankscope.caller"
+"""Span attribute: the process label of the remote caller whose span is this span's parent."""
+
+
+class Scope:
+    """Where new spans go: trace id, parent span id, sampled, step (and a remote caller's label)."""
+
+    __slots__ = ("caller", "parent_id", "sampled", "step", "trace_id")
+
+    def __init__(self, trace_id: int, parent_id: int, sampled: bool, step: int, caller: str | None = None) -> None:
+        self.trace_id = trace_id
+        self.parent_id = parent_id
+        self.sampled = sampled
+        self.step = step
+        self.caller = caller
+
+
+_current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("rankscope_scope", default=None)
+"""The innermost rankscope span (or remote caller) of this context; carries the step."""
+
+
+class TracingState:
+    """One process's tracing: step ids, sampling, the span pipeline, the step root it may own."""
+
+    def __init__(
+        self,
+        resource: Resource,
+        *,
+        sample_ratio: float,
+        root: bool,
+        max_spans: int,
+        on_error: Callable[[str, BaseException], None],
+    ) -> None:
+        a = resource.attributes
+        self.experiment = str(a[attr.EXPERIMENT_ID])
+        self.attempt = int(a.get(attr.EXPERIMENT_ATTEMPT, 0))  # type: ignore[arg-type]
+        self.label = f"{a.get(attr.ROLE)}{'' if a.get(attr.REPLICA) is None else '_' + str(a.get(attr.REPLICA))}"
+        self.label += f"_r{a.get(attr.RANK)}"
+        self.ratio = sample_ratio
+        self.root = root
+        self.buffer = SpanBuffer(max_spans)
+        self.processor = BufferProcessor(self.buffer)
+        self._on_error = on_error
+        self._gpu: CudaTimingProcessor | None = None
+        self._gpu_checked = False
+        self._ids: dict[int, tuple[int, int, bool]] = {}
+        self.explicit_step: int | None = None
+        self.last_step: int | None = None
+        self.step_started_ns: int | None = None
+        self.traced = False
+        self.env_parent = _env_parent()
+
+    # -- steps -------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The step in progress: set_step's, else the one after the last flushed step, else 0."""
+        if self.explicit_step is not None:
+            return self.explicit_step
+        return 0 if self.last_step is None else self.last_step + 1
+
+    def ids(self, step: int) -> tuple[int, int, bool]:
+        found = self._ids.get(step)
+        if found is None:
+            trace_id, root_id = step_ids(self.experiment, self.attempt, step)
+            found = self._ids[step] = (trace_id, root_id, is_sampled(trace_id, self.ratio))
+            if len(self._ids) > 64:
+                del self._ids[next(iter(self._ids))]
+        return found
+
+    def scope(self) -> Scope:
+        """Where a span started now hangs (see the module docstring)."""
+        ctx = otel_trace.get_current_span().get_span_context()
+        mine = _current.get()
+        if ctx.is_valid:
+            if mine is not None and mine.trace_id == ctx.trace_id:
+                step = mine.step
+                caller = mine.caller if mine.parent_id == ctx.span_id else None
+            else:
+                step, caller = self.step, None
+            return Scope(ctx.trace_id, ctx.span_id, ctx.trace_flags.sampled, step, caller)
+        if self.env_parent is not None:
+            p = self.env_parent
+            return Scope(p.trace_id, p.span_id, p.trace_flags.sampled, self.step)
+        step = self.step
+        trace_id, root_id, sampled = self.ids(step)
+        return Scope(trace_id, root_id, sampled, step)
+
+    def closed(self, step: int) -> None:
+        """``flush(step)`` ran: the root process emits the step's root span."""
+        now = now_ns()
+        started = self.step_started_ns
+        self.last_step, self.explicit_step, self.step_started_ns = step, None, now
+        if not (self.root and self.traced):
+            return
+        trace_id, root_id, sampled = self.ids(step)
+        if sampled:
+            record = SpanRecord("step", trace_id, root_id, 0, started if started is not None else now, now)
+            record.attributes = {attr.STEP: step}
+            self.processor.on_end(record)
+
+    def note_start(self, start_ns: int) -> None:
+        self.traced = True
+        if self.step_started_ns is None:
+            self.step_started_ns = start_ns
+
+    # -- GPU -----------------------------------------------------------------------------
+
+    def gpu(self) -> CudaTimingProcessor | None:
+        """The CUDA-event processor, made on first use; None without CUDA (one warning)."""
+        if not self._gpu_checked:
+            self._gpu_checked = True
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_available():
+                self._gpu = CudaTimingProcessor(self.processor, torch.cuda, on_error=self._on_error)
+            else:
+                _warn_once("rankscope trace: timer='gpu' without CUDA; timing on the CPU clock")
+        return self._gpu
+
+    def force_flush(self, timeout_millis: int = 10_000) -> bool:
+        return self._gpu is None or self._gpu.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        if self._gpu is not None:
+            self._gpu.shutdown()
+
+
+def _env_parent() -> SpanContext | None:
+    """A parent process's span from ``TRACEPARENT`` (see ``inject_env``)."""
+    import os
+
+    if "TRACEPARENT" not in os.environ:
+        return None
+    carrier = {"traceparent": os.environ["TRACEPARENT"], "tracestate": os.environ.get("TRACESTATE", "")}
+    ctx = otel_trace.get_current_span(TraceContextTextMapPropagator().extract(carrier)).get_span_context()
+    return ctx if ctx.is_valid else None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _state() -> TracingState | None:
+    runtime = _main._runtime
+    if runtime is None:
+        if _main._disabled or _main._auto_init() is None:
+            return None
+        runtime = _main._runtime
+    return None if runtime is None else runtime.tracing
+
+
+_names: dict[tuple[str, str], tuple[str, str, str]] = {}
+
+
+def _phase_names(prefix: str, name: str) -> tuple[str, str, str]:
+    found = _names.get((prefix, name))
+    if found is None:
+        found = _names[(prefix, name)] = (
+            f"{prefix}/{name}/duration_avg_s",
+            f"{prefix}/{name}/duration_max_s",
+            f"{prefix}/{name}",
+        )
+    return found
+
+
+def _cuda() -> Any:
+    torch = sys.modules.get("torch")
+    return torch.cuda if torch is not None and torch.cuda.is_available() else None
+
+
+class Tracer:
+    """``start()``, ``step(name)`` after each phase, ``stop()``: spans plus duration metrics.
+
+    Args:
+        prefix: the block's name (span name and metric prefix).
+        track_memory: also record CUDA memory (peak and end-minus-start). The peak is the
+            process's high-water mark at the end, which is this block's own peak whenever the
+            block set a new high; rankscope never resets the peak, so nested blocks and other
+            users of ``torch.cuda.max_memory_allocated`` stay correct.
+        timer: ``"cpu"`` or ``"gpu"`` (CUDA events; CPU timing with one warning without CUDA).
+    """
+
+    __slots__ = (
+        "_gpu",
+        "_last",
+        "_last_mark",
+        "_memory",
+        "_scope",
+        "_span",
+        "_start_mark",
+        "_state",
+        "_token",
+        "prefix",
+        "timer",
+        "track_memory",
+    )
+
+    def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
+        if timer not in ("cpu", "gpu"):
+            raise ValueError(f"Tracer({prefix!r}): timer must be 'cpu' or 'gpu', got {timer!r}")
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"Tracer: prefix must be a non-empty string, got {prefix!r}")
+        self.prefix = prefix
+        self.timer = timer
+        self.track_memory = track_memory
+        self._state: TracingState | None = None
+        self._span: SpanRecord | None = None
+        self._scope: Scope | None = None
+        self._gpu: CudaTimingProcessor | None = None
+        self._start_mark: Mark | None = None
+        self._last_mark: Mark | None = None
+        self._token: Any = None
+        self._memory: tuple[int, int] | None = None
+        self._last = 0
+
+    def start(self) -> Tracer:
+        state = self._state = _state()
+        now = now_ns()
+        self._last = now
+        if state is None:
+            return self
+        try:
+            scope = state.scope()
+            state.note_start(now)
+            if scope.sampled:
+                span = self._span = SpanRecord(self.prefix, scope.trace_id, random_id(64) or 1, scope.parent_id, now, 0)
+                span.attributes = {attr.STEP: scope.step}
+                if scope.caller is not None:
+                    span.attributes[CALLER] = scope.caller
+                span_id = span.span_id
+            else:
+                span_id = random_id(64) or 1
+            self._scope = Scope(scope.trace_id, span_id, scope.sampled, scope.step, None)
+            flags = _SAMPLED if scope.sampled else _NOT_SAMPLED
+            ctx = otel_trace.set_span_in_context(NonRecordingSpan(SpanContext(scope.trace_id, span_id, False, flags)))
+            self._token = (otel_context.attach(ctx), _current.set(self._scope))
+            if self.timer == "gpu":
+                self._gpu = state.gpu()
+                if self._gpu is not None:
+                    self._start_mark = self._last_mark = self._gpu.mark()
+            if self.track_memory and (cuda := _cuda()) is not None:
+                self._memory = (cuda.memory_allocated(), cuda.max_memory_allocated())
+        except Exception as exc:
+            _main._report_internal_error("trace start", exc)
+        return self
+
+    def step(self, name: str) -> None:
+        """Close the phase ``name``: the time since ``start()`` or the previous ``step``."""
+        now = now_ns()
+        avg_key, max_key, span_name = _phase_names(self.prefix, name)
+        gpu = self._gpu
+        mark = gpu.mark() if gpu is not None else None
+        if mark is None or self._last_mark is None:
+            seconds = (now - self._last) / 1e9
+            _main.record_metric(avg_key, seconds, _MEAN)
+            _main.record_metric(max_key, seconds, _MAX)
+        else:
+            _main.defer_gpu_duration(avg_key, max_key, self._last_mark, mark, gpu)
+        parent = self._span
+        if parent is not None:
+            span = SpanRecord(span_name, parent.trace_id, random_id(64) or 1, parent.span_id, self._last, now)
+            span.attributes = {attr.STEP: parent.attributes[attr.STEP]}  # type: ignore[index]
+            if gpu is not None:
+                gpu.submit(span, self._last_mark, mark)
+            else:
+                self._state.processor.on_end(span)  # type: ignore[union-attr]
+        self._last = now
+        self._last_mark = mark
+
+    def stop(self, error: BaseException | None = None) -> None:
+        """Close the block: total duration, memory, and its span (status error with ``error``)."""
+        now = now_ns()
+        span = self._span
+        gpu = self._gpu
+        end_mark = gpu.mark() if gpu is not None else None
+        start_ns = span.start_time if span is not None else None
+        prefix = self.prefix
+        if end_mark is not None and self._start_mark is not None and gpu is not None:
+            _main.defer_gpu_duration(
+                f"{prefix}/total_duration_avg_s", f"{prefix}/total_duration_max_s", self._start_mark, end_mark, gpu
+            )
+        else:
+            started = start_ns if start_ns is not None else self._first_ns()
+            seconds = (now - started) / 1e9
+            _main.record_metric(f"{prefix}/total_duration_avg_s", seconds, _MEAN)
+            _main.record_metric(f"{prefix}/total_duration_max_s", seconds, _MAX)
+        if self._memory is not None and (cuda := _cuda()) is not None:
+            allocated, peak_before = self._memory
+            peak = cuda.max_memory_allocated()
+            delta = (cuda.memory_allocated() - allocated) / _GB
+            _main.record_metric(f"{prefix}/memory_peak_max_gb", peak / _GB, _MAX)
+            _main.record_metric(f"{prefix}/memory_delta_end_start_avg_gb", delta, _MEAN)
+            if span is not None:
+                span.attributes["rankscope.memory.peak_gb"] = peak / _GB  # type: ignore[index]
+                span.attributes["rankscope.memory.peak_exact"] = peak > peak_before  # type: ignore[index]
+                span.attributes["rankscope.memory.delta_gb"] = delta  # type: ignore[index]
+        if span is not None:
+            span.end_time = now
+            if error is not None:
+                span.error = f"{type(error).__name__}: {error}"
+                span.events = [
+                    ("exception", now, {"exception.type": type(error).__name__, "exception.message": str(error)})
+                ]
+            if gpu is not None:
+                gpu.submit(span, self._start_mark, end_mark)
+            else:
+                self._state.processor.on_end(span)  # type: ignore[union-attr]
+        self._detach()
+
+    def _first_ns(self) -> int:
+        return self._last if self._span is None else self._span.start_time
+
+    def _detach(self) -> None:
+        token, self._token = self._token, None
+        if token is None:
+            return
+        try:
+            _current.reset(token[1])
+            otel_context._RUNTIME_CONTEXT.detach(token[0])  # type: ignore[attr-defined]
+        except (ValueError, RuntimeError, AttributeError):
+            pass  # stopped in another context than it started (e.g. another task): nothing to undo
+
+
+class trace:  # noqa: N801 - Forge's name
+    """``with trace("step") as t: ...`` or ``@trace("reward")`` on sync and async functions.
+
+    An exception inside still ends the span (status error, an ``exception`` event) and
+    records the durations; the exception propagates.
+    """
+
+    def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
+        Tracer(prefix, track_memory, timer)  # validate now, at the call site
+        self._args = (prefix, track_memory, timer)
+        self._tracer: Tracer | None = None
+
+    def __enter__(self) -> Tracer:
+        self._tracer = Tracer(*self._args).start()
+        return self._tracer
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        assert self._tracer is not None
+        self._tracer.stop(exc)
+
+    def __call__(self, fn: F) -> F:
+        args = self._args
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*a: Any, **kw: Any) -> Any:
+                tracer = Tracer(*args).start()
+                try:
+                    result = await fn(*a, **kw)
+                except BaseException as exc:
+                    tracer.stop(exc)
+                    raise
+                tracer.stop()
+                return result
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*a: Any, **kw: Any) -> Any:
+            tracer = Tracer(*args).start()
+            try:
+                result = fn(*a, **kw)
+            except BaseException as exc:
+                tracer.stop(exc)
+                raise
+            tracer.stop()
+            return result
+
+        return run  # type: ignore[return-value]
+
+
+def record_event(name: str, **attributes: Any) -> None:
+    """Record an instant event: a zero-length span under the current span (or the step root).
+
+    A span rather than a span event, so it shows on every rank's timeline (Jaeger, Perfetto)
+    even outside any ``trace`` block. Attribute values must be str, bool, int or float.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"record_event: name must be a non-empty string, got {name!r}")
+    for key, value in attributes.items():
+        if not isinstance(value, (str, bool, int, float)):
+            raise TypeError(f"record_event({name!r}): attribute {key!r} must be str, bool, int or float, got {value!r}")
+    state = _state()
+    if state is None:
+        return
+    scope = state.scope()
+    now = now_ns()
+    state.note_start(now)
+    if scope.sampled:
+        span = SpanRecord(name, scope.trace_id, random_id(64) or 1, scope.parent_id, now, now)
+        span.attributes = {attr.STEP: scope.step, **attributes}
+        state.processor.on_end(span)
+
+
+def set_step(step: int) -> None:
+    """Say which step the spans from now on belong to (until the next ``flush``).
+
+    Optional: without it the step in progress is the one after the last flushed step (0 at start).
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise TypeError(f"set_step(step): step must be a non-negative int, got {step!r}")
+    state = _state()
+    if state is not None:
+        state.explicit_step = step
+
+
+def inject_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: ``os.environ``) plus ``TRACEPARENT``/``TRACESTATE`` for a child process.
+
+    ``subprocess.Popen(cmd, env=rs.inject_env())`` run inside a ``trace`` block makes the
+    child's spans children of that block's span.
+    """
+    import os
+
+    out = dict(os.environ if env is None else env)
+    state = _state()
+    carrier: dict[str, str] = {}
+    if state is not None:
+        scope = state.scope()
+        flags = _SAMPLED if scope.sampled else _NOT_SAMPLED
+        ctx = otel_trace.set_span_in_context(
+            NonRecordingSpan(SpanContext(scope.trace_id, scope.parent_id, False, flags))
+        )
+        TraceContextTextMapPropagator().inject(carrier, context=ctx)
+    for key, value in carrier.items():
+        out[key.upper()] = value
+    return out
+
+
+__all__ = ["Tracer", "inject_env", "record_event", "set_step", "trace"]

@@ -1,0 +1,173 @@
+"""Spans → Perfetto / Chrome trace-event JSON, streamed: a Gantt of every rank per step without Jaeger.
+
+Input rows are the JSONL span form the sink serves (``GET /rankscope/v1/spans``), one span
+per line. Output (https://ui.perfetto.dev, chrome://tracing): one process track per rank
+(integer pid, ``process_name`` metadata, sorted by rank), a CPU thread and a GPU thread
+(``timer="gpu"`` spans, CUDA-event times), complete ``X`` events in microseconds, instant
+events for zero-length spans (``record_event``), and flow arrows from a caller's span to
+the spans a Monarch endpoint call made in another process.
+
+Events are written as they are read; memory holds only the process table, so a
+1,000-rank run streams through.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+CALLER = "rankscope.caller"
+TIMER = "rankscope.timer"
+_THREADS = {"cpu": (1, "cpu"), "gpu": (2, "gpu (CUDA events)")}
+_RANK_IN_LABEL = re.compile(r"_r(\d+)$")
+
+
+@dataclass
+class Filter:
+    first: int | None = None
+    last: int | None = None
+    ranks: set[int] | None = None
+
+    def keeps(self, row: dict[str, Any]) -> bool:
+        step = row.get("step")
+        if self.first is not None and (step is None or step < self.first):
+            return False
+        if self.last is not None and (step is None or step > self.last):
+            return False
+        return self.ranks is None or row.get("rank") in self.ranks
+
+
+@dataclass
+class _Tracks:
+    """Process label → pid, and which (pid, tid) tracks were named already."""
+
+    pids: dict[str, int] = field(default_factory=dict)
+    threads: set[tuple[int, int]] = field(default_factory=set)
+
+
+class TraceEventWriter:
+    """Writes a ``{"traceEvents": [...]}`` document one event at a time."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._first = True
+        self._tracks = _Tracks()
+        self._flows = 0
+        self.spans = 0
+        out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+
+    def _event(self, event: dict[str, Any]) -> None:
+        self._out.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
+        self._first = False
+
+    def _pid(self, label: str, rank: int | None) -> int:
+        pid = self._tracks.pids.get(label)
+        if pid is None:
+            pid = self._tracks.pids[label] = len(self._tracks.pids) + 1
+            if rank is None:
+                found = _RANK_IN_LABEL.search(label)
+                rank = int(found.group(1)) if found else 0
+            self._event({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
+            self._event({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": rank}})
+        return pid
+
+    def _tid(self, pid: int, kind: str) -> int:
+        tid, name = _THREADS[kind]
+        if (pid, tid) not in self._tracks.threads:
+            self._tracks.threads.add((pid, tid))
+            self._event({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        return tid
+
+    def span(self, row: dict[str, Any]) -> None:
+        attributes = row.get("attributes") or {}
+        label = str(row.get("process") or f"{row.get('role')}_r{row.get('rank')}")
+        pid = self._pid(label, row.get("rank"))
+        tid = self._tid(pid, "gpu" if attributes.get(TIMER) == "gpu" else "cpu")
+        ts = row["start_ns"] / 1e3
+        dur = (row["end_ns"] - row["start_ns"]) / 1e3
+        args = {"step": row.get("step"), "span_id": row.get("span_id"), "trace_id": row.get("trace_id"), **attributes}
+        if row.get("error"):
+            args["error"] = row["error"]
+        event: dict[str, Any] = {"name": row["name"], "cat": row.get("role") or "span", "pid": pid, "tid": tid}
+        if dur > 0:
+            event.update(ph="X", ts=ts, dur=dur, args=args)
+        else:
+            event.update(ph="i", s="t", ts=ts, args=args)
+        self._event(event)
+        self.spans += 1
+        caller = attributes.get(CALLER)
+        if isinstance(caller, str) and caller != label:  # a Monarch call from another process: an arrow
+            self._flows += 1
+            source = self._pid(caller, None)
+            self._tid(source, "cpu")
+            flow = {"name": "call", "cat": "monarch", "id": self._flows}
+            self._event({**flow, "ph": "s", "pid": source, "tid": 1, "ts": ts})
+            self._event({**flow, "ph": "f", "bp": "e", "pid": pid, "tid": tid, "ts": ts})
+
+    def close(self) -> None:
+        self._out.write("\n]}\n")
+
+    @property
+    def processes(self) -> int:
+        return len(self._tracks.pids)
+
+
+def read_jsonl(paths: Iterable[str | Path]) -> Iterator[dict[str, Any]]:
+    """Span rows from JSONL files (``.gz`` read as gzip); a bad line raises naming file and line."""
+    for path in paths:
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt") as lines:  # type: ignore[operator]
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    yield _row(line, f"{path}:{number}")
+
+
+def read_sink(url: str, experiment: str, keep: Filter, token: str | None = None) -> Iterator[dict[str, Any]]:
+    """Span rows streamed from a sink's ``/rankscope/v1/spans`` route (filters applied there)."""
+    query: dict[str, str] = {"experiment": experiment}
+    if keep.first is not None:
+        query["first"] = str(keep.first)
+    if keep.last is not None:
+        query["last"] = str(keep.last)
+    if keep.ranks is not None:
+        query["ranks"] = ",".join(str(r) for r in sorted(keep.ranks))
+    request = urllib.request.Request(f"{url.rstrip('/')}/rankscope/v1/spans?{urllib.parse.urlencode(query)}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        for number, line in enumerate(io.TextIOWrapper(response, encoding="utf-8"), 1):
+            if line.strip():
+                yield _row(line, f"{url} line {number}")
+
+
+def _row(line: str, where: str) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+        int(row["start_ns"]), int(row["end_ns"]), str(row["name"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{where}: not a rankscope span row ({exc})") from None
+    return row  # type: ignore[no-any-return]
+
+
+def write(
+    rows: Iterable[dict[str, Any]], output: str | Path, keep: Filter | None = None, gz: bool | None = None
+) -> TraceEventWriter:
+    """Write the rows that ``keep`` keeps to ``output`` (gzip when it ends in .gz or ``gz``)."""
+    keep = keep or Filter()
+    compress = str(output).endswith(".gz") if gz is None else gz
+    opener: Any = gzip.open if compress else open
+    with opener(output, "wt", encoding="utf-8") as handle:
+        writer = TraceEventWriter(handle)
+        for row in rows:
+            if keep.keeps(row):
+                writer.span(row)
+        writer.close()
+    return writer

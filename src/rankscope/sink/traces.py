@@ -1,0 +1,203 @@
+"""An experiment's spans at the sink: bounded storage by step, and per-step straggler views.
+
+Retention (documented in the README): the spans of the last ``retain_steps`` steps (64),
+at most ``max_spans`` (200,000) per experiment; older steps go first, and spans beyond
+the cap for the newest step are counted in ``dropped``. Spans without ``rankscope.step``
+(a user's own OTel spans) take the step of a span with the same trace id in the same
+request, else land in the ``None`` bucket (also bounded).
+
+Stragglers, per finished step: for every span name traced by at least two processes, each
+process's total time in it; the slowest and fastest process, and how far the slowest is
+from the median. Written as ``straggler/{phase}/max_over_median``, ``.../slowest_rank``,
+``.../fastest_rank`` and ``.../spread_s`` in the step's global view.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .._internal import attributes as attr
+from .._internal.backends.base import Metric
+from .._internal.reduce import Reduce
+from .._internal.wire import attributes_dict
+
+MAX_PHASES_PER_STEP = 64
+ROOT_NAME = "step"
+
+
+@dataclass(slots=True)
+class StoredSpan:
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    step: int | None
+    process: Any  # experiment.Process
+    attributes: dict[str, Any]
+    error: str | None
+
+    def row(self) -> dict[str, Any]:
+        """The JSONL form (``rankscope gantt`` reads it; one span per line)."""
+        p = self.process
+        return {
+            "trace_id": self.trace_id,
+            "span_id": self.span_id,
+            "parent_span_id": self.parent_span_id,
+            "name": self.name,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "step": self.step,
+            "process": p.label,
+            "role": p.role,
+            "replica": p.replica,
+            "rank": p.rank,
+            "host": p.host,
+            "pid": p.pid,
+            "attributes": self.attributes,
+            "error": self.error,
+        }
+
+
+class TraceStore:
+    """Spans of one experiment, by step. Not thread-safe: the sink's ingest lock guards it."""
+
+    def __init__(self, *, retain_steps: int = 64, max_spans: int = 200_000) -> None:
+        self.retain_steps = retain_steps
+        self.max_spans = max_spans
+        self._steps: OrderedDict[int | None, list[StoredSpan]] = OrderedDict()
+        self.count = 0
+        self.dropped = 0
+
+    def ingest(self, process: Any, scope_spans: Iterable[Any]) -> tuple[int, int]:
+        """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected)."""
+        decoded: list[StoredSpan] = []
+        steps_of: dict[str, int] = {}
+        rejected = 0
+        for ss in scope_spans:
+            for span in ss.spans:
+                if len(span.trace_id) != 16 or len(span.span_id) != 8:
+                    rejected += 1
+                    continue
+                a = attributes_dict(span.attributes)
+                step = a.pop(attr.STEP, None)
+                step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+                trace_id = span.trace_id.hex()
+                if step is not None:
+                    steps_of.setdefault(trace_id, step)
+                error = span.status.message or "error" if span.status.code == 2 else None
+                decoded.append(
+                    StoredSpan(
+                        trace_id,
+                        span.span_id.hex(),
+                        span.parent_span_id.hex(),
+                        span.name,
+                        int(span.start_time_unix_nano),
+                        max(int(span.end_time_unix_nano), int(span.start_time_unix_nano)),
+                        step,
+                        process,
+                        a,
+                        error,
+                    )
+                )
+        accepted = 0
+        for stored in decoded:
+            if stored.step is None:
+                stored.step = steps_of.get(stored.trace_id)
+            if self._add(stored):
+                accepted += 1
+        return accepted, rejected
+
+    def _add(self, span: StoredSpan) -> bool:
+        bucket = self._steps.get(span.step)
+        if bucket is None:
+            bucket = self._steps[span.step] = []
+            self._trim_steps()
+        while self.count >= self.max_spans and len(self._steps) > 1 and next(iter(self._steps)) != span.step:
+            self._evict_oldest()
+        if self.count >= self.max_spans:
+            self.dropped += 1
+            return False
+        bucket.append(span)
+        self.count += 1
+        return True
+
+    def _trim_steps(self) -> None:
+        while sum(1 for s in self._steps if s is not None) > self.retain_steps:
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        oldest = min((s for s in self._steps if s is not None), default=None)
+        key = oldest if oldest is not None else next(iter(self._steps))
+        self.count -= len(self._steps.pop(key))
+
+    def steps(self) -> list[int]:
+        return sorted(s for s in self._steps if s is not None)
+
+    def spans(self, step: int | None) -> list[StoredSpan]:
+        return list(self._steps.get(step, ()))
+
+    def select(
+        self, first: int | None = None, last: int | None = None, ranks: set[int] | None = None
+    ) -> list[StoredSpan]:
+        """Spans of steps in [first, last] (None: open end), of the given ranks only, by step."""
+        out: list[StoredSpan] = []
+        for step in self.steps():
+            if (first is not None and step < first) or (last is not None and step > last):
+                continue
+            out.extend(s for s in self._steps[step] if ranks is None or s.process.rank in ranks)
+        return out
+
+    def stragglers(self, step: int) -> list[Metric]:
+        """The step's straggler view (see the module docstring)."""
+        per_phase: dict[str, dict[Any, float]] = {}
+        for span in self._steps.get(step, ()):
+            if span.end_ns <= span.start_ns or (span.name == ROOT_NAME and not span.parent_span_id):
+                continue
+            by_process = per_phase.setdefault(span.name, {})
+            by_process[span.process] = by_process.get(span.process, 0.0) + (span.end_ns - span.start_ns) / 1e9
+        stamp = time.time()
+        out: list[Metric] = []
+        for phase in sorted(per_phase)[:MAX_PHASES_PER_STEP]:
+            by_process = per_phase[phase]
+            if len(by_process) < 2:
+                continue
+            ordered = sorted(by_process.items(), key=lambda kv: kv[1])
+            (fastest, low), (slowest, high) = ordered[0], ordered[-1]
+            median = statistics.median(v for _, v in ordered)
+            prefix = f"straggler/{phase}"
+            out.extend(
+                (
+                    Metric(f"{prefix}/max_over_median", high / median if median > 0 else 1.0, Reduce.MAX, stamp),
+                    Metric(f"{prefix}/slowest_rank", float(slowest.rank), Reduce.MAX, stamp),
+                    Metric(f"{prefix}/fastest_rank", float(fastest.rank), Reduce.MAX, stamp),
+                    Metric(f"{prefix}/spread_s", high - low, Reduce.MAX, stamp),
+                )
+            )
+        return out
+
+
+def rows(spans: Iterable[StoredSpan]) -> Iterator[dict[str, Any]]:
+    for span in spans:
+        yield span.row()
+
+
+def parse_ranks(text: str | None) -> set[int] | None:
+    """``"0,2,4-7"`` → {0, 2, 4, 5, 6, 7}; None or empty → None (all ranks)."""
+    if not text:
+        return None
+    found: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            low, high = part.split("-", 1)
+            found.update(range(int(low), int(high) + 1))
+        elif part:
+            found.add(int(part))
+    return found
