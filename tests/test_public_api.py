@@ -10,12 +10,14 @@ import rankscope as rs
 from .conftest import run_python
 
 PUBLIC = [
+    "CudaTimingProcessor",
     "DISTRIBUTION_RELATIVE_ERROR",
     "LoggerBackend",
     "LoggingMode",
     "Metric",
     "MetricAccumulator",
     "Reduce",
+    "Tracer",
     "__version__",
     "current_step",
     "dropped_points",
@@ -23,9 +25,13 @@ PUBLIC = [
     "force_flush",
     "get_resource",
     "init",
+    "inject_env",
+    "record_event",
     "record_metric",
     "register_backend",
+    "set_step",
     "shutdown",
+    "trace",
 ]
 
 

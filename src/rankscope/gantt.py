@@ -92,7 +92,7 @@ class TraceEventWriter:
         pid = self._pid(label, row.get("rank"))
         tid = self._tid(pid, "gpu" if attributes.get(TIMER) == "gpu" else "cpu")
         ts = row["start_ns"] / 1e3
-        dur = (row["end_ns"] - row["start_ns"]) / 1e3
+        dur = row["end_ns"] / 1e3 - ts  # from rounded ends, so ts + dur lands exactly where children end
         args = {"step": row.get("step"), "span_id": row.get("span_id"), "trace_id": row.get("trace_id"), **attributes}
         if row.get("error"):
             args["error"] = row["error"]

@@ -54,6 +54,7 @@ class StoredSpan:
             "start_ns": self.start_ns,
             "end_ns": self.end_ns,
             "step": self.step,
+            "attempt": p.attempt,
             "process": p.label,
             "role": p.role,
             "replica": p.replica,
