@@ -94,7 +94,8 @@ def test_every_rank_of_a_step_shares_one_trace_under_one_root(make_sink, tmp_pat
     perfetto = tmp_path / "run.json.gz"
     url = f"http://127.0.0.1:{sink.http_port}"
     assert main(["gantt", "--sink", url, "--experiment", "traced", "--steps", "0:2", "-o", str(perfetto)]) == 0
-    events = json.loads(gzip.open(perfetto, "rt").read())["traceEvents"]
+    with gzip.open(perfetto, "rt") as document:
+        events = json.load(document)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     order = {e["pid"]: e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"}
     assert sorted(names.values()) == ["trainer_r0", "trainer_r1", "trainer_r2", "trainer_r3"]

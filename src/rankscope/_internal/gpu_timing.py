@@ -117,9 +117,10 @@ class CudaTimingProcessor(SpanProcessor):
         while True:
             with self._wake:
                 if not self._pending and not self._stopped:
-                    self._wake.wait(self.poll_s * 50)
+                    self._wake.wait(self.poll_s * 10)
                 stopped = self._stopped
             try:
+                self._renew_anchors()
                 progressed = self._complete_ready()
             except Exception as exc:  # a bug here must not leave spans pending forever
                 progressed = False
@@ -160,18 +161,28 @@ class CudaTimingProcessor(SpanProcessor):
 
     def _anchor(self, device: int) -> tuple[Any, int]:
         found = self._anchors.get(device)
-        if found is None or time.monotonic() - found[2] >= self.reanchor_s:
-            stream = self._side_streams.get(device)
-            if stream is None:
-                stream = self._side_streams[device] = self.device.Stream(device=device)
-            event = self.device.Event(enable_timing=True)
-            before = now_ns()
-            event.record(stream)
-            event.synchronize()  # an idle stream: completes at once, on this thread only
-            host = (before + now_ns()) // 2
-            found = self._anchors[device] = (event, host, time.monotonic())
-            self.anchors_made += 1
+        if found is None:
+            found = self._new_anchor(device)
         return found[0], found[1]
+
+    def _renew_anchors(self) -> None:
+        """Keep anchors young: float32 ms stays µs-precise, and the host clock's drift is followed."""
+        now = time.monotonic()
+        for device, (_, _, made) in list(self._anchors.items()):
+            if now - made >= self.reanchor_s:
+                self._new_anchor(device)
+
+    def _new_anchor(self, device: int) -> tuple[Any, int, float]:
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = self._side_streams[device] = self.device.Stream(device=device)
+        event = self.device.Event(enable_timing=True)
+        before = now_ns()
+        event.record(stream)
+        event.synchronize()  # an idle stream: completes at once, on this thread only
+        found = self._anchors[device] = (event, (before + now_ns()) // 2, time.monotonic())
+        self.anchors_made += 1
+        return found
 
     def hold(self, *marks: Mark) -> None:
         """Keep events out of the pool until ``release`` (a duration metric reads them later)."""
