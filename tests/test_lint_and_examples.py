@@ -45,3 +45,28 @@ def test_spmd_example_under_torchrun() -> None:
         assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
         for rank in range(2):
             assert f"=== [trainer_r{rank}] - METRICS STEP {step} ===" in result.stdout
+
+
+def test_traced_example_under_rankscope_run_writes_a_gantt(tmp_path) -> None:
+    import json
+    import os
+
+    gantt = tmp_path / "steps.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+    cmd = [sys.executable, "-m", "rankscope.cli", "run", "--gantt", str(gantt), "--", *torchrun]
+    cmd.append("examples/traced_torchrun.py")
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in range(3):
+        assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
+    assert result.stdout.count("straggler/train/fwd/slowest_rank: 3.0") == 3
+    events = json.loads(gantt.read_text())["traceEvents"]
+    names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
+    assert names == [f"trainer_r{rank}" for rank in range(4)]
+
+
+def test_readme_settings_table_matches_the_code() -> None:
+    from rankscope._internal.settings import settings_markdown
+
+    assert settings_markdown() in (ROOT / "README.md").read_text()

@@ -94,6 +94,15 @@ def _run(args: argparse.Namespace) -> int:
             break
         except KeyboardInterrupt:  # the child got the same SIGINT; wait for it to finish
             continue
+    sink.finalize(experiment)
+    if args.gantt:
+        from . import gantt
+
+        written = gantt.write((span.row() for span in sink.spans(experiment) or ()), args.gantt)
+        print(
+            f"rankscope run: Gantt of {written.spans} spans, {written.processes} processes -> {args.gantt}",
+            file=sys.stderr,
+        )
     sink.stop()
     return code if code >= 0 else 128 - code
 
@@ -160,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--grace", type=float, help="seconds to wait for a step's last processes (RANKSCOPE_SINK_GRACE)")
         p.add_argument("--token", help="bearer token clients must send (RANKSCOPE_SINK_TOKEN)")
         if name == "run":
+            p.add_argument("--gantt", help="after the command, write its spans as a Perfetto file here")
             p.add_argument("command_line", nargs=argparse.REMAINDER, help="-- command [args...]")
         p.set_defaults(fn=fn)
     g = commands.add_parser("gantt", help="write a Perfetto/Chrome trace file: one track per rank, per step")
