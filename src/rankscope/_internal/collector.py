@@ -70,11 +70,11 @@ class StepBatch:
     accs: dict[str, MetricAccumulator]
     device: DeviceValues | None
     expected: int = 0
+    """Processes a controller flushed with this step (itself included); 0 when not a controller."""
     driven: bool = False
+    """Closed by a Monarch controller's flush (the sink then also waits for that controller)."""
     deferred: list[tuple[str, str, Any, Any, Any]] | None = None
     """GPU-timed durations (avg key, max key, start mark, end mark, processor), read on the export thread."""
-    """Closed by a Monarch controller's flush (the sink then also waits for that controller)."""
-    """Processes a controller flushed with this step (itself included); 0 when not a controller."""
 
 
 class Collector:

@@ -154,6 +154,7 @@ class ExportThread:
         self.resource = resource
         self.spans = spans if spans is not None else SpanBuffer(1)
         self._spans_dropped_reported = 0
+        self._spans_warned = False
         self.collector = collector
         self.backends = backends
         self.otlp = otlp
@@ -361,6 +362,7 @@ class ExportThread:
             self._drop(points, "the OTLP endpoint did not accept an export")
 
     def _export_spans(self) -> None:
+        """Send the span buffer; a failed request's spans are counted, reported once export recovers."""
         while len(self.spans):
             records = self.spans.drain(_MAX_SPANS_PER_REQUEST)
             request = encode_spans(records, self._resource_pb, self._scope)
@@ -371,12 +373,15 @@ class ExportThread:
                 ok = False
             if not ok:
                 self.spans.dropped += len(records)
-                self._drop(0, "the OTLP endpoint did not accept spans")
-                break
-        if self.spans.dropped > self._spans_dropped_reported:
+                if not self._spans_warned:
+                    self._spans_warned = True
+                    _warn("rankscope: dropping spans: the OTLP endpoint did not accept them; the job is unaffected")
+                return
+        if self.spans.dropped > self._spans_dropped_reported:  # a send went through: report what was lost
             n = self.spans.dropped - self._spans_dropped_reported
             self._spans_dropped_reported = self.spans.dropped
-            _warn(f"rankscope: {n} spans were dropped ({self.spans.dropped} in total); the job is unaffected")
+            self._spans_warned = False
+            _warn(f"rankscope: {n} spans were dropped ({self.spans.dropped} in total)")
 
     def _send(self, request: Any) -> bool:
         try:

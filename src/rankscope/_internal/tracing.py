@@ -92,7 +92,6 @@ class TracingState:
         self.explicit_step: int | None = None
         self.last_step: int | None = None
         self.step_started_ns: int | None = None
-        self.traced = False
         self.env_parent = _env_parent()
 
     # -- steps -------------------------------------------------------------------------
@@ -136,7 +135,7 @@ class TracingState:
         now = now_ns()
         started = self.step_started_ns
         self.last_step, self.explicit_step, self.step_started_ns = step, None, now
-        if not (self.root and self.traced):
+        if not self.root:
             return
         trace_id, root_id, sampled = self.ids(step)
         if sampled:
@@ -145,7 +144,6 @@ class TracingState:
             self.processor.on_end(record)
 
     def note_start(self, start_ns: int) -> None:
-        self.traced = True
         if self.step_started_ns is None:
             self.step_started_ns = start_ns
 
@@ -218,6 +216,13 @@ def _cuda() -> Any:
     return torch.cuda if torch is not None and torch.cuda.is_available() else None
 
 
+def _check(prefix: str, timer: str) -> None:
+    if timer not in ("cpu", "gpu"):
+        raise ValueError(f"trace({prefix!r}): timer must be 'cpu' or 'gpu', got {timer!r}")
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"trace: prefix must be a non-empty string, got {prefix!r}")
+
+
 class Tracer:
     """``start()``, ``step(name)`` after each phase, ``stop()``: spans plus duration metrics.
 
@@ -246,10 +251,7 @@ class Tracer:
     )
 
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
-        if timer not in ("cpu", "gpu"):
-            raise ValueError(f"Tracer({prefix!r}): timer must be 'cpu' or 'gpu', got {timer!r}")
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"Tracer: prefix must be a non-empty string, got {prefix!r}")
+        _check(prefix, timer)
         self.prefix = prefix
         self.timer = timer
         self.track_memory = track_memory
@@ -379,7 +381,7 @@ class trace:  # noqa: N801 - Forge's name
     """
 
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
-        Tracer(prefix, track_memory, timer)  # validate now, at the call site
+        _check(prefix, timer)  # at the call site, not at first use
         self._args = (prefix, track_memory, timer)
         self._tracer: Tracer | None = None
 

@@ -116,27 +116,26 @@ class TraceStore:
         return accepted, rejected
 
     def _add(self, span: StoredSpan) -> bool:
-        bucket = self._steps.get(span.step)
-        if bucket is None:
-            bucket = self._steps[span.step] = []
-            self._trim_steps()
-        while self.count >= self.max_spans and len(self._steps) > 1 and next(iter(self._steps)) != span.step:
-            self._evict_oldest()
-        if self.count >= self.max_spans:
-            self.dropped += 1
-            return False
-        bucket.append(span)
+        """Keep ``span``, making room by dropping the oldest other steps; too old or no room: count it."""
+        if span.step not in self._steps:
+            stepped = [s for s in self._steps if s is not None]
+            if span.step is not None and len(stepped) >= self.retain_steps:
+                oldest = min(stepped)
+                if span.step < oldest:  # older than everything retained: not worth a newer step
+                    self.dropped += 1
+                    return False
+                self.count -= len(self._steps.pop(oldest))
+            self._steps[span.step] = []
+        while self.count >= self.max_spans:
+            victims = [s for s in self._steps if s != span.step]
+            if not victims:
+                self.dropped += 1
+                return False
+            victim = None if None in victims else min(v for v in victims if v is not None)
+            self.count -= len(self._steps.pop(victim))
+        self._steps[span.step].append(span)
         self.count += 1
         return True
-
-    def _trim_steps(self) -> None:
-        while sum(1 for s in self._steps if s is not None) > self.retain_steps:
-            self._evict_oldest()
-
-    def _evict_oldest(self) -> None:
-        oldest = min((s for s in self._steps if s is not None), default=None)
-        key = oldest if oldest is not None else next(iter(self._steps))
-        self.count -= len(self._steps.pop(key))
 
     def steps(self) -> list[int]:
         return sorted(s for s in self._steps if s is not None)

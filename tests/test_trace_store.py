@@ -1,0 +1,66 @@
+"""The sink's span store: bounded by steps and spans, oldest first, and the straggler view."""
+
+from __future__ import annotations
+
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from rankscope._internal.wire import key_value
+from rankscope.sink.experiment import Process
+from rankscope.sink.traces import TraceStore, parse_ranks
+
+
+def process(rank: int) -> Process:
+    return Process(f"p{rank}", f"trainer_r{rank}", "trainer", None, rank, 4, 0, "h", rank, {})
+
+
+def scope_spans(step: int | None, durations: dict[str, float], trace: int = 1) -> list[trace_pb2.ScopeSpans]:
+    ss = trace_pb2.ScopeSpans()
+    for i, (name, seconds) in enumerate(durations.items()):
+        span = ss.spans.add(
+            trace_id=trace.to_bytes(16, "big"),
+            span_id=(i + 1).to_bytes(8, "big"),
+            parent_span_id=b"\x00" * 7 + b"\x09",
+            name=name,
+            start_time_unix_nano=1_000,
+            end_time_unix_nano=1_000 + int(seconds * 1e9),
+        )
+        if step is not None:
+            span.attributes.append(key_value("rankscope.step", step))
+    return [ss]
+
+
+def test_retention_keeps_the_newest_steps_and_counts_the_rest() -> None:
+    store = TraceStore(retain_steps=3, max_spans=10)
+    for step in range(5):
+        store.ingest(process(0), scope_spans(step, {"a": 0.1, "b": 0.1}))
+    assert store.steps() == [2, 3, 4] and store.count == 6
+    store.ingest(process(0), scope_spans(0, {"late": 0.1}))  # older than all retained: dropped
+    assert store.steps() == [2, 3, 4] and store.dropped == 1
+    store.ingest(process(1), scope_spans(4, {f"x{i}": 0.1 for i in range(6)}))  # over max_spans
+    assert store.count <= 10 and 4 in store.steps() and 2 not in store.steps()
+    store.ingest(process(1), scope_spans(4, {f"y{i}": 0.1 for i in range(20)}))  # one step bigger than the cap
+    assert store.count == 10 and store.steps() == [4] and store.dropped > 1
+
+
+def test_spans_without_a_step_take_their_trace_step_and_bad_ids_are_rejected() -> None:
+    store = TraceStore()
+    spans = scope_spans(7, {"ours": 0.1}, trace=5)
+    spans[0].spans.add(trace_id=(5).to_bytes(16, "big"), span_id=(9).to_bytes(8, "big"), name="users")
+    spans[0].spans.add(trace_id=b"short", span_id=(9).to_bytes(8, "big"), name="bad")
+    assert store.ingest(process(0), spans) == (2, 1)
+    assert sorted(s.name for s in store.spans(7)) == ["ours", "users"]
+
+
+def test_straggler_view_names_the_slowest_and_fastest_rank() -> None:
+    store = TraceStore()
+    for rank, fwd in enumerate((0.10, 0.11, 0.12, 0.40)):
+        store.ingest(process(rank), scope_spans(3, {"train/fwd": fwd, "train/bwd": 0.2}))
+    store.ingest(process(0), scope_spans(3, {"solo": 1.0}))
+    view = {m.key: m.value for m in store.stragglers(3)}
+    assert view["straggler/train/fwd/slowest_rank"] == 3.0
+    assert view["straggler/train/fwd/fastest_rank"] == 0.0
+    assert abs(view["straggler/train/fwd/max_over_median"] - 0.40 / 0.115) < 1e-9
+    assert abs(view["straggler/train/fwd/spread_s"] - 0.30) < 1e-9
+    assert view["straggler/train/bwd/max_over_median"] == 1.0
+    assert not any("solo" in key for key in view)  # one process: no spread to speak of
+    assert parse_ranks("0,2,4-6") == {0, 2, 4, 5, 6} and parse_ranks("") is None
