@@ -13,7 +13,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_clean() -> None:
-    result = _run("ruff", "check", "src", "tests", "benchmarks", "examples")
+    result = _run("ruff", "check", "src", "tests", "benchmarks", "examples", "scripts")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -388,6 +388,8 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
         if batch is not None:
             runtime.thread.submit(batch)
     runtime.thread.shutdown(runtime.shutdown_timeout)
+    global _dropped_before_shutdown
+    _dropped_before_shutdown = runtime.thread.dropped_total
     _wait_for_sink_views(runtime)
 
 
@@ -427,8 +429,12 @@ def current_step() -> int | None:
 
 
 def dropped_points() -> int:
-    """Points this process could not queue or export so far."""
-    return 0 if _runtime is None else _runtime.thread.dropped_total
+    """Points this process could not queue or export so far (after ``shutdown``: in its last run,
+    including what shutdown could not drain)."""
+    return _dropped_before_shutdown if _runtime is None else _runtime.thread.dropped_total
+
+
+_dropped_before_shutdown = 0
 
 
 def _after_fork_in_child() -> None:

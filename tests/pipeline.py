@@ -1,0 +1,142 @@
+"""Real pipeline processes for tests: the built Collector, Jaeger v2 and sink processes on loopback.
+
+Binaries come from ``scripts/build_pipeline.py`` (built once, then cached). Every process is
+started with ephemeral ports, waited for through a real health endpoint, and killed with its
+process group at the end of the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .conftest import ROOT, free_port
+
+CONFIGS = ROOT / "collector-config"
+
+
+def build_binaries() -> dict[str, str]:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_pipeline.py")],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"building the pipeline binaries failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+class Process:
+    """A started child process (own process group) and the log file it writes."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._file = log.open("w")
+        self.proc = subprocess.Popen(
+            command, env=env, stdout=self._file, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+        )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._file.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def collector(binary: str, config: str, tmp: Path, **env: str) -> Iterator[dict[str, Any]]:
+    """The built Collector running ``collector-config/<config>.yaml`` on loopback ports."""
+    grpc, http, health = free_port(), free_port(), free_port()
+    process = Process(
+        [binary, "--config", str(CONFIGS / f"{config}.yaml")],
+        clean_env(
+            **{
+                "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc}",
+                "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http}",
+                "HEALTH_CHECK_ENDPOINT": f"127.0.0.1:{health}",
+                "QUEUE_DIRECTORY": str(tmp / f"{config}-queue"),
+                **env,  # the test's own choices win (e.g. a port picked before the Collector starts)
+            }
+        ),
+        tmp / f"{config}.log",
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{health}/", proc=process.proc)
+        endpoint = env.get("OTLP_GRPC_ENDPOINT", f"127.0.0.1:{grpc}")
+        yield {"endpoint": endpoint, "http": f"127.0.0.1:{http}", "process": process}
+    finally:
+        process.stop()
+
+
+@contextmanager
+def jaeger(binary: str, tmp: Path) -> Iterator[dict[str, Any]]:
+    """Jaeger v2 with ``collector-config/jaeger.yaml``: OTLP in, query API out."""
+    otlp, query = free_port(), free_port()
+    process = Process(
+        [binary, "--config", str(CONFIGS / "jaeger.yaml")],
+        clean_env(
+            JAEGER_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{otlp}",
+            JAEGER_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{free_port()}",
+            JAEGER_QUERY_HTTP_ENDPOINT=f"127.0.0.1:{query}",
+            JAEGER_QUERY_GRPC_ENDPOINT=f"127.0.0.1:{free_port()}",
+        ),
+        tmp / "jaeger.log",
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{query}/api/services", proc=process.proc)
+        yield {"otlp": f"127.0.0.1:{otlp}", "query": f"http://127.0.0.1:{query}", "process": process}
+    finally:
+        process.stop()
+
+
+def start_sink(tmp: Path, name: str, backends: dict[str, Any], grpc: int, http: int, grace: float = 3.0) -> Process:
+    """``rankscope sink`` as its own process (so a test can kill and restart it on the same ports)."""
+    command = [sys.executable, "-m", "rankscope.cli", "sink", "--grpc-port", str(grpc), "--http-port", str(http)]
+    command += ["--backends", json.dumps(backends), "--grace", str(grace)]
+    log = tmp / f"{name}.log"
+    if log.exists():  # a restart appends its log after the first life's
+        log = tmp / f"{name}-{time.monotonic_ns()}.log"
+    process = Process(command, clean_env(WANDB_MODE="offline", WANDB_SILENT="true"), log)
+    wait_http(f"http://127.0.0.1:{http}/healthz", proc=process.proc)
+    return process
