@@ -280,3 +280,30 @@ def test_collector_down_at_job_start_neither_blocks_nor_crashes_and_drops_are_co
     steps = sink_rows(tmp_path).get("late-collector", {})
     # Once the Collector is up (and the exporter's backoff, <= OTEL_EXPORTER_OTLP_TIMEOUT, is over), data flows.
     assert 119 in steps and steps[119]["trainer/count"] == 2.0
+
+
+def test_docker_compose_runs_the_tested_configs_at_the_tested_versions() -> None:
+    """No Docker engine here: check that compose mounts the files and versions the tests above run."""
+    import re
+
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    manifest = (CONFIGS / "builder-config.yaml").read_text()
+    version = re.search(r"^\s*version:\s*(\S+)", manifest, re.M).group(1)  # type: ignore[union-attr]
+    for name in ("otel-collector", "agent", "gateway"):
+        service = services[name]
+        assert service["image"] == f"otel/opentelemetry-collector-contrib:{version}", name
+        assert "./collector-config:/etc/otelcol:ro" in service["volumes"], name
+        (config,) = [c.split("/etc/otelcol/")[1] for c in service["command"] if "/etc/otelcol/" in c]
+        assert (CONFIGS / config).is_file(), config
+    for name in ("otel-collector", "gateway"):  # the persistent queue directory is a named volume
+        assert any(v.endswith(":/var/lib/otelcol/queue") and not v.startswith(".") for v in services[name]["volumes"])
+    jaeger_mod = (ROOT / "scripts" / "jaeger" / "go.mod").read_text()
+    assert "github.com/jaegertracing/jaeger v1.76.0" in jaeger_mod  # v1.76.0 is the module tag of Jaeger v2.13.0
+    assert services["jaeger"]["image"] == "jaegertracing/jaeger:2.13.0"
+    assert "./collector-config/jaeger.yaml:/etc/jaeger/jaeger.yaml:ro" in services["jaeger"]["volumes"]
+    for name in ("sink", "jaeger", "otel-collector", "sink-0", "sink-1"):
+        assert "healthcheck" in services[name], name
+    assert (ROOT / services["sink"]["build"] / "Dockerfile").is_file()
