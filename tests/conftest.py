@@ -90,3 +90,18 @@ def make_sink() -> Iterator[Callable[..., Sink]]:
     for sink in started:
         sink.stop()
         assert sink.internal_errors == [], sink.internal_errors
+
+
+PIPELINE_BINARIES = pytest.StashKey[dict[str, str]]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build (or find cached) the Collector and Jaeger binaries before the pipeline tests run.
+
+    Done here, once per session, because the first build takes minutes: no test's own time
+    limit should pay for it. The build has its own limit (``tests/pipeline.py``).
+    """
+    if any(item.nodeid.split("::")[0].endswith("test_pipeline.py") for item in session.items):
+        from .pipeline import build_binaries
+
+        session.config.stash[PIPELINE_BINARIES] = build_binaries()

@@ -26,15 +26,18 @@ CONFIGS = ROOT / "collector-config"
 
 
 def build_binaries() -> dict[str, str]:
+    """``scripts/build_pipeline.py``: cached binaries at once, a first build in minutes (bounded)."""
+    print("\nrankscope tests: building or finding the Collector and Jaeger binaries", file=sys.stderr, flush=True)
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_pipeline.py")],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=None,  # the build's progress lines go to the test log as they happen
         text=True,
         timeout=3000,
         check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"building the pipeline binaries failed:\n{result.stderr[-4000:]}")
+        raise RuntimeError("building the pipeline binaries failed (see the output above)")
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

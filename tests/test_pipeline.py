@@ -19,16 +19,17 @@ import pytest
 from rankscope._internal.backends.wandb import run_id_for
 from rankscope._internal.spans import step_ids
 
-from .conftest import ROOT, free_port
-from .pipeline import CONFIGS, build_binaries, clean_env, collector, jaeger, start_sink, wait_http
+from .conftest import PIPELINE_BINARIES, ROOT, free_port
+from .pipeline import CONFIGS, clean_env, collector, jaeger, start_sink, wait_http
 from .wandb_file import by_step, run_files, run_id
 
 WORKER = str(ROOT / "tests" / "workers" / "pipeline_worker.py")
 
 
 @pytest.fixture(scope="session")
-def binaries() -> dict[str, str]:
-    return build_binaries()
+def binaries(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Built by ``conftest.pytest_collection_finish`` before any test started."""
+    return request.config.stash[PIPELINE_BINARIES]
 
 
 def run_workers(commands: list[tuple[list[str], dict[str, str]]], timeout: float = 240) -> list[str]:
