@@ -108,7 +108,7 @@ class Sink:
         host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
         return f"{host}:{self.grpc_port}"
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         """Stop receiving, finalize every open step (naming what is missing), close the views."""
         if self._stop.is_set():
             return
@@ -121,8 +121,12 @@ class Sink:
             for experiment in self.experiments.values():
                 self._write(experiment.id, experiment.ready(force=True))
             writers = list(self.writers.values())
+        for writer in writers:  # all experiments' views finish side by side
+            writer.request_close(timeout)
+        deadline = time.monotonic() + timeout
         for writer in writers:
-            writer.close(timeout)
+            if not writer.join(deadline - time.monotonic()):
+                log.warning("rankscope sink: the views of %s did not finish within %.0fs", writer.experiment, timeout)
 
     def __enter__(self) -> Sink:
         return self.start()

@@ -69,9 +69,17 @@ class ViewWriter:
         self._put(("stream", process, metric, step))
 
     def close(self, timeout: float) -> None:
+        self.request_close(timeout)
+        self.join(timeout)
+
+    def request_close(self, timeout: float) -> None:
+        """Ask the writer to finish its backends after what is queued (W&B's finish can take seconds)."""
         with contextlib.suppress(queue.Full):
             self._queue.put(("stop",), timeout=timeout)
-        self._thread.join(timeout)
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
 
     def wait_idle(self, timeout: float) -> bool:
         done = threading.Event()
