@@ -38,14 +38,14 @@ def test_spans_wait_for_their_events_and_get_gpu_times_without_blocking_the_call
         span = SpanRecord("fwd", 1, 2, 0, start_cpu, now_ns())
         t0 = time.perf_counter()
         processor.submit(span, begin, end)
-        assert time.perf_counter() - t0 < 0.005  # recording and queueing only
+        assert time.perf_counter() - t0 < 0.03  # recording and queueing only: far less than the GPU's 60 ms
         assert processor.pending == 1 and len(buffer) == 0  # not exported before the GPU got there
         (done,) = wait_for(buffer, 1)
         assert done is span and processor.pending == 0
         assert done.attributes[TIMER] == "gpu"
         assert done.attributes[CPU_START] == start_cpu and done.attributes[CPU_END] - start_cpu < 5e6
-        assert abs((done.end_time - done.start_time) / 1e6 - 60.0) < 1.0  # the GPU's 60 ms, not the CPU's ~0
-        assert abs(done.end_time - fake.host_ns_of(end.event.at)) < 1e6  # on the host clock, within 1 ms
+        assert abs((done.end_time - done.start_time) / 1e6 - 60.0) < 3.0  # the GPU's 60 ms, not the CPU's ~0
+        assert abs(done.end_time - fake.host_ns_of(end.event.at)) < 2e6  # on the host clock, within 2 ms
     finally:
         processor.shutdown()
 
@@ -53,7 +53,7 @@ def test_spans_wait_for_their_events_and_get_gpu_times_without_blocking_the_call
 def test_reanchoring_follows_a_drifting_gpu_clock() -> None:
     errors = {}
     for reanchor in (0.02, 1e9):
-        fake = FakeCuda(drift=0.02)  # exaggerated: 2 % so 0.4 s of drift shows as 8 ms
+        fake = FakeCuda(drift=0.05)  # exaggerated: 5 %, so ~0.4 s of run drifts by ~20 ms
         processor, buffer = pipeline(fake, reanchor_s=reanchor)
         try:
             worst = 0.0
@@ -67,7 +67,7 @@ def test_reanchoring_follows_a_drifting_gpu_clock() -> None:
         finally:
             processor.shutdown()
     assert errors[0.02][1] >= 5 and errors[1e9][1] == 1
-    assert errors[0.02][0] < 2.0 < errors[1e9][0]  # ms: renewed anchors keep up, a single one does not
+    assert errors[0.02][0] < 5.0 < errors[1e9][0]  # ms: renewed anchors keep up, a single one does not
 
 
 def test_graph_capture_records_nothing_and_keeps_cpu_times() -> None:
@@ -114,7 +114,7 @@ def test_it_is_an_otel_span_processor_for_sdk_spans_too() -> None:
     with provider.get_tracer("user").start_as_current_span("kernel"):
         fake.launch(25.0)
     (done,) = wait_for(buffer, 1)
-    assert done.name == "kernel" and abs((done.end_time - done.start_time) / 1e6 - 25.0) < 1.0
+    assert done.name == "kernel" and abs((done.end_time - done.start_time) / 1e6 - 25.0) < 3.0
     provider.shutdown()
 
 
@@ -134,14 +134,14 @@ def test_gpu_timer_metrics_come_from_events_read_off_the_callers_thread(make_sin
         fake.launch(20.0)
         t.step("bwd")
     rs.flush(0)
-    assert time.perf_counter() - t0 < 0.02  # 60 ms of GPU work; the caller never waited for it
+    assert time.perf_counter() - t0 < 0.045  # 60 ms of GPU work; the caller never waited for it
     rs.shutdown()
     sink.finalize("gpu-metrics")
     assert sink.wait_written("gpu-metrics")
     view = {r["key"]: r["value"] for r in map(json.loads, out.read_text().splitlines()) if r["step"] == 0}
-    assert abs(view["train/fwd/duration_avg_s"] - 0.040) < 0.002
-    assert abs(view["train/bwd/duration_max_s"] - 0.020) < 0.002
-    assert abs(view["train/total_duration_avg_s"] - 0.060) < 0.003
+    assert abs(view["train/fwd/duration_avg_s"] - 0.040) < 0.004
+    assert abs(view["train/bwd/duration_max_s"] - 0.020) < 0.004
+    assert abs(view["train/total_duration_avg_s"] - 0.060) < 0.006
     spans = {s.name: s for s in sink.spans("gpu-metrics")}
     assert spans["train/fwd"].attributes[TIMER] == "gpu"
-    assert abs((spans["train"].end_ns - spans["train"].start_ns) / 1e9 - 0.060) < 0.003
+    assert abs((spans["train"].end_ns - spans["train"].start_ns) / 1e9 - 0.060) < 0.006
