@@ -20,10 +20,6 @@ import functools
 import warnings
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace as otel_trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-
 KWARG = "_rankscope_context"
 _caller_installed = False
 _callee_installed = False
@@ -116,24 +112,16 @@ def _enter(kwargs: dict[str, Any]) -> Any:
     carried = kwargs.pop(KWARG, None)
     if not isinstance(carried, Carried):
         return None
-    from .tracing import Scope, _current
+    from .tracing import Scope, enter_scope
 
-    flags = TraceFlags(TraceFlags.SAMPLED if carried.sampled else TraceFlags.DEFAULT)
-    parent = SpanContext(carried.trace_id, carried.span_id, is_remote=True, trace_flags=flags)
     scope = Scope(carried.trace_id, carried.span_id, carried.sampled, carried.step, carried.caller)
-    return otel_context.attach(otel_trace.set_span_in_context(NonRecordingSpan(parent))), _current.set(scope)
+    return enter_scope(scope, remote=True)
 
 
 def _leave(tokens: Any) -> None:
-    if tokens is None:
-        return
-    from .tracing import _current
+    from .tracing import leave_scope
 
-    try:
-        _current.reset(tokens[1])
-        otel_context._RUNTIME_CONTEXT.detach(tokens[0])  # type: ignore[attr-defined]
-    except (ValueError, RuntimeError, AttributeError):
-        pass
+    leave_scope(tokens)
 
 
 def _wrap(method: Any, is_coro: bool) -> Any:

@@ -64,6 +64,24 @@ _current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("ranksco
 """The innermost rankscope span (or remote caller) of this context; carries the step."""
 
 
+def enter_scope(scope: Scope, remote: bool) -> tuple[Any, Any]:
+    """Make ``scope``'s span (``parent_id``) the current OTel span and rankscope scope; returns tokens."""
+    flags = _SAMPLED if scope.sampled else _NOT_SAMPLED
+    span = NonRecordingSpan(SpanContext(scope.trace_id, scope.parent_id, remote, flags))
+    return otel_context.attach(otel_trace.set_span_in_context(span)), _current.set(scope)
+
+
+def leave_scope(tokens: tuple[Any, Any] | None) -> None:
+    """Undo ``enter_scope``; a no-op when left in another context (e.g. another asyncio task)."""
+    if tokens is None:
+        return
+    try:
+        _current.reset(tokens[1])
+        otel_context._RUNTIME_CONTEXT.detach(tokens[0])  # type: ignore[attr-defined]
+    except (ValueError, RuntimeError, AttributeError):
+        pass
+
+
 class TracingState:
     """One process's tracing: step ids, sampling, the span pipeline, the step root it may own."""
 
@@ -283,9 +301,7 @@ class Tracer:
             else:
                 span_id = random_id(64) or 1
             self._scope = Scope(scope.trace_id, span_id, scope.sampled, scope.step, None)
-            flags = _SAMPLED if scope.sampled else _NOT_SAMPLED
-            ctx = otel_trace.set_span_in_context(NonRecordingSpan(SpanContext(scope.trace_id, span_id, False, flags)))
-            self._token = (otel_context.attach(ctx), _current.set(self._scope))
+            self._token = enter_scope(self._scope, remote=False)
             if self.timer == "gpu":
                 self._gpu = state.gpu()
                 if self._gpu is not None:
@@ -364,13 +380,7 @@ class Tracer:
 
     def _detach(self) -> None:
         token, self._token = self._token, None
-        if token is None:
-            return
-        try:
-            _current.reset(token[1])
-            otel_context._RUNTIME_CONTEXT.detach(token[0])  # type: ignore[attr-defined]
-        except (ValueError, RuntimeError, AttributeError):
-            pass  # stopped in another context than it started (e.g. another task): nothing to undo
+        leave_scope(token)
 
 
 class trace:  # noqa: N801 - Forge's name
