@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -62,6 +62,8 @@ class _Runtime:
         self.flushed = False
         self.last_step: int | None = None
         self.monarch_controller = False
+        self.auto_steps = True
+        """Instrumentors may close steps (``auto_step``) until the program flushes by itself."""
 
     @property
     def current_step(self) -> int | None:
@@ -106,8 +108,38 @@ def init(
 
     Returns:
         The process Resource, or None when disabled. Calling init again reconfigures:
-        values recorded so far are kept for the next flush.
+        values recorded so far are kept for the next flush. A program that calls init
+        closes its own steps with ``flush``: instrumentors stop closing them (``auto_step``).
     """
+    resource = _init(
+        experiment=experiment,
+        role=role,
+        backends=backends,
+        endpoint=endpoint,
+        replica=replica,
+        mesh=mesh,
+        protocol=protocol,
+        export_interval=export_interval,
+        disable=disable,
+    )
+    if _runtime is not None:
+        _runtime.auto_steps = False
+    return resource
+
+
+def _init(
+    *,
+    experiment: str | None = None,
+    role: str | None = None,
+    backends: Mapping[str, Mapping[str, Any]] | None = None,
+    endpoint: str | None = None,
+    replica: str | int | None = None,
+    mesh: Any = None,
+    protocol: str | None = None,
+    export_interval: float | None = None,
+    disable: bool | None = None,
+) -> Resource | None:
+    """``init``; also the auto-initialization on first use (which leaves ``auto_step`` on)."""
     global _collector, _disabled, _runtime
     with _lock:
         if resolve("disable", disable):
@@ -157,6 +189,8 @@ def init(
         )
         runtime = _Runtime(resource, collector, thread, resolve("shutdown_timeout"), tracing)
         runtime.monarch_controller = monarch_controller
+        # Monarch actors follow their controller's steps.
+        runtime.auto_steps = resolve("auto_step") and not ("monarch" in sys.modules and not monarch_controller)
         if backend_set.streaming or thread.stream_to_sink:
             collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
         if previous is not None:  # keep what was recorded before re-init
@@ -270,7 +304,7 @@ def _auto_init() -> Collector | None:
     with _lock:
         if _collector is None and not _disabled:
             try:
-                init()
+                _init()
             except ValueError:
                 raise  # a bad RANKSCOPE_*/OTEL_* value: the user must see it
             except Exception as exc:
@@ -327,7 +361,34 @@ def flush_driven(step: int) -> None:
     _flush(step, driven=True)
 
 
-def _flush(step: int, driven: bool) -> None:
+def auto_step() -> None:
+    """An instrumentor saw a training step end (an optimizer step): close it as the next step,
+    unless the program closes steps itself (it called ``flush``) or a Monarch controller does."""
+    runtime = _runtime
+    if runtime is None:
+        if _disabled or _auto_init() is None:
+            return
+        runtime = _runtime
+        assert runtime is not None
+    if runtime.auto_steps:
+        _flush(0 if runtime.last_step is None else runtime.last_step + 1, driven=False, auto=True)
+
+
+_flush_hooks: list[Callable[[], None]] = []
+
+
+def add_flush_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at every flush, before the step is closed (instrumentors sample gauges there)."""
+    if hook not in _flush_hooks:
+        _flush_hooks.append(hook)
+
+
+def remove_flush_hook(hook: Callable[[], None]) -> None:
+    if hook in _flush_hooks:
+        _flush_hooks.remove(hook)
+
+
+def _flush(step: int, driven: bool, auto: bool = False) -> None:
     if _disabled:
         return
     runtime = _runtime
@@ -338,7 +399,14 @@ def _flush(step: int, driven: bool) -> None:
         assert runtime is not None
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise TypeError(f"flush(step): step must be a non-negative int, got {step!r}")
+    if not auto:
+        runtime.auto_steps = False
     _bind_compile_check()
+    for hook in tuple(_flush_hooks):
+        try:
+            hook()
+        except Exception as exc:
+            _report_internal_error(f"flush hook {getattr(hook, '__qualname__', hook)}", exc)
     batch = runtime.collector.take(step)
     runtime.flushed = True
     runtime.last_step = step

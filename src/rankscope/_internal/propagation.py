@@ -1,13 +1,18 @@
 """Trace context and step across Monarch endpoint calls.
 
 Caller side: every endpoint message gets one extra keyword argument, a small ``Carried``
-object (trace id, parent span id, sampled, step, caller label), added after Monarch has
+object (trace id, parent span id, sampled, step, caller label, the caller's latest policy
+version, whether to make server spans), added after Monarch has
 checked the arguments against the endpoint's signature. Callee side: unpickling
 ``Carried`` imports this module in the actor process, which wraps the actor's method
 lookup once; the wrapper removes the argument and runs the endpoint with the caller's
 span as the current (remote) OTel parent and the caller's step as the step in progress.
 So the callee's spans are children of the caller's, in the caller's step trace, even when
 the actor process never imported rankscope itself (it must be installed there).
+
+With the Monarch instrumentor on in the caller (``rankscope.instrumentation.monarch``),
+the callee also wraps each call in a server span ``Class.endpoint`` (tagged with actor
+class, endpoint and mesh coordinates) and records per-endpoint calls, latency and failures.
 
 Uses torchmonarch 0.7 internals (``actor_mesh._create_endpoint_message``,
 ``_check_endpoint_arguments``, ``_Actor._lookup``); if they move, nothing is patched and
@@ -25,32 +30,58 @@ _caller_installed = False
 _callee_installed = False
 
 
+server_spans: bool | None = None
+"""Set by the Monarch instrumentor: calls this process makes ask the callee for server spans.
+None (no instrumentor here): follow what this process's own callers asked for."""
+_inherited = False
+
+
 class Carried:
     """What travels with one endpoint call; unpickles through ``_arrive`` in the callee."""
 
-    __slots__ = ("caller", "sampled", "span_id", "step", "trace_id")
+    __slots__ = ("caller", "policy_version", "sampled", "server", "span_id", "step", "trace_id")
 
-    def __init__(self, trace_id: int, span_id: int, sampled: bool, step: int, caller: str) -> None:
+    def __init__(
+        self,
+        trace_id: int,
+        span_id: int,
+        sampled: bool,
+        step: int,
+        caller: str,
+        policy_version: int | None = None,
+        server: bool = False,
+    ) -> None:
         self.trace_id, self.span_id, self.sampled, self.step, self.caller = trace_id, span_id, sampled, step, caller
+        self.policy_version, self.server = policy_version, server
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _arrive, (self.trace_id, self.span_id, self.sampled, self.step, self.caller)
+        fields = (self.trace_id, self.span_id, self.sampled, self.step, self.caller, self.policy_version, self.server)
+        return _arrive, fields
 
 
-def _arrive(trace_id: int, span_id: int, sampled: bool, step: int, caller: str) -> Carried:
+def _arrive(*fields: Any) -> Carried:
     install_callee()
-    return Carried(trace_id, span_id, sampled, step, caller)
+    return Carried(*fields)
 
 
 def _carry() -> Carried | None:
     from . import main
 
+    server = _inherited if server_spans is None else server_spans
     runtime = main._runtime
     if runtime is None:
-        return None
+        if not server or main._auto_init() is None:  # the instrumentor configures a bare process
+            return None
+        runtime = main._runtime
+        if runtime is None:
+            return None
     state = runtime.tracing
     scope = state.scope()
-    return Carried(scope.trace_id, scope.parent_id, scope.sampled, scope.step, state.label)
+    from .coordination import latest_policy_version
+
+    return Carried(
+        scope.trace_id, scope.parent_id, scope.sampled, scope.step, state.label, latest_policy_version(), server
+    )
 
 
 def install_caller() -> None:
@@ -97,50 +128,70 @@ def install_callee() -> None:
     if _callee_installed:
         return
     _callee_installed = True
+    install_caller()  # an actor that calls other actors passes the context on
     from monarch._src.actor.actor_mesh import _Actor
 
     lookup = _Actor._lookup
 
     def lookup_in_context(self: Any, ctx: Any, method_name: str) -> tuple[Any, bool, bool]:
         method, instrument, is_coro = lookup(self, ctx, method_name)
-        return _wrap(method, is_coro), instrument, is_coro
+        return _wrap(method, is_coro, type(self.instance).__name__, method_name), instrument, is_coro
 
     _Actor._lookup = lookup_in_context  # type: ignore[method-assign]
 
 
-def _enter(kwargs: dict[str, Any]) -> Any:
+def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> Any:
     carried = kwargs.pop(KWARG, None)
     if not isinstance(carried, Carried):
         return None
+    from .coordination import observe_policy_version
     from .tracing import Scope, enter_scope
 
+    global _inherited
+    if carried.policy_version is not None:
+        observe_policy_version(carried.policy_version)
+    _inherited = carried.server
+    if carried.server:
+        from .endpoint_spans import start_server_span
+
+        return start_server_span(carried, actor, endpoint)
     scope = Scope(carried.trace_id, carried.span_id, carried.sampled, carried.step, carried.caller)
     return enter_scope(scope, remote=True)
 
 
-def _leave(tokens: Any) -> None:
+def _leave(entered: Any, error: BaseException | None) -> None:
+    from .endpoint_spans import ServerCall
     from .tracing import leave_scope
 
-    leave_scope(tokens)
+    if isinstance(entered, ServerCall):
+        entered.end(error)
+    else:
+        leave_scope(entered)
 
 
-def _wrap(method: Any, is_coro: bool) -> Any:
+def _wrap(method: Any, is_coro: bool, actor: str, endpoint: str) -> Any:
     if is_coro:
 
         async def run_async(*args: Any, **kwargs: Any) -> Any:
-            tokens = _enter(kwargs)
+            entered = _enter(kwargs, actor, endpoint)
             try:
-                return await method(*args, **kwargs)
-            finally:
-                _leave(tokens)
+                result = await method(*args, **kwargs)
+            except BaseException as exc:
+                _leave(entered, exc)
+                raise
+            _leave(entered, None)
+            return result
 
         return run_async
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        tokens = _enter(kwargs)
+        entered = _enter(kwargs, actor, endpoint)
         try:
-            return method(*args, **kwargs)
-        finally:
-            _leave(tokens)
+            result = method(*args, **kwargs)
+        except BaseException as exc:
+            _leave(entered, exc)
+            raise
+        _leave(entered, None)
+        return result
 
     return run

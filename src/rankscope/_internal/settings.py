@@ -171,6 +171,27 @@ SETTINGS: tuple[Setting, ...] = (
         parse=_parse_positive_int,
     ),
     Setting(
+        "auto_step",
+        "RANKSCOPE_AUTO_STEP",
+        True,
+        "Instrumented jobs that never call init()/flush(): each optimizer.step() closes a step.",
+        parse=parse_bool,
+    ),
+    Setting(
+        "grad_norm",
+        "RANKSCOPE_GRAD_NORM",
+        False,
+        "Optimizer instrumentation also records the gradient norm (costs a reduction per step).",
+        parse=parse_bool,
+    ),
+    Setting(
+        "host_metrics",
+        "RANKSCOPE_HOST_METRICS",
+        False,
+        "Memory instrumentation also records host RSS and CPU utilization at each flush.",
+        parse=parse_bool,
+    ),
+    Setting(
         "shutdown_timeout",
         "RANKSCOPE_SHUTDOWN_TIMEOUT",
         5.0,

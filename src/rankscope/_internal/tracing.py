@@ -457,6 +457,43 @@ def record_event(name: str, **attributes: Any) -> None:
         state.processor.on_end(span)
 
 
+def open_span(name: str, attributes: dict[str, Any] | None = None) -> SpanRecord | None:
+    """An instrumentor's span, started now under the current span (or the step root).
+
+    Not made current (instrumented operations have no children). None when not sampled;
+    finish it with ``close_span``.
+    """
+    state = _state()
+    if state is None:
+        return None
+    scope = state.scope()
+    now = now_ns()
+    state.note_start(now)
+    if not scope.sampled:
+        return None
+    span = SpanRecord(name, scope.trace_id, random_id(64) or 1, scope.parent_id, now, 0)
+    span.attributes = {attr.STEP: scope.step, **attributes} if attributes else {attr.STEP: scope.step}
+    return span
+
+
+def close_span(span: SpanRecord, end_ns: int | None = None, error: BaseException | None = None) -> None:
+    """End an ``open_span`` span (status error with ``error``) and queue it for export."""
+    end = now_ns() if end_ns is None else end_ns
+    span.end_time = end
+    if error is not None:
+        span.error = f"{type(error).__name__}: {error}"
+        span.events = [("exception", end, {"exception.type": type(error).__name__, "exception.message": str(error)})]
+    runtime = _main._runtime
+    if runtime is not None:
+        runtime.tracing.processor.on_end(span)
+
+
+def current_gpu_timer() -> CudaTimingProcessor | None:
+    """The process's CUDA-event processor (None without CUDA or before init)."""
+    state = _state()
+    return None if state is None else state.gpu()
+
+
 def set_step(step: int) -> None:
     """Say which step the spans from now on belong to (until the next ``flush``).
 

@@ -70,6 +70,21 @@ class PointAttributes:
         return found
 
 
+_units: dict[str, str] = {}
+
+
+def _unit(key: str) -> str:
+    """The catalog's UCUM unit of a standard metric, "" for the user's own keys (cached)."""
+    unit = _units.get(key)
+    if unit is None:
+        from ..catalog import unit_of
+
+        unit = _units[key] = unit_of(key)
+        if len(_units) > 100_000:
+            _units.clear()
+    return unit
+
+
 def encode(
     key: str,
     acc: MetricAccumulator,
@@ -82,7 +97,7 @@ def encode(
     state = acc.get_state()
     name = acc.reduction_type.value
     kvs = point_attributes.get(name, step)
-    metric = pb.Metric(name=key)
+    metric = pb.Metric(name=key, unit=_unit(key))
     t0, t1 = start_time_unix_nano, time_unix_nano
     if name in ("sum", "count"):
         metric.sum.aggregation_temporality = _DELTA

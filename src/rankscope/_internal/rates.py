@@ -1,0 +1,42 @@
+"""Per-second rates of counts recorded during a step, computed at each flush."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from . import main as _main
+from .reduce import Reduce
+
+_SUM = Reduce.SUM
+
+
+class RateMeter:
+    """``add(n)`` on the hot path; at each flush, records ``key`` = count / seconds since the
+    previous flush (or since the first ``add``). Reduced with SUM across processes, so the
+    global view is the whole job's rate."""
+
+    __slots__ = ("count", "key", "on_rate", "since")
+
+    def __init__(self, key: str, on_rate: Callable[[float], None] | None = None) -> None:
+        self.key = key
+        self.count = 0.0
+        self.since: float | None = None
+        self.on_rate = on_rate
+
+    def add(self, n: float) -> None:
+        if self.since is None:
+            self.since = time.perf_counter()
+            _main.add_flush_hook(self.at_flush)
+        self.count += n
+
+    def at_flush(self) -> None:
+        now = time.perf_counter()
+        since, count = self.since, self.count
+        self.since, self.count = now, 0.0
+        if since is None or now <= since:
+            return
+        rate = count / (now - since)
+        _main.record_metric(self.key, rate, _SUM)
+        if self.on_rate is not None:
+            self.on_rate(rate)

@@ -1,0 +1,54 @@
+"""DataLoader: the time the trainer waits for each batch (its data-loading idle time)."""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+from typing import Any
+
+from .._internal import main as _main
+from .._internal.reduce import Reduce
+from .._internal.spans import now_ns
+from .._internal.tracing import close_span, open_span
+from ._base import ModuleInstrumentor, restore, swap
+
+_SUM, _MEAN, _MAX = Reduce.SUM, Reduce.MEAN, Reduce.MAX
+
+
+class DataLoaderInstrumentor(ModuleInstrumentor):
+    """Wraps every DataLoader iterator's ``__next__``: ``dataloader/wait_s``, ``wait_max_s``,
+    ``batches`` and a ``dataloader/next`` span per batch."""
+
+    target = "torch.utils.data.dataloader"
+
+    def _apply(self, module: ModuleType) -> None:
+        self._saved: dict[tuple[Any, str], Any] = {}
+        iterator = module._BaseDataLoaderIter
+        original = iterator.__next__
+
+        def __next__(self: Any) -> Any:  # noqa: N807 - the method it replaces
+            span = open_span("dataloader/next")
+            start = time.perf_counter()
+            try:
+                batch = original(self)
+            except StopIteration:
+                raise
+            except BaseException as exc:
+                if span is not None:
+                    close_span(span, now_ns(), exc)
+                raise
+            try:
+                seconds = time.perf_counter() - start
+                _main.record_metric("dataloader/wait_s", seconds, _MEAN)
+                _main.record_metric("dataloader/wait_max_s", seconds, _MAX)
+                _main.record_metric("dataloader/batches", 1, _SUM)
+                if span is not None:
+                    close_span(span)
+            except Exception as exc:
+                _main._report_internal_error("DataLoader instrumentation", exc)
+            return batch
+
+        swap(iterator, "__next__", __next__, self._saved)
+
+    def _revert(self) -> None:
+        restore(self._saved)

@@ -1,0 +1,81 @@
+"""CUDA memory (and optionally host RSS/CPU) sampled at each flush, never initializing CUDA.
+
+``cuda/memory_{allocated,reserved,peak}_bytes`` (MAX) come from the caching allocator's
+host-side counters (no device sync); ``cuda/alloc_retries`` and ``cuda/ooms`` are the
+increase since the previous flush. With ``host=True`` (``RANKSCOPE_HOST_METRICS``):
+``host/rss_bytes`` and ``host/cpu_utilization`` (process CPU seconds per wall second).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from types import ModuleType
+
+from .._internal import main as _main
+from .._internal.reduce import Reduce
+from .._internal.settings import resolve
+from ._base import ModuleInstrumentor
+
+_SUM, _MAX, _MEAN = Reduce.SUM, Reduce.MAX, Reduce.MEAN
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class MemoryInstrumentor(ModuleInstrumentor):
+    """``instrument(host=None)``: ``host`` defaults to ``RANKSCOPE_HOST_METRICS``."""
+
+    target = "torch"
+
+    def _apply(self, module: ModuleType) -> None:
+        host = self.options.get("host")
+        self._sampler = _Sampler(resolve("host_metrics") if host is None else bool(host))
+        _main.add_flush_hook(self._sampler.sample)
+
+    def _revert(self) -> None:
+        _main.remove_flush_hook(self._sampler.sample)
+
+
+class _Sampler:
+    def __init__(self, host: bool) -> None:
+        self.host = host
+        self.retries: dict[int, int] = {}
+        self.ooms: dict[int, int] = {}
+        self.cpu = (time.perf_counter(), _cpu_seconds())
+
+    def sample(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():  # never initialize CUDA for telemetry
+            device = torch.cuda.current_device()
+            stats = torch.cuda.memory_stats(device)
+            _main.record_metric("cuda/memory_allocated_bytes", stats.get("allocated_bytes.all.current", 0), _MAX)
+            _main.record_metric("cuda/memory_reserved_bytes", stats.get("reserved_bytes.all.current", 0), _MAX)
+            _main.record_metric("cuda/memory_peak_bytes", stats.get("allocated_bytes.all.peak", 0), _MAX)
+            retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
+            _main.record_metric("cuda/alloc_retries", retries - self.retries.get(device, 0), _SUM)
+            _main.record_metric("cuda/ooms", ooms - self.ooms.get(device, 0), _SUM)
+            self.retries[device], self.ooms[device] = retries, ooms
+        if self.host:
+            _main.record_metric("host/rss_bytes", _rss_bytes(), _MAX)
+            now, cpu = time.perf_counter(), _cpu_seconds()
+            wall = now - self.cpu[0]
+            if wall > 0:
+                _main.record_metric("host/cpu_utilization", (cpu - self.cpu[1]) / wall, _MEAN)
+            self.cpu = (now, cpu)
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # peak, in KiB on Linux
+
+

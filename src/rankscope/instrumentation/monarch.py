@@ -1,0 +1,30 @@
+"""Monarch actors: every endpoint call becomes a server span, child of the caller's span.
+
+Context (trace, step, newest policy version) already travels with every call once rankscope
+runs in the caller (``rankscope._internal.propagation``). This instrumentor asks the callee
+for more: a ``SERVER`` span ``Class.endpoint`` tagged with actor class, endpoint and mesh
+coordinates, and per-endpoint ``endpoint/{Class}.{name}/{calls,latency_s,latency_max_s,failures}``
+(``rankscope._internal.endpoint_spans``). The actor's role and replica are in its process
+Resource (the actor class and its mesh, see ``identity``).
+
+A callee process that has no instrumentor of its own follows its callers' choice.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from .._internal import propagation
+from ._base import ModuleInstrumentor
+
+
+class MonarchInstrumentor(ModuleInstrumentor):
+    target = "monarch._src.actor.actor_mesh"
+    dependencies = ("torchmonarch >= 0.7",)
+
+    def _apply(self, module: ModuleType) -> None:
+        propagation.install_caller()
+        propagation.server_spans = True
+
+    def _revert(self) -> None:
+        propagation.server_spans = False

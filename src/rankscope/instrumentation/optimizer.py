@@ -1,0 +1,97 @@
+"""Optimizer steps: a span per ``optimizer.step()``, its duration, the learning rate of every
+param group, optionally the gradient norm; and (``auto_step``) each step of the first
+optimizer closes a rankscope step, so a script that never calls ``flush`` still gets
+per-step views. Uses torch's global optimizer step hooks, so every optimizer is covered."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from types import ModuleType
+from typing import Any
+
+from .._internal import main as _main
+from .._internal.reduce import Reduce
+from .._internal.settings import resolve
+from .._internal.tracing import close_span, open_span
+from ._base import ModuleInstrumentor
+
+_SUM, _MEAN, _MAX = Reduce.SUM, Reduce.MEAN, Reduce.MAX
+_lr_keys = [f"optimizer/lr/group_{i}" for i in range(64)]
+
+
+class OptimizerInstrumentor(ModuleInstrumentor):
+    """``instrument(grad_norm=False, auto_step=None)``; both default to their settings
+    (``RANKSCOPE_GRAD_NORM``, ``RANKSCOPE_AUTO_STEP``)."""
+
+    target = "torch.optim.optimizer"
+
+    def _apply(self, module: ModuleType) -> None:
+        grad_norm = bool(self.options.get("grad_norm", resolve("grad_norm")))
+        auto_step = self.options.get("auto_step")
+        self._state = _Hooks(grad_norm, resolve("auto_step") if auto_step is None else bool(auto_step))
+        self._handles = [
+            module.register_optimizer_step_pre_hook(self._state.pre),
+            module.register_optimizer_step_post_hook(self._state.post),
+        ]
+
+    def _revert(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class _Hooks:
+    def __init__(self, grad_norm: bool, auto_step: bool) -> None:
+        self.grad_norm = grad_norm
+        self.auto_step = auto_step
+        self.started: dict[int, tuple[float, Any]] = {}
+        self.primary: weakref.ref[Any] | None = None
+
+    def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            span = open_span("optimizer/step", {"rankscope.optimizer": type(optimizer).__name__})
+            self.started[id(optimizer)] = (time.perf_counter(), span)
+            if self.grad_norm:
+                _record_grad_norm(optimizer)
+        except Exception as exc:
+            _main._report_internal_error("optimizer pre-step hook", exc)
+
+    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            started = self.started.pop(id(optimizer), None)
+            if started is not None:
+                seconds = time.perf_counter() - started[0]
+                _main.record_metric("optimizer/step_s", seconds, _MEAN)
+                _main.record_metric("optimizer/step_max_s", seconds, _MAX)
+                if started[1] is not None:
+                    close_span(started[1])
+            _main.record_metric("optimizer/steps", 1, _SUM)
+            for index, group in enumerate(optimizer.param_groups):
+                lr = group.get("lr")
+                if lr is not None:
+                    key = _lr_keys[index] if index < len(_lr_keys) else f"optimizer/lr/group_{index}"
+                    _main.record_metric(key, lr, _MEAN)
+            if self.auto_step:
+                primary = self.primary() if self.primary is not None else None
+                if primary is None:
+                    self.primary, primary = weakref.ref(optimizer), optimizer
+                if primary is optimizer:
+                    _main.auto_step()
+        except Exception as exc:
+            _main._report_internal_error("optimizer post-step hook", exc)
+
+
+def _record_grad_norm(optimizer: Any) -> None:
+    """L2 norm of this rank's gradients (local shards for DTensor), without a host sync."""
+    import torch
+
+    grads = [
+        p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.grad is not None
+    ]
+    if grads:
+        norms = torch._foreach_norm(grads)
+        _main.record_metric("optimizer/grad_norm", torch.linalg.vector_norm(torch.stack(norms)), _MAX)
