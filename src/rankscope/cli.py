@@ -81,6 +81,8 @@ def _run(args: argparse.Namespace) -> int:
         RANKSCOPE_ENDPOINT=sink.endpoint,
         RANKSCOPE_SINK_CONTROL=f"http://127.0.0.1:{sink.http_port}",
     )
+    if args.instrument:
+        env.update(auto_instrumentation_env(env))
     print(f"rankscope run: experiment {experiment}, sink {sink.endpoint}", file=sys.stderr, flush=True)
     try:
         child = subprocess.Popen(command, env=env)
@@ -105,6 +107,20 @@ def _run(args: argparse.Namespace) -> int:
         )
     sink.stop()
     return code if code >= 0 else 128 - code
+
+
+def auto_instrumentation_env(env: dict[str, str]) -> dict[str, str]:
+    """What ``opentelemetry-instrument`` sets: its ``sitecustomize`` first on PYTHONPATH (so every
+    Python process of the command loads the distro and the instrumentors), rankscope's distro."""
+    from opentelemetry.instrumentation import auto_instrumentation
+
+    here = os.path.dirname(os.path.abspath(auto_instrumentation.__file__))
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    return {
+        "PYTHONPATH": os.pathsep.join([here, os.getcwd(), *paths]),
+        "OTEL_PYTHON_DISTRO": env.get("OTEL_PYTHON_DISTRO", "rankscope"),
+        "OTEL_PYTHON_CONFIGURATOR": env.get("OTEL_PYTHON_CONFIGURATOR", "rankscope"),
+    }
 
 
 def _steps(text: str | None) -> tuple[int | None, int | None]:
@@ -170,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--token", help="bearer token clients must send (RANKSCOPE_SINK_TOKEN)")
         if name == "run":
             p.add_argument("--gantt", help="after the command, write its spans as a Perfetto file here")
+            p.add_argument(
+                "--instrument",
+                action="store_true",
+                help="auto-instrument every Python process of the command, as opentelemetry-instrument does",
+            )
             p.add_argument("command_line", nargs=argparse.REMAINDER, help="-- command [args...]")
         p.set_defaults(fn=fn)
     g = commands.add_parser("gantt", help="write a Perfetto/Chrome trace file: one track per rank, per step")

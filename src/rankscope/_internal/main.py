@@ -361,9 +361,19 @@ def flush_driven(step: int) -> None:
     _flush(step, driven=True)
 
 
+_auto_step_pending = False
+
+
 def auto_step() -> None:
-    """An instrumentor saw a training step end (an optimizer step): close it as the next step,
-    unless the program closes steps itself (it called ``flush``) or a Monarch controller does."""
+    """An instrumentor saw a training step end (an optimizer step): it will be closed as the
+    next step, unless the program closes steps itself (it calls ``flush``) or a Monarch
+    controller does.
+
+    The close waits for the next instrumented event (``settle_auto_step``) or shutdown: a
+    program that calls ``flush`` right after ``optimizer.step()`` gets there first, and its
+    own step numbers win without a duplicate step.
+    """
+    global _auto_step_pending
     runtime = _runtime
     if runtime is None:
         if _disabled or _auto_init() is None:
@@ -371,6 +381,17 @@ def auto_step() -> None:
         runtime = _runtime
         assert runtime is not None
     if runtime.auto_steps:
+        _auto_step_pending = True
+
+
+def settle_auto_step() -> None:
+    """Close the step ``auto_step`` left pending (instrumentors call this before recording)."""
+    global _auto_step_pending
+    if not _auto_step_pending:
+        return
+    _auto_step_pending = False
+    runtime = _runtime
+    if runtime is not None and runtime.auto_steps:
         _flush(0 if runtime.last_step is None else runtime.last_step + 1, driven=False, auto=True)
 
 
@@ -400,7 +421,8 @@ def _flush(step: int, driven: bool, auto: bool = False) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise TypeError(f"flush(step): step must be a non-negative int, got {step!r}")
     if not auto:
-        runtime.auto_steps = False
+        global _auto_step_pending
+        runtime.auto_steps = _auto_step_pending = False
     _bind_compile_check()
     for hook in tuple(_flush_hooks):
         try:
@@ -446,6 +468,11 @@ def shutdown() -> None:
 
 def _shutdown_locked(drain_unflushed: bool = True) -> None:
     global _collector, _runtime
+    if drain_unflushed:
+        try:
+            _close_last_auto_step()
+        except Exception as exc:
+            _report_internal_error("last automatic step", exc)
     runtime = _runtime
     _runtime, _collector = None, None
     if runtime is None:
@@ -459,6 +486,15 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
     global _dropped_before_shutdown
     _dropped_before_shutdown = runtime.thread.dropped_total
     _wait_for_sink_views(runtime)
+
+
+def _close_last_auto_step() -> None:
+    """In a job whose steps the instrumentors close, what was recorded after the last
+    optimizer step (the last loss averaging, a final checkpoint) becomes one more step."""
+    settle_auto_step()
+    runtime = _runtime
+    if runtime is not None and runtime.auto_steps and runtime.last_step is not None and runtime.collector.accs:
+        _flush(runtime.last_step + 1, driven=False, auto=True)
 
 
 def _wait_for_sink_views(runtime: _Runtime) -> None:
@@ -507,8 +543,8 @@ _dropped_before_shutdown = 0
 
 def _after_fork_in_child() -> None:
     """A forked child is a new process: new identity, new thread; same experiment via env."""
-    global _collector, _runtime
-    _collector, _runtime = None, None
+    global _collector, _runtime, _auto_step_pending
+    _collector, _runtime, _auto_step_pending = None, None, False
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -461,8 +461,10 @@ def open_span(name: str, attributes: dict[str, Any] | None = None) -> SpanRecord
     """An instrumentor's span, started now under the current span (or the step root).
 
     Not made current (instrumented operations have no children). None when not sampled;
-    finish it with ``close_span``.
+    finish it with ``close_span``. A step left pending by ``auto_step`` closes first.
     """
+    if _main._auto_step_pending:
+        _main.settle_auto_step()
     state = _state()
     if state is None:
         return None
