@@ -24,7 +24,9 @@ def main() -> None:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64 * STEPS, 32), torch.randn(64 * STEPS, 1))
     loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, world, rank))
-    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
     for step, (x, y) in enumerate(loader):

@@ -4,6 +4,7 @@ This module only re-exports; the implementation lives in ``rankscope._internal``
 Importing it changes nothing global: ``init`` (or the first call) configures the process.
 """
 
+from . import rl, throughput
 from ._internal.backends.base import LoggerBackend, LoggingMode, Metric, register_backend
 from ._internal.gpu_timing import CudaTimingProcessor
 from ._internal.main import (
@@ -44,7 +45,9 @@ __all__ = [
     "record_event",
     "record_metric",
     "register_backend",
+    "rl",
     "set_step",
     "shutdown",
+    "throughput",
     "trace",
 ]

@@ -22,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 
 from . import attributes as attr
 from .backends.base import LoggerBackend, LoggingMode, get_backend_class
-from .collector import Collector
+from .collector import Collector, StepBatch
 from .export import BackendSet, ExportThread
 from .export import _warn as _warn_export
 from .identity import build_resource, process_label
@@ -64,11 +64,30 @@ class _Runtime:
         self.monarch_controller = False
         self.auto_steps = True
         """Instrumentors may close steps (``auto_step``) until the program flushes by itself."""
+        self.driven_steps = False
+        """A Monarch actor process: its controller closes its steps."""
+        self.closed_steps: _RecentSteps = _RecentSteps()
+
+    @property
+    def monarch_steps(self) -> bool:
+        """A Monarch controller or actor: steps come from the controller's ``flush``, so values
+        wait for it instead of going out early without a step (periodic exports)."""
+        return self.monarch_controller or self.driven_steps
 
     @property
     def current_step(self) -> int | None:
         """The step in progress: the one after the last flushed step (None before any flush)."""
         return None if self.last_step is None else self.last_step + 1
+
+
+class _RecentSteps(set[int]):
+    """The steps closed lately (bounded: only a late controller flush asks)."""
+
+    def add(self, step: int) -> None:
+        super().add(step)
+        if len(self) > 1024:
+            for old in sorted(self)[:512]:
+                self.discard(old)
 
 
 def _report_internal_error(where: str, exc: BaseException) -> None:
@@ -183,14 +202,15 @@ def _init(
             stream_to_sink=views_in_sink and stream,
             export_interval=resolve("export_interval", export_interval),
             max_queued_steps=resolve("max_queued_steps"),
-            periodic=lambda: runtime is not None and not runtime.flushed,
+            periodic=lambda: runtime is not None and not runtime.flushed and not runtime.monarch_steps,
             on_error=_report_internal_error,
             spans=tracing.buffer,
         )
         runtime = _Runtime(resource, collector, thread, resolve("shutdown_timeout"), tracing)
         runtime.monarch_controller = monarch_controller
         # Monarch actors follow their controller's steps.
-        runtime.auto_steps = resolve("auto_step") and not ("monarch" in sys.modules and not monarch_controller)
+        runtime.driven_steps = "monarch" in sys.modules and not monarch_controller
+        runtime.auto_steps = resolve("auto_step") and not runtime.driven_steps
         if backend_set.streaming or thread.stream_to_sink:
             collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
         if previous is not None:  # keep what was recorded before re-init
@@ -357,8 +377,34 @@ def flush(step: int) -> None:
 
 
 def flush_driven(step: int) -> None:
-    """``flush`` sent by a Monarch controller to its actor processes."""
+    """``flush`` sent by a Monarch controller to its actor processes.
+
+    It may arrive after an endpoint call of a later step already closed ``step`` here
+    (``catch_up``): then it is a no-op, or only the step's marker when catching up skipped it.
+    """
+    runtime = _runtime
+    if runtime is not None and runtime.last_step is not None and step <= runtime.last_step:
+        if step not in runtime.closed_steps:
+            runtime.closed_steps.add(step)
+            now = time.time_ns()
+            runtime.thread.submit(StepBatch(step, now, now, {}, None, driven=True))
+        return
     _flush(step, driven=True)
+
+
+def catch_up(step: int) -> None:
+    """An endpoint call of the controller's step ``step`` arrived in this actor process: close
+    the step before it first if the controller's ``flush`` has not arrived yet (Monarch orders
+    it only after the replies the controller awaited, not before its next calls), so what the
+    call records lands in ``step`` exactly."""
+    runtime = _runtime
+    if runtime is None:
+        if _disabled or step == 0 or _auto_init() is None:
+            return
+        runtime = _runtime
+        assert runtime is not None
+    if runtime.driven_steps and step > 0 and (runtime.last_step is None or runtime.last_step < step - 1):
+        _flush(step - 1, driven=True)
 
 
 _auto_step_pending = False
@@ -432,6 +478,7 @@ def _flush(step: int, driven: bool, auto: bool = False) -> None:
     batch = runtime.collector.take(step)
     runtime.flushed = True
     runtime.last_step = step
+    runtime.closed_steps.add(step)
     if runtime.monarch_controller:
         try:
             from .monarch import flush_actors

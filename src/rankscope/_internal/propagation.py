@@ -34,6 +34,8 @@ server_spans: bool | None = None
 """Set by the Monarch instrumentor: calls this process makes ask the callee for server spans.
 None (no instrumentor here): follow what this process's own callers asked for."""
 _inherited = False
+_OWN_ACTORS = frozenset({"StepFlusher"})
+"""rankscope's own actors: no server spans or endpoint metrics (they would open a step of their own)."""
 
 
 class Carried:
@@ -148,10 +150,13 @@ def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> Any:
     from .tracing import Scope, enter_scope
 
     global _inherited
+    from . import main
+
+    main.catch_up(carried.step)
     if carried.policy_version is not None:
         observe_policy_version(carried.policy_version)
     _inherited = carried.server
-    if carried.server:
+    if carried.server and actor not in _OWN_ACTORS:
         from .endpoint_spans import start_server_span
 
         return start_server_span(carried, actor, endpoint)

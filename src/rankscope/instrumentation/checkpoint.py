@@ -3,7 +3,9 @@ as spans with their duration and bytes (``checkpoint/{save,load}_s`` MAX, ``_byt
 
 Bytes: the file's size for a path, the stream's advance for a file object, the storage
 sizes in the returned metadata for DCP saves and the directory's size for DCP loads.
-A save nested in another (DCP writes small items with ``torch.save``) is not counted twice.
+A save nested in another (DCP writes small items with ``torch.save``) is not counted twice,
+and in-memory buffers (``io.BytesIO``: RPC and actor messages serialize tensors that way)
+are not checkpoints.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def _timed(kind: str, original: Any, measure: Measure, position: int | None) -> 
         target = None
         if position is not None:
             target = args[position] if len(args) > position else kwargs.get(argument)
+            if isinstance(target, io.BytesIO):
+                return original(*args, **kwargs)
         before = None
         if isinstance(target, io.IOBase) or hasattr(target, "tell"):
             try:
