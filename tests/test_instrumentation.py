@@ -1,0 +1,161 @@
+"""The distro and the instrumentors: entry points, instrument/uninstrument in process, and
+``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` under the real ``opentelemetry-instrument``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+import torch
+
+import rankscope as rs
+from rankscope._internal import main as rs_main
+from rankscope._internal import propagation
+from rankscope.instrumentation import INSTRUMENTORS
+
+from .conftest import ROOT
+
+BIN = Path(sys.executable).parent
+
+
+def test_entry_points_register_the_distro_configurator_and_every_instrumentor() -> None:
+    assert [e.value for e in entry_points(group="opentelemetry_distro", name="rankscope")] == [
+        "rankscope.distro:RankscopeDistro"
+    ]
+    assert [e.value for e in entry_points(group="opentelemetry_configurator", name="rankscope")] == [
+        "rankscope.distro:RankscopeConfigurator"
+    ]
+    registered = {e.name: e.load() for e in entry_points(group="opentelemetry_instrumentor") if e.dist.name == "rankscope"}
+    assert registered == INSTRUMENTORS
+
+
+def _train_once(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)))
+    for x, y in loader:
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        break
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+
+
+def _recorded() -> set[str]:
+    collector = rs_main._collector
+    return set() if collector is None else set(collector.accs)
+
+
+def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Path) -> None:
+    import torch.distributed as dist
+    import torch.distributed.elastic.metrics.api as elastic
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    originals = (_BaseDataLoaderIter.__next__, torch.save, torch.load, dist.all_reduce, elastic._default_metrics_handler)
+    rs.init(experiment="instr")  # a program that flushes itself: no automatic steps
+    instrumentors = [cls() for cls in INSTRUMENTORS.values()]
+    for instrumentor in instrumentors:
+        instrumentor.instrument(force=True)  # force: torchelastic's handler outside torchrun too
+    try:
+        _train_once(tmp_path)
+        elastic.put_metric("restarts.count", 1, "agent")
+        recorded = _recorded()
+        assert {"optimizer/step_s", "optimizer/steps", "optimizer/lr/group_0"} <= recorded
+        assert {"dataloader/wait_s", "dataloader/batches", "checkpoint/save_s", "checkpoint/save_bytes"} <= recorded
+        assert "torchelastic/agent/restarts.count" in recorded
+        assert propagation.server_spans is True or "monarch._src.actor.actor_mesh" not in sys.modules
+        assert _BaseDataLoaderIter.__next__ is not originals[0] and torch.save is not originals[1]
+    finally:
+        for instrumentor in instrumentors:
+            instrumentor.uninstrument()
+    assert (_BaseDataLoaderIter.__next__, torch.save, torch.load, dist.all_reduce) == originals[:4]
+    assert elastic._default_metrics_handler is originals[4]
+    optimizer_module = sys.modules["torch.optim.optimizer"]
+    assert not optimizer_module._global_optimizer_pre_hooks
+    assert not optimizer_module._global_optimizer_post_hooks
+    rs.flush(0)
+    _train_once(tmp_path)
+    assert _recorded() == set()  # nothing instrumented any more
+    for instrumentor in instrumentors:  # and it comes back
+        instrumentor.instrument(force=True)
+    try:
+        _train_once(tmp_path)
+        assert "optimizer/steps" in _recorded()
+    finally:
+        for instrumentor in instrumentors:
+            instrumentor.uninstrument()
+
+
+WORKLOAD = """
+import json, os, sys, tempfile
+import torch, torch.distributed as dist
+import torch.distributed.elastic.metrics as elastic
+from rankscope._internal import main, propagation
+from rankscope.instrumentation import INSTRUMENTORS
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 4), torch.randn(4, 1)))
+import monarch._src.actor.actor_mesh  # what a Monarch program imports
+for x, y in loader:
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    dist.all_reduce(torch.ones(2))
+torch.save(model.state_dict(), os.path.join(tempfile.mkdtemp(), "m.pt"))
+elastic.put_metric("count", 1, "app")
+keys = set(main._collector.accs) if main._collector else set()
+print(json.dumps({
+    "instrumented": sorted(n for n, c in INSTRUMENTORS.items() if c()._is_instrumented_by_opentelemetry),
+    "server_spans": propagation.server_spans,
+    "keys": sorted(keys),
+}))
+"""
+
+PREFIX = {
+    "torch_optimizer": "optimizer/",
+    "torch_dataloader": "dataloader/",
+    "torch_distributed": "comm/",
+    "torch_checkpoint": "checkpoint/",
+    "torchelastic": "torchelastic/",
+}
+
+
+def _instrumented_run(disabled: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env.update(
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
+        RANK="0",  # a torchrun worker, so the torchelastic bridge configures itself
+        WORLD_SIZE="1",
+        RANKSCOPE_AUTO_STEP="false",  # keep every value in the collector to read back
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
+    command = [str(BIN / "opentelemetry-instrument"), sys.executable, "-c", WORKLOAD]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith('{"instrumented"')]
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("disabled", [*INSTRUMENTORS, "torch_memory,monarch"])
+def test_opentelemetry_instrument_honours_disabled_instrumentations(disabled: str) -> None:
+    found = _instrumented_run(disabled)
+    off = set(disabled.split(","))
+    assert found["instrumented"] == sorted(set(INSTRUMENTORS) - off)
+    for name, prefix in PREFIX.items():
+        emitted = any(k.startswith(prefix) for k in found["keys"])
+        assert emitted == (name not in off), (name, found["keys"])
+    assert found["server_spans"] is (None if "monarch" in off else True)
+
+
+def test_rl_helpers_reject_bad_input_at_the_call_site() -> None:
+    with pytest.raises(TypeError, match="tokens"):
+        rs.rl.generation(tokens=-1)
+    with pytest.raises(ValueError, match="direction"):
+        rs.rl.weight_sync("sideways")
+    with pytest.raises(TypeError, match="version"):
+        rs.rl.set_policy_version(1.5)  # type: ignore[arg-type]
