@@ -30,7 +30,8 @@ def test_entry_points_register_the_distro_configurator_and_every_instrumentor() 
     assert [e.value for e in entry_points(group="opentelemetry_configurator", name="rankscope")] == [
         "rankscope.distro:RankscopeConfigurator"
     ]
-    registered = {e.name: e.load() for e in entry_points(group="opentelemetry_instrumentor") if e.dist.name == "rankscope"}
+    ours = [e for e in entry_points(group="opentelemetry_instrumentor") if e.dist and e.dist.name == "rankscope"]
+    registered = {e.name: e.load() for e in ours}
     assert registered == INSTRUMENTORS
 
 
@@ -55,7 +56,8 @@ def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Pa
     import torch.distributed.elastic.metrics.api as elastic
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    originals = (_BaseDataLoaderIter.__next__, torch.save, torch.load, dist.all_reduce, elastic._default_metrics_handler)
+    handler = elastic._default_metrics_handler
+    originals = (_BaseDataLoaderIter.__next__, torch.save, torch.load, dist.all_reduce, handler)
     rs.init(experiment="instr")  # a program that flushes itself: no automatic steps
     instrumentors = [cls() for cls in INSTRUMENTORS.values()]
     for instrumentor in instrumentors:

@@ -530,6 +530,10 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
         if batch is not None:
             runtime.thread.submit(batch)
     runtime.thread.shutdown(runtime.shutdown_timeout)
+    if drain_unflushed:
+        from .rates import reset_rates
+
+        reset_rates()
     global _dropped_before_shutdown
     _dropped_before_shutdown = runtime.thread.dropped_total
     _wait_for_sink_views(runtime)

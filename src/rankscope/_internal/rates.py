@@ -11,6 +11,14 @@ from .reduce import Reduce
 _SUM = Reduce.SUM
 
 
+_meters: list[RateMeter] = []
+
+
+def reset_rates() -> None:
+    for meter in _meters:
+        meter.reset()
+
+
 class RateMeter:
     """``add(n)`` on the hot path; at each flush, records ``key`` = count / seconds since the
     previous flush (or since the first ``add``). Reduced with SUM across processes, so the
@@ -23,6 +31,12 @@ class RateMeter:
         self.count = 0.0
         self.since: float | None = None
         self.on_rate = on_rate
+        _meters.append(self)
+
+    def reset(self) -> None:
+        """Forget the rate (``shutdown``): the next ``add`` starts a new one."""
+        self.since, self.count = None, 0.0
+        _main.remove_flush_hook(self.at_flush)
 
     def add(self, n: float) -> None:
         if self.since is None:
