@@ -29,8 +29,10 @@ PUBLIC = [
     "record_event",
     "record_metric",
     "register_backend",
+    "rl",
     "set_step",
     "shutdown",
+    "throughput",
     "trace",
 ]
 
