@@ -13,6 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rankscope.catalog import CATALOG
 
 from .conftest import ROOT
@@ -130,7 +132,10 @@ def _expected_keys() -> set[str]:
     return keys
 
 
-def test_toy_grpo_fills_one_wandb_run_with_every_role_and_a_cross_actor_trace(make_sink, tmp_path: Path) -> None:
+def test_toy_grpo_fills_one_wandb_run_with_every_role_and_a_cross_actor_trace(
+    make_sink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's process-wide settings are made once, from the env
     wandb = {"logging_mode": "global_reduce", "dir": str(tmp_path), "mode": "offline"}
     sink = make_sink(backends={"wandb": wandb}, grace=30)
     env = {"RANKSCOPE_EXPERIMENT": "grpo", "RANKSCOPE_ENDPOINT": sink.endpoint, "WANDB_MODE": "offline"}

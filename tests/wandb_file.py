@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,25 @@ def records(path: Path) -> Iterator[Any]:
             pending = b""
 
 
-def run_files(root: Path) -> list[Path]:
-    return sorted(root.rglob("run-*.wandb"))
+def run_files(root: Path, timeout: float = 20.0) -> list[Path]:
+    """The run files under ``root``, once each is complete (its ``exit`` record written).
+
+    ``run.finish()`` can return before W&B's writer process (wandb-core) has flushed the
+    offline file, so a reader waits for the file rather than for the call.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        paths = sorted(root.rglob("run-*.wandb"))
+        if all(_complete(p) for p in paths) or time.monotonic() > deadline:
+            return paths
+        time.sleep(0.1)
+
+
+def _complete(path: Path) -> bool:
+    try:
+        return any(r.WhichOneof("record_type") == "exit" for r in records(path))
+    except (AssertionError, struct.error, OSError):
+        return False
 
 
 def run_id(path: Path) -> str:
