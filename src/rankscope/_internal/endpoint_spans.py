@@ -77,9 +77,7 @@ class ServerCall:
             if span is not None and runtime is not None:
                 span.end_time = now
                 if error is not None:
-                    span.error = f"{type(error).__name__}: {error}"
-                    event = {"exception.type": type(error).__name__, "exception.message": str(error)}
-                    span.events = [("exception", now, event)]
+                    span.fail(error, now)
                 runtime.tracing.processor.on_end(span)
         except Exception as exc:
             _main._report_internal_error("Monarch server span", exc)

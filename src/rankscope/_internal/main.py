@@ -130,35 +130,6 @@ def init(
         values recorded so far are kept for the next flush. A program that calls init
         closes its own steps with ``flush``: instrumentors stop closing them (``auto_step``).
     """
-    resource = _init(
-        experiment=experiment,
-        role=role,
-        backends=backends,
-        endpoint=endpoint,
-        replica=replica,
-        mesh=mesh,
-        protocol=protocol,
-        export_interval=export_interval,
-        disable=disable,
-    )
-    if _runtime is not None:
-        _runtime.auto_steps = False
-    return resource
-
-
-def _init(
-    *,
-    experiment: str | None = None,
-    role: str | None = None,
-    backends: Mapping[str, Mapping[str, Any]] | None = None,
-    endpoint: str | None = None,
-    replica: str | int | None = None,
-    mesh: Any = None,
-    protocol: str | None = None,
-    export_interval: float | None = None,
-    disable: bool | None = None,
-) -> Resource | None:
-    """``init``; also the auto-initialization on first use (which leaves ``auto_step`` on)."""
     global _collector, _disabled, _runtime
     with _lock:
         if resolve("disable", disable):
@@ -210,7 +181,7 @@ def _init(
         runtime.monarch_controller = monarch_controller
         # Monarch actors follow their controller's steps.
         runtime.driven_steps = "monarch" in sys.modules and not monarch_controller
-        runtime.auto_steps = resolve("auto_step") and not runtime.driven_steps
+        runtime.auto_steps = False  # an explicit init: the program closes its own steps (_auto_init differs)
         if backend_set.streaming or thread.stream_to_sink:
             collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
         if previous is not None:  # keep what was recorded before re-init
@@ -324,7 +295,9 @@ def _auto_init() -> Collector | None:
     with _lock:
         if _collector is None and not _disabled:
             try:
-                _init()
+                init()
+                if _runtime is not None:  # first use, no init(): instrumentors may close steps
+                    _runtime.auto_steps = resolve("auto_step") and not _runtime.driven_steps
             except ValueError:
                 raise  # a bad RANKSCOPE_*/OTEL_* value: the user must see it
             except Exception as exc:

@@ -80,6 +80,11 @@ class SpanRecord:
         self.error: str | None = None
         self.kind = int(_KIND_INTERNAL)
 
+    def fail(self, error: BaseException, when: int) -> None:
+        """Status error plus an OTel ``exception`` event for ``error``."""
+        self.error = f"{type(error).__name__}: {error}"
+        self.events = [("exception", when, {"exception.type": type(error).__name__, "exception.message": str(error)})]
+
     @property
     def context(self) -> SpanContext:
         return SpanContext(self.trace_id, self.span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))

@@ -365,10 +365,7 @@ class Tracer:
         if span is not None:
             span.end_time = now
             if error is not None:
-                span.error = f"{type(error).__name__}: {error}"
-                span.events = [
-                    ("exception", now, {"exception.type": type(error).__name__, "exception.message": str(error)})
-                ]
+                span.fail(error, now)
             if gpu is not None:
                 gpu.submit(span, self._start_mark, end_mark)
             else:
@@ -483,8 +480,7 @@ def close_span(span: SpanRecord, end_ns: int | None = None, error: BaseException
     end = now_ns() if end_ns is None else end_ns
     span.end_time = end
     if error is not None:
-        span.error = f"{type(error).__name__}: {error}"
-        span.events = [("exception", end, {"exception.type": type(error).__name__, "exception.message": str(error)})]
+        span.fail(error, end)
     runtime = _main._runtime
     if runtime is not None:
         runtime.tracing.processor.on_end(span)
