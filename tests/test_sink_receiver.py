@@ -139,7 +139,7 @@ def test_otlp_json_with_hex_ids_and_integer_enums(make_sink) -> None:
         sink.http_port, "/v1/metrics", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     assert status == 200 and headers["Content-Type"] == "application/json", answer
-    assert sink.status("j")["last_finalized_step"] == 0
+    assert sink.wait_written("j") and sink.status("j")["last_finalized_step"] == 0
 
 
 def test_rejected_points_are_counted_in_partial_success(make_sink) -> None:

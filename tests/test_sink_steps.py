@@ -7,13 +7,15 @@ import json
 import statistics
 from typing import Any
 
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope._internal import attributes as attr
 from rankscope._internal.collector import Collector
 from rankscope._internal.reduce import Reduce
-from rankscope._internal.wire import PointAttributes, encode, key_value
+from rankscope._internal.wire import PointAttributes, encode, encode_resource, key_value
 from rankscope.sink import Experiment
+from rankscope.sink.validate import Limits, Refusals, metrics_batches
 
 from .conftest import run_python
 
@@ -51,6 +53,18 @@ def metrics(values: dict[str, tuple[Reduce, list[float]]], step: int | None, mar
     return out
 
 
+def ingest(e: Experiment, resource: dict[str, Any], metrics: list[Any]) -> list[Any]:
+    """Through the sink's edge (``validate``) into ``e``; returns the late updates now due."""
+    request = mpb.ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add(resource=encode_resource(resource))
+    rm.scope_metrics.add().metrics.extend(metrics)
+    refused = Refusals()
+    for batch in metrics_batches(request, Limits(), refused):
+        e.apply(batch, refused)
+    assert refused.count == 0, refused.reasons
+    return e.late_updates(force=True)
+
+
 def values_of(view: Any) -> dict[str, float]:
     return {m.key: m.value for m in view.global_metrics}
 
@@ -68,12 +82,12 @@ def test_exact_merge_across_ranks_and_per_process_values() -> None:
             },
             step=0,
         )
-        e.ingest(resource(f"p{rank}", rank, 4), ms)
+        ingest(e, resource(f"p{rank}", rank, 4), ms)
         assert (e.ready() == []) == (rank < 3)  # final exactly when the 4th rank reports
     everything = [v for numbers in data.values() for v in numbers]
     e2 = Experiment("x", grace=5, clock=Clock())
     for rank, numbers in data.items():
-        e2.ingest(resource(f"p{rank}", rank, 4), metrics({"loss": (Reduce.MEAN, numbers)}, step=0))
+        ingest(e2, resource(f"p{rank}", rank, 4), metrics({"loss": (Reduce.MEAN, numbers)}, step=0))
     view = e2.ready()[0]
     assert values_of(view)["loss"] == statistics.fmean(everything)  # weighted by count, not mean of means
     assert [p.label for p in view.per_process] == ["trainer_r0", "trainer_r1", "trainer_r2", "trainer_r3"]
@@ -85,7 +99,7 @@ def test_pooled_std_max_sum() -> None:
     data = {0: [1.0, 2.0], 1: [3.0, 10.0]}
     for rank, numbers in data.items():
         ms = metrics({"s": (Reduce.STD, numbers), "m": (Reduce.MAX, numbers), "n": (Reduce.SUM, numbers)}, step=3)
-        e.ingest(resource(f"p{rank}", rank, 2), ms)
+        ingest(e, resource(f"p{rank}", rank, 2), ms)
     (view,) = e.ready()
     got = values_of(view)
     assert view.step == 3
@@ -96,23 +110,23 @@ def test_pooled_std_max_sum() -> None:
 def test_missing_process_named_after_grace_then_not_waited_for() -> None:
     clock = Clock()
     e = Experiment("x", grace=2, clock=clock)
-    e.ingest(resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
+    ingest(e, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
     assert e.ready() == [] and e.missing(0) == ["trainer_r1"]
     clock.now = 2.5
     (view,) = e.ready()
     assert view.missing == ["trainer_r1"] and values_of(view)[attr.MISSING_PROCESSES] == 1.0
-    e.ingest(resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
+    ingest(e, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
     assert [v.step for v in e.ready()] == [1]  # the dead rank costs one grace period, not one per step
 
 
 def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
     clock = Clock()
     e = Experiment("x", grace=1, clock=clock)
-    e.ingest(resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
+    ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
     clock.now = 1.5
     (first,) = e.ready()
     assert values_of(first)["n"] == 1.0
-    _, late = e.ingest(resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=0))
+    late = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=0))
     assert e.late_points == 1
     (update,) = late
     assert update.late and update.step == 0 and values_of(update)["n"] == 3.0  # corrected, nothing lost
@@ -120,10 +134,10 @@ def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
 
 def test_free_running_process_lands_in_the_step_in_progress() -> None:
     e = Experiment("x", grace=5, clock=Clock())
-    e.ingest(resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
+    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
     e.ready()
-    e.ingest(resource("buf", role="replay_buffer"), metrics({"buffer_size": (Reduce.MAX, [7.0])}, step=None))
-    e.ingest(resource("t0"), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
+    ingest(e, resource("buf", role="replay_buffer"), metrics({"buffer_size": (Reduce.MAX, [7.0])}, step=None))
+    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
     (view,) = e.ready()
     assert view.step == 1 and values_of(view)["buffer_size"] == 7.0
 
@@ -133,11 +147,11 @@ def test_actor_markers_wait_for_their_controller() -> None:
     for rank in range(2):
         ms = metrics({"r": (Reduce.SUM, [float(rank)])}, step=0)
         ms[-1].sum.data_points[0].attributes.append(key_value(attr.DRIVEN, True))
-        e.ingest(resource(f"a{rank}", rank, 2, role="MyActor", **{attr.REPLICA: "m1"}), ms)
+        ingest(e, resource(f"a{rank}", rank, 2, role="MyActor", **{attr.REPLICA: "m1"}), ms)
     assert e.ready() == [] and e.missing(0) == ["controller"]
     ms = metrics({}, step=0)
     ms[-1].sum.data_points[0].attributes.append(key_value(attr.EXPECTED_PROCESSES, 5))
-    e.ingest(resource("c", role="controller"), ms)
+    ingest(e, resource("c", role="controller"), ms)
     assert e.missing(0) == ["+2 unnamed"]  # the controller flushed 4 actor processes, 2 reported
 
 

@@ -40,6 +40,7 @@ STREAM_VALUE = "rankscope.value"
 # Metrics the sink adds to an experiment's global view.
 MISSING_PROCESSES = "rankscope/missing_processes"
 LATE_POINTS = "rankscope/late_points"
+INTERNAL_ERRORS = "rankscope/internal_errors"
 
 INSTRUMENTATION_SCOPE = "rankscope"
 

@@ -18,22 +18,30 @@ The rules (documented in the README):
   processes) join the step in progress: the lowest open step, else the one after the last
   finalized step.
 * Points for a finalized step are late: counted (``rankscope/late_points``), merged into
-  the step's retained states, and written again as a late update of that step.
+  the step's retained states, and written again as a late update of that step, at most
+  once per step per ``late_interval`` (a flood of late processes costs one rewrite, not one
+  per request).
+
+Input comes checked from ``sink.validate``; the limits that depend on the experiment's own
+state (steps within ``step_window`` of the frontier, processes, keys per step, late points
+per step) are enforced here, in ``apply``, and refused points are counted. A key whose
+states fail to merge (a third-party reduce type) is left out of the view and counted in
+``internal_errors``: it never stops the experiment.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._internal import attributes as attr
 from .._internal.backends.base import Metric
 from .._internal.reduce import Reduce, reduced_items
-from .._internal.wire import attributes_dict, decode_metric
 from .traces import TraceStore
+from .validate import Limits, Point, Refusals, ResourceBatch
 
 
 @dataclass(slots=True, eq=False)
@@ -68,48 +76,65 @@ class _Step:
     expected: int = 0
     driven: bool = False
     reporters: set[str] = field(default_factory=set)
+    seq: int = 0
+    """Newest write-ahead-log record merged into this step (what a written view covers)."""
+    late_points: int = 0
 
 
 class StepView:
     """A finished step: the global values, each process's values (computed on first use), who was missing."""
 
     def __init__(
-        self, experiment: str, step: int, bucket: _Step, global_metrics: list[Metric], missing: list[str], late: bool
+        self,
+        experiment: str,
+        step: int,
+        bucket: _Step,
+        global_metrics: list[Metric],
+        missing: list[str],
+        late: bool,
+        on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
         self.global_metrics = global_metrics
+        self.seq = bucket.seq
         self._bucket = bucket
+        self._on_error = on_error
         self._per_process: dict[Process, list[Metric]] | None = None
 
     @property
     def per_process(self) -> dict[Process, list[Metric]]:
         """Per-process values, reduced only when a view asks (per-rank views, W&B series)."""
         if self._per_process is None:
-            self._per_process = _per_process(self._bucket)
+            self._per_process = _per_process(self._bucket, self._on_error)
         return self._per_process
 
 
-def _per_process(bucket: _Step) -> dict[Process, list[Metric]]:
+def _per_process(
+    bucket: _Step, on_error: Callable[[str, BaseException], None] | None
+) -> dict[Process, list[Metric]]:
     stamp = time.time()
     per_process: dict[Process, list[Metric]] = {}
-    for key, entries in bucket.states.items():
+    for key, entries in list(bucket.states.items()):
         reduce = bucket.reduces[key]
-        merge = reduce.accumulator_class.get_reduced_value_from_states
         by_process: dict[Process, list[dict[str, Any]]] = {}
         for process, state in entries:
             by_process.setdefault(process, []).append(state)
         for process, states in by_process.items():
-            per_process.setdefault(process, []).extend(
-                Metric(n, v, reduce, stamp) for n, v in reduced_items(key, merge(states))
-            )
+            items = merged(key, reduce, states, on_error)
+            per_process.setdefault(process, []).extend(Metric(n, v, reduce, stamp) for n, v in items)
     return dict(sorted(per_process.items(), key=lambda kv: (kv[0].role, kv[0].replica or "", kv[0].rank)))
 
 
-@dataclass(frozen=True, slots=True)
-class Ingested:
-    accepted: int
-    rejected: int
-    errors: tuple[str, ...] = ()
+def merged(
+    key: str, reduce: Reduce, states: list[dict[str, Any]], on_error: Callable[[str, BaseException], None] | None
+) -> list[tuple[str, float]]:
+    """The reduced (name, value) pairs of one key, or none if its reduce type fails on these states."""
+    try:
+        return reduced_items(key, reduce.accumulator_class.get_reduced_value_from_states(states))
+    except Exception as exc:  # a third-party reducer: leave the key out, keep the experiment going
+        if on_error is not None:
+            on_error(f"merging {key!r} ({reduce.value})", exc)
+        return []
 
 
 def _int(value: Any, default: int) -> int:
@@ -130,12 +155,24 @@ class Experiment:
         retain_steps: int = 16,
         clock: Callable[[], float] = time.monotonic,
         traces: TraceStore | None = None,
+        limits: Limits | None = None,
+        max_processes: int = 16_384,
+        max_keys_per_step: int = 100_000,
+        max_late_points_per_step: int = 1_000_000,
+        late_interval: float = 1.0,
+        on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.id = experiment_id
         self.traces = traces if traces is not None else TraceStore()
         self.grace = grace
         self.retain_steps = retain_steps
         self.clock = clock
+        self.limits = limits or Limits()
+        self.max_processes = max_processes
+        self.max_keys_per_step = max_keys_per_step
+        self.max_late_points_per_step = max_late_points_per_step
+        self.late_interval = late_interval
+        self.on_error = on_error
         self.processes: dict[str, Process] = {}
         self._labels: dict[str, str] = {}
         self._open: dict[int, _Step] = {}
@@ -144,15 +181,24 @@ class Experiment:
         self.attempt = 0
         self.late_points = 0
         self._abandoned: set[tuple[tuple[str, str | None, int], int]] = set()
-        self.streams: list[tuple[Process, Metric, int | None]] = []
+        self._late: dict[int, _Step] = {}
+        self._late_written = clock()
         self.last_activity = clock()
+        self.refused = 0
+        self.foreign_points = 0
+        self.internal_errors = 0
+        self.seen: OrderedDict[bytes, None] = OrderedDict()
+        """Digests of recently taken ResourceMetrics: a client's retry is acknowledged, not merged twice."""
 
     # -- ingest ------------------------------------------------------------------------
 
-    def process_for(self, resource: Mapping[str, Any]) -> Process:
+    def process_for(self, resource: Mapping[str, Any]) -> Process | None:
+        """The sending process (created on first sight), or None past ``max_processes``."""
         pid = str(resource.get(attr.SERVICE_INSTANCE_ID) or resource.get(attr.PROCESS_PID) or "?")
         found = self.processes.get(pid)
         if found is None:
+            if len(self.processes) >= self.max_processes:
+                return None
             found = self._new_process(pid, resource)
         return found
 
@@ -191,63 +237,122 @@ class Experiment:
                 p.live = False
         self.last_finalized = min(self._open, default=0) - 1 if self._open else -1
         self._done.clear()
+        self._late.clear()
 
-    def ingest(self, resource: Mapping[str, Any], metrics: Iterable[Any]) -> tuple[Ingested, list[StepView]]:
-        """Take one ResourceMetrics' metrics; returns counts and late updates to write."""
+    @property
+    def frontier(self) -> int | None:
+        """The step new data is measured against: the last finalized, else the lowest open one."""
+        if self.last_finalized >= 0:
+            return self.last_finalized
+        return min(self._open) if self._open else None
+
+    def apply(
+        self,
+        batch: ResourceBatch,
+        refused: Refusals,
+        log: Callable[[int, ResourceBatch], int] | None = None,
+        seq: int = 0,
+    ) -> int:
+        """Take one process's checked points and markers; returns how many points were taken.
+
+        ``log(step, part)`` records the part of the batch that lands in ``step`` in the
+        write-ahead log before it is merged and returns the record's sequence number; a
+        replayed record passes its ``seq`` instead. Steps without a step attribute are
+        resolved first, so a record always names its step."""
         now = self.clock()
         self.last_activity = now
-        process = self.process_for(resource)
+        self.foreign_points += batch.foreign
+        process = self.process_for(batch.resource)
+        if process is None:
+            self._refuse(refused, len(batch.points) + len(batch.markers), f"{self.max_processes} processes (limit)")
+            return 0
         if not process.live and process.attempt >= self.attempt:
             process.live = True  # it came back
-        accepted = rejected = 0
-        errors: list[str] = []
-        late: dict[int, _Step] = {}
-        for metric in metrics:
-            name = metric.name
-            if name == attr.FLUSH_MARKER:
-                for point in metric.sum.data_points:
-                    a = attributes_dict(point.attributes)
-                    step = a.get(attr.STEP)
-                    if isinstance(step, int) and step >= 0:
-                        expected = _int(a.get(attr.EXPECTED_PROCESSES), 0)
-                        self._marker(process, step, expected, a.get(attr.DRIVEN) is True, now)
+        frontier = self.frontier
+        horizon = None if frontier is None else frontier + self.limits.step_window
+        parts: dict[int, ResourceBatch] = {}
+        for point in batch.points:
+            step = point.step
+            if step is None:
+                step = min(self._open) if self._open else self.last_finalized + 1
+                point = Point(point.key, point.reduce, step, point.state)
+            elif horizon is not None and step > horizon:
+                window = self.limits.step_window
+                self._refuse(refused, 1, f"{point.key}: step {step} is more than {window} ahead of {frontier}")
                 continue
-            if name == attr.GOODBYE:
-                process.live = False
-                continue
-            for point in decode_metric(resource, metric):
-                try:
-                    reduce = Reduce.get(point.reduce)
-                except KeyError:
-                    rejected += 1
-                    errors.append(f"{name}: unknown reduce type {point.reduce!r}")
-                    continue
-                step = point.step if isinstance(point.step, int) and point.step >= 0 else None
-                if step is None:
-                    step = min(self._open) if self._open else self.last_finalized + 1
-                if step <= self.last_finalized:
-                    bucket = self._done.get(step)
-                    self.late_points += 1
-                    if bucket is None:  # beyond the retained window: written on its own
-                        bucket = late.get(step) or _Step(step, now)
-                    late[step] = bucket
-                else:
-                    bucket = self._open.get(step) or self._open.setdefault(step, _Step(step, now))
-                known = bucket.reduces.setdefault(point.key, reduce)
-                if known is not reduce:
-                    rejected += 1
-                    errors.append(f"{point.key}: recorded as {known.name} and as {reduce.name}; dropped the latter")
-                    continue
-                bucket.states.setdefault(point.key, []).append((process, point.state))
-                accepted += 1
-        views = [self._view(bucket, [], late=True) for bucket in late.values()]
-        return Ingested(accepted, rejected, tuple(errors[:8])), views
+            parts.setdefault(step, ResourceBatch(batch.experiment, batch.resource)).points.append(point)
+        for marker in batch.markers:
+            if horizon is not None and marker.step > horizon:
+                self._refuse(refused, 1, f"flush marker: step {marker.step} is over {self.limits.step_window} ahead")
+            elif marker.step > self.last_finalized:  # a marker of a finalized step changes nothing
+                parts.setdefault(marker.step, ResourceBatch(batch.experiment, batch.resource)).markers.append(marker)
+            else:
+                self._marker(process, marker.step, marker.expected, marker.driven, now)
+        taken = 0
+        for step in sorted(parts):
+            part = parts[step]
+            part.points = self._admit(step, part.points, refused)
+            if part.points or part.markers:
+                taken += self._merge(process, step, part, log(step, part) if log is not None else seq, now)
+        if batch.goodbye:
+            process.live = False
+        return taken
 
-    def ingest_stream(self, resource: Mapping[str, Any], key: str, value: float, step: int | None) -> None:
-        """One streamed raw value (a log record) for ``per_rank_no_reduce`` views."""
-        process = self.process_for(resource)
+    def _refuse(self, refused: Refusals, n: int, why: str) -> None:
+        refused.add(n, why)
+        self.refused += n
+
+    def _admit(self, step: int, points: list[Point], refused: Refusals) -> list[Point]:
+        """The points of ``step`` that fit its limits (keys per step, late points per step, one reduce per key)."""
+        late = step <= self.last_finalized
+        bucket = (self._late.get(step) or self._done.get(step)) if late else self._open.get(step)
+        reduces = dict(bucket.reduces) if bucket is not None else {}
+        late_room = self.max_late_points_per_step - (bucket.late_points if bucket is not None else 0)
+        kept: list[Point] = []
+        for point in points:
+            known = reduces.get(point.key)
+            if known is None:
+                if len(reduces) >= self.max_keys_per_step:
+                    self._refuse(refused, 1, f"{point.key}: step {step} has {self.max_keys_per_step} keys (limit)")
+                    continue
+                known = reduces[point.key] = Reduce.get(point.reduce)
+            if known.value != point.reduce:
+                self._refuse(refused, 1, f"{point.key}: recorded as {known.name} and as {point.reduce.upper()}")
+                continue
+            if late:
+                if late_room <= 0:
+                    limit = self.max_late_points_per_step
+                    self._refuse(refused, 1, f"{point.key}: step {step} has {limit} late points (limit)")
+                    continue
+                late_room -= 1
+            kept.append(point)
+        return kept
+
+    def _merge(self, process: Process, step: int, part: ResourceBatch, seq: int, now: float) -> int:
+        for marker in part.markers:
+            self._marker(process, marker.step, marker.expected, marker.driven, now)
+        if step <= self.last_finalized:
+            bucket = self._late.get(step)
+            if bucket is None:  # merged into the retained step, or written on its own past the window
+                bucket = self._late[step] = self._done.get(step) or _Step(step, now)
+            bucket.late_points += len(part.points)
+            self.late_points += len(part.points)
+        else:
+            bucket = self._open.get(step) or self._open.setdefault(step, _Step(step, now))
+        bucket.seq = max(bucket.seq, seq)
+        for point in part.points:
+            reduce = bucket.reduces.setdefault(point.key, Reduce.get(point.reduce))
+            if reduce.value == point.reduce:  # else refused by _admit; only a replayed record gets here
+                bucket.states.setdefault(point.key, []).append((process, point.state))
+        return len(part.points)
+
+    def stream_process(self, batch: ResourceBatch, refused: Refusals) -> Process | None:
+        """The process of streamed values (``per_rank_no_reduce``), counted as activity."""
         self.last_activity = self.clock()
-        self.streams.append((process, Metric(key, value, Reduce.MEAN, time.time()), step))
+        process = self.process_for(batch.resource)
+        if process is None:
+            self._refuse(refused, len(batch.streams), f"{self.max_processes} processes (limit)")
+        return process
 
     def _marker(self, process: Process, step: int, expected: int, driven: bool, now: float) -> None:
         process.stepped = True
@@ -311,6 +416,22 @@ class Experiment:
             out.append(self._view(bucket, missing))
         return out
 
+    def late_updates(self, *, force: bool = False) -> list[StepView]:
+        """Late updates due: each step with late data once per ``late_interval`` (all when ``force``)."""
+        now = self.clock()
+        if not self._late or (not force and now - self._late_written < self.late_interval):
+            return []
+        self._late_written = now
+        late, self._late = self._late, {}
+        return [self._view(bucket, [], late=True) for _, bucket in sorted(late.items())]
+
+    def late_due(self, now: float) -> bool:
+        return bool(self._late) and now - self._late_written >= self.late_interval
+
+    def idle(self, now: float, after: float) -> bool:
+        """Nothing open, nothing pending and no data for ``after`` seconds: safe to evict."""
+        return not self._open and not self._late and now - self.last_activity >= after
+
     def next_deadline(self) -> float | None:
         if not self._open:
             return None
@@ -330,14 +451,21 @@ class Experiment:
         global_metrics: list[Metric] = []
         for key, entries in bucket.states.items():
             reduce = bucket.reduces[key]
-            value = reduce.accumulator_class.get_reduced_value_from_states([state for _, state in entries])
-            global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in reduced_items(key, value))
+            items = merged(key, reduce, [state for _, state in entries], self._merge_error)
+            global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in items)
         if not late:
             global_metrics.extend(self.traces.stragglers(bucket.step))
             global_metrics.append(Metric(attr.MISSING_PROCESSES, float(len(missing)), Reduce.MAX, stamp))
             if self.late_points:
                 global_metrics.append(Metric(attr.LATE_POINTS, float(self.late_points), Reduce.MAX, stamp))
-        return StepView(self.id, bucket.step, bucket, global_metrics, missing, late)
+            if self.internal_errors:
+                global_metrics.append(Metric(attr.INTERNAL_ERRORS, float(self.internal_errors), Reduce.MAX, stamp))
+        return StepView(self.id, bucket.step, bucket, global_metrics, missing, late, self._merge_error)
+
+    def _merge_error(self, where: str, exc: BaseException) -> None:
+        self.internal_errors += 1
+        if self.on_error is not None:
+            self.on_error(f"experiment {self.id[:64]!r}: {where}", exc)
 
     def local_pids(self, host: str) -> set[int]:
         return {p.pid for p in self.processes.values() if p.pid and p.host == host}

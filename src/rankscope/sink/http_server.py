@@ -1,19 +1,32 @@
-"""OTLP/HTTP transport on the standard library's threading HTTP server.
+"""OTLP/HTTP transport on aiohttp: one event loop, no thread per connection.
 
 Routes: ``POST /v1/metrics|traces|logs`` (OTLP, protobuf or JSON, optionally gzip),
-``GET /healthz``, and two control routes for embedded clients: ``POST /rankscope/v1/config``
-(an experiment's views) and ``GET /rankscope/v1/status?experiment=ID``, and
-``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]``: stored spans as
-JSONL, streamed in chunks (what ``rankscope gantt --sink`` reads).
+``GET /healthz`` (503 naming a dead sink thread), and the control routes for embedded
+clients and people: ``POST /rankscope/v1/config`` (an experiment's views),
+``GET /rankscope/v1/status[?experiment=ID]`` and
+``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]`` (stored spans as
+JSONL, streamed; what ``rankscope gantt --sink`` reads).
+
+Facing a network: connections that send nothing are closed after
+``idle_connection_timeout`` (aiohttp's keep-alive timer starts when the connection opens),
+at most ``max_connections`` are open (the newest beyond is closed at once), the listen
+backlog is 1024, a body over ``max_body_bytes`` is answered 413 from its Content-Length
+without being read, and the bearer token is compared in constant time with a
+case-insensitive scheme. Decoding and merging run on a small thread pool, so a large
+request never stalls the loop that answers everyone else.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
+
+from aiohttp import web
 
 from .bodies import HttpError, decode_body, encode_response, encode_status, media_type
 from .service import OverloadedError
@@ -23,158 +36,191 @@ if TYPE_CHECKING:
     from .service import Sink
 
 _GRPC_CODES = {400: 3, 401: 16, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
+_REJECTED_FIELD = {"metrics": "rejected_data_points", "traces": "rejected_spans", "logs": "rejected_log_records"}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "rankscope-sink"
-    protocol_version = "HTTP/1.1"
-    sink: Sink
+def authorized(expected: str | None, header: str | None) -> bool:
+    """``Authorization: Bearer <token>`` (scheme in any case), compared in constant time."""
+    if expected is None:
+        return True
+    scheme, _, token = (header or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # no access log on stderr
 
-    def _send(self, status: int, content_type: str, body: bytes, retry_after: int | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        if retry_after is not None:
-            self.send_header("Retry-After", str(retry_after))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
+class _CappedServer(web.Server):
+    """aiohttp's low-level server with a cap on open connections."""
 
-    def _error(self, error: HttpError) -> None:
-        json_body = media_type(self.headers.get("Content-Type")) == "application/json"
-        content_type, body = encode_status(error.message, _GRPC_CODES.get(error.status, 2), json_body)
-        self._send(error.status, content_type, body, error.retry_after)
+    max_connections = 1024
 
-    def _authorized(self) -> bool:
-        token = self.sink.config.token
-        return token is None or self.headers.get("Authorization", "") == f"Bearer {token}"
+    def connection_made(self, handler: Any, transport: Any) -> None:
+        super().connection_made(handler, transport)
+        if len(self.connections) > self.max_connections:
+            transport.close()
 
-    def _read_body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.strip().isdigit():
-            self.close_connection = True
-            raise HttpError(411, "a Content-Length header is required")
-        size = int(length)
-        if size > self.sink.config.max_body_bytes:
-            self.close_connection = True  # do not read it: the connection is closed instead
-            raise HttpError(413, f"body of {size} bytes exceeds the {self.sink.config.max_body_bytes}-byte limit")
-        return self.rfile.read(size)
 
-    def do_POST(self) -> None:
+class _Routes:
+    def __init__(self, sink: Sink, pool: ThreadPoolExecutor) -> None:
+        self.sink = sink
+        self.pool = pool
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
-            if not self._authorized():
-                self.close_connection = True
-                raise HttpError(401, "missing or wrong bearer token")
-            body = self._read_body()
-            path = urlsplit(self.path).path
-            if path == "/rankscope/v1/config":
-                self._config(body)
-                return
-            decoded = decode_body(
-                path,
-                self.headers.get("Content-Type"),
-                self.headers.get("Content-Encoding"),
-                body,
-                self.sink.config.max_body_bytes,
-            )
-            export = {
-                "metrics": self.sink.export_metrics,
-                "traces": self.sink.export_traces,
-                "logs": self.sink.export_logs,
-            }[decoded.signal]
-            try:
-                result = export(decoded.request)
-            except OverloadedError as exc:
-                raise HttpError(429 if "capacity" in str(exc) else 503, str(exc), exc.retry_after) from None
-            response = decoded.response_class()
-            if result.rejected:
-                field = {"metrics": "rejected_data_points", "traces": "rejected_spans", "logs": "rejected_log_records"}
-                setattr(response.partial_success, field[decoded.signal], result.rejected)  # type: ignore[attr-defined]
-                response.partial_success.error_message = result.message  # type: ignore[attr-defined]
-            self._send(200, *encode_response(decoded, response))
+            if request.method == "POST":
+                return await self._post(request)
+            if request.method == "GET":
+                return await self._get(request)
+            raise HttpError(405, f"{request.method} is not served here")
         except HttpError as error:
-            self._error(error)
+            return _error(request, error)
 
-    def _config(self, body: bytes) -> None:
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def _body(self, request: web.BaseRequest) -> bytes:
+        limit = self.sink.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise HttpError(413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
+        chunks, size = [], 0
+        async for chunk in request.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _auth(self, request: web.BaseRequest) -> None:
+        if not authorized(self.sink.config.token, request.headers.get("Authorization")):
+            raise HttpError(401, "missing or wrong bearer token")
+
+    async def _post(self, request: web.BaseRequest) -> web.StreamResponse:
+        self._auth(request)
+        body = await self._body(request)
+        if request.path == "/rankscope/v1/config":
+            return await self._config(body)
+        decoded = await self._call(
+            decode_body,
+            request.path,
+            request.headers.get("Content-Type"),
+            request.headers.get("Content-Encoding"),
+            body,
+            self.sink.config.max_body_bytes,
+        )
+        export = {
+            "metrics": self.sink.export_metrics,
+            "traces": self.sink.export_traces,
+            "logs": self.sink.export_logs,
+        }[decoded.signal]
+        try:
+            result = await self._call(export, decoded.request)
+        except OverloadedError as exc:
+            raise HttpError(429 if "capacity" in str(exc) else 503, str(exc), exc.retry_after) from None
+        response = decoded.response_class()
+        if result.rejected:
+            setattr(response.partial_success, _REJECTED_FIELD[decoded.signal], result.rejected)  # type: ignore[attr-defined]
+            response.partial_success.error_message = result.message  # type: ignore[attr-defined]
+        content_type, payload = encode_response(decoded, response)
+        return web.Response(status=200, body=payload, content_type=content_type)
+
+    async def _config(self, body: bytes) -> web.Response:
         try:
             payload = json.loads(body)
             experiment, backends = payload["experiment"], payload["backends"]
             if not isinstance(experiment, str) or not isinstance(backends, dict):
                 raise TypeError("experiment must be a string and backends an object")
+            if not all(isinstance(v, dict) for v in backends.values()):
+                raise TypeError("each backend's options must be an object")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad config body: {exc}") from None
         answer = self.sink.configure(experiment, backends)
-        self._send(200, "application/json", json.dumps({"result": answer}).encode())
+        return web.json_response({"result": answer})
 
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        if url.path == "/healthz":
-            self._send(200, "text/plain", b"ok\n")
-            return
-        if url.path == "/rankscope/v1/status":
-            if not self._authorized():
-                self._error(HttpError(401, "missing or wrong bearer token"))
-                return
-            experiment = parse_qs(url.query).get("experiment", [""])[0]
+    async def _get(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.path == "/healthz":
+            healthy, problems = self.sink.health()
+            text = "ok\n" if healthy else "".join(f"{p}\n" for p in problems)
+            return web.Response(status=200 if healthy else 503, text=text)
+        if request.path == "/rankscope/v1/status":
+            self._auth(request)
+            experiment = parse_qs(request.query_string).get("experiment", [None])[0]
+            if experiment is None:
+                return web.json_response(self.sink.overview())
             found = self.sink.status(experiment)
             if found is None:
-                self._error(HttpError(404, f"no experiment {experiment!r}"))
-            else:
-                self._send(200, "application/json", json.dumps(found).encode())
-            return
-        if url.path == "/rankscope/v1/spans":
-            if not self._authorized():
-                self._error(HttpError(401, "missing or wrong bearer token"))
-                return
-            self._spans(parse_qs(url.query))
-            return
-        self._error(HttpError(404, f"nothing at {url.path!r}"))
+                raise HttpError(404, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
+            return web.json_response(found)
+        if request.path == "/rankscope/v1/spans":
+            self._auth(request)
+            return await self._spans(request)
+        raise HttpError(404, f"nothing at {request.path[:200]!r}")
 
-    def _spans(self, query: dict[str, list[str]]) -> None:
+    async def _spans(self, request: web.BaseRequest) -> web.StreamResponse:
+        query = parse_qs(request.query_string)
         experiment = query.get("experiment", [""])[0]
         try:
             first = int(query["first"][0]) if "first" in query else None
             last = int(query["last"][0]) if "last" in query else None
             ranks = parse_ranks(query.get("ranks", [""])[0])
         except ValueError as exc:
-            self._error(HttpError(400, f"bad span query: {exc}"))
-            return
-        found = self.sink.spans(experiment, first, last, ranks)
+            raise HttpError(400, f"bad span query: {exc}") from None
+        found = await self._call(self.sink.spans, experiment, first, last, ranks)
         if found is None:
-            self._error(HttpError(404, f"no experiment {experiment!r}"))
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-ndjson")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+            raise HttpError(404, f"no experiment {experiment[:200]!r}")
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
         for start in range(0, len(found), 1000):
-            chunk = "".join(json.dumps(span.row()) + "\n" for span in found[start : start + 1000]).encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        self.wfile.write(b"0\r\n\r\n")
+            await response.write("".join(json.dumps(s.row()) + "\n" for s in found[start : start + 1000]).encode())
+        await response.write_eof()
+        return response
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _error(request: web.BaseRequest, error: HttpError) -> web.Response:
+    json_body = media_type(request.headers.get("Content-Type")) == "application/json"
+    content_type, body = encode_status(error.message, _GRPC_CODES.get(error.status, 2), json_body)
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}
+    response = web.Response(status=error.status, body=body, content_type=content_type, headers=headers)
+    if error.status in (401, 413):
+        response.force_close()  # the unread body (or an unauthenticated peer) does not keep the connection
+    return response
 
 
-def start_http(sink: Sink, host: str, port: int) -> tuple[Any, int]:
-    handler = type("Handler", (_Handler,), {"sink": sink})
-    server = _Server((host, port), handler)
-    thread = threading.Thread(target=server.serve_forever, name="rankscope-sink-http", daemon=True)
-    thread.start()
-    return _Stoppable(server, thread), server.server_address[1]
+class HttpServer:
+    """The aiohttp server on its own event-loop thread (supervised by the sink)."""
 
+    def __init__(self, sink: Sink, host: str, port: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rankscope-sink-http")
+        routes = _Routes(sink, self.pool)
+        config = sink.config
+        server = _CappedServer(
+            routes.handle,
+            loop=self.loop,
+            keepalive_timeout=config.idle_connection_timeout,
+            access_log=None,
+            auto_decompress=False,  # bodies.decompress inflates with the size cap
+        )
+        server.max_connections = config.max_connections
+        self.runner = web.ServerRunner(server, handle_signals=False, access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, host, port, backlog=1024, reuse_address=True)
+        self.loop.run_until_complete(site.start())
+        self.port = int(self.runner.addresses[0][1])
+        self._stopped = threading.Event()
 
-class _Stoppable:
-    def __init__(self, server: _Server, thread: threading.Thread) -> None:
-        self.server, self.thread = server, thread
+    def serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+        self._stopped.set()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(2.0)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._stopped.wait(5.0)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start_http(sink: Sink, host: str, port: int) -> tuple[HttpServer, int]:
+    server = HttpServer(sink, host, port)
+    sink._spawn("http", server.serve)
+    return server, server.port

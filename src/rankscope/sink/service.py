@@ -1,9 +1,17 @@
-"""The sink: ingest decoded OTLP, align steps per experiment, hand finished steps to views.
+"""The sink: checked OTLP in, one tenant per experiment, finished steps out to views.
 
-Transports (``grpc_server``, ``http_server``) decode and call ``Sink.export_*``; those run
-under one lock, so the OTLP response can say exactly how many points were rejected, and a
-bounded count of requests in flight turns overload into a retryable answer instead of
-an unbounded queue. A timer thread finalizes steps whose grace period ran out.
+Transports (``grpc_server``, ``http_server``) decode and call ``Sink.export_*``. Each request
+is checked at the edge (``validate``), split by experiment, and each part is merged under
+*that experiment's* lock: experiments never wait for each other. With a state directory the
+part is first appended to the experiment's write-ahead log (``wal``), and the client is
+answered only once the log is on disk.
+
+Threads, all supervised (``/healthz`` answers 503 naming a thread that died): the
+finalizer (every ``tick`` seconds it closes the steps that are complete or past their grace,
+writes late updates once per ``late_interval``, and evicts experiments idle for
+``idle_timeout``), the write-ahead log's syncer, and one view writer per experiment. A
+failure inside one experiment is logged once, counted in the status route and in its
+``rankscope/internal_errors`` metric, and the experiment keeps going.
 """
 
 from __future__ import annotations
@@ -13,30 +21,37 @@ import logging
 import threading
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .._internal import attributes as attr
-from .._internal.wire import attributes_dict
+from .._internal.backends.base import Metric
+from .._internal.reduce import Reduce
 from .experiment import Experiment, StepView
 from .traces import TraceStore
+from .validate import Limits, Marker, Point, Refusals, ResourceBatch, check_resource, logs_batches, metrics_batches
 from .views import ViewWriter
+from .wal import ExperimentLog, WriteAheadLog, decode_record, encode_record
 
 log = logging.getLogger("rankscope.sink")
 
 DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
+_SEEN_DIGESTS = 65_536
 
 
 class OverloadedError(Exception):
-    """More requests in flight than the sink takes; the client should retry later."""
+    """More requests in flight than the sink takes (or the disk is failing); retry later."""
 
     retry_after = 1
 
 
 @dataclass(kw_only=True)
 class SinkConfig:
-    """How a sink listens and what it writes (CLI flags and ``RANKSCOPE_SINK_*`` map here)."""
+    """How a sink listens, what it writes and what one client may make it hold.
+
+    CLI flags and ``RANKSCOPE_SINK_*`` map here."""
 
     host: str = "127.0.0.1"
     grpc_port: int | None = 4317
@@ -45,14 +60,32 @@ class SinkConfig:
     """Views for every experiment; None: each experiment's posted config, else console."""
     grace: float = 10.0
     token: str | None = None
+    state_dir: Path | None = None
+    """Write-ahead log directory: acknowledged data survives a crash. None: memory only."""
     max_body_bytes: int = 32 * 1024 * 1024
     max_in_flight: int = 64
+    max_connections: int = 1024
+    """Open HTTP connections at most; idle ones are closed after ``idle_connection_timeout``."""
+    idle_connection_timeout: float = 15.0
     retain_steps: int = 16
     trace_retain_steps: int = 64
     """Steps whose spans an experiment keeps (``rankscope gantt``, straggler views)."""
     max_spans: int = 200_000
     """Spans an experiment keeps at most; the oldest steps go first."""
     grpc_workers: int = 8
+    limits: Limits = field(default_factory=Limits)
+    max_experiments: int = 4096
+    max_processes: int = 16_384
+    """Processes per experiment."""
+    max_keys_per_step: int = 100_000
+    max_late_points_per_step: int = 1_000_000
+    idle_timeout: float = 300.0
+    """Seconds without data after which an experiment's views are closed (reopened on new data)."""
+    late_interval: float = 1.0
+    """Late updates of a step are merged and written at most this often."""
+    tick: float = 0.05
+    stop_timeout: float = 10.0
+    """How long ``stop`` waits for the views; with a state directory, the rest is replayed on start."""
 
 
 @dataclass
@@ -65,6 +98,23 @@ class Result:
     def message(self) -> str:
         return "; ".join(self.errors[:8])
 
+    @classmethod
+    def of(cls, total: int, refused: Refusals) -> Result:
+        return cls(max(0, total - refused.count), refused.count, refused.reasons)
+
+
+class Tenant:
+    """One experiment at the sink: its state, its views, its log, and the lock that guards them."""
+
+    def __init__(self, experiment: Experiment, log: ExperimentLog | None) -> None:
+        self.experiment = experiment
+        self.log = log
+        self.lock = threading.Lock()
+        self.writer: ViewWriter | None = None
+        self.dirty = False
+        self.errors = 0
+        self.last_error: str | None = None
+
 
 class Sink:
     """Receives OTLP from every process of every experiment and writes per-step views."""
@@ -72,19 +122,30 @@ class Sink:
     def __init__(self, config: SinkConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or SinkConfig()
         self.clock = clock
-        self.experiments: dict[str, Experiment] = {}
-        self.writers: dict[str, ViewWriter] = {}
+        self.tenants: dict[str, Tenant] = {}
         self.posted_backends: dict[str, Mapping[str, Mapping[str, Any]]] = {}
         self.spans_received = 0
         self.internal_errors: list[str] = []
-        self._lock = threading.Lock()
+        self.refused = 0
+        self.refusals: dict[str, int] = {}
+        self.foreign_points = 0
+        self.evicted = 0
+        self._tombstones: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._lock = threading.Lock()  # the tenant registry only; never held while merging
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self._stop = threading.Event()
         self._servers: list[Any] = []
-        self._timer = threading.Thread(target=self._tick, name="rankscope-sink-timer", daemon=True)
+        self._threads: dict[str, threading.Thread] = {}
+        self.dead_threads: dict[str, str] = {}
+        self.wal = WriteAheadLog(self.config.state_dir) if self.config.state_dir is not None else None
         self.grpc_port: int | None = None
         self.http_port: int | None = None
+
+    @property
+    def experiments(self) -> dict[str, Experiment]:
+        with self._lock:
+            return {k: t.experiment for k, t in self.tenants.items()}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -92,6 +153,9 @@ class Sink:
         from .grpc_server import start_grpc
         from .http_server import start_http
 
+        if self.wal is not None:
+            self._spawn("wal-syncer", self.wal.run_syncer)
+            self._replay()
         c = self.config
         if c.grpc_port is not None:
             server, self.grpc_port = start_grpc(self, c.host, c.grpc_port)
@@ -99,7 +163,7 @@ class Sink:
         if c.http_port is not None:
             server, self.http_port = start_http(self, c.host, c.http_port)
             self._servers.append(server)
-        self._timer.start()
+        self._spawn("finalizer", self._run_finalizer)
         return self
 
     @property
@@ -108,25 +172,39 @@ class Sink:
         host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
         return f"{host}:{self.grpc_port}"
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stop receiving, finalize every open step (naming what is missing), close the views."""
         if self._stop.is_set():
             return
+        timeout = self.config.stop_timeout if timeout is None else timeout
         self._stop.set()
         for server in self._servers:
             server.stop()
-        if self._timer.is_alive():
-            self._timer.join(timeout)
+        finalizer = self._threads.get("finalizer")
+        if finalizer is not None:
+            finalizer.join(timeout)
         with self._lock:
-            for experiment in self.experiments.values():
-                self._write(experiment.id, experiment.ready(force=True))
-            writers = list(self.writers.values())
-        for writer in writers:  # all experiments' views finish side by side
-            writer.request_close(timeout)
+            tenants = list(self.tenants.values())
+        for tenant in tenants:
+            self._finalize(tenant, force=True)
+        for tenant in tenants:  # all experiments' views finish side by side
+            if tenant.writer is not None:
+                tenant.writer.request_close(timeout)
         deadline = time.monotonic() + timeout
-        for writer in writers:
-            if not writer.join(deadline - time.monotonic()):
-                log.warning("rankscope sink: the views of %s did not finish within %.0fs", writer.experiment, timeout)
+        for tenant in tenants:
+            if tenant.writer is not None and not tenant.writer.join(deadline - time.monotonic()):
+                log.warning(
+                    "rankscope sink: the views of %s did not finish within %.0fs%s",
+                    tenant.experiment.id[:64],
+                    timeout,
+                    "; the write-ahead log keeps what they missed" if self.wal is not None else "",
+                )
+        if self.wal is not None:
+            for tenant in tenants:
+                if tenant.log is not None:
+                    with tenant.lock:
+                        tenant.log.close()
+            self.wal.close()
 
     def __enter__(self) -> Sink:
         return self.start()
@@ -134,118 +212,154 @@ class Sink:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
+        """A supervised thread: if it ever raises, ``health()`` names it and /healthz turns 503."""
+
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                self.dead_threads[name] = f"{type(exc).__name__}: {exc}"
+                self._internal_error(f"thread {name}", exc)
+
+        thread = threading.Thread(target=run, name=f"rankscope-sink-{name}", daemon=True)
+        self._threads[name] = thread
+        thread.start()
+        return thread
+
+    def health(self) -> tuple[bool, list[str]]:
+        """(healthy, problems): every supervised thread that should run is running."""
+        problems = [f"thread {name} died: {why}" for name, why in self.dead_threads.items()]
+        if not self._stop.is_set():
+            for name in ("finalizer", "wal-syncer"):
+                thread = self._threads.get(name)
+                if thread is not None and not thread.is_alive() and name not in self.dead_threads:
+                    problems.append(f"thread {name} is not running")
+        return not problems, problems
+
     # -- ingest (called by the transports) ------------------------------------------------
 
     @contextlib.contextmanager
     def _admitted(self) -> Iterator[None]:
-        """One request in flight under the ingest lock; over capacity raises ``OverloadedError``."""
+        """Count one request in flight; over capacity raises ``OverloadedError``."""
         with self._in_flight_lock:
             if self._in_flight >= self.config.max_in_flight or self._stop.is_set():
                 raise OverloadedError("the sink is at capacity" if not self._stop.is_set() else "the sink is stopping")
             self._in_flight += 1
         try:
-            with self._lock:
-                yield
+            yield
         finally:
             with self._in_flight_lock:
                 self._in_flight -= 1
 
     def export_metrics(self, request: Any) -> Result:
         with self._admitted():
-            return self._ingest_metrics(request)
+            refused = Refusals()
+            total = sum(
+                _point_count(m) for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            )
+            batches = metrics_batches(request, self.config.limits, refused)
+            waits: dict[ExperimentLog, int] = {}
+            for batch in batches:
+                self.foreign_points += batch.foreign
+                tenant = self._tenant(batch.experiment, refused, len(batch.points) + len(batch.markers))
+                if tenant is None:
+                    continue
+                with tenant.lock:
+                    self._apply(tenant, batch, refused)
+                    if tenant.log is not None and tenant.log.seq > tenant.log.durable:
+                        waits[tenant.log] = tenant.log.seq
+            self._count(refused)
+            if waits and self.wal is not None and not self.wal.wait(waits):
+                raise OverloadedError("the sink could not make the data durable; retry")
+            return Result.of(total, refused)
+
+    def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
+        """Merge one checked batch into its experiment (logged first); under ``tenant.lock``."""
+        experiment = tenant.experiment
+        if batch.digest and batch.digest in experiment.seen:
+            return  # a client's retry of something already taken: acknowledged again, merged once
+        logger = None
+        if tenant.log is not None:
+            log_ = tenant.log
+
+            def logger(step: int, part: ResourceBatch) -> int:
+                return log_.append(step, encode_record(batch.digest, part.resource, part.points, part.markers))
+
+        try:
+            experiment.apply(batch, refused, logger)
+        except Exception as exc:  # a bug: this experiment's trouble, nobody else's
+            self._tenant_error(tenant, "ingest", exc)
+            refused.add(len(batch.points), f"internal error: {type(exc).__name__}")
+            return
+        if batch.digest:
+            experiment.seen[batch.digest] = None
+            if len(experiment.seen) > _SEEN_DIGESTS:
+                experiment.seen.popitem(last=False)
+        tenant.dirty = True
 
     def export_logs(self, request: Any) -> Result:
         with self._admitted():
-            return self._ingest_logs(request)
+            refused = Refusals()
+            total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+            for batch in logs_batches(request, self.config.limits, refused):
+                tenant = self._tenant(batch.experiment, refused, len(batch.streams))
+                if tenant is None:
+                    continue
+                with tenant.lock:
+                    process = tenant.experiment.stream_process(batch, refused)
+                    if process is None:
+                        continue
+                    writer = self._writer(tenant)
+                stamp = time.time()
+                for key, value, step in batch.streams:
+                    writer.stream(process, Metric(key, value, Reduce.MEAN, stamp), step)
+            self._count(refused)
+            return Result.of(total, refused)
 
     def export_traces(self, request: Any) -> Result:
-        with self._admitted():
-            return self._ingest_traces(request)
-
-    def _ingest_traces(self, request: Any) -> Result:
         """Store spans per experiment; spans of resources without an experiment id are accepted, not kept."""
-        result = Result()
-        for rs in request.resource_spans:
-            n = sum(len(ss.spans) for ss in rs.scope_spans)
-            self.spans_received += n
-            resource = attributes_dict(rs.resource.attributes)
-            experiment_id = resource.get(attr.EXPERIMENT_ID)
-            if not isinstance(experiment_id, str) or not experiment_id:
-                result.accepted += n
-                continue
-            experiment = self._experiment(experiment_id)
-            try:
-                accepted, rejected = experiment.traces.ingest(experiment.process_for(resource), rs.scope_spans)
-            except Exception as exc:
-                self._internal_error("trace ingest", exc)
-                result.rejected += n
-                continue
-            result.accepted += accepted + (n - accepted - rejected)  # over the retention cap: kept count only
-            result.rejected += rejected
-            if rejected:
-                result.errors.append(f"{rejected} spans with malformed trace or span ids")
-        return result
+        with self._admitted():
+            result = Result()
+            for rs in request.resource_spans:
+                n = sum(len(ss.spans) for ss in rs.scope_spans)
+                self.spans_received += n
+                checked = check_resource(rs.resource, self.config.limits)
+                if isinstance(checked, str):
+                    result.accepted += n  # not rankscope's: accepted, not kept
+                    continue
+                refused = Refusals()
+                tenant = self._tenant(checked[0], refused, n)
+                if tenant is None:
+                    result.rejected += n
+                    result.errors.extend(refused.reasons)
+                    continue
+                with tenant.lock:
+                    try:
+                        process = tenant.experiment.process_for(checked[1])
+                        if process is None:
+                            accepted, rejected = 0, n
+                        else:
+                            accepted, rejected = tenant.experiment.traces.ingest(process, rs.scope_spans)
+                    except Exception as exc:
+                        self._tenant_error(tenant, "trace ingest", exc)
+                        result.rejected += n
+                        continue
+                result.accepted += accepted + (n - accepted - rejected)  # over the retention cap: kept count only
+                result.rejected += rejected
+                if rejected:
+                    result.errors.append(f"{rejected} spans with malformed ids or from too many processes")
+            return result
 
     def spans(
         self, experiment_id: str, first: int | None = None, last: int | None = None, ranks: set[int] | None = None
     ) -> list[Any] | None:
         """Stored spans of an experiment (see ``sink.traces``), or None for an unknown experiment."""
-        with self._lock:
-            experiment = self.experiments.get(experiment_id)
-            return None if experiment is None else experiment.traces.select(first, last, ranks)
-
-    def _ingest_metrics(self, request: Any) -> Result:
-        result = Result()
-        for rm in request.resource_metrics:
-            resource = attributes_dict(rm.resource.attributes)
-            metrics = [m for sm in rm.scope_metrics for m in sm.metrics]
-            experiment_id = resource.get(attr.EXPERIMENT_ID)
-            if not isinstance(experiment_id, str) or not experiment_id:
-                if any(m.name.startswith("rankscope") or _has_reduce(m) for m in metrics):
-                    result.rejected += sum(_point_count(m) for m in metrics)
-                    result.errors.append(f"resource without {attr.EXPERIMENT_ID}: points rejected")
-                continue
-            experiment = self._experiment(experiment_id)
-            try:
-                ingested, late = experiment.ingest(resource, metrics)
-            except Exception as exc:  # a bug must not take the other clients down
-                self._internal_error("ingest", exc)
-                result.rejected += sum(_point_count(m) for m in metrics)
-                continue
-            result.accepted += ingested.accepted
-            result.rejected += ingested.rejected
-            result.errors.extend(ingested.errors)
-            self._write(experiment_id, late)
-            self._write(experiment_id, experiment.ready())
-        return result
-
-    def _ingest_logs(self, request: Any) -> Result:
-        result = Result()
-        for rl in request.resource_logs:
-            resource = attributes_dict(rl.resource.attributes)
-            experiment_id = resource.get(attr.EXPERIMENT_ID)
-            for sl in rl.scope_logs:
-                for record in sl.log_records:
-                    a = attributes_dict(record.attributes)
-                    key, value = a.get(attr.STREAM_KEY), a.get(attr.STREAM_VALUE)
-                    if not isinstance(key, str) or not isinstance(experiment_id, str):
-                        result.accepted += 1  # an ordinary log record: accepted, not ours to view
-                        continue
-                    if not isinstance(value, (int, float)):
-                        result.rejected += 1
-                        result.errors.append(f"streamed {key!r} has no numeric {attr.STREAM_VALUE}")
-                        continue
-                    experiment = self._experiment(experiment_id)
-                    step = a.get(attr.STEP)
-                    experiment.ingest_stream(resource, key, float(value), step if isinstance(step, int) else None)
-                    result.accepted += 1
-            if isinstance(experiment_id, str) and experiment_id in self.experiments:
-                experiment = self.experiments[experiment_id]
-                streams, experiment.streams = experiment.streams, []
-                writer = self._writer(experiment_id)
-                for process, metric, step in streams:
-                    writer.stream(process, metric, step)
-        return result
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return None
+        with tenant.lock:
+            return tenant.experiment.traces.select(first, last, ranks)
 
     # -- control (HTTP routes used by embedded clients) ------------------------------------
 
@@ -255,7 +369,10 @@ class Sink:
             return "ignored: this sink's views are fixed by its configuration"
         with self._lock:
             known = self.posted_backends.get(experiment_id)
-            if known is None and experiment_id not in self.writers:
+            tenant = self.tenants.get(experiment_id)
+            if known is None and (tenant is None or tenant.writer is None):
+                if len(self.posted_backends) >= self.config.max_experiments:
+                    return "ignored: this sink holds too many experiments"
                 self.posted_backends[experiment_id] = {k: dict(v) for k, v in backends.items()}
                 return "ok"
             if known == backends:
@@ -263,67 +380,210 @@ class Sink:
             return "ignored: this experiment's views are already configured"
 
     def status(self, experiment_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            experiment = self.experiments.get(experiment_id)
-            if experiment is None:
-                return None
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return None
+        with tenant.lock:
+            e = tenant.experiment
+            views = tenant.writer.status() if tenant.writer is not None else {}
+            written = [v["last_written_step"] for v in views.values() if not v["disabled"]]
             return {
                 "experiment": experiment_id,
-                "last_finalized_step": experiment.last_finalized,
-                "processes": len(experiment.processes),
-                "late_points": experiment.late_points,
-                "last_written_step": writer.written_step if (writer := self.writers.get(experiment_id)) else -1,
-                "spans_stored": experiment.traces.count,
-                "spans_dropped": experiment.traces.dropped,
+                "last_finalized_step": e.last_finalized,
+                "processes": len(e.processes),
+                "late_points": e.late_points,
+                "refused_points": e.refused,
+                "foreign_points": e.foreign_points,
+                "internal_errors": e.internal_errors + tenant.errors,
+                "last_error": tenant.last_error,
+                "last_written_step": min(written) if written else -1,
+                "views": views,
+                "spans_stored": e.traces.count,
+                "spans_dropped": e.traces.dropped,
             }
+
+    def overview(self) -> dict[str, Any]:
+        """The sink as a whole (the status route without ``?experiment=``)."""
+        healthy, problems = self.health()
+        with self._lock:
+            ids = sorted(self.tenants)
+        return {
+            "healthy": healthy,
+            "problems": problems,
+            "experiments": len(ids),
+            "experiment_ids": ids[:100],
+            "evicted_experiments": self.evicted,
+            "refused_points": self.refused,
+            "refusals": dict(sorted(self.refusals.items(), key=lambda kv: -kv[1])[:20]),
+            "foreign_points": self.foreign_points,
+            "internal_errors": len(self.internal_errors),
+            "durable": self.wal is not None,
+        }
 
     def wait_written(self, experiment_id: str, timeout: float = 10.0) -> bool:
         """Block until the views of ``experiment_id`` wrote everything finalized so far."""
-        writer = self.writers.get(experiment_id)
-        return True if writer is None else writer.wait_idle(timeout)
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return True
+        self._finalize(tenant)
+        return True if tenant.writer is None else tenant.writer.wait_idle(timeout)
 
     def finalize(self, experiment_id: str | None = None) -> None:
         """Finalize open steps now (naming what is missing) — used when the job has ended."""
         with self._lock:
-            for experiment in list(self.experiments.values()):
-                if experiment_id is None or experiment.id == experiment_id:
-                    self._write(experiment.id, experiment.ready(force=True))
+            tenants = [t for k, t in self.tenants.items() if experiment_id is None or k == experiment_id]
+        for tenant in tenants:
+            self._finalize(tenant, force=True)
+
+    def local_pids(self, host: str) -> set[int]:
+        """Pids of this machine's client processes (the embedded sink exits when they have)."""
+        with self._lock:
+            tenants = list(self.tenants.values())
+        pids: set[int] = set()
+        for tenant in tenants:
+            with tenant.lock:
+                pids |= tenant.experiment.local_pids(host)
+        return pids
 
     # -- internals ----------------------------------------------------------------------
 
-    def _experiment(self, experiment_id: str) -> Experiment:
-        found = self.experiments.get(experiment_id)
-        if found is None:
-            found = self.experiments[experiment_id] = Experiment(
-                experiment_id,
-                grace=self.config.grace,
-                retain_steps=self.config.retain_steps,
-                clock=self.clock,
-                traces=TraceStore(retain_steps=self.config.trace_retain_steps, max_spans=self.config.max_spans),
-            )
-        return found
+    def _tenant(self, experiment_id: str, refused: Refusals, n: int) -> Tenant | None:
+        """The experiment's tenant, created (or reopened) on first data; None past ``max_experiments``."""
+        tenant = self.tenants.get(experiment_id)
+        if tenant is not None:
+            return tenant
+        with self._lock:
+            tenant = self.tenants.get(experiment_id)
+            if tenant is None:
+                if len(self.tenants) >= self.config.max_experiments:
+                    refused.add(n, f"the sink holds {self.config.max_experiments} experiments (limit)")
+                    return None
+                tenant = self.tenants[experiment_id] = self._new_tenant(experiment_id)
+        return tenant
 
-    def _writer(self, experiment_id: str) -> ViewWriter:
-        writer = self.writers.get(experiment_id)
-        if writer is None:
+    def _new_tenant(self, experiment_id: str) -> Tenant:
+        c = self.config
+        experiment = Experiment(
+            experiment_id,
+            grace=c.grace,
+            retain_steps=c.retain_steps,
+            clock=self.clock,
+            traces=TraceStore(retain_steps=c.trace_retain_steps, max_spans=c.max_spans),
+            limits=c.limits,
+            max_processes=c.max_processes,
+            max_keys_per_step=c.max_keys_per_step,
+            max_late_points_per_step=c.max_late_points_per_step,
+            late_interval=c.late_interval,
+            on_error=self._internal_error,
+        )
+        log_ = self.wal.open(experiment_id) if self.wal is not None else None
+        if log_ is not None:
+            experiment.last_finalized, experiment.attempt = log_.last_finalized, log_.attempt
+        elif experiment_id in self._tombstones:  # evicted before: steps go on where they were
+            experiment.last_finalized, experiment.attempt = self._tombstones.pop(experiment_id)
+        return Tenant(experiment, log_)
+
+    def _replay(self) -> None:
+        """Re-merge every record the views had not written when the last sink stopped or died."""
+        assert self.wal is not None
+        for experiment_id in self.wal.found():
+            tenant = self._new_tenant(experiment_id)
+            assert tenant.log is not None
+            records = 0
+            for seq, _step, payload in tenant.log.replay():
+                try:
+                    digest, resource, points, markers = decode_record(payload)
+                    batch = ResourceBatch(experiment_id, resource, digest=digest)
+                    batch.points = [Point(key, reduce, step_, state) for key, reduce, step_, state in points]
+                    batch.markers = [Marker(*m) for m in markers]
+                    tenant.experiment.apply(batch, Refusals(), seq=seq)
+                    tenant.experiment.seen[digest] = None
+                except Exception as exc:
+                    self._tenant_error(tenant, f"replaying record {seq}", exc)
+                records += 1
+            if records:
+                log.warning("rankscope sink: replayed %d records of experiment %s", records, experiment_id[:64])
+                tenant.dirty = True
+                self.tenants[experiment_id] = tenant
+            else:
+                tenant.log.close()
+
+    def _writer(self, tenant: Tenant) -> ViewWriter:
+        """The tenant's views, opened on first use. Caller holds ``tenant.lock``."""
+        if tenant.writer is None:
+            experiment_id = tenant.experiment.id
             config = self.config.backends or self.posted_backends.get(experiment_id) or DEFAULT_BACKENDS
-            writer = self.writers[experiment_id] = ViewWriter(experiment_id, config, self._internal_error)
-        return writer
+            log_ = tenant.log
+            experiment = tenant.experiment
 
-    def _write(self, experiment_id: str, views: list[StepView]) -> None:
-        if views:
-            writer = self._writer(experiment_id)
-            for view in views:
-                writer.step(view)
+            def written(view: StepView) -> None:
+                if log_ is not None and view.seq:
+                    log_.written_view(view.step, view.seq, -1 if view.late else view.step, experiment.attempt)
 
-    def _tick(self) -> None:
-        while not self._stop.wait(0.05):
+            tenant.writer = ViewWriter(
+                experiment_id,
+                config,
+                self._internal_error,
+                on_written=written,
+                start_thread=lambda name, run: self._spawn(name, run),
+            )
+        return tenant.writer
+
+    def _finalize(self, tenant: Tenant, force: bool = False) -> None:
+        """Hand the tenant's finished steps and due late updates to its views."""
+        try:
+            with tenant.lock:
+                views = tenant.experiment.ready(force=force) + tenant.experiment.late_updates(force=force)
+                tenant.dirty = False
+                if views:
+                    writer = self._writer(tenant)
+                    for view in views:
+                        writer.step(view)
+        except Exception as exc:  # a bug: logged once, counted, this experiment only
+            self._tenant_error(tenant, "finalizing", exc)
+
+    def _run_finalizer(self) -> None:
+        while not self._stop.wait(self.config.tick):
+            now = self.clock()
             with self._lock:
-                now = self.clock()
-                for experiment in self.experiments.values():
-                    deadline = experiment.next_deadline()
-                    if deadline is not None and now >= deadline:
-                        self._write(experiment.id, experiment.ready())
+                tenants = list(self.tenants.values())
+            for tenant in tenants:
+                deadline = tenant.experiment.next_deadline()
+                if tenant.dirty or (deadline is not None and now >= deadline) or tenant.experiment.late_due(now):
+                    self._finalize(tenant)
+                elif tenant.experiment.idle(now, self.config.idle_timeout):
+                    self._evict(tenant)
+
+    def _evict(self, tenant: Tenant) -> None:
+        """Close an idle experiment's views and log (threads and files released); reopened on new data."""
+        experiment_id = tenant.experiment.id
+        with self._lock, tenant.lock:
+            if not tenant.experiment.idle(self.clock(), self.config.idle_timeout) or tenant.dirty:
+                return
+            del self.tenants[experiment_id]
+            self.evicted += 1
+            self._tombstones[experiment_id] = (tenant.experiment.last_finalized, tenant.experiment.attempt)
+            while len(self._tombstones) > 100_000:
+                self._tombstones.popitem(last=False)
+        if tenant.writer is not None:
+            tenant.writer.request_close(self.config.stop_timeout)
+        if tenant.log is not None:
+            tenant.log.close()
+
+    def _count(self, refused: Refusals) -> None:
+        if refused.count:
+            self.refused += refused.count
+            for reason in refused.reasons[:1]:
+                kind = reason.split(":", 1)[-1].strip()[:80]
+                self.refusals[kind] = self.refusals.get(kind, 0) + refused.count
+                if len(self.refusals) > 1000:
+                    self.refusals.clear()
+
+    def _tenant_error(self, tenant: Tenant, where: str, exc: BaseException) -> None:
+        tenant.errors += 1
+        tenant.last_error = f"{where}: {type(exc).__name__}: {exc}"[:500]
+        if tenant.errors == 1 or tenant.errors % 1000 == 0:
+            self._internal_error(f"experiment {tenant.experiment.id[:64]!r}: {where}", exc)
 
     def _internal_error(self, where: str, exc: BaseException) -> None:
         message = f"rankscope sink: internal error in {where}: {exc!r}"
@@ -335,10 +595,3 @@ class Sink:
 def _point_count(metric: Any) -> int:
     kind = metric.WhichOneof("data")
     return len(getattr(metric, kind).data_points) if kind else 0
-
-
-def _has_reduce(metric: Any) -> bool:
-    kind = metric.WhichOneof("data")
-    if not kind:
-        return False
-    return any(kv.key == attr.REDUCE for p in getattr(metric, kind).data_points for kv in p.attributes)

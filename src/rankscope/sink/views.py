@@ -1,5 +1,5 @@
-"""One experiment's backends, run on their own thread so a slow view never stalls ingest
-or another experiment.
+"""One experiment's backends, run on their own thread so a slow or failing view never stalls
+ingest or another experiment.
 
 The sink calls the same ``LoggerBackend`` interface the SDK does; extra keyword arguments
 say whose values they are: ``per_process`` (global views: every process's values),
@@ -23,14 +23,6 @@ from .experiment import Process, StepView
 log = logging.getLogger("rankscope.sink")
 
 
-def make_backends(config: Mapping[str, Mapping[str, Any]]) -> list[LoggerBackend]:
-    """Backends from ``{"name": {"logging_mode": ..., ...}}``; ``"backend"`` renames the class."""
-    made = []
-    for name, options in config.items():
-        made.append(get_backend_class(str(options.get("backend", name)))(dict(options)))
-    return made
-
-
 def _identity(process: Process) -> dict[str, Any]:
     return {
         "process_name": process.label,
@@ -42,8 +34,34 @@ def _identity(process: Process) -> dict[str, Any]:
     }
 
 
+class _View:
+    """One backend and what the status route says about it."""
+
+    __slots__ = ("backend", "disabled", "failures", "last_error", "name", "written_step")
+
+    def __init__(self, name: str, backend: LoggerBackend) -> None:
+        self.name, self.backend = name, backend
+        self.written_step = -1
+        self.failures = 0
+        self.last_error: str | None = None
+        self.disabled = False
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "last_written_step": self.written_step,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "disabled": self.disabled,
+        }
+
+
 class ViewWriter:
-    """Owns one experiment's backends and the thread that calls them."""
+    """Owns one experiment's backends and the thread that calls them.
+
+    A backend whose ``init`` fails is disabled with one error naming it (W&B without an API
+    key, say); one whose writes fail keeps being called, and the status route shows its last
+    *successfully* written step and its last error. After each step, ``on_written(view)``
+    lets the write-ahead log drop what is now in every view."""
 
     def __init__(
         self,
@@ -51,16 +69,38 @@ class ViewWriter:
         config: Mapping[str, Mapping[str, Any]],
         on_error: Callable[[str, BaseException], None],
         max_queued: int = 4096,
+        on_written: Callable[[StepView], None] | None = None,
+        start_thread: Callable[[str, Callable[[], None]], threading.Thread] | None = None,
     ) -> None:
         self.experiment = experiment
-        self.backends = make_backends(config)
         self._on_error = on_error
+        self._on_written = on_written
+        self.views: list[_View] = []
+        for name, options in config.items():
+            try:
+                backend = get_backend_class(str(options.get("backend", name)))(dict(options))
+            except Exception as exc:
+                on_error(f"view {name!r} of {experiment[:64]!r}: bad configuration", exc)
+                continue
+            self.views.append(_View(name, backend))
         self._queue: queue.Queue[Any] = queue.Queue(max_queued)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dropped = 0
         self.written_step = -1
-        self._thread = threading.Thread(target=self._run, name=f"rankscope-views-{experiment}", daemon=True)
-        self._thread.start()
+        self.closed = threading.Event()
+        name = f"rankscope-views-{experiment[:32]}"
+        if start_thread is None:
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+        else:
+            self._thread = start_thread(name, self._run)
+
+    @property
+    def backends(self) -> list[LoggerBackend]:
+        return [v.backend for v in self.views]
+
+    def status(self) -> dict[str, Any]:
+        return {view.name: view.status() for view in self.views}
 
     def step(self, view: StepView) -> None:
         self._put(("step", view))
@@ -92,52 +132,91 @@ class ViewWriter:
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1:
-                log.warning("rankscope sink: views of %s are too slow; dropping updates", self.experiment)
+                log.warning("rankscope sink: views of %s are too slow; dropping updates", self.experiment[:64])
 
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def _call(self, view: _View, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         try:
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 if self._loop is None:
                     self._loop = asyncio.new_event_loop()
                 self._loop.run_until_complete(result)  # type: ignore[arg-type]
+            return True
         except Exception as exc:
-            self._on_error(f"{type(getattr(fn, '__self__', fn)).__name__}.{getattr(fn, '__name__', '?')}", exc)
+            view.failures += 1
+            view.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            if view.failures == 1 or view.failures % 1000 == 0:  # logged once, then rarely; always counted
+                self._on_error(f"view {view.name!r} of {self.experiment[:64]!r} ({fn.__name__})", exc)
+            return False
 
     def _run(self) -> None:
-        for backend in self.backends:
-            self._call(backend.init, "global", experiment=self.experiment, role="sink")
-        while True:
-            item = self._queue.get()
-            kind = item[0]
-            if kind == "stop":
-                break
-            if kind == "sync":
-                item[1].set()
-            elif kind == "step":
-                self._write_step(item[1])
-                if not item[1].late:
-                    self.written_step = max(self.written_step, item[1].step)
-            elif kind == "stream":
-                _, process, metric, step = item
-                for backend in self.backends:
-                    if backend.logging_mode is LoggingMode.PER_RANK_NO_REDUCE:
-                        self._call(backend.log_stream, metric, step, **_identity(process))
-        for backend in self.backends:
-            self._call(backend.finish)
-        if self._loop is not None:
-            self._loop.close()
+        try:
+            for view in self.views:
+                if not self._call(view, view.backend.init, "global", experiment=self.experiment, role="sink"):
+                    view.disabled = True
+                    log.error(
+                        "rankscope sink: view %r of %s is off: its init failed (%s)",
+                        view.name,
+                        self.experiment[:64],
+                        view.last_error,
+                    )
+            while True:
+                item = self._queue.get()
+                kind = item[0]
+                if kind == "stop":
+                    break
+                if kind == "sync":
+                    item[1].set()
+                elif kind == "step":
+                    self._write_step(item[1])
+                elif kind == "stream":
+                    _, process, metric, step = item
+                    for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
+                        self._call(view, view.backend.log_stream, metric, step, **_identity(process))
+            for view in self.views:
+                if not view.disabled:
+                    self._call(view, view.backend.finish)
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+            self.closed.set()
+
+    def _live(self, mode: LoggingMode) -> list[_View]:
+        return [v for v in self.views if not v.disabled and v.backend.logging_mode is mode]
 
     def _write_step(self, view: StepView) -> None:
         if view.missing and not view.late:
             log.warning(
-                "rankscope sink: experiment %s step %d finalized without %s", view.experiment, view.step, view.missing
+                "rankscope sink: experiment %s step %d finalized without %s",
+                view.experiment[:64],
+                view.step,
+                view.missing,
             )
-        for backend in self.backends:
-            if backend.logging_mode is LoggingMode.GLOBAL_REDUCE:
+        for target in self._live(LoggingMode.GLOBAL_REDUCE):
+            if (
                 self._call(
-                    backend.log_batch, view.global_metrics, view.step, per_process=view.per_process, late=view.late
+                    target,
+                    target.backend.log_batch,
+                    view.global_metrics,
+                    view.step,
+                    per_process=view.per_process,
+                    late=view.late,
                 )
-            elif backend.logging_mode is LoggingMode.PER_RANK_REDUCE:
-                for process, metrics in view.per_process.items():
-                    self._call(backend.log_batch, metrics, view.step, late=view.late, **_identity(process))
+                and not view.late
+            ):
+                target.written_step = max(target.written_step, view.step)
+        for target in self._live(LoggingMode.PER_RANK_REDUCE):
+            ok = True
+            for process, metrics in view.per_process.items():
+                ok = (
+                    self._call(
+                        target, target.backend.log_batch, metrics, view.step, late=view.late, **_identity(process)
+                    )
+                    and ok
+                )
+            if ok and not view.late:
+                target.written_step = max(target.written_step, view.step)
+        if not view.late:
+            self.written_step = max(self.written_step, view.step)
+        if self._on_written is not None:
+            self._on_written(view)

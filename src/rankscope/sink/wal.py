@@ -1,0 +1,297 @@
+"""Write-ahead log: what the sink acknowledged survives a crash (``rankscope sink --state-dir``).
+
+Layout: ``STATE_DIR/lock`` (one sink per directory), and per experiment a directory named
+by ``safe_component(experiment id)`` holding ``meta.json`` (the original id),
+``checkpoint.json`` and segment files ``seg-<first seq>.log``.
+
+A record is one process's checked points of one step (``Experiment.apply`` resolves the
+step first): a header (payload length, sequence number, step, CRC-32) and a marshalled
+payload. The ingest path appends records, merges them, and before answering the client
+waits until they are on disk; one syncer thread fsyncs every log with pending appends at
+once, so concurrent requests share an fsync (group commit).
+
+The views report each step they wrote with the newest record it covered; the checkpoint
+keeps ``written[step] = seq``. A record (seq, step) is replayed on start exactly when
+``seq > written[step]``, so a SIGKILL at any moment loses no acknowledged point and merges
+none twice; a retried request is recognized by its digest (also logged). A segment is
+deleted once every record in it is covered. Caveat: a late update pending at the crash is
+written on start from the late records alone (the step's earlier records are gone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import marshal
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .._internal.paths import safe_component
+
+log = logging.getLogger("rankscope.sink")
+
+_HEADER = struct.Struct("<IQqI")  # payload length, seq, step, crc32(seq, step, payload)
+_MAX_RECORD = 64 * 1024 * 1024
+
+
+class StateDirBusyError(RuntimeError):
+    """Another sink holds the state directory."""
+
+
+class ExperimentLog:
+    """One experiment's segments and checkpoint. ``append`` runs under the experiment's lock."""
+
+    def __init__(self, directory: Path, experiment: str, segment_bytes: int) -> None:
+        self.directory = directory
+        self.experiment = experiment
+        self.segment_bytes = segment_bytes
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._segment: Path | None = None
+        self._size = 0
+        self.seq = 0
+        self.durable = 0
+        self.written: dict[int, int] = {}
+        self.last_finalized = -1
+        self.attempt = 0
+        self._segments: dict[Path, dict[int, int]] = {}  # segment -> {step: newest seq in it}
+        self._checkpointed = 0.0
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = directory / "meta.json"
+        if not meta.exists():
+            _atomic_write(meta, {"experiment": experiment})
+        self._load_checkpoint()
+
+    def _load_checkpoint(self) -> None:
+        try:
+            found = json.loads((self.directory / "checkpoint.json").read_text())
+            self.written = {int(k): int(v) for k, v in found.get("written", {}).items()}
+            self.last_finalized = int(found.get("last_finalized", -1))
+            self.attempt = int(found.get("attempt", 0))
+            self.seq = int(found.get("seq", 0))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.error("rankscope sink: unreadable checkpoint in %s (%r); replaying every record", self.directory, exc)
+
+    def replay(self) -> Iterator[tuple[int, int, bytes]]:
+        """(seq, step, payload) of every record not yet covered by a written view, oldest first."""
+        for segment in sorted(self.directory.glob("seg-*.log")):
+            steps = self._segments.setdefault(segment, {})
+            try:
+                data = segment.read_bytes()
+            except OSError as exc:
+                log.error("rankscope sink: cannot read %s: %r", segment, exc)
+                continue
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, seq, step, crc = _HEADER.unpack_from(data, offset)
+                body = data[offset + _HEADER.size : offset + _HEADER.size + length]
+                if len(body) != length or zlib.crc32(struct.pack("<Qq", seq, step) + body) != crc:
+                    break  # a torn tail: the crash cut this append; it was never acknowledged
+                offset += _HEADER.size + length
+                self.seq = max(self.seq, seq)
+                steps[step] = max(steps.get(step, 0), seq)
+                if seq > self.written.get(step, 0):
+                    yield seq, step, body
+            if offset < len(data):
+                with open(segment, "r+b") as f:  # drop the torn tail so the segment reads clean
+                    f.truncate(offset)
+        self.durable = self.seq
+
+    def append(self, step: int, payload: bytes) -> int:
+        with self._lock:
+            if self._fd is None or self._size >= self.segment_bytes:
+                self._rotate()
+            assert self._fd is not None and self._segment is not None
+            self.seq += 1
+            seq = self.seq
+            head = _HEADER.pack(len(payload), seq, step, zlib.crc32(struct.pack("<Qq", seq, step) + payload))
+            os.write(self._fd, head + payload)
+            self._size += len(head) + len(payload)
+            steps = self._segments[self._segment]
+            steps[step] = max(steps.get(step, 0), seq)
+            return seq
+
+    def _rotate(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self.durable = self.seq
+        self._segment = self.directory / f"seg-{self.seq + 1:016d}.log"
+        self._fd = os.open(self._segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._segments[self._segment] = {}
+        self._size = 0
+        _fsync_dir(self.directory)
+
+    def sync(self) -> None:
+        with self._lock:
+            target = self.seq
+            if self._fd is not None and self.durable < target:
+                os.fsync(self._fd)
+            self.durable = target
+
+    def written_view(self, step: int, seq: int, last_finalized: int, attempt: int, force: bool = False) -> None:
+        """A view wrote ``step`` covering records up to ``seq``: checkpoint (at most every 0.5 s)."""
+        with self._lock:
+            if seq > self.written.get(step, 0):
+                self.written[step] = seq
+            self.last_finalized = max(self.last_finalized, last_finalized)
+            self.attempt = max(self.attempt, attempt)
+            now = time.monotonic()
+            if not force and now - self._checkpointed < 0.5:
+                return
+            self._checkpointed = now
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        for segment, steps in list(self._segments.items()):
+            if segment != self._segment and all(seq <= self.written.get(step, 0) for step, seq in steps.items()):
+                with contextlib.suppress(OSError):
+                    segment.unlink()
+                del self._segments[segment]
+        live = {step for steps in self._segments.values() for step in steps}
+        self.written = {step: seq for step, seq in self.written.items() if step in live}
+        state = {
+            "written": {str(k): v for k, v in self.written.items()},
+            "last_finalized": self.last_finalized,
+            "attempt": self.attempt,
+            "seq": self.seq,
+        }
+        _atomic_write(self.directory / "checkpoint.json", state)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = None
+                self.durable = self.seq
+            self._segment = None
+            with contextlib.suppress(OSError):
+                self._checkpoint()
+
+
+class WriteAheadLog:
+    """The sink's state directory: one ``ExperimentLog`` per experiment, one syncer thread."""
+
+    def __init__(self, directory: Path, *, segment_bytes: int = 8 * 1024 * 1024) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.directory / "lock", "a")  # noqa: SIM115 - held for the sink's life
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            message = f"another rankscope sink uses {self.directory}; give this one its own --state-dir"
+            raise StateDirBusyError(message) from None
+        self.segment_bytes = segment_bytes
+        self._cond = threading.Condition()
+        self._pending: set[ExperimentLog] = set()
+        self._stop = False
+        self.fsyncs = 0
+
+    def open(self, experiment: str) -> ExperimentLog:
+        return ExperimentLog(self.directory / safe_component(experiment), experiment, self.segment_bytes)
+
+    def found(self) -> list[str]:
+        """Experiment ids with a log in the directory (replayed at start)."""
+        ids = []
+        for meta in sorted(self.directory.glob("*/meta.json")):
+            try:
+                ids.append(str(json.loads(meta.read_text())["experiment"]))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("rankscope sink: skipping %s: %r", meta.parent, exc)
+        return ids
+
+    def wait(self, logs: dict[ExperimentLog, int], timeout: float = 30.0) -> bool:
+        """Block until each log is durable up to its seq (group commit with other requests)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            for item in logs:
+                self._pending.add(item)
+            self._cond.notify_all()
+            while any(item.durable < seq for item, seq in logs.items()):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def run_syncer(self) -> None:
+        """The syncer thread's loop (started and supervised by the sink)."""
+        while True:
+            with self._cond:
+                while not self._pending and not self._stop:
+                    self._cond.wait()
+                if self._stop and not self._pending:
+                    return
+                pending, self._pending = self._pending, set()
+            for item in pending:
+                try:
+                    item.sync()
+                except OSError as exc:  # a full or failing disk: clients get no acknowledgement
+                    log.error("rankscope sink: fsync of %s failed: %r", item.directory, exc)
+                    continue
+                self.fsyncs += 1
+            with self._cond:
+                self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.stop()
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+        self._lock_file.close()
+
+
+def encode_record(digest: bytes, resource: dict[str, Any], points: list[Any], markers: list[Any]) -> bytes:
+    return marshal.dumps(
+        (
+            digest,
+            resource,
+            [(p.key, p.reduce, p.step, p.state) for p in points],
+            [(m.step, m.expected, m.driven) for m in markers],
+        )
+    )
+
+
+def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], list[Any]]:
+    digest, resource, points, markers = marshal.loads(payload)
+    return digest, resource, points, markers
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/rankscope/sink`` (``~/.local/state/rankscope/sink``)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rankscope" / "sink"
+
+
+def _atomic_write(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
