@@ -136,7 +136,7 @@ def jaeger(binary: str, tmp: Path) -> Iterator[dict[str, Any]]:
 def start_sink(tmp: Path, name: str, backends: dict[str, Any], grpc: int, http: int, grace: float = 3.0) -> Process:
     """``rankscope sink`` as its own process (so a test can kill and restart it on the same ports)."""
     command = [sys.executable, "-m", "rankscope.cli", "sink", "--grpc-port", str(grpc), "--http-port", str(http)]
-    command += ["--backends", json.dumps(backends), "--grace", str(grace)]
+    command += ["--backends", json.dumps(backends), "--grace", str(grace), "--state-dir", str(tmp / f"{name}-state")]
     log = tmp / f"{name}.log"
     if log.exists():  # a restart appends its log after the first life's
         log = tmp / f"{name}-{time.monotonic_ns()}.log"

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from ._internal.settings import resolve, settings_markdown
@@ -39,16 +40,25 @@ def _sink_config(args: argparse.Namespace) -> Any:
         backends=backends,
         grace=args.grace if args.grace is not None else resolve("sink_grace"),
         token=args.token or os.environ.get("RANKSCOPE_SINK_TOKEN") or None,
+        state_dir=None if args.no_state_dir or args.state_dir in (None, "") else Path(args.state_dir),
     )
 
 
 def _sink(args: argparse.Namespace) -> int:
     from .sink import Sink
+    from .sink.wal import StateDirBusyError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    sink = Sink(_sink_config(args)).start()
+    config = _sink_config(args)
+    try:
+        sink = Sink(config).start()
+    except (StateDirBusyError, OSError) as exc:
+        print(f"rankscope sink: {exc}", file=sys.stderr)
+        return 2
+    durable = f"write-ahead log in {config.state_dir}" if config.state_dir else "no write-ahead log (--no-state-dir)"
     print(
-        f"rankscope sink: OTLP/gRPC on {args.host}:{sink.grpc_port}, OTLP/HTTP on {args.host}:{sink.http_port}",
+        f"rankscope sink: OTLP/gRPC on {args.host}:{sink.grpc_port}, OTLP/HTTP on {args.host}:{sink.http_port}, "
+        f"{durable}; status: http://{args.host}:{sink.http_port}/rankscope/v1/status",
         file=sys.stderr,
         flush=True,
     )
@@ -164,6 +174,8 @@ def _gantt(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .sink.wal import default_state_dir
+
     parser = argparse.ArgumentParser(prog="rankscope", description="rankscope: experiment-scoped telemetry")
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -184,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         p.add_argument("--grace", type=float, help="seconds to wait for a step's last processes (RANKSCOPE_SINK_GRACE)")
         p.add_argument("--token", help="bearer token clients must send (RANKSCOPE_SINK_TOKEN)")
+        p.add_argument(
+            "--state-dir",
+            default=str(default_state_dir()) if name == "sink" else None,
+            help="write-ahead log: what the sink acknowledged survives a crash "
+            + ("(default %(default)s)" if name == "sink" else "(default: none)"),
+        )
+        p.add_argument("--no-state-dir", action="store_true", help="keep acknowledged data in memory only")
         if name == "run":
             p.add_argument("--gantt", help="after the command, write its spans as a Perfetto file here")
             p.add_argument(

@@ -102,6 +102,8 @@ class ResourceBatch:
     streams: list[tuple[str, float, int | None]] = field(default_factory=list)
     foreign: int = 0
     """Points without ``rankscope.reduce``: not rankscope's (counted in the status route)."""
+    refused: int = 0
+    """Points of this batch refused at the edge (the experiment's status counts them)."""
     digest: bytes = b""
     """Of the ResourceMetrics as received: a retried request is recognized and not merged twice."""
 
@@ -180,8 +182,10 @@ def metrics_batches(request: Any, limits: Limits, refused: Refusals) -> list[Res
             refused.add(ours, checked)  # plain OTel data without an experiment is not ours to refuse
             continue
         batch = ResourceBatch(*checked, digest=hashlib.blake2b(rm.SerializeToString(), digest_size=16).digest())
+        before = refused.count
         for metric in metrics:
             _metric(batch, metric, limits, refused)
+        batch.refused = refused.count - before
         batches.append(batch)
     return batches
 
@@ -206,7 +210,10 @@ def _metric(batch: ResourceBatch, metric: Any, limits: Limits, refused: Refusals
         batch.goodbye = True
         return
     if clean_text(name, limits.max_name_chars) is None:
-        refused.add(len(points), f"metric name of {len(name)} characters is empty, too long or has control characters")
+        shown = f"{name[:40]!r}..."
+        refused.add(
+            len(points), f"{shown}: metric name of {len(name)} characters is empty, too long or has control characters"
+        )
         return
     custom: dict[tuple[str, int | None, int], dict[str, Any]] = {}
     for p in points:
@@ -371,4 +378,3 @@ def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[Re
             else:
                 batch.streams.append((key, float(value), step))
         yield batch
-
