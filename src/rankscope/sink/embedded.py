@@ -6,6 +6,9 @@ Discovery is a directory per experiment id under ``$RANKSCOPE_RUNTIME_DIR`` (def
 * ``lock`` — an ``flock`` serializes the processes that look for the sink;
 * ``sink.json`` — ``{"pid", "endpoint", "control"}`` of the running sink, written atomically.
 
+The directory is named by a hash, never by the id itself (ids are the client's: ``../x``,
+NUL, 10,000 characters), and the id reaches the child sink JSON-encoded, so any id works.
+
 The first process to take the lock finds no live sink, starts ``python -m
 rankscope.sink.embedded`` as a child in its own session (so Ctrl-C on the job does not
 kill it before the last step is written; its output goes to the job's stdout), waits for
@@ -38,7 +41,7 @@ _START_TIMEOUT = 60.0
 
 def runtime_dir(experiment: str) -> Path:
     base = os.environ.get("RANKSCOPE_RUNTIME_DIR") or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    digest = hashlib.sha1(experiment.encode()).hexdigest()[:16]
+    digest = hashlib.sha1(experiment.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return Path(base) / f"rankscope-{os.getuid()}" / digest
 
 
@@ -85,7 +88,9 @@ def connect(experiment: str, timeout: float = _START_TIMEOUT) -> tuple[str, str]
 
 def _start(experiment: str, info: Path, timeout: float) -> dict[str, Any]:
     info.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "rankscope.sink.embedded", "--experiment", experiment, "--info", str(info)]
+    # JSON (ASCII) in argv: an id may hold NUL or lone surrogates, which argv cannot carry.
+    command = [sys.executable, "-m", "rankscope.sink.embedded", "--experiment-json", json.dumps(experiment)]
+    command += ["--info", str(info)]
     command += ["--starter-pid", str(os.getpid())]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -131,12 +136,12 @@ def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2) -> N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rankscope.sink.embedded")
-    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--experiment-json", required=True, type=json.loads)
     parser.add_argument("--info", required=True, type=Path)
     parser.add_argument("--starter-pid", required=True, type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    serve(args.experiment, args.info, args.starter_pid)
+    serve(str(args.experiment_json), args.info, args.starter_pid)
     return 0
 
 

@@ -1,4 +1,9 @@
-"""Console backend: Forge's blocks on flush, one line per value when streaming."""
+"""Console backend: Forge's blocks on flush, one line per value when streaming.
+
+Names and keys printed here may come from clients, and a terminal obeys what it is sent
+(ANSI escapes, carriage returns, bidi overrides that reorder the line): every printed name
+goes through ``printable``, which shows such characters escaped instead.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,14 @@ def format_value(value: float) -> str:
     return repr(float(value))
 
 
+def printable(text: object) -> str:
+    """``text`` with control, format (bidi, zero-width), separator and unassigned characters escaped."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
 class ConsoleBackend(LoggerBackend):
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
@@ -26,9 +39,10 @@ class ConsoleBackend(LoggerBackend):
         title = "GlobalReduce" if global_view else kwargs.get("process_name") or self.process_name or "process"
         step = "-" if global_step is None else global_step
         late = " (late update)" if kwargs.get("late") else ""
-        lines = [f"=== [{title}] - METRICS STEP {step}{late} ==="]
+        lines = [f"=== [{printable(title)}] - METRICS STEP {step}{late} ==="]
         # The sink's housekeeping keys (rankscope/missing_processes ...) show only when non-zero.
-        lines += [f"{m.key}: {format_value(m.value)}" for m in metrics if m.value or not m.key.startswith("rankscope/")]
+        shown = [m for m in metrics if m.value or not m.key.startswith("rankscope/")]
+        lines += [f"{printable(m.key)}: {format_value(m.value)}" for m in shown]
         lines.append("===============")
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
@@ -38,5 +52,6 @@ class ConsoleBackend(LoggerBackend):
         rank = kwargs.get("rank", self.rank)  # the sink says whose value it is
         role = kwargs.get("process_name", self.role).rsplit("_r", 1)[0] if "process_name" in kwargs else self.role
         size = kwargs.get("world_size", self.world_size)
-        sys.stdout.write(f"[{rank}] [{role}-{rank}/{size}] {stamp} INFO {metric.key}: {format_value(metric.value)}\n")
+        who = printable(f"[{rank}] [{role}-{rank}/{size}]")
+        sys.stdout.write(f"{who} {stamp} INFO {printable(metric.key)}: {format_value(metric.value)}\n")
         sys.stdout.flush()

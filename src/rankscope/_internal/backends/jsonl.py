@@ -1,7 +1,10 @@
 """JSONL backend: one JSON object per value, one file per process.
 
-Config: ``path`` (default ``rankscope_logs/{experiment}/{process}.jsonl``). Non-finite
-numbers are written as ``NaN``/``Infinity``, which Python's json module reads back.
+Config: ``path`` (default ``rankscope_logs/{experiment}/{process}.jsonl``). The template is
+the operator's and used as given; the names put into it (``experiment``, ``process``,
+``role``, ``replica``, ``rank``) are the client's, so each becomes a ``safe_component`` while
+the rows keep the original names. Non-finite numbers are written as ``NaN``/``Infinity``,
+which Python's json module reads back.
 """
 
 from __future__ import annotations
@@ -11,7 +14,13 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from ..paths import safe_component
 from .base import LoggerBackend, Metric
+
+
+def _component(value: Any) -> Any:
+    """Ints stay ints (a template may say ``{rank:03d}``); anything else becomes a safe name."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else safe_component(str(value))
 
 
 class JsonlBackend(LoggerBackend):
@@ -19,7 +28,8 @@ class JsonlBackend(LoggerBackend):
         super().init(process_name)
         self.identity = {k: kwargs[k] for k in ("experiment", "role", "replica", "rank") if kwargs.get(k) is not None}
         template = self.logger_backend_config.get("path", "rankscope_logs/{experiment}/{process}.jsonl")
-        path = Path(str(template).format(process=process_name, pid=os.getpid(), **self.identity))
+        fields = {k: _component(v) for k, v in {"process": process_name, **self.identity}.items()}
+        path = Path(str(template).format(pid=os.getpid(), **fields))
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file: IO[str] = path.open("a", encoding="utf-8")

@@ -2,8 +2,10 @@
 
 Config: ``logdir`` (default ``rankscope_logs/tensorboard``). The global view writes to
 ``{logdir}/{experiment}/global``, per-process views to ``{logdir}/{experiment}/{process}``,
-so TensorBoard overlays processes as runs. Uses the ``tensorboard`` package's own event
-writer (``pip install 'rankscope[tensorboard]'``); torch is not needed.
+so TensorBoard overlays processes as runs. The experiment id and the process label are the
+client's, so each directory is named by their ``safe_component`` (``logdir`` is the
+operator's, used as given). Uses the ``tensorboard`` package's own event writer
+(``pip install 'rankscope[tensorboard]'``); torch is not needed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..paths import safe_component
 from .base import LoggerBackend, Metric
 
 
@@ -28,14 +31,15 @@ class TensorBoardBackend(LoggerBackend):
             ) from exc
         self._event, self._summary, self._writer_class = Event, Summary, EventFileWriter
         experiment = str(kwargs.get("experiment") or "rankscope")
-        self.root = Path(self.logger_backend_config.get("logdir", "rankscope_logs/tensorboard")) / experiment
+        logdir = Path(self.logger_backend_config.get("logdir", "rankscope_logs/tensorboard"))
+        self.root = logdir / safe_component(experiment)
         self._default = process_name or "global"
         self._writers: dict[str, Any] = {}
 
     def _writer(self, name: str) -> Any:
         writer = self._writers.get(name)
         if writer is None:
-            path = self.root / name
+            path = self.root / safe_component(name)
             path.mkdir(parents=True, exist_ok=True)
             writer = self._writers[name] = self._writer_class(str(path))
         return writer

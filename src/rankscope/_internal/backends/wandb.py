@@ -24,9 +24,14 @@ STEP_METRIC = "step"
 
 
 def run_id_for(experiment: str) -> str:
-    """A W&B run id that is stable for an experiment id (and valid whatever the id holds)."""
+    """A W&B run id that is stable for an experiment id and valid whatever the id holds.
+
+    W&B names the run's directory after it, so it is a safe path component too: at most 57
+    characters of ``[A-Za-z0-9_-]`` ending in a hash of the whole id. It keeps this formula
+    rather than ``safe_component``: a sink upgraded mid-experiment must resume the same run.
+    """
     readable = re.sub(r"[^A-Za-z0-9_-]+", "-", experiment).strip("-")[:48]
-    return f"{readable}-{hashlib.sha1(experiment.encode()).hexdigest()[:8]}"
+    return f"{readable}-{hashlib.sha1(experiment.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 
 def series_prefix(process: Any) -> str:
