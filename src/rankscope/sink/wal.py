@@ -140,14 +140,14 @@ class ExperimentLog:
             self.durable = target
 
     def written_view(self, step: int, seq: int, last_finalized: int, attempt: int, force: bool = False) -> None:
-        """A view wrote ``step`` covering records up to ``seq``: checkpoint (at most every 0.5 s)."""
+        """A view wrote ``step`` covering records up to ``seq``: checkpoint (at most every 0.1 s)."""
         with self._lock:
             if seq > self.written.get(step, 0):
                 self.written[step] = seq
             self.last_finalized = max(self.last_finalized, last_finalized)
             self.attempt = max(self.attempt, attempt)
             now = time.monotonic()
-            if not force and now - self._checkpointed < 0.5:
+            if not force and now - self._checkpointed < 0.1:
                 return
             self._checkpointed = now
             self._checkpoint()
