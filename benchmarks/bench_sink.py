@@ -22,10 +22,13 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import ClassVar
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pathlib import Path
+
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from rankscope._internal.backends.base import LoggerBackend, register_backend
@@ -129,37 +132,45 @@ def main() -> None:
     bare = time.perf_counter() - t0
     assert walked >= points
 
-    sink = Sink(
-        SinkConfig(
-            grpc_port=0,
-            http_port=None,
-            backends={"timing": {"logging_mode": "global_reduce"}},
-            grace=60,
-            grpc_workers=4,
+    def measure(state_dir: str | None) -> tuple[float, list[float]]:
+        Timing.written.clear()
+        sink = Sink(
+            SinkConfig(
+                grpc_port=0,
+                http_port=None,
+                backends={"timing": {"logging_mode": "global_reduce"}},
+                grace=60,
+                grpc_workers=4,
+                state_dir=None if state_dir is None else Path(state_dir),
+            )
+        ).start()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        client = subprocess.run(
+            [sys.executable, "-c", CLIENT, sink.endpoint, str(STEPS)],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=600,
+            check=True,
         )
-    ).start()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    client = subprocess.run(
-        [sys.executable, "-c", CLIENT, sink.endpoint, str(STEPS)],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        timeout=600,
-        check=True,
-    )
-    report = json.loads(client.stdout.strip().splitlines()[-1])
-    deadline = time.time() + 60
-    while len(Timing.written) < STEPS and time.time() < deadline:
-        time.sleep(0.01)
-    sink.stop()
-    assert len(Timing.written) == STEPS, Timing.written
-    ingest = max(Timing.written.values()) - report["start"]
-    latencies = sorted(Timing.written[s] - report["last_ack"][str(s)] for s in range(STEPS))
+        report = json.loads(client.stdout.strip().splitlines()[-1])
+        deadline = time.time() + 60
+        while len(Timing.written) < STEPS and time.time() < deadline:
+            time.sleep(0.01)
+        sink.stop()
+        assert len(Timing.written) == STEPS, Timing.written
+        ingest = max(Timing.written.values()) - report["start"]
+        return ingest, sorted(Timing.written[s] - report["last_ack"][str(s)] for s in range(STEPS))
+
+    ingest, latencies = measure(None)
+    with tempfile.TemporaryDirectory() as state_dir:
+        durable, _ = measure(state_dir)
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"{PROCESSES} processes x {KEYS} keys x {STEPS} steps = {points} points")
     print(f"bare decode-and-walk : {points / bare:12,.0f} points/s")
     print(f"sink ingest (gRPC)   : {points / ingest:12,.0f} points/s  ({bare / ingest:.0%} of bare decode)")
+    print(f"sink ingest with WAL : {points / durable:12,.0f} points/s  ({ingest / durable:.0%} of the sink without it)")
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
     print(f"step finalization    : p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
 
