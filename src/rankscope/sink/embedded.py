@@ -124,8 +124,7 @@ def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2) -> N
     try:
         while True:
             time.sleep(poll)
-            with sink._lock:
-                pids = {pid for e in sink.experiments.values() for pid in e.local_pids(host)}
+            pids = sink.local_pids(host)
             if not any(_alive(pid) for pid in pids | {starter_pid}):
                 break
     finally:
