@@ -75,6 +75,8 @@ class StepBatch:
     """Closed by a Monarch controller's flush (the sink then also waits for that controller)."""
     deferred: list[tuple[str, str, Any, Any, Any]] | None = None
     """GPU-timed durations (avg key, max key, start mark, end mark, processor), read on the export thread."""
+    held_points: int = 0
+    """Points this step holds in the export queue's bound (set when it is queued)."""
 
 
 class Collector:

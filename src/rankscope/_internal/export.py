@@ -1,10 +1,20 @@
 """The export thread: local backends and OTLP, off the caller's thread, bounded.
 
-``flush`` puts a ``StepBatch`` on a bounded queue and returns. This thread reads device
-values (waiting on CUDA events here, never on the caller), hands reduced values to the
-local backends, and sends every queued step in one OTLP request through the OTel SDK's
-exporter. Points that cannot be queued or exported are counted; once an export succeeds
-again the count is reported in a warning and in the ``rankscope.dropped_points`` metric.
+``flush`` puts a ``StepBatch`` on a queue and returns (O(1): a lock, a counter, a put). This
+thread reads device values (waiting on CUDA events here, never on the caller), hands reduced
+values to the local backends, and sends the queued steps as OTLP requests.
+
+Why it retries itself: the OTel SDK exporters retry with exponential backoff *inside*
+``export()`` and then drop the batch, so an endpoint outage used to lose every step while this
+thread slept in the SDK's backoff. Now each send is one attempt with one deadline
+(``senders``); a step that could not be sent stays held here, in order, and this thread
+retries with its own capped backoff until the endpoint answers, then sends the backlog oldest
+first. The bound is in steps: at most ``max_queued_steps`` flushed steps (default 300, five
+minutes at one step per second) are held, queued or unsent; a flush beyond that is dropped and
+counted, so only what overflows is lost. Requests the endpoint refuses for good (a
+non-retryable error) are dropped and counted too. Drops are reported as a warning and in the
+``rankscope.dropped_points`` metric once an export goes through again; shutdown keeps trying
+until ``RANKSCOPE_SHUTDOWN_TIMEOUT`` and counts what is left.
 """
 
 from __future__ import annotations
@@ -13,15 +23,19 @@ import asyncio
 import inspect
 import logging
 import queue
+import random
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.sdk.metrics import MeterProvider
@@ -33,13 +47,22 @@ from . import attributes as attr
 from .backends.base import LoggerBackend, LoggingMode, Metric
 from .collector import Collector, StepBatch
 from .reduce import Reduce, reduced_items
-from .senders import EmbeddedSenders, Senders
+from .senders import SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
 from .spans import SpanBuffer, encode_spans
 from .wire import PointAttributes, encode, encode_resource, key_value
 
 _STREAM_QUEUE_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
 _MAX_SPANS_PER_REQUEST = 4096
+_MAX_POINTS_PER_REQUEST = 8192
+"""Held steps go out in requests of at most this many points (a step is never split), so a
+backlog does not become one request beyond a receiver's message size limit (gRPC: 4 MiB)."""
+_RETRY_FIRST = 0.5
+_RETRY_MAX = 2.0
+"""Seconds between attempts while the endpoint is down: doubling from 0.5 s, capped at 2 s
+(one small request per 2 s is less than a step-per-second process sends when all is well)."""
+_RETRY_AFTER_MAX = 30.0
+_MAX_RELAYED_SPAN_REQUESTS = 256
 _MIN_EXPORT_GAP = 0.1
 """Seconds between OTLP requests of one process: steps flushed faster than this share a
 request (a 20 ms training step would otherwise pay a gRPC call per step)."""
@@ -108,8 +131,21 @@ class BackendSet:
             self._loop.run_until_complete(result)  # type: ignore[arg-type]
 
     def init(self) -> None:
-        for backend in self.backends:
-            self.call(backend.init, self._process_name, **self._init_kwargs)
+        """A backend whose init fails is off from then on, with one error naming it (not one per step)."""
+        for backend in list(self.backends):
+            try:
+                self.call(backend.init, self._process_name, **self._init_kwargs)
+            except Exception as exc:
+                logging.getLogger("rankscope").error(
+                    "rankscope: the %s backend is off: its init failed (%s: %s)",
+                    type(backend).__name__,
+                    type(exc).__name__,
+                    exc,
+                )
+                self.backends.remove(backend)
+                for group in (self.reducing, self.streaming):
+                    if backend in group:
+                        group.remove(backend)
 
     def log_batch(self, batch: StepBatch) -> None:
         if not self.reducing:
@@ -134,8 +170,18 @@ class BackendSet:
             self._loop.close()
 
 
+@dataclass(slots=True)
+class _Unsent:
+    """One encoded OTLP metrics request waiting for the endpoint, and what it holds."""
+
+    request: Any
+    steps: int
+    points: int
+    held_points: int
+
+
 class ExportThread:
-    """Owns the bounded queue and the thread that drains it."""
+    """Owns the bounded queue, the held (unsent) requests and the thread that drains them."""
 
     def __init__(
         self,
@@ -143,7 +189,7 @@ class ExportThread:
         resource: Resource,
         collector: Collector,
         backends: BackendSet,
-        otlp: Senders | EmbeddedSenders | None,
+        otlp: Senders | EmbeddedSenders | RelaySenders | None,
         export_interval: float,
         max_queued_steps: int,
         periodic: Callable[[], bool],
@@ -174,44 +220,76 @@ class ExportThread:
             attr.DROPPED_POINTS, unit="{point}", description="points rankscope could not queue or export"
         )
         self._queue: queue.Queue[Any] = queue.Queue(_STREAM_QUEUE_LIMIT)
-        self._queued_steps = 0
         self._lock = threading.Lock()
+        self._held_steps = 0  # flushed steps not yet sent or dropped: queued, pending or unsent
+        self._held_points = 0
         self.dropped_total = 0
         self._dropped_unreported = 0
         self._warned_drop = False
+        # Export-thread state.
+        self._unsent: deque[_Unsent] = deque()
+        self._span_retry: list[Any] = []
+        self._relayed_spans: deque[Any] = deque()  # forked children's span requests
+        self._failures = 0
+        self._next_attempt = 0.0
+        self._down_since: float | None = None
+        self._warned_down = False
+        self._warned_unreachable = False
+        self._goodbye_queued = False
+        self._waiting: list[threading.Event] = []
         self._thread = threading.Thread(target=self._run, name="rankscope-export", daemon=True)
         self._thread.start()
 
     # -- caller side -------------------------------------------------------------------
 
     def submit(self, batch: StepBatch) -> None:
+        points = batch.held_points = len(batch.accs)
         with self._lock:
-            full = self._queued_steps >= self.max_queued_steps
+            full = self._held_steps >= self.max_queued_steps
             if not full:
-                self._queued_steps += 1
-        if full or not self._put(("batch", batch)):
-            self._drop(len(batch.accs), "the export queue is full")
+                self._held_steps += 1
+                self._held_points += points
+        if full:
+            self._drop(
+                points, f"{self.max_queued_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
+            )
+        elif not self._put(("batch", batch)):
+            self._release(1, points)
+            self._drop(points, "the export queue is full")
 
     def stream(self, key: str, value: float, reduce: Reduce, when: float, step: int | None) -> None:
         if not self._put(("stream", Metric(key, value, reduce, when), step)):
             self._drop(1, "the export queue is full")
 
+    def relay(self, kind: bytes, payload: bytes) -> None:
+        """A forked child's serialized request (the fork relay's thread): exported like our own steps."""
+        if not self._put(("relay", kind, payload)):
+            self._drop(1, "the export queue is full")
+
+    def poll(self, done: Callable[[], None]) -> None:
+        """Export what the process holds now, even unflushed values (a forked child whose parent
+        shuts down), then call ``done`` on the export thread."""
+        if not self._put(("poll", done)):
+            done()
+
     def flush(self, timeout: float) -> bool:
-        """Wait until everything queued before this call has been handled."""
+        """Wait until everything queued before this call has been handled (sent, when there is an endpoint)."""
         done = threading.Event()
         if not self._put(("sync", done)):
             return False
         return done.wait(timeout)
 
     def shutdown(self, timeout: float) -> None:
-        self._put(("stop", None), block=True, timeout=timeout)
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        self._put(("stop", deadline), block=True, timeout=timeout)
+        self._thread.join(timeout + 1.0)  # the thread bounds its own attempts by the deadline
         if self._thread.is_alive():
-            # Stuck in an export retry: stop the exporter; whatever is left is lost.
+            # Stuck (a local backend's finish, a send that ignores its deadline): stop the exporter.
             if self.otlp is not None:
                 self.otlp.shutdown(timeout_millis=100)
             self._thread.join(1.0)
-            left = sum(len(item[1].accs) for item in list(self._queue.queue) if item[0] == "batch")
+            with self._lock:
+                left, self._held_points, self._held_steps = self._held_points, 0, 0
             self._drop(left, f"shutdown did not finish exporting within {timeout:.1f}s")
             self._report_drops(final=True)
         elif self.otlp is not None:
@@ -224,6 +302,11 @@ class ExportThread:
             return True
         except queue.Full:
             return False
+
+    def _release(self, steps: int, points: int) -> None:
+        with self._lock:
+            self._held_steps = max(0, self._held_steps - steps)
+            self._held_points = max(0, self._held_points - points)
 
     def _drop(self, points: int, why: str) -> None:
         with self._lock:
@@ -239,6 +322,10 @@ class ExportThread:
 
     # -- export thread -----------------------------------------------------------------
 
+    def _unsent_work(self) -> bool:
+        """Requests or spans encoded or relayed but not sent yet (a failed attempt's, or a child's)."""
+        return bool(self._unsent or self._span_retry or self._relayed_spans)
+
     def _run(self) -> None:
         try:
             self.backends.init()
@@ -246,9 +333,15 @@ class ExportThread:
             self._on_error("backend init", exc)
         pending: list[StepBatch] = []  # prepared steps waiting for the next OTLP request
         last_export = 0.0
-        stop = False
-        while not stop:
-            wait = self.export_interval if not pending else max(0.0, last_export + _MIN_EXPORT_GAP - time.monotonic())
+        deadline: float | None = None
+        while deadline is None:
+            now = time.monotonic()
+            if self._failures:  # the endpoint is down: wait out the backoff (new steps keep queueing)
+                wait = max(0.0, self._next_attempt - now)
+            elif pending or self._streams or self._unsent_work():
+                wait = max(0.0, last_export + _MIN_EXPORT_GAP - now)
+            else:
+                wait = self.export_interval
             try:
                 items = [self._queue.get(timeout=wait)]
             except queue.Empty:
@@ -258,11 +351,10 @@ class ExportThread:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            syncs: list[threading.Event] = []
+            synced = False
+            polls: list[Callable[[], None]] = []
             for kind, *rest in items:
                 if kind == "batch":
-                    with self._lock:
-                        self._queued_steps -= 1
                     self._guarded(self._prepare, rest[0])
                     pending.append(rest[0])
                 elif kind == "stream":
@@ -270,38 +362,117 @@ class ExportThread:
                         self._streams.append((rest[0], rest[1]))
                     else:
                         self._guarded(self.backends.log_stream, *rest)
+                elif kind == "poll":
+                    polls.append(rest[0])
+                    synced = True
+                    if self._periodic():
+                        batch = self.collector.take(None)
+                        if batch is not None and self._hold(batch):
+                            self._guarded(self._prepare, batch)
+                            pending.append(batch)
+                elif kind == "relay":
+                    self._guarded(self._take_relayed, *rest)
                 elif kind == "sync":
-                    syncs.append(rest[0])
+                    self._waiting.append(rest[0])
+                    synced = True
                 elif kind == "stop":
-                    stop = True
-            due = time.monotonic() - last_export >= _MIN_EXPORT_GAP
-            if not items and not pending and self._periodic():
-                self._guarded(self._periodic_export)
-            elif not pending and len(self.spans) and (due or syncs or stop):  # e.g. GPU spans after their step
-                self._guarded(self._export_spans)
-            elif (pending or self._streams) and (syncs or stop or due):
-                self._guarded(self._export, pending, stop)
+                    deadline = rest[0]
+            if deadline is not None:
+                break
+            now = time.monotonic()
+            if not items and not pending and not self._failures and self._periodic():
+                # A process that never flushes. While the endpoint is down its values keep
+                # accumulating in place (constant memory) instead of filling the queue.
+                batch = self.collector.take(None)
+                if batch is not None and self._hold(batch):
+                    self._guarded(self._prepare, batch)
+                    pending.append(batch)
+            work = pending or self._streams or self._unsent_work() or len(self.spans)
+            ready = now >= self._next_attempt or synced  # a force_flush tries at once
+            if work and ready and (synced or now - last_export >= _MIN_EXPORT_GAP):
+                self._try_cycle(pending, None, False)
                 pending, last_export = [], time.monotonic()
-            elif stop:
-                self._guarded(self._export, [], True)
-            for done in syncs:
-                done.set()
+            if not pending and not self._unsent_work():
+                self._release_waiting()
+            for done in polls:
+                self._guarded(done)
+        self._finish(pending, deadline)
+
+    def _finish(self, pending: list[StepBatch], deadline: float) -> None:
+        """Stop: keep trying (with the same backoff) until the shutdown deadline, then count what is left."""
+        while True:
+            self._try_cycle(pending, deadline, True)
+            pending = []
+            if not self._unsent_work():
+                break
+            wait = max(0.0, self._next_attempt - time.monotonic())
+            if time.monotonic() + wait >= deadline - 0.05:
+                break
+            time.sleep(wait)
+        if self._unsent_work():
+            held = sum(u.held_points for u in self._unsent)
+            self._release(sum(u.steps for u in self._unsent), held)
+            self._drop(sum(u.points for u in self._unsent), "shutdown ended before the endpoint answered")
+            self._unsent.clear()
+            self.spans.dropped += len(self._span_retry)
+            self.spans.dropped += sum(
+                len(ss.spans) for r in self._relayed_spans for rs in r.resource_spans for ss in rs.scope_spans
+            )
+            self._span_retry = []
+            self._relayed_spans.clear()
+            self._report_drops(final=True)
+        self._release_waiting()
         self._guarded(self.backends.finish)
+
+    def _try_cycle(self, pending: list[StepBatch], deadline: float | None, goodbye: bool) -> None:
+        try:
+            self._cycle(pending, deadline, goodbye)
+        except Exception as exc:
+            self._next_attempt = time.monotonic() + _RETRY_FIRST  # never a busy loop over a bug
+            self._on_error("export", exc)
+
+    def _take_relayed(self, kind: bytes, payload: bytes) -> None:
+        """A forked child's request joins ours: metrics count in the step bound, spans in a bounded line."""
+        if kind == SPANS:
+            request = ExportTraceServiceRequest.FromString(payload)
+            if len(self._relayed_spans) >= _MAX_RELAYED_SPAN_REQUESTS:
+                self.spans.dropped += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            else:
+                self._relayed_spans.append(request)
+            return
+        request = ExportMetricsServiceRequest.FromString(payload)
+        points = sum(len(sm.metrics) for rm in request.resource_metrics for sm in rm.scope_metrics)
+        with self._lock:
+            full = self._held_steps >= self.max_queued_steps
+            if not full:
+                self._held_steps += 1
+        if full:
+            self._drop(points, "the export queue is full")
+        else:
+            self._unsent.append(_Unsent(request, 1, points, 0))
+
+    def _release_waiting(self) -> None:
+        for done in self._waiting:
+            done.set()
+        self._waiting = []
+
+    def _hold(self, batch: StepBatch) -> bool:
+        """A step made on this thread (a periodic export) joins the bound like a flushed one."""
+        batch.held_points = len(batch.accs)
+        with self._lock:
+            full = self._held_steps >= self.max_queued_steps
+            if not full:
+                self._held_steps += 1
+                self._held_points += batch.held_points
+        if full:
+            self._drop(batch.held_points, "the export queue is full")
+        return not full
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
             fn(*args)
         except Exception as exc:
             self._on_error(getattr(fn, "__name__", "export"), exc)
-
-    def _periodic_export(self) -> None:
-        self._export_spans()
-        batch = self.collector.take(None)
-        if batch is not None:
-            self._prepare(batch)
-            self._export([batch])
-        elif self._streams:
-            self._export([])
 
     def _prepare(self, batch: StepBatch) -> None:
         """Read device values and GPU-timed durations, then give the step to the local backends."""
@@ -312,90 +483,185 @@ class ExportThread:
             batch.device = None
         self.backends.log_batch(batch)
 
-    def _export(self, batches: list[StepBatch], goodbye: bool = False) -> None:
-        if self.otlp is None:
+    def _cycle(self, batches: list[StepBatch], deadline: float | None, goodbye: bool) -> None:
+        """One export attempt: encode the new steps behind the held ones, then send spans, streamed
+        values and metric requests, oldest first, until one fails (then back off) or all are out."""
+        if self.otlp is None:  # local backends only: nothing leaves the process
+            self._release(len(batches), sum(b.held_points for b in batches))
             return
-        self._export_spans()  # before the flush markers: the sink sees a step's spans when it closes it
-        if self._streams:
-            streams, self._streams = self._streams, []
-            if not self._send_logs(streams):
-                self._drop(len(streams), "the OTLP endpoint did not accept streamed values")
+        try:
+            self._encode(batches, goodbye)
+        except Exception:
+            self._release(len(batches), sum(b.held_points for b in batches))
+            self._drop(sum(len(b.accs) for b in batches), "a step could not be encoded")
+            raise
+        failed = self._send_spans(deadline)  # before the flush markers: the sink sees a step's spans when it closes it
+        if failed is None and self._streams:
+            failed = self._send_streams(deadline)
+        while failed is None and self._unsent:
+            item = self._unsent[0]
+            attempt = self._attempt(self.otlp.send, item.request, deadline)
+            if attempt.sent or not attempt.retry:
+                self._unsent.popleft()
+                self._release(item.steps, item.held_points)
+                if not attempt.sent:
+                    self._drop(item.points, f"the OTLP endpoint refused an export ({attempt.detail})")
+            else:
+                failed = attempt
+        if failed is not None:
+            self._failed(failed)
+            return
+        if self._failures and self._warned_down:
+            down = time.monotonic() - (self._down_since or time.monotonic())
+            logging.getLogger("rankscope").warning(
+                "rankscope: %s answers again after %.1fs; the steps held meanwhile were sent",
+                getattr(self.otlp, "target", "the OTLP endpoint"),
+                down,
+            )
+            self._warned_down = False
+        self._failures, self._down_since, self._next_attempt = 0, None, 0.0
+        self._report_drops(final=False)
+
+    def _attempt(self, send: Callable[..., Attempt], request: Any, deadline: float | None) -> Attempt:
+        timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
+        try:
+            return send(request, timeout)
+        except Exception as exc:  # e.g. the embedded sink could not start: counted, warned once
+            self._warn_unreachable(exc)
+            return Attempt(False, detail=repr(exc))
+
+    def _failed(self, attempt: Attempt) -> None:
+        """The endpoint did not take a request it may take later: keep everything, retry after a backoff."""
+        self._failures += 1
+        backoff = min(_RETRY_MAX, _RETRY_FIRST * 2 ** (self._failures - 1)) * random.uniform(0.8, 1.2)
+        if attempt.retry_after is not None:
+            backoff = min(max(backoff, attempt.retry_after), _RETRY_AFTER_MAX)
+        now = time.monotonic()
+        self._next_attempt = now + backoff
+        if self._down_since is None:
+            self._down_since = now
+        if not self._warned_down:  # a log line, not a warning: nothing is lost (yet)
+            self._warned_down = True
+            logging.getLogger("rankscope").warning(
+                "rankscope: %s does not take exports now (%s); flushed steps wait for it (up to %d, "
+                "RANKSCOPE_MAX_QUEUED_STEPS) and go out when it answers; the job is unaffected",
+                getattr(self.otlp, "target", "the OTLP endpoint"),
+                attempt.detail,
+                self.max_queued_steps,
+            )
+
+    def _encode(self, batches: list[StepBatch], goodbye: bool) -> None:
+        """Append the steps as OTLP requests of at most ``_MAX_POINTS_PER_REQUEST`` points to the unsent queue."""
+        # A forked child (relayed) is never waited for by a sink: no goodbye to say.
+        goodbye = goodbye and not self._goodbye_queued and not isinstance(self.otlp, RelaySenders)
+        if not batches and not goodbye:
+            return
         sdk_data = self._reader.pull()
         request = encode_metrics(sdk_data) if sdk_data is not None else ExportMetricsServiceRequest()
-        if batches:
-            scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
-        points = 0
+        made: list[_Unsent] = []  # all or nothing: a step that fails to encode drops the round, counted once
+        scope: Any = None
+        steps = points = held = 0
         for batch in batches:
-            t0, t1 = batch.start_time_unix_nano, batch.time_unix_nano
-            for i, (key, acc) in enumerate(batch.accs.items()):
-                metric = encode(key, acc, batch.step, t0, t1, self._point_attributes)
-                if metric is not None:
-                    scope.metrics.append(metric)
-                if i % 32 == 31:
-                    time.sleep(0)  # hand the GIL back to the training thread between chunks
-            points += len(batch.accs)
-            if batch.step is not None:  # "this process closed step N" (value: number of keys)
-                marker = scope.metrics.add(name=attr.FLUSH_MARKER, unit="{key}")
-                marker.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
-                marker.sum.is_monotonic = True
-                point = marker.sum.data_points.add(
-                    start_time_unix_nano=t0,
-                    time_unix_nano=t1,
-                    as_int=len(batch.accs),
-                    attributes=self._point_attributes.get("flush", batch.step)[1:],
-                )
-                if batch.expected:
-                    point.attributes.append(key_value(attr.EXPECTED_PROCESSES, batch.expected))
-                if batch.driven:
-                    point.attributes.append(key_value(attr.DRIVEN, True))
+            if points and points + len(batch.accs) > _MAX_POINTS_PER_REQUEST:
+                made.append(_Unsent(request, steps, points, held))
+                request, scope, steps, points, held = ExportMetricsServiceRequest(), None, 0, 0, 0
+            if scope is None:
+                scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
+            self._encode_batch(batch, scope)
+            steps, points, held = steps + 1, points + len(batch.accs), held + batch.held_points
         if goodbye:  # "this process is done: stop waiting for its steps"
-            if not batches:
+            if scope is None:
                 scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
             bye = scope.metrics.add(name=attr.GOODBYE)
             bye.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
             bye.sum.data_points.add(time_unix_nano=time.time_ns(), as_int=1)
-        if not request.resource_metrics:
-            return
-        if self._send(request):
-            self._report_drops(final=False)
-        else:
-            self._drop(points, "the OTLP endpoint did not accept an export")
+        if request.resource_metrics:
+            made.append(_Unsent(request, steps, points, held))
+        self._unsent.extend(made)
+        self._goodbye_queued = self._goodbye_queued or goodbye
 
-    def _export_spans(self) -> None:
-        """Send the span buffer; a failed request's spans are counted, reported once export recovers."""
-        while len(self.spans):
-            records = self.spans.drain(_MAX_SPANS_PER_REQUEST)
-            request = encode_spans(records, self._resource_pb, self._scope)
-            try:
-                ok = self.otlp is not None and self.otlp.send_spans(request)
-            except Exception as exc:
-                self._warn_unreachable(exc)
-                ok = False
-            if not ok:
+    def _encode_batch(self, batch: StepBatch, scope: Any) -> None:
+        t0, t1 = batch.start_time_unix_nano, batch.time_unix_nano
+        for i, (key, acc) in enumerate(batch.accs.items()):
+            metric = encode(key, acc, batch.step, t0, t1, self._point_attributes)
+            if metric is not None:
+                scope.metrics.append(metric)
+            if i % 32 == 31:
+                time.sleep(0)  # hand the GIL back to the training thread between chunks
+        if batch.step is not None:  # "this process closed step N" (value: number of keys)
+            marker = scope.metrics.add(name=attr.FLUSH_MARKER, unit="{key}")
+            marker.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
+            marker.sum.is_monotonic = True
+            point = marker.sum.data_points.add(
+                start_time_unix_nano=t0,
+                time_unix_nano=t1,
+                as_int=len(batch.accs),
+                attributes=self._point_attributes.get("flush", batch.step)[1:],
+            )
+            if batch.expected:
+                point.attributes.append(key_value(attr.EXPECTED_PROCESSES, batch.expected))
+            if batch.driven:
+                point.attributes.append(key_value(attr.DRIVEN, True))
+
+    def _send_spans(self, deadline: float | None) -> Attempt | None:
+        """Send the span buffer (a chunk a failed attempt left first). Returns the failed attempt
+        when the endpoint should be tried again later; refused spans are counted."""
+        assert self.otlp is not None
+        while self._relayed_spans:
+            attempt = self._attempt(self.otlp.send_spans, self._relayed_spans[0], deadline)
+            if attempt.retry and not attempt.sent:
+                return attempt
+            request = self._relayed_spans.popleft()
+            if not attempt.sent:
+                self.spans.dropped += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        records = self._span_retry or self.spans.drain(_MAX_SPANS_PER_REQUEST)
+        self._span_retry = []
+        sent = False
+        while records:
+            attempt = self._attempt(
+                self.otlp.send_spans, encode_spans(records, self._resource_pb, self._scope), deadline
+            )
+            if attempt.retry and not attempt.sent:
+                self._span_retry = records  # the buffer behind it stays bounded (its overflow is counted)
+                return attempt
+            if attempt.sent:
+                sent = True
+            else:
                 self.spans.dropped += len(records)
                 if not self._spans_warned:
                     self._spans_warned = True
-                    _warn("rankscope: dropping spans: the OTLP endpoint did not accept them; the job is unaffected")
-                return
-        if self.spans.dropped > self._spans_dropped_reported:  # a send went through: report what was lost
+                    _warn(f"rankscope: dropping spans: the OTLP endpoint refused them ({attempt.detail})")
+            records = self.spans.drain(_MAX_SPANS_PER_REQUEST)
+        if sent and self.spans.dropped > self._spans_dropped_reported:  # a send went through: report what was lost
             n = self.spans.dropped - self._spans_dropped_reported
             self._spans_dropped_reported = self.spans.dropped
             self._spans_warned = False
             _warn(f"rankscope: {n} spans were dropped ({self.spans.dropped} in total)")
+        return None
 
-    def _send(self, request: Any) -> bool:
-        try:
-            return bool(self.otlp is not None and self.otlp.send(request))
-        except Exception as exc:  # e.g. the embedded sink could not start: count, warn once
-            self._warn_unreachable(exc)
-            return False
+    def _send_streams(self, deadline: float | None) -> Attempt | None:
+        assert self.otlp is not None
+        streams = self._streams
+        attempt = self._attempt(self.otlp.send_logs, self._logs_request(streams), deadline)
+        if attempt.sent:
+            self._streams = []
+            return None
+        if attempt.retry:
+            over = len(streams) - _STREAM_QUEUE_LIMIT
+            if over > 0:
+                del streams[:over]
+                self._drop(over, "too many streamed values wait for the endpoint")
+            return attempt
+        self._streams = []
+        self._drop(len(streams), f"the OTLP endpoint refused streamed values ({attempt.detail})")
+        return None
 
     def _warn_unreachable(self, exc: Exception) -> None:
-        if not getattr(self, "_warned_unreachable", False):
+        if not self._warned_unreachable:
             self._warned_unreachable = True
             _warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
 
-    def _send_logs(self, streams: list[tuple[Metric, int | None]]) -> bool:
+    def _logs_request(self, streams: list[tuple[Metric, int | None]]) -> ExportLogsServiceRequest:
         request = ExportLogsServiceRequest()
         records = request.resource_logs.add(resource=self._resource_pb).scope_logs.add(scope=self._scope)
         for metric, step in streams:
@@ -410,11 +676,7 @@ class ExportThread:
             )
             if step is not None:
                 record.attributes.append(key_value(attr.STEP, step))
-        try:
-            return bool(self.otlp is not None and self.otlp.send_logs(request))
-        except Exception as exc:
-            self._warn_unreachable(exc)
-            return False
+        return request
 
     def _report_drops(self, final: bool) -> None:
         with self._lock:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import atexit
 import json
+import mmap
 import os
 import sys
 import threading
 import time
 import traceback
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,7 +29,16 @@ from .export import BackendSet, ExportThread
 from .export import _warn as _warn_export
 from .identity import build_resource, process_label
 from .reduce import Reduce
-from .senders import EmbeddedSenders, Senders, has_endpoint, post_config, sink_status
+from .senders import (
+    EmbeddedSenders,
+    ForkRelay,
+    RelaySenders,
+    Senders,
+    fork_pair,
+    has_endpoint,
+    post_config,
+    sink_status,
+)
 from .settings import resolve
 from .tracer_provider import install_tracer_provider
 from .tracing import TracingState
@@ -130,7 +141,7 @@ def init(
         values recorded so far are kept for the next flush. A program that calls init
         closes its own steps with ``flush``: instrumentors stop closing them (``auto_step``).
     """
-    global _collector, _disabled, _runtime
+    global _collector, _disabled, _runtime, _fork_origin
     with _lock:
         if resolve("disable", disable):
             _shutdown_locked()
@@ -155,35 +166,21 @@ def init(
             "experiment": experiment_id,
         }
         backend_set = BackendSet(backend_objects, init_kwargs, label)
-        collector = Collector(streams=[])
         monarch_controller = _is_monarch_controller()
-        tracing = TracingState(
+        runtime = _start_runtime(
             resource,
-            sample_ratio=resolve("trace_sample") if senders is not None else 0.0,  # spans need somewhere to go
-            root=_is_trace_root(resource, monarch_controller),
-            max_spans=resolve("max_queued_spans"),
-            on_error=_report_internal_error,
-        )
-        runtime: _Runtime | None = None
-        thread = ExportThread(
-            resource=resource,
-            collector=collector,
-            backends=backend_set,
-            otlp=senders,
+            senders,
+            backend_set,
             stream_to_sink=views_in_sink and stream,
+            trace_root=_is_trace_root(resource, monarch_controller),
             export_interval=resolve("export_interval", export_interval),
-            max_queued_steps=resolve("max_queued_steps"),
-            periodic=lambda: runtime is not None and not runtime.flushed and not runtime.monarch_steps,
-            on_error=_report_internal_error,
-            spans=tracing.buffer,
+            shutdown_timeout=resolve("shutdown_timeout"),
         )
-        runtime = _Runtime(resource, collector, thread, resolve("shutdown_timeout"), tracing)
+        collector, tracing = runtime.collector, runtime.tracing
         runtime.monarch_controller = monarch_controller
         # Monarch actors follow their controller's steps.
         runtime.driven_steps = "monarch" in sys.modules and not monarch_controller
         runtime.auto_steps = False  # an explicit init: the program closes its own steps (_auto_init differs)
-        if backend_set.streaming or thread.stream_to_sink:
-            collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
         if previous is not None:  # keep what was recorded before re-init
             collector.accs = previous.collector.accs
             tracing.last_step, tracing.explicit_step = previous.tracing.last_step, previous.tracing.explicit_step
@@ -194,12 +191,51 @@ def init(
             os.environ["RANKSCOPE_ENDPOINT"] = endpoint
         if backends is not None:
             os.environ["RANKSCOPE_BACKENDS"] = json.dumps(views)
-        _runtime, _collector, _disabled = runtime, collector, False
+        _runtime, _collector, _disabled, _fork_origin = runtime, collector, False, None
         _bind_compile_check()
         install_tracer_provider(resource)
+        _finalize_in_multiprocessing_child()
         if "monarch" in sys.modules:
             _install_monarch_propagation()
         return resource
+
+
+def _start_runtime(
+    resource: Resource,
+    senders: Senders | EmbeddedSenders | RelaySenders | None,
+    backend_set: BackendSet,
+    *,
+    stream_to_sink: bool,
+    trace_root: bool,
+    export_interval: float,
+    shutdown_timeout: float,
+) -> _Runtime:
+    """A collector, tracing state and export thread for ``resource`` (init, or a forked child's re-arm)."""
+    collector = Collector(streams=[])
+    tracing = TracingState(
+        resource,
+        sample_ratio=resolve("trace_sample") if senders is not None else 0.0,  # spans need somewhere to go
+        root=trace_root,
+        max_spans=resolve("max_queued_spans"),
+        on_error=_report_internal_error,
+    )
+    runtime: _Runtime | None = None
+    thread = ExportThread(
+        resource=resource,
+        collector=collector,
+        backends=backend_set,
+        otlp=senders,
+        stream_to_sink=stream_to_sink,
+        export_interval=export_interval,
+        max_queued_steps=resolve("max_queued_steps"),
+        periodic=lambda: runtime is not None and not runtime.flushed and not runtime.monarch_steps,
+        on_error=_report_internal_error,
+        spans=tracing.buffer,
+    )
+    runtime = _Runtime(resource, collector, thread, shutdown_timeout, tracing)
+    if backend_set.streaming or thread.stream_to_sink:
+        collector.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, runtime.current_step)])
+    return runtime
 
 
 def _is_trace_root(resource: Resource, monarch_controller: bool) -> bool:
@@ -293,6 +329,12 @@ def _make_backends(config: Mapping[str, Mapping[str, Any]], alone: bool) -> list
 
 def _auto_init() -> Collector | None:
     with _lock:
+        if _collector is None and not _disabled and _fork_origin is not None:
+            try:
+                _rearm_forked_child(_fork_origin)
+            except Exception as exc:
+                _report_internal_error("re-arm after fork", exc)
+            return _collector
         if _collector is None and not _disabled:
             try:
                 init()
@@ -494,6 +536,11 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
         except Exception as exc:
             _report_internal_error("last automatic step", exc)
     runtime = _runtime
+    if runtime is not None and drain_unflushed and _relay is not None:
+        # Forked children still running (persistent DataLoader workers) send what they hold first.
+        late = _relay.flush_children(min(runtime.shutdown_timeout, _CHILD_SHUTDOWN_TIMEOUT))
+        if late:
+            _warn_export(f"rankscope: {late} forked child process(es) did not send their values before shutdown")
     _runtime, _collector = None, None
     if runtime is None:
         return
@@ -565,11 +612,183 @@ def dropped_points() -> int:
 _dropped_before_shutdown = 0
 
 
+# -- processes made by fork ---------------------------------------------------------------
+#
+# A forked child (a torch DataLoader worker, a multiprocessing worker) is a new process with a
+# copy of this one's memory: the export thread did not survive the fork, and any lock another
+# thread held at that moment stays held forever in the child. So the child never touches the
+# parent's runtime (it keeps a reference to it, so that no destructor runs in the child either).
+# ``_after_fork_in_child`` forgets it and makes a fresh module lock; the child's first rankscope
+# call re-arms it (``_rearm_forked_child``): a new export thread and the parent's identity with a
+# new ``service.instance.id``, ``process.pid`` and ``process.parent_pid``. The child never
+# flushes, so a sink counts it as one more process of the experiment whose points join the step
+# in progress, never as a rank it waits for.
+#
+# The child does not use gRPC: with the gRPC core it inherited, a child crashed now and then
+# (SIGSEGV, 2 of 160 forks under load). Each fork gets a Unix socket pair (``_before_fork``); the
+# child's export thread sends its OTLP requests over it and the parent's ``ForkRelay`` thread
+# hands them to the parent's export thread, which exports them with its own queue and retries.
+# The child exports every ``export_interval`` and at exit: multiprocessing children end in
+# ``os._exit`` (atexit does not run), so a multiprocessing finalizer shuts rankscope down first.
+# A parent that keeps its views to itself (no endpoint, no sink) has nowhere a child's values
+# could go: the child refuses them with one warning per parent (a shared page remembers it).
+
+_CHILD_SHUTDOWN_TIMEOUT = 2.0
+_PARENT_PID = "process.parent_pid"  # OTel semantic conventions
+
+
+class _ForkOrigin:
+    """What a forked child needs from its parent's runtime (plain values, read right after fork)."""
+
+    def __init__(self, parent: _Runtime, sock: Any, warned: mmap.mmap | None) -> None:
+        self.attributes = dict(parent.resource.attributes)
+        self.parent_pid = os.getppid()  # runs in the child, right after fork
+        otlp = parent.thread.otlp
+        self.senders: RelaySenders | None = None
+        self.listen = False  # whether the parent may ask this child to flush (its own socket)
+        self.why_not = "it keeps its views in its own process (no endpoint, no sink)"
+        if isinstance(otlp, RelaySenders):  # a grandchild: the same way up to the process that exports
+            self.senders = otlp.for_child()
+        elif otlp is not None and sock is not None:
+            self.senders, self.listen = RelaySenders(sock, self.parent_pid), True
+        elif otlp is not None:
+            self.why_not = "no relay socket could be made for this child"
+        self.export_interval = parent.thread.export_interval
+        self.shutdown_timeout = min(parent.shutdown_timeout, _CHILD_SHUTDOWN_TIMEOUT)
+        self.last_step = parent.tracing.last_step
+        self.warned = warned
+
+
+_fork_origin: _ForkOrigin | None = None
+_refusal_page: mmap.mmap | None = None
+_multiprocessing_finalizer: Any = None
+_relay: ForkRelay | None = None
+_fork_pair: Any = None
+_forked_from: Any = None
+"""In a child: the parent's runtime, kept referenced and never used (no gRPC destructor runs here)."""
+
+
+_late_relayed = False
+
+
+def _deliver_relayed(kind: bytes, payload: bytes) -> None:
+    global _late_relayed
+    runtime = _runtime
+    if runtime is not None:
+        runtime.thread.relay(kind, payload)
+    elif not _late_relayed:  # a child exported after our shutdown: nowhere to send it, but say so
+        _late_relayed = True
+        _warn_export("rankscope: a forked child exported values after this process shut rankscope down; not sent")
+
+
+def _before_fork() -> None:
+    """In the parent, on the forking thread: a socket pair for the child (or the refusal page)."""
+    global _refusal_page, _relay, _fork_pair
+    runtime = _runtime
+    if runtime is None or _disabled:
+        return
+    try:
+        otlp = runtime.thread.otlp
+        if otlp is None:
+            if _refusal_page is None:
+                _refusal_page = mmap.mmap(-1, 1)
+        elif not isinstance(otlp, RelaySenders):
+            if _relay is None:
+                _relay = ForkRelay(_deliver_relayed)
+            _fork_pair = fork_pair()
+    except Exception as exc:  # the child then refuses its values with a warning
+        _fork_pair = None
+        _report_internal_error("fork relay", exc)
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_pair
+    pair, _fork_pair = _fork_pair, None
+    if pair is not None and _relay is not None:
+        _relay.adopt(pair[0])
+        pair[1].close()
+
+
 def _after_fork_in_child() -> None:
-    """A forked child is a new process: new identity, new thread; same experiment via env."""
-    global _collector, _runtime, _auto_step_pending
-    _collector, _runtime, _auto_step_pending = None, None, False
+    """A forked child is a new process: forget the parent's runtime; the first call re-arms."""
+    global _collector, _runtime, _auto_step_pending, _lock, _fork_origin, _dropped_before_shutdown
+    global _multiprocessing_finalizer, _relay, _fork_pair, _forked_from
+    parent, pair, relay, inherited = _runtime, _fork_pair, _relay, _fork_origin
+    _lock = threading.RLock()  # another thread may have held the parent's at fork time
+    _collector, _runtime, _auto_step_pending, _dropped_before_shutdown = None, None, False, 0
+    _multiprocessing_finalizer = _fork_pair = _relay = _fork_origin = None
+    if parent is not None:
+        _forked_from = parent
+    try:
+        if relay is not None:
+            relay.close_in_child()  # the siblings' sockets are the parent's to read
+        if pair is not None:
+            pair[0].close()
+        if parent is not None and not _disabled:
+            _fork_origin = _ForkOrigin(parent, None if pair is None else pair[1], _refusal_page)
+        elif inherited is not None:  # forked again before its first call: same way up
+            inherited.parent_pid = os.getppid()
+            _fork_origin = inherited
+    except Exception as exc:  # the child then initializes from its environment
+        _report_internal_error("fork", exc)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _rearm_forked_child(origin: _ForkOrigin) -> None:
+    """The child's first call: join the parent's experiment as a process of its own (under ``_lock``)."""
+    global _collector, _disabled, _runtime, _fork_origin
+    _fork_origin = None
+    if origin.senders is None:
+        _collector, _disabled = None, True
+        page = origin.warned
+        if page is None or page[0] == 0:
+            if page is not None:
+                page[0] = 1
+            _warn_export(
+                f"rankscope: values recorded in forked child processes (pid {os.getpid()}: DataLoader "
+                f"workers, multiprocessing) are not recorded: their parent (pid {origin.parent_pid}) "
+                f"{origin.why_not}. To collect them, give the job a sink: RANKSCOPE_SINK=embedded, "
+                "RANKSCOPE_ENDPOINT, or `rankscope run`"
+            )
+        return
+    attributes: dict[str, Any] = dict(origin.attributes)
+    attributes[attr.SERVICE_INSTANCE_ID] = uuid.uuid4().hex
+    attributes[attr.PROCESS_PID] = os.getpid()
+    attributes[_PARENT_PID] = origin.parent_pid
+    resource = Resource(attributes)
+    runtime = _start_runtime(
+        resource,
+        origin.senders,
+        BackendSet([], {}, process_label(resource)),
+        stream_to_sink=False,
+        trace_root=False,
+        export_interval=origin.export_interval,
+        shutdown_timeout=origin.shutdown_timeout,
+    )
+    runtime.auto_steps = False  # never stepped: the sink must not wait for a worker
+    runtime.tracing.last_step = origin.last_step
+    if origin.listen:
+        senders = origin.senders
+        senders.listen(lambda: runtime.thread.poll(senders.ack))
+    _runtime, _collector, _disabled = runtime, runtime.collector, False
+    _bind_compile_check()
+    _finalize_in_multiprocessing_child()
+
+
+def _finalize_in_multiprocessing_child() -> None:
+    """multiprocessing children leave through ``os._exit`` after running their finalizers, not atexit."""
+    global _multiprocessing_finalizer
+    if _multiprocessing_finalizer is not None:
+        return
+    try:
+        import multiprocessing
+        from multiprocessing import util
+
+        if multiprocessing.parent_process() is None:
+            return
+        _multiprocessing_finalizer = util.Finalize(None, shutdown, exitpriority=100)
+    except Exception as exc:
+        _report_internal_error("multiprocessing exit hook", exc)
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 atexit.register(shutdown)

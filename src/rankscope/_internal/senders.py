@@ -2,92 +2,175 @@
 
 rankscope builds the OTLP protobuf itself (its states are already aggregated, and the
 SDK's dataclass round trip costs ~5x more on the export thread), then hands the request
-to the SDK exporter's protobuf-level entry point, so endpoint, headers, TLS, compression,
-timeouts and retries follow the SDK and its ``OTEL_EXPORTER_OTLP_*`` variables.
+to the SDK exporter's transport, so endpoint, headers, TLS, compression and timeouts
+follow the SDK and its ``OTEL_EXPORTER_OTLP_*`` variables.
+
+Each ``send`` is **one attempt**, never the SDK's retry loop: the SDK exporters retry with
+exponential backoff inside ``export()`` for up to ``OTEL_EXPORTER_OTLP_TIMEOUT`` and then
+drop the batch, which made an endpoint outage lose every step while the export thread sat
+in the SDK's sleep. Here an attempt has one deadline (the exporter's timeout, or less at
+shutdown) and answers ``Attempt``: sent, *retry* (unreachable, overloaded, timed out: the
+export thread keeps the steps in its bounded queue and retries with its own backoff) or
+rejected (the endpoint refused the request for good: counted as dropped). gRPC channels
+reconnect within ``_MAX_RECONNECT_BACKOFF_MS`` of an endpoint coming back (gRPC's own
+default backoff grows to two minutes).
 
 Metrics go as metrics; streamed raw values (``per_rank_no_reduce`` views in the sink) go
 as OTLP log records. ``EmbeddedSenders`` finds or starts the experiment's embedded sink the
 first time it has something to send, on the export thread, never on the caller's.
+
+Forked children never touch gRPC: a child that uses the gRPC core it inherited crashes now and
+then (SIGSEGV in 2 of 160 forks in our stress test, from gRPC's own fork handling when another
+thread was in a call at fork time). ``RelaySenders`` in the child hands each request to the
+parent over a Unix ``SOCK_SEQPACKET`` socket pair made at fork; ``ForkRelay`` in the parent reads
+every child's socket on one thread and gives the requests to the parent's export thread, which
+sends them with its own (bounded, retried) queue.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import selectors
+import socket
+import struct
+import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+# gRPC's fork handlers restart its threads in every forked child, and those threads crash the child
+# now and then when the parent was exporting at the moment of the fork: 4 of 128 plain forked
+# children (each only sleeping 1 s) died of SIGSEGV/SIGABRT "Check failed: next_worker->state ==
+# KICKED" in our stress test, i.e. a DataLoader worker killed by telemetry. Forked children never
+# use gRPC here (they relay through the parent), so the handlers are not needed: off by default,
+# before grpc is first imported (a program that uses gRPC in forked children itself sets the variable).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
-from opentelemetry.sdk._logs.export import LogRecordExportResult
-from opentelemetry.sdk.metrics.export import MetricExportResult
-from opentelemetry.sdk.trace.export import SpanExportResult
+
+_RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
+_MAX_RECONNECT_BACKOFF_MS = 1000
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
+)
 
 
-def _points(request: Any) -> int:
-    return sum(len(m.ListFields()) for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The outcome of one send: ``sent``; else ``retry`` says whether trying again may work."""
+
+    sent: bool
+    retry: bool = False
+    detail: str = ""
+    retry_after: float | None = None
+    """The endpoint's own hint (gRPC RetryInfo, HTTP Retry-After), seconds."""
 
 
-class _GrpcMetrics(GrpcMetricExporter):
-    """The SDK gRPC exporter fed with a ready request (its ``_export`` retry loop is reused)."""
-
-    def _translate_data(self, data: Any) -> Any:
-        return data
-
-    def _count_data(self, data: Any) -> int:
-        return _points(data)
-
-    def send(self, request: Any) -> bool:
-        return self._export(data=request) is MetricExportResult.SUCCESS  # type: ignore[arg-type]
+SENT = Attempt(True)
 
 
-class _HttpMetrics(HttpMetricExporter):
-    def send(self, request: Any) -> bool:
+class _OneGrpcAttempt:
+    """One ``Export`` call with one deadline on the SDK exporter's channel, stub and headers."""
+
+    _client: Any
+    _headers: Any
+    _timeout: float
+    _shutdown: bool
+    _retryable_error_codes: Any
+
+    def send(self, request: Any, timeout: float | None = None) -> Attempt:
+        if self._shutdown or self._client is None:
+            return Attempt(False, detail="the exporter is shut down")
+        deadline = self._timeout if timeout is None else max(0.001, min(timeout, self._timeout))
+        try:
+            self._client.Export(request=request, metadata=self._headers, timeout=deadline)
+            return SENT
+        except grpc.RpcError as error:
+            code = error.code()  # type: ignore[attr-defined]
+            detail = f"{getattr(code, 'name', code)}: {error.details()}"  # type: ignore[attr-defined]
+            return Attempt(False, retry=code in self._retryable_error_codes, detail=detail, retry_after=_hint(error))
+
+
+def _hint(error: Any) -> float | None:
+    try:
+        raw = dict(error.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")
+        if raw is None:
+            return None
+        from google.rpc.error_details_pb2 import RetryInfo
+
+        info = RetryInfo()
+        info.ParseFromString(raw)
+        return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+    except Exception:
+        return None
+
+
+class _OneHttpAttempt:
+    """One POST with one deadline through the SDK exporter's HTTP client (its retry loop unused)."""
+
+    _client: Any
+    _shutdown: bool
+
+    def send(self, request: Any, timeout: float | None = None) -> Attempt:
         if self._shutdown:
-            return False
-        return self._export_batch(request) is MetricExportResult.SUCCESS
+            return Attempt(False, detail="the exporter is shut down")
+        client = self._client
+        deadline = client._timeout if timeout is None else max(0.001, min(timeout, client._timeout))
+        result = client._submit(client._compress(request.SerializeToString()), deadline)
+        status = result.status_code
+        if status is not None and 200 <= status < 300:
+            return SENT
+        if status is None:  # no answer: refused connection, timeout, DNS
+            return Attempt(False, retry=True, detail=f"{result.error or result.reason}")
+        after = None
+        try:
+            header = result.headers().get("retry-after")
+            after = float(header) if header is not None else None
+        except Exception:
+            after = None
+        return Attempt(
+            False, retry=status in _RETRYABLE_HTTP, detail=f"HTTP {status} {result.reason}", retry_after=after
+        )
 
 
-class _GrpcLogs(GrpcLogExporter):
-    def _translate_data(self, data: Any) -> Any:
-        return data
-
-    def _count_data(self, data: Any) -> int:
-        return sum(len(sl.log_records) for rl in data.resource_logs for sl in rl.scope_logs)
-
-    def send(self, request: Any) -> bool:
-        return self._export(data=request) is LogRecordExportResult.SUCCESS  # type: ignore[arg-type]
+def _grpc_options() -> dict[str, Any]:
+    return {"channel_options": _CHANNEL_OPTIONS}
 
 
-class _HttpLogs(HttpLogExporter):
-    def send(self, request: Any) -> bool:
-        if self._shutdown:
-            return False
-        return bool(self._client.export(request.SerializeToString()).success)
+class _GrpcMetrics(_OneGrpcAttempt, GrpcMetricExporter):
+    pass
 
 
-class _GrpcSpans(GrpcSpanExporter):
-    def _translate_data(self, data: Any) -> Any:
-        return data
-
-    def _count_data(self, data: Any) -> int:
-        return sum(len(ss.spans) for rs in data.resource_spans for ss in rs.scope_spans)
-
-    def send(self, request: Any) -> bool:
-        return self._export(data=request) is SpanExportResult.SUCCESS  # type: ignore[arg-type]
+class _HttpMetrics(_OneHttpAttempt, HttpMetricExporter):
+    pass
 
 
-class _HttpSpans(HttpSpanExporter):
-    def send(self, request: Any) -> bool:
-        if self._shutdown:
-            return False
-        return bool(self._client.export(request.SerializeToString()).success)
+class _GrpcLogs(_OneGrpcAttempt, GrpcLogExporter):
+    pass
+
+
+class _HttpLogs(_OneHttpAttempt, HttpLogExporter):
+    pass
+
+
+class _GrpcSpans(_OneGrpcAttempt, GrpcSpanExporter):
+    pass
+
+
+class _HttpSpans(_OneHttpAttempt, HttpSpanExporter):
+    pass
 
 
 def _url(endpoint: str | None) -> str | None:
@@ -108,29 +191,37 @@ class Senders:
     def __init__(self, endpoint: str | None, protocol: str, stream: bool) -> None:
         url = _url(endpoint)
         self._spans: Any = None
-        self._protocol, self._url = protocol, url
+        self._endpoint, self._protocol, self._url, self._stream = endpoint, protocol, url, stream
         if protocol == "http/protobuf":
             base = None if url is None else url.rstrip("/").removesuffix("/v1/metrics")
             self._base = base
             self.metrics: Any = _HttpMetrics(endpoint=None if base is None else f"{base}/v1/metrics")
             self.logs: Any = _HttpLogs(endpoint=None if base is None else f"{base}/v1/logs") if stream else None
         else:
-            self.metrics = _GrpcMetrics(endpoint=url)
-            self.logs = _GrpcLogs(endpoint=url) if stream else None
+            self.metrics = _GrpcMetrics(endpoint=url, **_grpc_options())
+            self.logs = _GrpcLogs(endpoint=url, **_grpc_options()) if stream else None
 
-    def send_spans(self, request: Any) -> bool:
+    @property
+    def target(self) -> str:
+        return str(
+            self._url
+            or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "the OTLP endpoint")
+        )
+
+    def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
         if self._spans is None:  # made on first use: most processes of a metrics-only job never trace
             if self._protocol == "http/protobuf":
                 self._spans = _HttpSpans(endpoint=None if self._base is None else f"{self._base}/v1/traces")
             else:
-                self._spans = _GrpcSpans(endpoint=self._url)
-        return bool(self._spans.send(request))
+                self._spans = _GrpcSpans(endpoint=self._url, **_grpc_options())
+        return self._spans.send(request, timeout)  # type: ignore[no-any-return]
 
-    def send(self, request: Any) -> bool:
-        return bool(self.metrics.send(request))
+    def send(self, request: Any, timeout: float | None = None) -> Attempt:
+        return self.metrics.send(request, timeout)  # type: ignore[no-any-return]
 
-    def send_logs(self, request: Any) -> bool:
-        return self.logs is None or bool(self.logs.send(request))
+    def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
+        return SENT if self.logs is None else self.logs.send(request, timeout)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         self.metrics.shutdown(timeout_millis=timeout_millis)
@@ -151,6 +242,10 @@ class EmbeddedSenders:
         self._failed = False
         self.control_url: str | None = None
 
+    @property
+    def target(self) -> str:
+        return self._inner.target if self._inner is not None else "the experiment's sink"
+
     def _ready(self) -> Senders | None:
         if self._inner is None and not self._failed:
             try:
@@ -161,21 +256,225 @@ class EmbeddedSenders:
             self._inner = Senders(endpoint or None, self._protocol, self._stream)
         return self._inner
 
-    def send(self, request: Any) -> bool:
+    def send(self, request: Any, timeout: float | None = None) -> Attempt:
         inner = self._ready()
-        return inner is not None and inner.send(request)
+        return inner.send(request, timeout) if inner is not None else Attempt(False, detail="no sink")
 
-    def send_logs(self, request: Any) -> bool:
+    def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
         inner = self._ready()
-        return inner is not None and inner.send_logs(request)
+        return inner.send_logs(request, timeout) if inner is not None else Attempt(False, detail="no sink")
 
-    def send_spans(self, request: Any) -> bool:
+    def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
         inner = self._ready()
-        return inner is not None and inner.send_spans(request)
+        return inner.send_spans(request, timeout) if inner is not None else Attempt(False, detail="no sink")
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         if self._inner is not None:
             self._inner.shutdown(timeout_millis)
+
+
+_FRAGMENT = 32 * 1024
+_HEADER = struct.Struct("!IIHHc")  # sender pid, message id, fragment index, fragment count, kind
+METRICS, SPANS = b"m", b"s"
+_HELLO, _ACK, _FLUSH = b"h", b"a", b"f"  # child: "I export through you", "flushed"; parent: "flush now"
+
+
+def fork_pair() -> tuple[socket.socket, socket.socket]:
+    """(parent end, child end) for one fork; raises OSError where SOCK_SEQPACKET is missing."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+class RelaySenders:
+    """A forked child's senders: requests go to the parent process, which exports them.
+
+    ``listen(on_flush)`` says hello to the parent and answers its "flush now" (sent when the
+    parent shuts down while this child still runs, e.g. persistent DataLoader workers): the
+    child exports what it holds, then ``ack`` tells the parent it is all there.
+    """
+
+    def __init__(self, sock: socket.socket, parent_pid: int) -> None:
+        self._sock = sock
+        self._parent_pid = parent_pid
+        self.target = f"the parent process (pid {parent_pid})"
+        self._message = 0
+        self._send_lock = threading.Lock()
+
+    def _post(self, kind: bytes, data: bytes, timeout: float | None) -> Attempt:
+        count = max(1, -(-len(data) // _FRAGMENT))
+        if count > 0xFFFF:
+            return Attempt(False, detail=f"a request of {len(data)} bytes is too large to relay")
+        pid = os.getpid()
+        try:
+            with self._send_lock:
+                self._message = (self._message + 1) & 0xFFFFFFFF
+                self._sock.settimeout(5.0 if timeout is None else max(0.001, min(timeout, 5.0)))
+                for i in range(count):
+                    chunk = data[i * _FRAGMENT : (i + 1) * _FRAGMENT]
+                    self._sock.send(_HEADER.pack(pid, self._message, i, count, kind) + chunk)
+        except TimeoutError:
+            return Attempt(False, retry=True, detail=f"{self.target} does not read")
+        except OSError as exc:
+            return Attempt(False, detail=f"{self.target} is gone ({exc})")
+        return SENT
+
+    def send(self, request: Any, timeout: float | None = None) -> Attempt:
+        return self._post(METRICS, request.SerializeToString(), timeout)
+
+    def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
+        return self._post(SPANS, request.SerializeToString(), timeout)
+
+    def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
+        return SENT  # children stream nothing: their views are the parent's
+
+    def ack(self) -> None:
+        self._post(_ACK, b"", 1.0)
+
+    def listen(self, on_flush: Callable[[], None]) -> None:
+        """Say hello, then call ``on_flush`` whenever the parent asks (a daemon thread)."""
+        self._post(_HELLO, b"", 1.0)
+        listener = self._sock.dup()  # its own timeout; the same socket
+        listener.settimeout(1.0)
+
+        def run() -> None:
+            while True:
+                try:
+                    record = listener.recv(_HEADER.size + 16)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not record:
+                    return  # the parent is gone
+                if record[_HEADER.size - 1 : _HEADER.size] == _FLUSH:
+                    on_flush()
+
+        threading.Thread(target=run, name="rankscope-relay-listener", daemon=True).start()
+
+    def for_child(self) -> RelaySenders:
+        """A grandchild shares the socket: each message is one atomic record, tagged with its pid."""
+        return RelaySenders(self._sock, self._parent_pid)
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        pass  # the socket stays open for grandchildren; the process's exit closes it
+
+
+class ForkRelay:
+    """The parent's end of its forked children's exports: one thread reads every child's socket.
+
+    ``adopt`` takes the parent end of a new pair (after fork, in the parent); a child's exit
+    closes its end, which closes ours. ``deliver(kind, payload)`` runs on the relay thread and
+    must not block (it queues the request for the export thread). ``flush_children`` asks every
+    child that exports through us to send what it holds, and waits (bounded) for their answers.
+    """
+
+    def __init__(self, deliver: Callable[[bytes, bytes], None]) -> None:
+        self._deliver = deliver
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._lock = threading.Condition()
+        self._adopted: list[socket.socket] = []
+        self._open: set[socket.socket] = set()
+        self._exporting: set[socket.socket] = set()  # children that said hello
+        self._awaiting: set[socket.socket] = set()
+        self._partial: dict[tuple[int, int], list[bytes | None]] = {}
+        self._thread = threading.Thread(target=self._run, name="rankscope-fork-relay", daemon=True)
+        self._thread.start()
+
+    def adopt(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._adopted.append(sock)
+        with contextlib.suppress(BlockingIOError):  # already woken
+            os.write(self._wake_w, b"x")
+
+    def flush_children(self, timeout: float) -> int:
+        """Ask the live children that export through us to flush; returns how many did not answer in time."""
+        with self._lock:
+            asked = set()
+            for sock in self._exporting:
+                with contextlib.suppress(OSError):
+                    sock.send(_HEADER.pack(os.getpid(), 0, 0, 1, _FLUSH))
+                    asked.add(sock)
+            self._awaiting = asked
+            self._lock.wait_for(lambda: not self._awaiting, timeout)
+            late, self._awaiting = len(self._awaiting), set()
+        return late
+
+    def close_in_child(self) -> None:
+        """A child does not serve its siblings: close our copies of their sockets (no locks: one thread)."""
+        for sock in [*self._open, *self._adopted]:
+            with contextlib.suppress(OSError):
+                sock.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(Exception):
+            self._selector.close()
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                if key.fd == self._wake_r:
+                    self._take_adopted()
+                    continue
+                sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    data = sock.recv(_HEADER.size + _FRAGMENT)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # the child exited
+                    self._selector.unregister(sock)
+                    sock.close()
+                    with self._lock:
+                        self._open.discard(sock)
+                        self._exporting.discard(sock)
+                        self._answered(sock)
+                    continue
+                with contextlib.suppress(Exception):  # a malformed record from a child: skip it
+                    self._record(sock, data)
+
+    def _answered(self, sock: socket.socket) -> None:
+        if sock in self._awaiting:
+            self._awaiting.discard(sock)
+            self._lock.notify_all()
+
+    def _take_adopted(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 512):
+                pass
+        with self._lock:
+            adopted, self._adopted = self._adopted, []
+            for sock in adopted:
+                sock.setblocking(False)
+                self._selector.register(sock, selectors.EVENT_READ)
+                self._open.add(sock)
+
+    def _record(self, sock: socket.socket, data: bytes) -> None:
+        pid, message, index, count, kind = _HEADER.unpack_from(data)
+        payload = data[_HEADER.size :]
+        if kind in (_HELLO, _ACK):
+            with self._lock:
+                self._exporting.add(sock)
+                if kind == _ACK:
+                    self._answered(sock)
+            return
+        if count == 1:
+            self._deliver(kind, payload)
+            return
+        parts = self._partial.setdefault((pid, message), [None] * count)
+        if len(parts) != count or index >= count:
+            del self._partial[(pid, message)]
+            return
+        parts[index] = payload
+        if all(p is not None for p in parts):
+            del self._partial[(pid, message)]
+            self._deliver(kind, b"".join(p for p in parts if p is not None))
+        while len(self._partial) > 256:  # a child died mid-message: forget its oldest pieces
+            del self._partial[next(iter(self._partial))]
 
 
 def sink_status(control_url: str, experiment: str, timeout: float = 2.0) -> dict[str, Any] | None:

@@ -143,8 +143,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_queued_steps",
         "RANKSCOPE_MAX_QUEUED_STEPS",
-        256,
-        "Flushed steps waiting for export before new ones are dropped (and counted).",
+        300,
+        "Flushed steps held for export, also while the endpoint is unreachable (they go out when it "
+        "answers); beyond this, new steps are dropped and counted. 300: five minutes at one step per second.",
         parse=_parse_positive_int,
     ),
     Setting(

@@ -10,11 +10,15 @@ Config keys: ``project`` (``WANDB_PROJECT``), ``entity`` (``WANDB_ENTITY``), ``g
 (``WANDB_RUN_GROUP``), ``mode`` (``WANDB_MODE``: online/offline/disabled), ``dir``,
 ``name`` (default: the experiment id), ``per_rank_series`` (default true: a global view
 also logs each process's values under ``role/replica/rRANK/key``).
+
+A ``wandb.init`` that fails (no API key and not offline, say) turns the backend off with one
+error naming the fix, instead of an error at every step: the job and the other views go on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from typing import Any
 
@@ -42,6 +46,9 @@ def series_prefix(process: Any) -> str:
 
 
 class WandbBackend(LoggerBackend):
+    run: Any = None
+    """The W&B run; None when ``init`` failed (the backend is then off: every call is a no-op)."""
+
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
         try:
@@ -51,26 +58,41 @@ class WandbBackend(LoggerBackend):
         c = self.logger_backend_config
         experiment = str(kwargs.get("experiment") or c.get("name") or "rankscope")
         self.per_rank_series = bool(c.get("per_rank_series", True))
-        self.run = wandb.init(
-            id=c.get("id") or run_id_for(experiment),
-            resume="allow",
-            name=c.get("name") or experiment,
-            project=c.get("project"),
-            entity=c.get("entity"),
-            group=c.get("group"),
-            mode=c.get("mode"),
-            dir=c.get("dir"),
-            config={"rankscope.experiment.id": experiment},
-            reinit="create_new",  # the sink holds one run per experiment, side by side
-            settings=wandb.Settings(console="off", silent=True, disable_git=True),
-        )
-        self.run.define_metric(STEP_METRIC)
-        self.run.define_metric("*", step_metric=STEP_METRIC)
+        try:
+            run = wandb.init(
+                id=c.get("id") or run_id_for(experiment),
+                resume="allow",
+                name=c.get("name") or experiment,
+                project=c.get("project"),
+                entity=c.get("entity"),
+                group=c.get("group"),
+                mode=c.get("mode"),
+                dir=c.get("dir"),
+                config={"rankscope.experiment.id": experiment},
+                reinit="create_new",  # the sink holds one run per experiment, side by side
+                settings=wandb.Settings(console="off", silent=True, disable_git=True),
+            )
+            run.define_metric(STEP_METRIC)
+            run.define_metric("*", step_metric=STEP_METRIC)
+        except Exception as exc:
+            # Off, with one error that names the fix; every later call is a no-op (not an error per step).
+            logging.getLogger("rankscope").error(
+                "rankscope: the wandb backend is off for experiment %r: wandb.init failed (%s: %s). Fix: give W&B "
+                "an API key (WANDB_API_KEY, or `wandb login`), or log offline with WANDB_MODE=offline (or the "
+                'backend option "mode": "offline") and upload later with `wandb sync`',
+                experiment[:64],
+                type(exc).__name__,
+                str(exc)[:300],
+            )
+            return
+        self.run = run
 
     def _row(self, metrics: list[Metric], prefix: str = "") -> dict[str, float]:
         return {f"{prefix}{m.key}": m.value for m in metrics}
 
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.run is None:
+            return
         if self.logging_mode is LoggingMode.PER_RANK_REDUCE and kwargs.get("process") is not None:
             row = self._row(metrics, series_prefix(kwargs["process"]) + "/")
         else:
@@ -85,6 +107,8 @@ class WandbBackend(LoggerBackend):
         self.run.log(row)
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.run is None:
+            return
         prefix = series_prefix(kwargs["process"]) + "/" if kwargs.get("process") is not None else ""
         row: dict[str, float] = {f"{prefix}{metric.key}": metric.value}
         if global_step is not None:
@@ -92,6 +116,5 @@ class WandbBackend(LoggerBackend):
         self.run.log(row)
 
     def finish(self) -> None:
-        run = getattr(self, "run", None)
-        if run is not None:
-            run.finish()
+        if self.run is not None:
+            self.run.finish()
