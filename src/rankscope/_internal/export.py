@@ -15,6 +15,10 @@ counted, so only what overflows is lost. Requests the endpoint refuses for good 
 non-retryable error) are dropped and counted too. Drops are reported as a warning and in the
 ``rankscope.dropped_points`` metric once an export goes through again; shutdown keeps trying
 until ``RANKSCOPE_SHUTDOWN_TIMEOUT`` and counts what is left.
+
+Forked children (DataLoader workers) export through their parent: their serialized requests
+arrive from ``senders.ForkRelay`` and join the same held queue (``relay``); a child's thread
+exports on its parent's request at the parent's shutdown (``poll``).
 """
 
 from __future__ import annotations

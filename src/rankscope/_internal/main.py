@@ -625,13 +625,16 @@ _dropped_before_shutdown = 0
 # in progress, never as a rank it waits for.
 #
 # The child does not use gRPC: with the gRPC core it inherited, a child crashed now and then
-# (SIGSEGV, 2 of 160 forks under load). Each fork gets a Unix socket pair (``_before_fork``); the
-# child's export thread sends its OTLP requests over it and the parent's ``ForkRelay`` thread
-# hands them to the parent's export thread, which exports them with its own queue and retries.
-# The child exports every ``export_interval`` and at exit: multiprocessing children end in
-# ``os._exit`` (atexit does not run), so a multiprocessing finalizer shuts rankscope down first.
-# A parent that keeps its views to itself (no endpoint, no sink) has nowhere a child's values
-# could go: the child refuses them with one warning per parent (a shared page remembers it).
+# (SIGSEGV, 2 of 160 forks under load; see ``senders``). Each fork gets a Unix socket pair
+# (``_before_fork``); the child's export thread sends its OTLP requests over it, and the parent's
+# ``ForkRelay`` thread hands them to the parent's export thread, which exports them with its own
+# queue and retries. The child exports every ``export_interval`` and at exit: multiprocessing
+# children end in ``os._exit`` (atexit does not run), so a multiprocessing finalizer shuts
+# rankscope down first. Children still running when the parent shuts down (persistent DataLoader
+# workers) are asked over the same pair to send what they hold, and the parent waits for them
+# (at most ``_CHILD_SHUTDOWN_TIMEOUT``). A parent that keeps its views to itself (no endpoint, no
+# sink) has nowhere a child's values could go: the child refuses them with one warning per
+# parent (a shared page remembers that it was said).
 
 _CHILD_SHUTDOWN_TIMEOUT = 2.0
 _PARENT_PID = "process.parent_pid"  # OTel semantic conventions

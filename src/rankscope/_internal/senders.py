@@ -19,12 +19,12 @@ Metrics go as metrics; streamed raw values (``per_rank_no_reduce`` views in the 
 as OTLP log records. ``EmbeddedSenders`` finds or starts the experiment's embedded sink the
 first time it has something to send, on the export thread, never on the caller's.
 
-Forked children never touch gRPC: a child that uses the gRPC core it inherited crashes now and
-then (SIGSEGV in 2 of 160 forks in our stress test, from gRPC's own fork handling when another
-thread was in a call at fork time). ``RelaySenders`` in the child hands each request to the
-parent over a Unix ``SOCK_SEQPACKET`` socket pair made at fork; ``ForkRelay`` in the parent reads
-every child's socket on one thread and gives the requests to the parent's export thread, which
-sends them with its own (bounded, retried) queue.
+Forked children never touch gRPC: a child that uses the gRPC core it inherited crashed now and
+then in our stress test (SIGSEGV in 2 of 160 forks: a thread of the parent was in a call at the
+moment of the fork). ``RelaySenders`` in the child hands each request to the parent over a Unix
+``SOCK_SEQPACKET`` socket pair made at fork; ``ForkRelay`` in the parent reads every child's
+socket on one thread and gives the requests to the parent's export thread, which sends them with
+its own bounded, retried queue. The same pair carries the parent's "flush now" at its shutdown.
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# gRPC's fork handlers restart its threads in every forked child, and those threads crash the child
-# now and then when the parent was exporting at the moment of the fork: 4 of 128 plain forked
-# children (each only sleeping 1 s) died of SIGSEGV/SIGABRT "Check failed: next_worker->state ==
-# KICKED" in our stress test, i.e. a DataLoader worker killed by telemetry. Forked children never
-# use gRPC here (they relay through the parent), so the handlers are not needed: off by default,
-# before grpc is first imported (a program that uses gRPC in forked children itself sets the variable).
+# gRPC's fork handlers restart its threads in every forked child, and in our stress test (a parent
+# recording, flushing and exporting on two threads while it forks 16 children per run) those
+# threads killed children now and then: 4 of 128 children that only slept 1 s, and 2 to 7 of 160
+# that recorded, died of SIGSEGV or SIGABRT ("Check failed: next_worker->state == KICKED"); with
+# the handlers off, 0 of 640. Forked children never use gRPC here (they relay through the
+# parent), so the handlers are off by default, set before grpc is first imported. A program that
+# uses gRPC in forked children itself sets the variable (or imports grpc first).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc
