@@ -7,6 +7,7 @@ does on a new machine.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -42,6 +43,8 @@ rs.force_flush(30)
 deadline = time.monotonic() + 30
 while time.monotonic() < deadline and (sink.status("no-key") or {}).get("last_written_step") != 2:
     time.sleep(0.05)
+views = (sink.status("no-key") or {})["views"]
+print("views", json.dumps(views, sort_keys=True))
 rs.shutdown()
 sink.stop()
 rows = [json.loads(line) for line in open("JSONL")]
@@ -93,3 +96,7 @@ def test_wandb_without_a_key_turns_off_with_one_error_in_the_sink(
     _check_one_clear_error(result.stderr)
     assert "loss [0.0, 1.0, 2.0]" in result.stdout  # the sink and its other view go on
     assert "internal_errors 0" in result.stdout
+    views = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("views "))[6:])
+    print(views)
+    assert views["wandb"]["disabled"] and "WANDB_API_KEY" in views["wandb"]["last_error"]  # the status route says so
+    assert not views["jsonl"]["disabled"] and views["jsonl"]["last_written_step"] == 2

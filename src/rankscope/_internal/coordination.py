@@ -25,4 +25,3 @@ def observe_policy_version(version: int) -> None:
     global _latest
     if _latest is None or version > _latest:
         _latest = version
-

@@ -77,5 +77,3 @@ def _rss_bytes() -> int:
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # peak, in KiB on Linux
-
-

@@ -109,9 +109,7 @@ class StepView:
         return self._per_process
 
 
-def _per_process(
-    bucket: _Step, on_error: Callable[[str, BaseException], None] | None
-) -> dict[Process, list[Metric]]:
+def _per_process(bucket: _Step, on_error: Callable[[str, BaseException], None] | None) -> dict[Process, list[Metric]]:
     stamp = time.time()
     per_process: dict[Process, list[Metric]] = {}
     for key, entries in list(bucket.states.items()):

@@ -154,6 +154,11 @@ class ViewWriter:
             for view in self.views:
                 if not self._call(view, view.backend.init, "global", experiment=self.experiment, role="sink"):
                     view.disabled = True
+                elif view.backend.off_reason:  # the backend turned itself off (and logged why)
+                    view.disabled = True
+                    view.last_error = view.backend.off_reason[:500]
+                    continue
+                if view.disabled:
                     log.error(
                         "rankscope sink: view %r of %s is off: its init failed (%s)",
                         view.name,

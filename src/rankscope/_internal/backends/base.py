@@ -34,7 +34,13 @@ class Metric:
 
 
 class LoggerBackend:
-    """Base class of backends; ``logger_backend_config`` is the backend's config dict."""
+    """Base class of backends; ``logger_backend_config`` is the backend's config dict.
+
+    A backend that turns itself off in ``init`` instead of raising (so a job's other views go on)
+    sets ``off_reason``; the sink then reports the view as off, with that reason, in its status.
+    """
+
+    off_reason: str | None = None
 
     def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
         self.logger_backend_config = dict(logger_backend_config or {})

@@ -76,13 +76,13 @@ class WandbBackend(LoggerBackend):
             run.define_metric("*", step_metric=STEP_METRIC)
         except Exception as exc:
             # Off, with one error that names the fix; every later call is a no-op (not an error per step).
+            self.off_reason = (
+                f"wandb.init failed ({type(exc).__name__}: {str(exc)[:300]}). Fix: give W&B an API key "
+                "(WANDB_API_KEY, or `wandb login`), or log offline with WANDB_MODE=offline (or the backend "
+                'option "mode": "offline") and upload later with `wandb sync`'
+            )
             logging.getLogger("rankscope").error(
-                "rankscope: the wandb backend is off for experiment %r: wandb.init failed (%s: %s). Fix: give W&B "
-                "an API key (WANDB_API_KEY, or `wandb login`), or log offline with WANDB_MODE=offline (or the "
-                'backend option "mode": "offline") and upload later with `wandb sync`',
-                experiment[:64],
-                type(exc).__name__,
-                str(exc)[:300],
+                "rankscope: the wandb backend is off for experiment %r: %s", experiment[:64], self.off_reason
             )
             return
         self.run = run
