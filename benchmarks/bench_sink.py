@@ -31,7 +31,7 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from rankscope._internal.backends.base import LoggerBackend, register_backend
+from rankscope.backends.base import LoggerBackend, register_backend
 from rankscope.sink import Sink, SinkConfig
 
 PROCESSES, KEYS, STEPS = 256, 200, 6
@@ -64,10 +64,10 @@ print(json.dumps({"start": start, "last_ack": last_ack}), flush=True)
 
 def build_requests() -> list[list[bytes]]:
     """Per step, one serialized request per process (values differ per process and key)."""
-    from rankscope._internal import attributes as attr
-    from rankscope._internal.collector import Collector
-    from rankscope._internal.reduce import Reduce
-    from rankscope._internal.wire import PointAttributes, encode, encode_resource, key_value
+    from rankscope.core import names as attr
+    from rankscope.metrics.recorder import Collector
+    from rankscope.metrics.reduce import Reduce
+    from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
 
     out: list[list[bytes]] = []
     cache = PointAttributes()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import rankscope as rs
-from rankscope._internal import main as rs_main
+from rankscope import lifecycle as rs_main
 from rankscope.sink import Sink, SinkConfig
 
 from .otlp_receiver import GrpcReceiver, HttpReceiver

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
-from rankscope._internal.wire import DecodedPoint, decode
+from rankscope.otlp.metrics import DecodedPoint, decode
 
 Request = metrics_service_pb2.ExportMetricsServiceRequest
 

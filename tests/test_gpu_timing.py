@@ -8,9 +8,9 @@ import time
 from opentelemetry.sdk.trace import TracerProvider
 
 import rankscope as rs
-from rankscope._internal import main as rs_main
-from rankscope._internal.gpu_timing import CPU_END, CPU_START, TIMER, CudaTimingProcessor
-from rankscope._internal.spans import BufferProcessor, SpanBuffer, SpanRecord, now_ns
+from rankscope import lifecycle as rs_main
+from rankscope.tracing.gpu_timing import CPU_END, CPU_START, TIMER, CudaTimingProcessor
+from rankscope.tracing.spans import BufferProcessor, SpanBuffer, SpanRecord, now_ns
 
 from .fake_cuda import FakeCuda
 

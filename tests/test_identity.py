@@ -7,8 +7,8 @@ import json
 import pytest
 
 import rankscope as rs
-from rankscope._internal import attributes as attr
-from rankscope._internal.identity import build_resource
+from rankscope.core import names as attr
+from rankscope.core.identity import build_resource
 
 from .conftest import run_python
 

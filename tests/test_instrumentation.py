@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import rankscope as rs
-from rankscope._internal import main as rs_main
-from rankscope._internal import propagation
+from rankscope import lifecycle as rs_main
 from rankscope.instrumentation import INSTRUMENTORS
+from rankscope.integrations.monarch import propagation
 
 from .conftest import ROOT
 
@@ -96,7 +96,8 @@ WORKLOAD = """
 import json, os, sys, tempfile
 import torch, torch.distributed as dist
 import torch.distributed.elastic.metrics as elastic
-from rankscope._internal import main, propagation
+from rankscope import lifecycle as main
+from rankscope.integrations.monarch import propagation
 from rankscope.instrumentation import INSTRUMENTORS
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -67,6 +67,6 @@ def test_traced_example_under_rankscope_run_writes_a_gantt(tmp_path) -> None:
 
 
 def test_readme_settings_table_matches_the_code() -> None:
-    from rankscope._internal.settings import settings_markdown
+    from rankscope.core.settings import settings_markdown
 
     assert settings_markdown() in (ROOT / "README.md").read_text()

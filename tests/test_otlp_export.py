@@ -7,7 +7,7 @@ import time
 import pytest
 
 import rankscope as rs
-from rankscope._internal import attributes as attr
+from rankscope.core import names as attr
 
 from .conftest import free_port, run_python
 from .otlp_receiver import GrpcReceiver, HttpReceiver
@@ -102,7 +102,7 @@ def test_dead_endpoint_never_blocks_and_counts_drops(monkeypatch: pytest.MonkeyP
         started = time.monotonic()
         rs.shutdown()
     assert time.monotonic() - started < 10  # bounded by RANKSCOPE_SHUTDOWN_TIMEOUT, not by retries
-    from rankscope._internal import main
+    from rankscope import lifecycle as main
 
     assert main.internal_errors == []
 

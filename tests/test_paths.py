@@ -27,15 +27,15 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 import rankscope as rs
-from rankscope._internal import attributes as attr
-from rankscope._internal.backends.console import ConsoleBackend, printable
-from rankscope._internal.backends.jsonl import JsonlBackend
-from rankscope._internal.backends.tensorboard import TensorBoardBackend
-from rankscope._internal.backends.wandb import run_id_for
-from rankscope._internal.collector import Collector
-from rankscope._internal.paths import safe_component
-from rankscope._internal.reduce import Reduce
-from rankscope._internal.wire import PointAttributes, encode, encode_resource, key_value
+from rankscope.backends.console import ConsoleBackend, printable
+from rankscope.backends.jsonl import JsonlBackend
+from rankscope.backends.tensorboard import TensorBoardBackend
+from rankscope.backends.wandb import run_id_for
+from rankscope.core import names as attr
+from rankscope.core.paths import safe_component
+from rankscope.metrics.recorder import Collector
+from rankscope.metrics.reduce import Reduce
+from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
 from rankscope.sink.embedded import runtime_dir
 
 SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")

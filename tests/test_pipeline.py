@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from rankscope._internal.backends.wandb import run_id_for
-from rankscope._internal.spans import step_ids
+from rankscope.backends.wandb import run_id_for
+from rankscope.tracing.spans import step_ids
 
 from .conftest import PIPELINE_BINARIES, ROOT, free_port
 from .pipeline import CONFIGS, clean_env, collector, jaeger, start_sink, wait_http

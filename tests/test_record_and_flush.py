@@ -111,7 +111,7 @@ def test_jsonl_backend_writes_both_modes(tmp_path) -> None:
         },
     )
     rs.shutdown()
-    from rankscope._internal.backends.jsonl import JsonlBackend
+    from rankscope.backends.jsonl import JsonlBackend
 
     rs.register_backend("jsonl_stream", JsonlBackend)
     rs.init(

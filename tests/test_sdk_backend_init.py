@@ -23,7 +23,7 @@ for step in range(3):
     rs.flush(step)
 rs.force_flush(30)
 rs.shutdown()
-from rankscope._internal import main
+from rankscope import lifecycle as main
 print("internal_errors", len(main.internal_errors))
 """
 

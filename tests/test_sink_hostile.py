@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
-from rankscope._internal import attributes as attr
-from rankscope._internal.wire import encode_resource, key_value
+from rankscope.core import names as attr
+from rankscope.otlp.metrics import encode_resource, key_value
 
 PB = {"Content-Type": "application/x-protobuf"}
 

@@ -14,9 +14,9 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
 
-from rankscope._internal.collector import Collector
-from rankscope._internal.reduce import Reduce
-from rankscope._internal.wire import PointAttributes, encode, encode_resource
+from rankscope.metrics.recorder import Collector
+from rankscope.metrics.reduce import Reduce
+from rankscope.otlp.metrics import PointAttributes, encode, encode_resource
 from rankscope.sink.bodies import HttpError, decode_body, hex_ids_to_base64
 
 

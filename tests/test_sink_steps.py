@@ -10,10 +10,10 @@ from typing import Any
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
-from rankscope._internal import attributes as attr
-from rankscope._internal.collector import Collector
-from rankscope._internal.reduce import Reduce
-from rankscope._internal.wire import PointAttributes, encode, encode_resource, key_value
+from rankscope.core import names as attr
+from rankscope.metrics.recorder import Collector
+from rankscope.metrics.reduce import Reduce
+from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
 from rankscope.sink import Experiment
 from rankscope.sink.validate import Limits, Refusals, metrics_batches
 

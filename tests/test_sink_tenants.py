@@ -14,9 +14,9 @@ from typing import Any
 
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
-from rankscope._internal import attributes as attr
-from rankscope._internal.backends.base import LoggerBackend, register_backend
-from rankscope._internal.wire import key_value
+from rankscope.backends.base import LoggerBackend, register_backend
+from rankscope.core import names as attr
+from rankscope.otlp.metrics import key_value
 
 from .test_sink_hostile import Http, gauge, request
 

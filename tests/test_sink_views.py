@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from rankscope._internal.backends.wandb import run_id_for
+from rankscope.backends.wandb import run_id_for
 
 from .conftest import ROOT, free_port
 from .wandb_file import by_step, run_files, run_id

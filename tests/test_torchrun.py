@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rankscope import Reduce
-from rankscope._internal import attributes as attr
+from rankscope.core import names as attr
 
 from .conftest import ROOT
 from .otlp_receiver import GrpcReceiver

@@ -9,7 +9,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from rankscope._internal.spans import step_ids
+from rankscope.tracing.spans import step_ids
 
 from .conftest import ROOT
 from .test_trace_steps import assert_properly_nested

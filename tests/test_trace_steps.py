@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rankscope._internal.spans import step_ids
+from rankscope.tracing.spans import step_ids
 
 from .conftest import ROOT
 

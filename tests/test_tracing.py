@@ -15,7 +15,7 @@ import pytest
 from opentelemetry import trace as otel_trace
 
 import rankscope as rs
-from rankscope._internal.spans import is_sampled, step_ids
+from rankscope.tracing.spans import is_sampled, step_ids
 
 from .conftest import ROOT
 

@@ -8,8 +8,8 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from rankscope import Reduce
-from rankscope._internal import attributes as attr
-from rankscope._internal.wire import PointAttributes, decode, encode, encode_resource
+from rankscope.core import names as attr
+from rankscope.otlp.metrics import PointAttributes, decode, encode, encode_resource
 
 from .test_reduce import WordCount
 

@@ -5,9 +5,9 @@ Importing it changes nothing global: ``init`` (or the first call) configures the
 """
 
 from . import rl, throughput
-from ._internal.backends.base import LoggerBackend, LoggingMode, Metric, register_backend
-from ._internal.gpu_timing import CudaTimingProcessor
-from ._internal.main import (
+from ._version import __version__
+from .backends.base import LoggerBackend, LoggingMode, Metric, register_backend
+from .lifecycle import (
     current_step,
     dropped_points,
     flush,
@@ -17,13 +17,13 @@ from ._internal.main import (
     record_metric,
     shutdown,
 )
-from ._internal.reduce import (
+from .metrics.reduce import (
     DISTRIBUTION_RELATIVE_ERROR,
     MetricAccumulator,
     Reduce,
 )
-from ._internal.tracing import Tracer, inject_env, record_event, set_step, trace
-from ._version import __version__
+from .tracing.gpu_timing import CudaTimingProcessor
+from .tracing.tracer import Tracer, inject_env, record_event, set_step, trace
 
 __all__ = [
     "DISTRIBUTION_RELATIVE_ERROR",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._internal.reduce import Reduce
+from .metrics.reduce import Reduce
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ._internal.settings import resolve, settings_markdown
 from ._version import __version__
+from .core.settings import resolve, settings_markdown
 
 
 def _identity(_: argparse.Namespace) -> int:
-    from ._internal.identity import build_resource
+    from .core.identity import build_resource
 
     print(json.dumps(dict(build_resource().attributes), indent=2, sort_keys=True))
     return 0
@@ -73,7 +73,7 @@ def _sink(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Start a sink, run the command with the experiment's environment, forward its exit code."""
-    from ._internal.identity import generate_experiment_id
+    from .core.identity import generate_experiment_id
     from .sink import Sink
 
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line

@@ -41,8 +41,8 @@ class RankscopeConfigurator(_BaseConfigurator):  # type: ignore[misc]
     def _configure(self, **kwargs: Any) -> None:
         from opentelemetry.sdk.resources import Resource
 
-        from ._internal.settings import resolve
-        from ._internal.tracer_provider import install_tracer_provider
+        from .core.settings import resolve
+        from .tracing.provider import install_tracer_provider
 
         if resolve("disable"):
             return

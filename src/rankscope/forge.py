@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._internal import main as _main
-from ._internal.backends.base import LoggerBackend, LoggingMode, Metric
-from ._internal.main import record_metric
-from ._internal.reduce import MetricAccumulator, Reduce
-from ._internal.tracing import Tracer, trace
+from . import lifecycle as _main
+from .backends.base import LoggerBackend, LoggingMode, Metric
+from .lifecycle import record_metric
+from .metrics.reduce import MetricAccumulator, Reduce
+from .tracing.tracer import Tracer, trace
 
 __all__ = [
     "LoggerBackend",

@@ -16,12 +16,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ._internal import main as _main
-from ._internal.coordination import latest_policy_version, observe_policy_version
-from ._internal.coordination import set_policy_version as _set_latest
-from ._internal.rates import RateMeter
-from ._internal.reduce import Reduce
-from ._internal.tracing import close_span, open_span
+from . import lifecycle as _main
+from .core.policy_version import latest_policy_version, observe_policy_version
+from .core.policy_version import set_policy_version as _set_latest
+from .metrics.rates import RateMeter
+from .metrics.reduce import Reduce
+from .tracing.tracer import close_span, open_span
 
 _SUM, _MEAN, _MAX, _DIST = Reduce.SUM, Reduce.MEAN, Reduce.MAX, Reduce.DISTRIBUTION
 _generated = RateMeter("generator/tokens_per_s")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 import warnings
 
-from ._internal import main as _main
-from ._internal.rates import RateMeter
-from ._internal.reduce import Reduce
+from . import lifecycle as _main
+from .metrics.rates import RateMeter
+from .metrics.reduce import Reduce
 
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     # (substring of torch.cuda.get_device_name(), dense peak FLOP/s per dtype); first match wins.

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from .._internal import main as _main
+from .. import lifecycle as _main
 
 
 class ModuleInstrumentor(BaseInstrumentor):  # type: ignore[misc]

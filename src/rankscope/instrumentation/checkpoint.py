@@ -18,9 +18,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .._internal import main as _main
-from .._internal.reduce import Reduce
-from .._internal.tracing import close_span, open_span
+from .. import lifecycle as _main
+from ..metrics.reduce import Reduce
+from ..tracing.tracer import close_span, open_span
 from ._base import ModuleInstrumentor, restore, swap
 
 _SUM, _MAX = Reduce.SUM, Reduce.MAX

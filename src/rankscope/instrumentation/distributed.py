@@ -16,10 +16,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .._internal import main as _main
-from .._internal.reduce import Reduce
-from .._internal.spans import now_ns
-from .._internal.tracing import close_span, current_gpu_timer, open_span
+from .. import lifecycle as _main
+from ..metrics.reduce import Reduce
+from ..tracing.spans import now_ns
+from ..tracing.tracer import close_span, current_gpu_timer, open_span
 from ._base import ModuleInstrumentor, restore, swap
 
 _SUM, _MEAN, _MAX = Reduce.SUM, Reduce.MEAN, Reduce.MAX

@@ -13,9 +13,9 @@ import sys
 import time
 from types import ModuleType
 
-from .._internal import main as _main
-from .._internal.reduce import Reduce
-from .._internal.settings import resolve
+from .. import lifecycle as _main
+from ..core.settings import resolve
+from ..metrics.reduce import Reduce
 from ._base import ModuleInstrumentor
 
 _SUM, _MAX, _MEAN = Reduce.SUM, Reduce.MAX, Reduce.MEAN

@@ -1,10 +1,10 @@
 """Monarch actors: every endpoint call becomes a server span, child of the caller's span.
 
 Context (trace, step, newest policy version) already travels with every call once rankscope
-runs in the caller (``rankscope._internal.propagation``). This instrumentor asks the callee
+runs in the caller (``rankscope.integrations.monarch.propagation``). This instrumentor asks the callee
 for more: a ``SERVER`` span ``Class.endpoint`` tagged with actor class, endpoint and mesh
 coordinates, and per-endpoint ``endpoint/{Class}.{name}/{calls,latency_s,latency_max_s,failures}``
-(``rankscope._internal.endpoint_spans``). The actor's role and replica are in its process
+(``rankscope.integrations.monarch.endpoint_spans``). The actor's role and replica are in its process
 Resource (the actor class and its mesh, see ``identity``).
 
 A callee process that has no instrumentor of its own follows its callers' choice.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._internal import propagation
+from ..integrations.monarch import propagation
 from ._base import ModuleInstrumentor
 
 

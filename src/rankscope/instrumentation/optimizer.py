@@ -10,10 +10,10 @@ import weakref
 from types import ModuleType
 from typing import Any
 
-from .._internal import main as _main
-from .._internal.reduce import Reduce
-from .._internal.settings import resolve
-from .._internal.tracing import close_span, open_span
+from .. import lifecycle as _main
+from ..core.settings import resolve
+from ..metrics.reduce import Reduce
+from ..tracing.tracer import close_span, open_span
 from ._base import ModuleInstrumentor
 
 _SUM, _MEAN, _MAX = Reduce.SUM, Reduce.MEAN, Reduce.MAX

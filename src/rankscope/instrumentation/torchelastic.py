@@ -20,8 +20,8 @@ import re
 from types import ModuleType
 from typing import Any
 
-from .._internal import main as _main
-from .._internal.reduce import Reduce
+from .. import lifecycle as _main
+from ..metrics.reduce import Reduce
 from ._base import ModuleInstrumentor
 
 _COUNTS = (".success", ".failure", ".count")

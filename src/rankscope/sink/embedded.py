@@ -107,7 +107,7 @@ def _start(experiment: str, info: Path, timeout: float) -> dict[str, Any]:
 
 def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2) -> None:
     """Run the sink until every local client and the starter have exited."""
-    from .._internal.settings import resolve
+    from ..core.settings import resolve
     from .service import Sink, SinkConfig
 
     sink = Sink(SinkConfig(grpc_port=0, http_port=0, grace=resolve("sink_grace"))).start()

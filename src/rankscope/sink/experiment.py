@@ -7,7 +7,7 @@ The rules (documented in the README):
 
 * A process that has ever sent a flush marker (``rankscope.flush``) is *stepped*: step N
   waits for its marker N. SPMD ranks flush themselves; Monarch actor processes are flushed
-  by their controller's ``flush(N)`` (``rankscope._internal.monarch``), so they are stepped
+  by their controller's ``flush(N)`` (``rankscope.integrations.monarch.actors``), so they are stepped
   too, and the controller's marker says how many processes it flushed.
 * Processes that declare ``rankscope.world_size`` W fill W rank slots of their
   (role, replica, attempt) group; an empty slot is waited for like a process.
@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._internal import attributes as attr
-from .._internal.backends.base import Metric
-from .._internal.reduce import Reduce, reduced_items
+from ..backends.base import Metric
+from ..core import names as attr
+from ..metrics.reduce import Reduce, reduced_items
 from .traces import TraceStore
 from .validate import Limits, Point, Refusals, ResourceBatch
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._internal.backends.base import Metric
-from .._internal.reduce import Reduce
+from ..backends.base import Metric
+from ..metrics.reduce import Reduce
 from .experiment import Experiment, StepView
 from .traces import TraceStore
 from .validate import Limits, Marker, Point, Refusals, ResourceBatch, check_resource, logs_batches, metrics_batches

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .._internal import attributes as attr
-from .._internal.backends.base import Metric
-from .._internal.reduce import Reduce
-from .._internal.wire import attributes_dict
+from ..backends.base import Metric
+from ..core import names as attr
+from ..metrics.reduce import Reduce
+from ..otlp.metrics import attributes_dict
 
 MAX_PHASES_PER_STEP = 64
 ROOT_NAME = "step"

@@ -7,7 +7,7 @@ log) ever sees a protobuf or an unchecked value, so nothing downstream may raise
 data.
 
 What is checked, per point: the reduce attribute is a string naming a known reduce type;
-the OTel point kind is the one that reduce type travels as (``rankscope._internal.wire``);
+the OTel point kind is the one that reduce type travels as (``rankscope.otlp.metrics``);
 the state's fields exist and are in range (counts non-negative and bounded, an
 ExponentialHistogram's scale in [6, 20], bucket offsets and widths bounded, bucket counts
 adding up to no more than the point's count, a custom state's fields numeric and mergeable);
@@ -26,9 +26,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._internal import attributes as attr
-from .._internal.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, Reduce
-from .._internal.wire import SUM_SQ
+from ..core import names as attr
+from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, Reduce
+from ..otlp.metrics import SUM_SQ
 
 INT64_MAX = 2**63 - 1
 MAX_SCALE = 20

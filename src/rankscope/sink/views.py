@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._internal.backends.base import LoggerBackend, LoggingMode, Metric, get_backend_class
+from ..backends.base import LoggerBackend, LoggingMode, Metric, get_backend_class
 from .experiment import Process, StepView
 
 log = logging.getLogger("rankscope.sink")

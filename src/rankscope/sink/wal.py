@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._internal.paths import safe_component
+from ..core.paths import safe_component
 
 log = logging.getLogger("rankscope.sink")
 

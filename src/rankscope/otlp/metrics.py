@@ -31,8 +31,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from . import attributes as attr
-from .reduce import MetricAccumulator
+from ..core import names as attr
+from ..metrics.reduce import MetricAccumulator
 
 SUM_SQ = "rankscope.sum_sq"
 _DELTA = pb.AGGREGATION_TEMPORALITY_DELTA

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from ..reduce import Reduce
+from ..metrics.reduce import Reduce
 
 
 class LoggingMode(str, enum.Enum):

@@ -32,10 +32,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import attributes as attr
-from . import main as _main
+from .. import lifecycle as _main
+from ..core import names as attr
+from ..metrics.reduce import Reduce
 from .gpu_timing import CudaTimingProcessor, Mark
-from .reduce import Reduce
 from .spans import BufferProcessor, SpanBuffer, SpanRecord, is_sampled, now_ns, random_id, step_ids
 
 F = TypeVar("F", bound=Callable[..., Any])

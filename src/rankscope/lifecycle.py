@@ -22,14 +22,11 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
-from . import attributes as attr
 from .backends.base import LoggerBackend, LoggingMode, get_backend_class
-from .collector import Collector, StepBatch
-from .export import BackendSet, ExportThread
-from .export import _warn as _warn_export
-from .identity import build_resource, process_label
-from .reduce import Reduce
-from .senders import (
+from .core import names as attr
+from .core.identity import build_resource, process_label
+from .core.settings import resolve
+from .export.senders import (
     EmbeddedSenders,
     ForkRelay,
     RelaySenders,
@@ -39,9 +36,12 @@ from .senders import (
     post_config,
     sink_status,
 )
-from .settings import resolve
-from .tracer_provider import install_tracer_provider
-from .tracing import TracingState
+from .export.thread import BackendSet, ExportThread
+from .export.thread import _warn as _warn_export
+from .metrics.recorder import Collector, StepBatch
+from .metrics.reduce import Reduce
+from .tracing.provider import install_tracer_provider
+from .tracing.tracer import TracingState
 
 _MEAN = Reduce.MEAN
 
@@ -253,7 +253,7 @@ def _is_trace_root(resource: Resource, monarch_controller: bool) -> bool:
 
 def _install_monarch_propagation() -> None:
     try:
-        from .propagation import install_caller
+        from .integrations.monarch.propagation import install_caller
 
         install_caller()
     except Exception as exc:
@@ -286,7 +286,7 @@ def _make_senders(
     if mode == "embedded" or (mode == "auto" and multi):
 
         def connect() -> tuple[str, str]:
-            from ..sink.embedded import connect as connect_embedded
+            from .sink.embedded import connect as connect_embedded
 
             found = connect_embedded(experiment)
             _post_views(found[1], experiment, views)
@@ -310,7 +310,7 @@ def _is_monarch_controller() -> bool:
     if "monarch" not in sys.modules:
         return False
     try:
-        from . import monarch
+        from .integrations.monarch import actors as monarch
     except ImportError:
         return False
     return not monarch.in_actor()
@@ -496,7 +496,7 @@ def _flush(step: int, driven: bool, auto: bool = False) -> None:
     runtime.closed_steps.add(step)
     if runtime.monarch_controller:
         try:
-            from .monarch import flush_actors
+            from .integrations.monarch.actors import flush_actors
 
             asked = flush_actors(step)
         except Exception as exc:
@@ -551,7 +551,7 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
             runtime.thread.submit(batch)
     runtime.thread.shutdown(runtime.shutdown_timeout)
     if drain_unflushed:
-        from .rates import reset_rates
+        from .metrics.rates import reset_rates
 
         reset_rates()
     global _dropped_before_shutdown

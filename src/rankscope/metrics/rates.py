@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from . import main as _main
+from .. import lifecycle as _main
 from .reduce import Reduce
 
 _SUM = Reduce.SUM

@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
-from . import attributes as attr
+from . import names as attr
 from .settings import resolve
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..paths import safe_component
+from ..core.paths import safe_component
 from .base import LoggerBackend, Metric
 
 

@@ -19,7 +19,7 @@ _installed: TracerProvider | None = None
 
 class _ToCurrentRuntime(SpanProcessor):
     def on_end(self, span: Any) -> None:
-        from . import main
+        from .. import lifecycle as main
 
         runtime = main._runtime
         if runtime is not None:

@@ -47,13 +47,13 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReade
 from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
-from . import attributes as attr
-from .backends.base import LoggerBackend, LoggingMode, Metric
-from .collector import Collector, StepBatch
-from .reduce import Reduce, reduced_items
+from ..backends.base import LoggerBackend, LoggingMode, Metric
+from ..core import names as attr
+from ..metrics.recorder import Collector, StepBatch
+from ..metrics.reduce import Reduce, reduced_items
+from ..otlp.metrics import PointAttributes, encode, encode_resource, key_value
+from ..tracing.spans import SpanBuffer, encode_spans
 from .senders import SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
-from .spans import SpanBuffer, encode_spans
-from .wire import PointAttributes, encode, encode_resource, key_value
 
 _STREAM_QUEUE_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256

@@ -25,8 +25,8 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
-from . import attributes as attr
-from .wire import key_value
+from ..core import names as attr
+from ..otlp.metrics import key_value
 
 _CLOCK_OFFSET = time.time_ns() - time.perf_counter_ns()
 _perf_ns = time.perf_counter_ns

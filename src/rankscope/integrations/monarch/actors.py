@@ -38,7 +38,7 @@ class StepFlusher(Actor):
     @endpoint
     async def flush(self, step: int, controller_pid: int) -> None:
         if os.getpid() != controller_pid:  # meshes of the controller's own process
-            from .main import flush_driven
+            from ...lifecycle import flush_driven
 
             flush_driven(step)
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from . import attributes as attr
-from . import main as _main
-from .reduce import Reduce
-from .spans import SpanRecord, now_ns, random_id
-from .tracing import CALLER, Scope, enter_scope, leave_scope
+from ... import lifecycle as _main
+from ...core import names as attr
+from ...metrics.reduce import Reduce
+from ...tracing.spans import SpanRecord, now_ns, random_id
+from ...tracing.tracer import CALLER, Scope, enter_scope, leave_scope
 
 ACTOR_CLASS = "rankscope.actor.class"
 ACTOR_ENDPOINT = "rankscope.actor.endpoint"

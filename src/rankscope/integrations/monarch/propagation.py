@@ -67,7 +67,7 @@ def _arrive(*fields: Any) -> Carried:
 
 
 def _carry() -> Carried | None:
-    from . import main
+    from ... import lifecycle as main
 
     server = _inherited if server_spans is None else server_spans
     runtime = main._runtime
@@ -79,7 +79,7 @@ def _carry() -> Carried | None:
             return None
     state = runtime.tracing
     scope = state.scope()
-    from .coordination import latest_policy_version
+    from ...core.policy_version import latest_policy_version
 
     return Carried(
         scope.trace_id, scope.parent_id, scope.sampled, scope.step, state.label, latest_policy_version(), server
@@ -146,11 +146,11 @@ def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> Any:
     carried = kwargs.pop(KWARG, None)
     if not isinstance(carried, Carried):
         return None
-    from .coordination import observe_policy_version
-    from .tracing import Scope, enter_scope
+    from ...core.policy_version import observe_policy_version
+    from ...tracing.tracer import Scope, enter_scope
 
     global _inherited
-    from . import main
+    from ... import lifecycle as main
 
     main.catch_up(carried.step)
     if carried.policy_version is not None:
@@ -165,8 +165,8 @@ def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> Any:
 
 
 def _leave(entered: Any, error: BaseException | None) -> None:
+    from ...tracing.tracer import leave_scope
     from .endpoint_spans import ServerCall
-    from .tracing import leave_scope
 
     if isinstance(entered, ServerCall):
         entered.end(error)

@@ -1,1 +1,0 @@
-"""rankscope internals: nothing here is public API; import from ``rankscope``."""
