@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import rankscope as rs
-from rankscope import lifecycle as rs_main
+from rankscope.core import errors as rs_errors
+from rankscope.core import runtime as rs_slot
 from rankscope.sink import Sink, SinkConfig
 
 from .otlp_receiver import GrpcReceiver, HttpReceiver
@@ -28,12 +29,12 @@ def clean_rankscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES:
             monkeypatch.delenv(name)
     rs.shutdown()
-    rs_main._disabled = False
-    rs_main.internal_errors.clear()
+    rs_slot.disabled = False
+    rs_errors.internal_errors.clear()
     yield
     rs.shutdown()
-    rs_main._disabled = False
-    assert rs_main.internal_errors == [], rs_main.internal_errors
+    rs_slot.disabled = False
+    assert rs_errors.internal_errors == [], rs_errors.internal_errors
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 from opentelemetry.sdk.trace import TracerProvider
 
 import rankscope as rs
-from rankscope import lifecycle as rs_main
+from rankscope.core import runtime as rs_slot
 from rankscope.tracing.gpu_timing import CPU_END, CPU_START, TIMER, CudaTimingProcessor
 from rankscope.tracing.spans import BufferProcessor, SpanBuffer, SpanRecord, now_ns
 
@@ -125,7 +125,7 @@ def test_gpu_timer_metrics_come_from_events_read_off_the_callers_thread(make_sin
     sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}})
     rs.init(experiment="gpu-metrics", endpoint=sink.endpoint)
     fake = FakeCuda()
-    state = rs_main._runtime.tracing  # type: ignore[union-attr]
+    state = rs_slot.current.tracing  # type: ignore[union-attr]
     state._gpu, state._gpu_checked = CudaTimingProcessor(state.processor, fake), True  # type: ignore[arg-type]
     t0 = time.perf_counter()
     with rs.trace("train", timer="gpu") as t:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rankscope as rs
-from rankscope import lifecycle as rs_main
+from rankscope.core import runtime as rs_slot
 from rankscope.instrumentation import INSTRUMENTORS
 from rankscope.integrations.monarch import propagation
 
@@ -47,8 +47,8 @@ def _train_once(tmp_path: Path) -> None:
 
 
 def _recorded() -> set[str]:
-    collector = rs_main._collector
-    return set() if collector is None else set(collector.accs)
+    recorder = rs_slot.recorder
+    return set() if recorder is None else set(recorder.accs)
 
 
 def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ WORKLOAD = """
 import json, os, sys, tempfile
 import torch, torch.distributed as dist
 import torch.distributed.elastic.metrics as elastic
-from rankscope import lifecycle as main
+from rankscope.core import runtime as slot
 from rankscope.integrations.monarch import propagation
 from rankscope.instrumentation import INSTRUMENTORS
 
@@ -111,7 +111,7 @@ for x, y in loader:
     dist.all_reduce(torch.ones(2))
 torch.save(model.state_dict(), os.path.join(tempfile.mkdtemp(), "m.pt"))
 elastic.put_metric("count", 1, "app")
-keys = set(main._collector.accs) if main._collector else set()
+keys = set(slot.recorder.accs) if slot.recorder else set()
 print(json.dumps({
     "instrumented": sorted(n for n, c in INSTRUMENTORS.items() if c()._is_instrumented_by_opentelemetry),
     "server_spans": propagation.server_spans,

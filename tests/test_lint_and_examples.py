@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from .conftest import ROOT, run_python
 
@@ -19,6 +20,19 @@ def test_ruff_clean() -> None:
 
 def test_mypy_clean() -> None:
     result = _run("mypy")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_import_layers_hold() -> None:
+    """The import-linter contracts in pyproject.toml: stages import only the stages below them."""
+    lint_imports = Path(sys.executable).parent / "lint-imports"  # installed with the test extra
+    result = subprocess.run(
+        [str(lint_imports)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

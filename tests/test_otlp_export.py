@@ -102,9 +102,9 @@ def test_dead_endpoint_never_blocks_and_counts_drops(monkeypatch: pytest.MonkeyP
         started = time.monotonic()
         rs.shutdown()
     assert time.monotonic() - started < 10  # bounded by RANKSCOPE_SHUTDOWN_TIMEOUT, not by retries
-    from rankscope import lifecycle as main
+    from rankscope.core import errors
 
-    assert main.internal_errors == []
+    assert errors.internal_errors == []
 
 
 def test_disable_makes_nothing_leave_the_process(receiver: GrpcReceiver) -> None:

@@ -33,7 +33,7 @@ from rankscope.backends.tensorboard import TensorBoardBackend
 from rankscope.backends.wandb import run_id_for
 from rankscope.core import names as attr
 from rankscope.core.paths import safe_component
-from rankscope.metrics.recorder import Collector
+from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
 from rankscope.sink.embedded import runtime_dir
@@ -139,7 +139,7 @@ def assert_contained(tmp_path: Path, allowed: list[Path], before_parent: set[str
 
 
 def metrics_request(resource: dict[str, Any], step: int = 0) -> mpb.ExportMetricsServiceRequest:
-    c = Collector(streams=[])
+    c = Recorder(streams=[])
     c.record("loss", 1.5, Reduce.MEAN)
     request = mpb.ExportMetricsServiceRequest()
     rm = request.resource_metrics.add(resource=encode_resource(resource))

@@ -23,8 +23,8 @@ for step in range(3):
     rs.flush(step)
 rs.force_flush(30)
 rs.shutdown()
-from rankscope import lifecycle as main
-print("internal_errors", len(main.internal_errors))
+from rankscope.core import errors
+print("internal_errors", len(errors.internal_errors))
 """
 
 IN_SINK = """

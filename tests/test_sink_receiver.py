@@ -14,14 +14,14 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
 
-from rankscope.metrics.recorder import Collector
+from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.metrics import PointAttributes, encode, encode_resource
 from rankscope.sink.bodies import HttpError, decode_body, hex_ids_to_base64
 
 
 def metrics_request(experiment: str = "e", key: str = "loss", value: float = 1.0, step: int = 0) -> bytes:
-    c = Collector(streams=[])
+    c = Recorder(streams=[])
     c.record(key, value, Reduce.MEAN)
     request = mpb.ExportMetricsServiceRequest()
     rm = request.resource_metrics.add(

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.core import names as attr
-from rankscope.metrics.recorder import Collector
+from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
 from rankscope.sink import Experiment
@@ -41,7 +41,7 @@ def resource(pid: str, rank: int = 0, world: int = 1, role: str = "trainer", **e
 
 
 def metrics(values: dict[str, tuple[Reduce, list[float]]], step: int | None, marker: bool = True) -> list[Any]:
-    c = Collector(streams=[])
+    c = Recorder(streams=[])
     for key, (reduce, numbers) in values.items():
         for n in numbers:
             c.record(key, n, reduce)

@@ -14,9 +14,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import lifecycle as _main
+from .api import flush, init, shutdown
 from .backends.base import LoggerBackend, LoggingMode, Metric
-from .lifecycle import record_metric
+from .metrics.recording import record_metric
 from .metrics.reduce import MetricAccumulator, Reduce
 from .tracing.tracer import Tracer, trace
 
@@ -58,13 +58,13 @@ class MetricLogger:
 
     def _init_backends(self, config: Mapping[str, Mapping[str, Any]], *args: Any, **kwargs: Any) -> None:
         role = None if os.environ.get("RANKSCOPE_ROLE") else (self.process_name or "controller").lower()
-        _main.init(backends=config, role=role)
+        init(backends=config, role=role)
 
     def _flush(self, global_step: int = 0, *args: Any, **kwargs: Any) -> None:
-        _main.flush(global_step)
+        flush(global_step)
 
     def _shutdown(self, *args: Any, **kwargs: Any) -> None:
-        _main.shutdown()
+        shutdown()
 
 
 _logger: MetricLogger | None = None

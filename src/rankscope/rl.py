@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from . import lifecycle as _main
 from .core.policy_version import latest_policy_version, observe_policy_version
 from .core.policy_version import set_policy_version as _set_latest
 from .metrics.rates import RateMeter
+from .metrics.recording import record_metric
 from .metrics.reduce import Reduce
 from .tracing.tracer import close_span, open_span
 
@@ -40,7 +40,7 @@ def set_policy_version(version: int) -> None:
     Records ``policy/version`` and travels with every Monarch call this process makes.
     """
     _set_latest(_check_int("version", version))
-    _main.record_metric("policy/version", version, _MAX)
+    record_metric("policy/version", version, _MAX)
 
 
 def policy_staleness(version_used: int) -> int | None:
@@ -69,21 +69,21 @@ def generation(
             gives ``generator/policy_staleness``.
         requests: how many requests this call stands for.
     """
-    _main.record_metric("generator/tokens", _check_int("tokens", tokens), _SUM)
+    record_metric("generator/tokens", _check_int("tokens", tokens), _SUM)
     _generated.add(tokens)
-    _main.record_metric("generator/requests", _check_int("requests", requests), _SUM)
+    record_metric("generator/requests", _check_int("requests", requests), _SUM)
     if latency_s is not None:
-        _main.record_metric("generator/request_latency_s", latency_s, _DIST)
+        record_metric("generator/request_latency_s", latency_s, _DIST)
     if sequence_lengths is not None:
         for length in sequence_lengths:
-            _main.record_metric("generator/sequence_length", length, _DIST)
+            record_metric("generator/sequence_length", length, _DIST)
     if queue_depth is not None:
-        _main.record_metric("generator/queue_depth", _check_int("queue_depth", queue_depth), _MAX)
+        record_metric("generator/queue_depth", _check_int("queue_depth", queue_depth), _MAX)
     used = _weights_version if policy_version is None else _check_int("policy_version", policy_version)
     if used is not None:
         stale = policy_staleness(used)
         if stale is not None:
-            _main.record_metric("generator/policy_staleness", stale, _MAX)
+            record_metric("generator/policy_staleness", stale, _MAX)
 
 
 class weight_sync:  # noqa: N801 - used like a function: with rs.rl.weight_sync("pull"):
@@ -111,7 +111,7 @@ class weight_sync:  # noqa: N801 - used like a function: with rs.rl.weight_sync(
         global _weights_version
         seconds = time.perf_counter() - self._start
         key = "trainer/weight_push_s" if self.direction == "push" else "generator/weight_pull_s"
-        _main.record_metric(key, seconds, _MAX)
+        record_metric(key, seconds, _MAX)
         if self._span is not None:
             close_span(self._span, error=exc)
         if exc is None and self.version is not None:
@@ -132,15 +132,15 @@ def replay_buffer(
 ) -> None:
     """Record replay-buffer activity: its size now and what was written/read/evicted since."""
     if size is not None:
-        _main.record_metric("replay_buffer/size", _check_int("size", size), _MAX)
+        record_metric("replay_buffer/size", _check_int("size", size), _MAX)
     if writes:
-        _main.record_metric("replay_buffer/writes", _check_int("writes", writes), _SUM)
+        record_metric("replay_buffer/writes", _check_int("writes", writes), _SUM)
     if reads:
-        _main.record_metric("replay_buffer/reads", _check_int("reads", reads), _SUM)
+        record_metric("replay_buffer/reads", _check_int("reads", reads), _SUM)
     if evictions:
-        _main.record_metric("replay_buffer/evictions", _check_int("evictions", evictions), _SUM)
+        record_metric("replay_buffer/evictions", _check_int("evictions", evictions), _SUM)
     if read_latency_s is not None:
-        _main.record_metric("replay_buffer/read_latency_s", read_latency_s, _MEAN)
+        record_metric("replay_buffer/read_latency_s", read_latency_s, _MEAN)
 
 
 __all__ = ["generation", "policy_staleness", "replay_buffer", "set_policy_version", "weight_sync"]

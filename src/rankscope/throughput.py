@@ -11,10 +11,10 @@ gets no MFU and one warning saying so: rankscope does not guess a peak.
 from __future__ import annotations
 
 import sys
-import warnings
 
-from . import lifecycle as _main
+from .core.errors import warn
 from .metrics.rates import RateMeter
+from .metrics.recording import record_metric
 from .metrics.reduce import Reduce
 
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
@@ -75,14 +75,12 @@ class _Mfu:
                 torch = sys.modules.get("torch")
                 cuda = torch is not None and torch.cuda.is_available()
                 device = torch.cuda.get_device_name() if cuda else "no CUDA device"  # type: ignore[union-attr]
-                warnings.warn(
+                warn(
                     f"rankscope: peak FLOPs unknown for {device!r}; throughput/mfu is not recorded "
                     "(pass peak_flops= to record_tokens)",
-                    RuntimeWarning,
-                    stacklevel=2,
                 )
         if self.peak:
-            _main.record_metric("throughput/mfu", tokens_per_s * self.flops_per_token / self.peak, _MEAN)
+            record_metric("throughput/mfu", tokens_per_s * self.flops_per_token / self.peak, _MEAN)
 
 
 _mfu = _Mfu()
@@ -103,7 +101,7 @@ def record_tokens(count: int, *, flops_per_token: float | None = None, peak_flop
         _mfu.flops_per_token = float(flops_per_token)
     if peak_flops is not None:
         _mfu.peak, _mfu.peak_checked = float(peak_flops), False
-    _main.record_metric("throughput/tokens", count, _SUM)
+    record_metric("throughput/tokens", count, _SUM)
     _tokens.add(count)
 
 

@@ -30,7 +30,6 @@ import queue
 import random
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +48,8 @@ from opentelemetry.sdk.resources import Resource
 from .._version import __version__
 from ..backends.base import LoggerBackend, LoggingMode, Metric
 from ..core import names as attr
-from ..metrics.recorder import Collector, StepBatch
+from ..core.errors import warn
+from ..metrics.recorder import Recorder, StepBatch
 from ..metrics.reduce import Reduce, reduced_items
 from ..otlp.metrics import PointAttributes, encode, encode_resource, key_value
 from ..tracing.spans import SpanBuffer, encode_spans
@@ -70,14 +70,6 @@ _MAX_RELAYED_SPAN_REQUESTS = 256
 _MIN_EXPORT_GAP = 0.1
 """Seconds between OTLP requests of one process: steps flushed faster than this share a
 request (a 20 ms training step would otherwise pay a gRPC call per step)."""
-
-
-def _warn(message: str) -> None:
-    """A RuntimeWarning that cannot take the export thread down, even under ``-W error``."""
-    try:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-    except Warning:
-        logging.getLogger("rankscope").warning(message)
 
 
 class _PullReader(MetricReader):
@@ -191,7 +183,7 @@ class ExportThread:
         self,
         *,
         resource: Resource,
-        collector: Collector,
+        recorder: Recorder,
         backends: BackendSet,
         otlp: Senders | EmbeddedSenders | RelaySenders | None,
         export_interval: float,
@@ -205,7 +197,7 @@ class ExportThread:
         self.spans = spans if spans is not None else SpanBuffer(1)
         self._spans_dropped_reported = 0
         self._spans_warned = False
-        self.collector = collector
+        self.recorder = recorder
         self.backends = backends
         self.otlp = otlp
         self.export_interval = export_interval
@@ -319,7 +311,7 @@ class ExportThread:
             first = not self._warned_drop
             self._warned_drop = True
         if first and points:
-            _warn(
+            warn(
                 f"rankscope: dropping metric points because {why}; the job is unaffected "
                 "and the count is reported when export recovers"
             )
@@ -370,7 +362,7 @@ class ExportThread:
                     polls.append(rest[0])
                     synced = True
                     if self._periodic():
-                        batch = self.collector.take(None)
+                        batch = self.recorder.take(None)
                         if batch is not None and self._hold(batch):
                             self._guarded(self._prepare, batch)
                             pending.append(batch)
@@ -387,7 +379,7 @@ class ExportThread:
             if not items and not pending and not self._failures and self._periodic():
                 # A process that never flushes. While the endpoint is down its values keep
                 # accumulating in place (constant memory) instead of filling the queue.
-                batch = self.collector.take(None)
+                batch = self.recorder.take(None)
                 if batch is not None and self._hold(batch):
                     self._guarded(self._prepare, batch)
                     pending.append(batch)
@@ -481,9 +473,9 @@ class ExportThread:
     def _prepare(self, batch: StepBatch) -> None:
         """Read device values and GPU-timed durations, then give the step to the local backends."""
         if batch.deferred:
-            self.collector.resolve_deferred(batch)
+            self.recorder.resolve_deferred(batch)
         if batch.device is not None:
-            self.collector.stream_device_values(batch, batch.device.values())
+            self.recorder.stream_device_values(batch, batch.device.values())
             batch.device = None
         self.backends.log_batch(batch)
 
@@ -634,13 +626,13 @@ class ExportThread:
                 self.spans.dropped += len(records)
                 if not self._spans_warned:
                     self._spans_warned = True
-                    _warn(f"rankscope: dropping spans: the OTLP endpoint refused them ({attempt.detail})")
+                    warn(f"rankscope: dropping spans: the OTLP endpoint refused them ({attempt.detail})")
             records = self.spans.drain(_MAX_SPANS_PER_REQUEST)
         if sent and self.spans.dropped > self._spans_dropped_reported:  # a send went through: report what was lost
             n = self.spans.dropped - self._spans_dropped_reported
             self._spans_dropped_reported = self.spans.dropped
             self._spans_warned = False
-            _warn(f"rankscope: {n} spans were dropped ({self.spans.dropped} in total)")
+            warn(f"rankscope: {n} spans were dropped ({self.spans.dropped} in total)")
         return None
 
     def _send_streams(self, deadline: float | None) -> Attempt | None:
@@ -663,7 +655,7 @@ class ExportThread:
     def _warn_unreachable(self, exc: Exception) -> None:
         if not self._warned_unreachable:
             self._warned_unreachable = True
-            _warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
+            warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
 
     def _logs_request(self, streams: list[tuple[Metric, int | None]]) -> ExportLogsServiceRequest:
         request = ExportLogsServiceRequest()
@@ -689,4 +681,4 @@ class ExportThread:
         if n:
             self._dropped_counter.add(n)
             state = "at shutdown" if final else "before export recovered"
-            _warn(f"rankscope: {n} metric points were dropped {state} ({self.dropped_total} in total)")
+            warn(f"rankscope: {n} metric points were dropped {state} ({self.dropped_total} in total)")

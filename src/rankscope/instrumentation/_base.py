@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from .. import lifecycle as _main
+from ..core.errors import report_internal_error
 
 
 class ModuleInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -54,7 +54,7 @@ class ModuleInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._apply(module)
             self._applied = True
         except Exception as exc:
-            _main._report_internal_error(f"{type(self).__name__} on {self.target}", exc)
+            report_internal_error(f"{type(self).__name__} on {self.target}", exc)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._active = False

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .. import lifecycle as _main
+from ..core.errors import report_internal_error
+from ..metrics.recording import record_metric
 from ..metrics.reduce import Reduce
 from ..tracing.tracer import close_span, open_span
 from ._base import ModuleInstrumentor, restore, swap
@@ -106,13 +107,13 @@ def _timed(kind: str, original: Any, measure: Measure, position: int | None) -> 
         try:
             seconds = time.perf_counter() - start
             nbytes = measure(target, args, kwargs, before, result)
-            _main.record_metric(seconds_key, seconds, _MAX)
-            _main.record_metric(bytes_key, nbytes, _SUM)
+            record_metric(seconds_key, seconds, _MAX)
+            record_metric(bytes_key, nbytes, _SUM)
             if span is not None:
                 span.attributes["rankscope.checkpoint.bytes"] = nbytes  # type: ignore[index]
                 close_span(span)
         except Exception as exc:
-            _main._report_internal_error(f"checkpoint {kind} instrumentation", exc)
+            report_internal_error(f"checkpoint {kind} instrumentation", exc)
         return result
 
     checkpoint.__name__ = checkpoint.__qualname__ = getattr(original, "__name__", kind)

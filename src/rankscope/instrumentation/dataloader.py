@@ -6,7 +6,8 @@ import time
 from types import ModuleType
 from typing import Any
 
-from .. import lifecycle as _main
+from ..core.errors import report_internal_error
+from ..metrics.recording import record_metric
 from ..metrics.reduce import Reduce
 from ..tracing.spans import now_ns
 from ..tracing.tracer import close_span, open_span
@@ -39,13 +40,13 @@ class DataLoaderInstrumentor(ModuleInstrumentor):
                 raise
             try:
                 seconds = time.perf_counter() - start
-                _main.record_metric("dataloader/wait_s", seconds, _MEAN)
-                _main.record_metric("dataloader/wait_max_s", seconds, _MAX)
-                _main.record_metric("dataloader/batches", 1, _SUM)
+                record_metric("dataloader/wait_s", seconds, _MEAN)
+                record_metric("dataloader/wait_max_s", seconds, _MAX)
+                record_metric("dataloader/batches", 1, _SUM)
                 if span is not None:
                     close_span(span)
             except Exception as exc:
-                _main._report_internal_error("DataLoader instrumentation", exc)
+                report_internal_error("DataLoader instrumentation", exc)
             return batch
 
         swap(iterator, "__next__", __next__, self._saved)

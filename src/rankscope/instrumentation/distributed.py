@@ -16,7 +16,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .. import lifecycle as _main
+from ..core.errors import report_internal_error
+from ..metrics.recording import defer_gpu_duration, record_metric
 from ..metrics.reduce import Reduce
 from ..tracing.spans import now_ns
 from ..tracing.tracer import close_span, current_gpu_timer, open_span
@@ -116,7 +117,7 @@ def _wrap(op: str, position: int | None, original: Any, dist: Any) -> Any:
             span = open_span(span_name, attributes)
             start = now_ns()
         except Exception as exc:
-            _main._report_internal_error(f"collective {op} instrumentation", exc)
+            report_internal_error(f"collective {op} instrumentation", exc)
             return original(*args, **kwargs)
         work = original(*args, **kwargs)
         done = _Done(keys, nbytes, span, start, gpu, start_mark)
@@ -153,20 +154,20 @@ class _Done:
         try:
             end = now_ns()
             avg_key, max_key, bytes_key, calls_key = self.keys
-            _main.record_metric(bytes_key, self.nbytes, _SUM)
-            _main.record_metric(calls_key, 1, _SUM)
+            record_metric(bytes_key, self.nbytes, _SUM)
+            record_metric(calls_key, 1, _SUM)
             gpu = self.gpu
             end_mark = gpu.mark() if gpu is not None else None
             if gpu is not None and end_mark is not None and self.start_mark is not None:
-                _main.defer_gpu_duration(avg_key, max_key, self.start_mark, end_mark, gpu)
+                defer_gpu_duration(avg_key, max_key, self.start_mark, end_mark, gpu)
                 if self.span is not None:
                     self.span.end_time = end
                     gpu.submit(self.span, self.start_mark, end_mark)
                 return
             seconds = (end - self.start) / 1e9
-            _main.record_metric(avg_key, seconds, _MEAN)
-            _main.record_metric(max_key, seconds, _MAX)
+            record_metric(avg_key, seconds, _MEAN)
+            record_metric(max_key, seconds, _MAX)
             if self.span is not None:
                 close_span(self.span, end)
         except Exception as exc:
-            _main._report_internal_error("collective completion", exc)
+            report_internal_error("collective completion", exc)

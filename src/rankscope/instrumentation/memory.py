@@ -13,8 +13,8 @@ import sys
 import time
 from types import ModuleType
 
-from .. import lifecycle as _main
 from ..core.settings import resolve
+from ..metrics.recording import add_flush_hook, record_metric, remove_flush_hook
 from ..metrics.reduce import Reduce
 from ._base import ModuleInstrumentor
 
@@ -30,10 +30,10 @@ class MemoryInstrumentor(ModuleInstrumentor):
     def _apply(self, module: ModuleType) -> None:
         host = self.options.get("host")
         self._sampler = _Sampler(resolve("host_metrics") if host is None else bool(host))
-        _main.add_flush_hook(self._sampler.sample)
+        add_flush_hook(self._sampler.sample)
 
     def _revert(self) -> None:
-        _main.remove_flush_hook(self._sampler.sample)
+        remove_flush_hook(self._sampler.sample)
 
 
 class _Sampler:
@@ -48,19 +48,19 @@ class _Sampler:
         if torch is not None and torch.cuda.is_initialized():  # never initialize CUDA for telemetry
             device = torch.cuda.current_device()
             stats = torch.cuda.memory_stats(device)
-            _main.record_metric("cuda/memory_allocated_bytes", stats.get("allocated_bytes.all.current", 0), _MAX)
-            _main.record_metric("cuda/memory_reserved_bytes", stats.get("reserved_bytes.all.current", 0), _MAX)
-            _main.record_metric("cuda/memory_peak_bytes", stats.get("allocated_bytes.all.peak", 0), _MAX)
+            record_metric("cuda/memory_allocated_bytes", stats.get("allocated_bytes.all.current", 0), _MAX)
+            record_metric("cuda/memory_reserved_bytes", stats.get("reserved_bytes.all.current", 0), _MAX)
+            record_metric("cuda/memory_peak_bytes", stats.get("allocated_bytes.all.peak", 0), _MAX)
             retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
-            _main.record_metric("cuda/alloc_retries", retries - self.retries.get(device, 0), _SUM)
-            _main.record_metric("cuda/ooms", ooms - self.ooms.get(device, 0), _SUM)
+            record_metric("cuda/alloc_retries", retries - self.retries.get(device, 0), _SUM)
+            record_metric("cuda/ooms", ooms - self.ooms.get(device, 0), _SUM)
             self.retries[device], self.ooms[device] = retries, ooms
         if self.host:
-            _main.record_metric("host/rss_bytes", _rss_bytes(), _MAX)
+            record_metric("host/rss_bytes", _rss_bytes(), _MAX)
             now, cpu = time.perf_counter(), _cpu_seconds()
             wall = now - self.cpu[0]
             if wall > 0:
-                _main.record_metric("host/cpu_utilization", (cpu - self.cpu[1]) / wall, _MEAN)
+                record_metric("host/cpu_utilization", (cpu - self.cpu[1]) / wall, _MEAN)
             self.cpu = (now, cpu)
 
 

@@ -10,8 +10,10 @@ import weakref
 from types import ModuleType
 from typing import Any
 
-from .. import lifecycle as _main
+from ..core.errors import report_internal_error
 from ..core.settings import resolve
+from ..lifecycle import auto_step
+from ..metrics.recording import record_metric
 from ..metrics.reduce import Reduce
 from ..tracing.tracer import close_span, open_span
 from ._base import ModuleInstrumentor
@@ -55,31 +57,31 @@ class _Hooks:
             if self.grad_norm:
                 _record_grad_norm(optimizer)
         except Exception as exc:
-            _main._report_internal_error("optimizer pre-step hook", exc)
+            report_internal_error("optimizer pre-step hook", exc)
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             started = self.started.pop(id(optimizer), None)
             if started is not None:
                 seconds = time.perf_counter() - started[0]
-                _main.record_metric("optimizer/step_s", seconds, _MEAN)
-                _main.record_metric("optimizer/step_max_s", seconds, _MAX)
+                record_metric("optimizer/step_s", seconds, _MEAN)
+                record_metric("optimizer/step_max_s", seconds, _MAX)
                 if started[1] is not None:
                     close_span(started[1])
-            _main.record_metric("optimizer/steps", 1, _SUM)
+            record_metric("optimizer/steps", 1, _SUM)
             for index, group in enumerate(optimizer.param_groups):
                 lr = group.get("lr")
                 if lr is not None:
                     key = _lr_keys[index] if index < len(_lr_keys) else f"optimizer/lr/group_{index}"
-                    _main.record_metric(key, lr, _MEAN)
+                    record_metric(key, lr, _MEAN)
             if self.auto_step:
                 primary = self.primary() if self.primary is not None else None
                 if primary is None:
                     self.primary, primary = weakref.ref(optimizer), optimizer
                 if primary is optimizer:
-                    _main.auto_step()
+                    auto_step()
         except Exception as exc:
-            _main._report_internal_error("optimizer post-step hook", exc)
+            report_internal_error("optimizer post-step hook", exc)
 
 
 def _record_grad_norm(optimizer: Any) -> None:
@@ -94,4 +96,4 @@ def _record_grad_norm(optimizer: Any) -> None:
     ]
     if grads:
         norms = torch._foreach_norm(grads)
-        _main.record_metric("optimizer/grad_norm", torch.linalg.vector_norm(torch.stack(norms)), _MAX)
+        record_metric("optimizer/grad_norm", torch.linalg.vector_norm(torch.stack(norms)), _MAX)

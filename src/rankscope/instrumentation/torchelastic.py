@@ -20,7 +20,8 @@ import re
 from types import ModuleType
 from typing import Any
 
-from .. import lifecycle as _main
+from ..core.errors import report_internal_error
+from ..metrics.recording import record_metric
 from ..metrics.reduce import Reduce
 from ._base import ModuleInstrumentor
 
@@ -43,9 +44,9 @@ class RankscopeMetricHandler:
     def emit(self, metric_data: Any) -> None:
         try:
             key, reduce = _key(str(metric_data.group_name), str(metric_data.name))
-            _main.record_metric(key, float(metric_data.value), reduce)
+            record_metric(key, float(metric_data.value), reduce)
         except Exception as exc:
-            _main._report_internal_error("torchelastic metric handler", exc)
+            report_internal_error("torchelastic metric handler", exc)
 
 
 class TorchElasticInstrumentor(ModuleInstrumentor):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .. import lifecycle as _main
+from . import recording
 from .reduce import Reduce
 
 _SUM = Reduce.SUM
@@ -36,12 +36,12 @@ class RateMeter:
     def reset(self) -> None:
         """Forget the rate (``shutdown``): the next ``add`` starts a new one."""
         self.since, self.count = None, 0.0
-        _main.remove_flush_hook(self.at_flush)
+        recording.remove_flush_hook(self.at_flush)
 
     def add(self, n: float) -> None:
         if self.since is None:
             self.since = time.perf_counter()
-            _main.add_flush_hook(self.at_flush)
+            recording.add_flush_hook(self.at_flush)
         self.count += n
 
     def at_flush(self) -> None:
@@ -51,6 +51,6 @@ class RateMeter:
         if since is None or now <= since:
             return
         rate = count / (now - since)
-        _main.record_metric(self.key, rate, _SUM)
+        recording.record_metric(self.key, rate, _SUM)
         if self.on_rate is not None:
             self.on_rate(rate)

@@ -1,8 +1,8 @@
 """Per-process metric state: what ``record_metric`` writes and ``flush`` hands off.
 
-The hot path (in ``main.record_metric``) touches only ``Collector.accs``: a dict lookup
+The hot path (``metrics.recording.record_metric``) touches only ``Recorder.accs``: a dict lookup
 and an ``append`` on a slotted accumulator. Everything else (first use of a key, type
-checks, device tensors, streaming) goes through ``Collector.record``.
+checks, device tensors, streaming) goes through ``Recorder.record``.
 """
 
 from __future__ import annotations
@@ -79,8 +79,10 @@ class StepBatch:
     """Points this step holds in the export queue's bound (set when it is queued)."""
 
 
-class Collector:
-    """Accumulators of the step in progress plus the process-lifetime key registry."""
+class Recorder:
+    """Accumulators of the step in progress plus the process-lifetime key registry.
+
+    The hot path's state (named so as not to be confused with the OpenTelemetry Collector)."""
 
     __slots__ = ("_deferred", "_device", "_lower", "_reduce_of", "_step_start", "_streams", "accs", "fast")
 

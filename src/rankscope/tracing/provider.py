@@ -14,14 +14,14 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
+from ..core import runtime as _slot
+
 _installed: TracerProvider | None = None
 
 
 class _ToCurrentRuntime(SpanProcessor):
     def on_end(self, span: Any) -> None:
-        from .. import lifecycle as main
-
-        runtime = main._runtime
+        runtime = _slot.current
         if runtime is not None:
             runtime.tracing.processor.on_end(span)
 

@@ -22,7 +22,6 @@ import contextvars
 import functools
 import inspect
 import sys
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -32,9 +31,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .. import lifecycle as _main
 from ..core import names as attr
+from ..core import runtime as _slot
+from ..core.errors import report_internal_error, warn_once
+from ..metrics.recording import defer_gpu_duration, record_metric
 from ..metrics.reduce import Reduce
+from ..steps.clock import StepClock
 from .gpu_timing import CudaTimingProcessor, Mark
 from .spans import BufferProcessor, SpanBuffer, SpanRecord, is_sampled, now_ns, random_id, step_ids
 
@@ -88,6 +90,7 @@ class TracingState:
     def __init__(
         self,
         resource: Resource,
+        steps: StepClock,
         *,
         sample_ratio: float,
         root: bool,
@@ -107,8 +110,7 @@ class TracingState:
         self._gpu: CudaTimingProcessor | None = None
         self._gpu_checked = False
         self._ids: dict[int, tuple[int, int, bool]] = {}
-        self.explicit_step: int | None = None
-        self.last_step: int | None = None
+        self.steps = steps
         self.step_started_ns: int | None = None
         self.env_parent = _env_parent()
 
@@ -116,10 +118,9 @@ class TracingState:
 
     @property
     def step(self) -> int:
-        """The step in progress: set_step's, else the one after the last flushed step, else 0."""
-        if self.explicit_step is not None:
-            return self.explicit_step
-        return 0 if self.last_step is None else self.last_step + 1
+        """The step in progress (the step clock's; 0 before the first flush)."""
+        current = self.steps.current
+        return 0 if current is None else current
 
     def ids(self, step: int) -> tuple[int, int, bool]:
         found = self._ids.get(step)
@@ -152,7 +153,7 @@ class TracingState:
         """``flush(step)`` ran: the root process emits the step's root span."""
         now = now_ns()
         started = self.step_started_ns
-        self.last_step, self.explicit_step, self.step_started_ns = step, None, now
+        self.step_started_ns = now  # the clock itself was closed by the runtime
         if not self.root:
             return
         trace_id, root_id, sampled = self.ids(step)
@@ -175,7 +176,7 @@ class TracingState:
             if torch is not None and torch.cuda.is_available():
                 self._gpu = CudaTimingProcessor(self.processor, torch.cuda, on_error=self._on_error)
             else:
-                _warn_once("rankscope trace: timer='gpu' without CUDA; timing on the CPU clock")
+                warn_once("rankscope trace: timer='gpu' without CUDA; timing on the CPU clock")
         return self._gpu
 
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
@@ -197,21 +198,8 @@ def _env_parent() -> SpanContext | None:
     return ctx if ctx.is_valid else None
 
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-
 def _state() -> TracingState | None:
-    runtime = _main._runtime
-    if runtime is None:
-        if _main._disabled or _main._auto_init() is None:
-            return None
-        runtime = _main._runtime
+    runtime = _slot.get()
     return None if runtime is None else runtime.tracing
 
 
@@ -309,7 +297,7 @@ class Tracer:
             if self.track_memory and (cuda := _cuda()) is not None:
                 self._memory = (cuda.memory_allocated(), cuda.max_memory_allocated())
         except Exception as exc:
-            _main._report_internal_error("trace start", exc)
+            report_internal_error("trace start", exc)
         return self
 
     def step(self, name: str) -> None:
@@ -320,10 +308,10 @@ class Tracer:
         mark = gpu.mark() if gpu is not None else None
         if mark is None or self._last_mark is None:
             seconds = (now - self._last) / 1e9
-            _main.record_metric(avg_key, seconds, _MEAN)
-            _main.record_metric(max_key, seconds, _MAX)
+            record_metric(avg_key, seconds, _MEAN)
+            record_metric(max_key, seconds, _MAX)
         else:
-            _main.defer_gpu_duration(avg_key, max_key, self._last_mark, mark, gpu)
+            defer_gpu_duration(avg_key, max_key, self._last_mark, mark, gpu)
         parent = self._span
         if parent is not None:
             span = SpanRecord(span_name, parent.trace_id, random_id(64) or 1, parent.span_id, self._last, now)
@@ -344,20 +332,20 @@ class Tracer:
         start_ns = span.start_time if span is not None else None
         prefix = self.prefix
         if end_mark is not None and self._start_mark is not None and gpu is not None:
-            _main.defer_gpu_duration(
+            defer_gpu_duration(
                 f"{prefix}/total_duration_avg_s", f"{prefix}/total_duration_max_s", self._start_mark, end_mark, gpu
             )
         else:
             started = start_ns if start_ns is not None else self._first_ns()
             seconds = (now - started) / 1e9
-            _main.record_metric(f"{prefix}/total_duration_avg_s", seconds, _MEAN)
-            _main.record_metric(f"{prefix}/total_duration_max_s", seconds, _MAX)
+            record_metric(f"{prefix}/total_duration_avg_s", seconds, _MEAN)
+            record_metric(f"{prefix}/total_duration_max_s", seconds, _MAX)
         if self._memory is not None and (cuda := _cuda()) is not None:
             allocated, peak_before = self._memory
             peak = cuda.max_memory_allocated()
             delta = (cuda.memory_allocated() - allocated) / _GB
-            _main.record_metric(f"{prefix}/memory_peak_max_gb", peak / _GB, _MAX)
-            _main.record_metric(f"{prefix}/memory_delta_end_start_avg_gb", delta, _MEAN)
+            record_metric(f"{prefix}/memory_peak_max_gb", peak / _GB, _MAX)
+            record_metric(f"{prefix}/memory_delta_end_start_avg_gb", delta, _MEAN)
             if span is not None:
                 span.attributes["rankscope.memory.peak_gb"] = peak / _GB  # type: ignore[index]
                 span.attributes["rankscope.memory.peak_exact"] = peak > peak_before  # type: ignore[index]
@@ -460,9 +448,12 @@ def open_span(name: str, attributes: dict[str, Any] | None = None) -> SpanRecord
     Not made current (instrumented operations have no children). None when not sampled;
     finish it with ``close_span``. A step left pending by ``auto_step`` closes first.
     """
-    if _main._auto_step_pending:
-        _main.settle_auto_step()
-    state = _state()
+    runtime = _slot.get()
+    if runtime is None:
+        return None
+    if runtime.steps.auto_pending:
+        runtime.settle_auto_step()
+    state = runtime.tracing
     if state is None:
         return None
     scope = state.scope()
@@ -481,7 +472,7 @@ def close_span(span: SpanRecord, end_ns: int | None = None, error: BaseException
     span.end_time = end
     if error is not None:
         span.fail(error, end)
-    runtime = _main._runtime
+    runtime = _slot.current
     if runtime is not None:
         runtime.tracing.processor.on_end(span)
 
@@ -499,9 +490,9 @@ def set_step(step: int) -> None:
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise TypeError(f"set_step(step): step must be a non-negative int, got {step!r}")
-    state = _state()
-    if state is not None:
-        state.explicit_step = step
+    runtime = _slot.get()
+    if runtime is not None:
+        runtime.steps.explicit = step  # the one step clock: current_step() says the same
 
 
 def inject_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -15,11 +15,13 @@ progress at the sink.
 from __future__ import annotations
 
 import os
-import warnings
 import weakref
 from typing import Any
 
 from monarch.actor import Actor, current_size, endpoint
+
+from ...core import runtime as _slot
+from ...core.errors import warn
 
 _flushers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _warned = False
@@ -38,9 +40,9 @@ class StepFlusher(Actor):
     @endpoint
     async def flush(self, step: int, controller_pid: int) -> None:
         if os.getpid() != controller_pid:  # meshes of the controller's own process
-            from ...lifecycle import flush_driven
-
-            flush_driven(step)
+            runtime = _slot.get()
+            if runtime is not None:
+                runtime.flush_driven(step)
 
 
 def flush_actors(step: int) -> int:
@@ -53,10 +55,8 @@ def flush_actors(step: int) -> int:
     except Exception as exc:
         if not _warned:
             _warned = True
-            warnings.warn(
+            warn(
                 f"rankscope: cannot list Monarch process meshes ({exc!r}); actor steps follow the sink",
-                RuntimeWarning,
-                stacklevel=3,
             )
         return 0
     asked = 0

@@ -13,8 +13,10 @@ from typing import Any
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from ... import lifecycle as _main
 from ...core import names as attr
+from ...core import runtime as _slot
+from ...core.errors import report_internal_error
+from ...metrics.recording import record_metric
 from ...metrics.reduce import Reduce
 from ...tracing.spans import SpanRecord, now_ns, random_id
 from ...tracing.tracer import CALLER, Scope, enter_scope, leave_scope
@@ -69,18 +71,18 @@ class ServerCall:
         try:
             seconds = (now - self.start) / 1e9
             calls, latency, latency_max, failures = self.keys
-            _main.record_metric(calls, 1, _SUM)
-            _main.record_metric(latency, seconds, _MEAN)
-            _main.record_metric(latency_max, seconds, _MAX)
-            _main.record_metric(failures, 0 if error is None or not isinstance(error, Exception) else 1, _SUM)
-            span, runtime = self.span, _main._runtime
+            record_metric(calls, 1, _SUM)
+            record_metric(latency, seconds, _MEAN)
+            record_metric(latency_max, seconds, _MAX)
+            record_metric(failures, 0 if error is None or not isinstance(error, Exception) else 1, _SUM)
+            span, runtime = self.span, _slot.current
             if span is not None and runtime is not None:
                 span.end_time = now
                 if error is not None:
                     span.fail(error, now)
                 runtime.tracing.processor.on_end(span)
         except Exception as exc:
-            _main._report_internal_error("Monarch server span", exc)
+            report_internal_error("Monarch server span", exc)
 
 
 def start_server_span(carried: Any, actor: str, endpoint: str) -> ServerCall:

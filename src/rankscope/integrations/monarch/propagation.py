@@ -22,8 +22,13 @@ calls go out unchanged, with one warning.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
+
+from ...core import runtime as _slot
+from ...core.errors import warn
+from ...core.policy_version import latest_policy_version, observe_policy_version
+from ...tracing.tracer import Scope, enter_scope, leave_scope
+from .endpoint_spans import ServerCall, start_server_span
 
 KWARG = "_rankscope_context"
 _caller_installed = False
@@ -67,20 +72,16 @@ def _arrive(*fields: Any) -> Carried:
 
 
 def _carry() -> Carried | None:
-    from ... import lifecycle as main
-
     server = _inherited if server_spans is None else server_spans
-    runtime = main._runtime
+    runtime = _slot.current
     if runtime is None:
-        if not server or main._auto_init() is None:  # the instrumentor configures a bare process
+        if not server:  # the instrumentor configures a bare process
             return None
-        runtime = main._runtime
+        runtime = _slot.get()
         if runtime is None:
             return None
     state = runtime.tracing
     scope = state.scope()
-    from ...core.policy_version import latest_policy_version
-
     return Carried(
         scope.trace_id, scope.parent_id, scope.sampled, scope.step, state.label, latest_policy_version(), server
     )
@@ -98,9 +99,7 @@ def install_caller() -> None:
         check, create = actor_mesh._check_endpoint_arguments, actor_mesh._create_endpoint_message
         init_kind = actor_mesh.MethodSpecifier.Init
     except (ImportError, AttributeError) as exc:
-        warnings.warn(
-            f"rankscope: cannot propagate trace context over Monarch calls ({exc!r})", RuntimeWarning, stacklevel=3
-        )
+        warn(f"rankscope: cannot propagate trace context over Monarch calls ({exc!r})")
         return
 
     @functools.wraps(check)
@@ -146,28 +145,20 @@ def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> Any:
     carried = kwargs.pop(KWARG, None)
     if not isinstance(carried, Carried):
         return None
-    from ...core.policy_version import observe_policy_version
-    from ...tracing.tracer import Scope, enter_scope
-
     global _inherited
-    from ... import lifecycle as main
-
-    main.catch_up(carried.step)
+    runtime = _slot.get()
+    if runtime is not None:
+        runtime.catch_up(carried.step)
     if carried.policy_version is not None:
         observe_policy_version(carried.policy_version)
     _inherited = carried.server
     if carried.server and actor not in _OWN_ACTORS:
-        from .endpoint_spans import start_server_span
-
         return start_server_span(carried, actor, endpoint)
     scope = Scope(carried.trace_id, carried.span_id, carried.sampled, carried.step, carried.caller)
     return enter_scope(scope, remote=True)
 
 
 def _leave(entered: Any, error: BaseException | None) -> None:
-    from ...tracing.tracer import leave_scope
-    from .endpoint_spans import ServerCall
-
     if isinstance(entered, ServerCall):
         entered.end(error)
     else:

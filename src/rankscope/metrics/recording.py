@@ -1,0 +1,89 @@
+"""``record_metric``: the hot path, from any function of any process.
+
+A value for a key already seen this step costs one module attribute read (the runtime slot's
+recorder), a dict lookup and an ``append`` on a slotted accumulator. Everything else (first
+use of a key, a changed reduce type, tensors, streaming, auto-init) goes through
+``Recorder.record``. Flush hooks run before a step is closed, so gauges sampled there (memory,
+rates) land in the step they describe.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..core import runtime as _slot
+from ..core.errors import report_internal_error
+from .reduce import Reduce
+
+_MEAN = Reduce.MEAN
+
+
+def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
+    """Record ``value`` under ``key``; reduced per step by ``reduce`` (default MEAN).
+
+    Callable from any function of any process. Raises ``TypeError``/``ValueError`` naming
+    the key for a non-numeric or multi-element value, an empty or invalid key, or a key
+    already recorded with another reduce type. CUDA tensors are not synchronized here.
+    """
+    r = _slot.recorder
+    if r is None:
+        if _slot.disabled:
+            return
+        runtime = _slot.get()
+        if runtime is None:
+            return
+        r = runtime.recorder
+    if r.fast and (type(value) is float or type(value) is int):
+        acc = r.accs.get(key)
+        if acc is not None and acc.reduction_type is reduce:
+            acc.append(value)
+            return
+    if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
+        return
+    r.record(key, value, reduce)
+
+
+def _never() -> bool:
+    return False
+
+
+_is_compiling: Callable[[], bool] = _never
+
+
+def bind_compile_check() -> None:
+    """Once torch is imported, ``record_metric`` stays out of ``torch.compile`` graphs."""
+    global _is_compiling
+    torch = sys.modules.get("torch")
+    if torch is not None and _is_compiling is _never:
+        _is_compiling = torch.compiler.is_compiling
+
+
+def defer_gpu_duration(avg_key: str, max_key: str, start: Any, end: Any, processor: Any) -> None:
+    """A ``timer="gpu"`` phase: its duration is read from CUDA events on the export thread."""
+    r = _slot.recorder
+    if r is not None:
+        r.defer(avg_key, max_key, start, end, processor)
+
+
+_flush_hooks: list[Callable[[], None]] = []
+
+
+def add_flush_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at every flush, before the step is closed (instrumentors sample gauges there)."""
+    if hook not in _flush_hooks:
+        _flush_hooks.append(hook)
+
+
+def remove_flush_hook(hook: Callable[[], None]) -> None:
+    if hook in _flush_hooks:
+        _flush_hooks.remove(hook)
+
+
+def run_flush_hooks() -> None:
+    for hook in tuple(_flush_hooks):
+        try:
+            hook()
+        except Exception as exc:
+            report_internal_error(f"flush hook {getattr(hook, '__qualname__', hook)}", exc)

@@ -1,0 +1,65 @@
+"""The one step clock of a process: which step is in progress, and who closes steps.
+
+Steps are closed four ways: explicitly (``flush(N)``), automatically (an instrumented
+``optimizer.step()`` in a program that never flushes), by a Monarch controller (its actors'
+steps follow its ``flush``) and, for tracing only, ``set_step(N)`` announcing the step in
+progress before it is flushed. All four read and write this one object, so ``current_step()``,
+the step spans hang under and the step values are stamped with never disagree.
+"""
+
+from __future__ import annotations
+
+
+class StepClock:
+    """Step state of one process (owned by the runtime; survives ``init`` being called again)."""
+
+    __slots__ = ("auto", "auto_pending", "closed", "controller", "driven", "explicit", "flushed", "last")
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        """The last closed step (None before the first flush)."""
+        self.explicit: int | None = None
+        """``set_step``'s step in progress, until the next flush."""
+        self.flushed = False
+        """The program has closed a step (periodic exports stop)."""
+        self.auto = True
+        """Instrumentors may close steps, until the program flushes by itself (``auto_step``)."""
+        self.auto_pending = False
+        """An instrumented optimizer step ended; the step closes at the next instrumented event."""
+        self.controller = False
+        """A Monarch controller: its flush fans out to its actors."""
+        self.driven = False
+        """A Monarch actor process: its controller closes its steps."""
+        self.closed = RecentSteps()
+
+    @property
+    def current(self) -> int | None:
+        """The step in progress: ``set_step``'s, else the one after the last closed step, else None."""
+        if self.explicit is not None:
+            return self.explicit
+        return None if self.last is None else self.last + 1
+
+    @property
+    def next(self) -> int:
+        """The step the next automatic close gets."""
+        return 0 if self.last is None else self.last + 1
+
+    @property
+    def monarch(self) -> bool:
+        """A Monarch controller or actor: steps come from the controller's ``flush``, so values
+        wait for it instead of going out early without a step (periodic exports)."""
+        return self.controller or self.driven
+
+    def close(self, step: int) -> None:
+        self.last, self.explicit, self.flushed = step, None, True
+        self.closed.add(step)
+
+
+class RecentSteps(set[int]):
+    """The steps closed lately (bounded: only a late controller flush asks)."""
+
+    def add(self, step: int) -> None:
+        super().add(step)
+        if len(self) > 1024:
+            for old in sorted(self)[:512]:
+                self.discard(old)
