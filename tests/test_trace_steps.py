@@ -72,7 +72,7 @@ def test_every_rank_of_a_step_shares_one_trace_under_one_root(make_sink, tmp_pat
                 assert block["start_ns"] <= s["start_ns"] <= s["end_ns"] <= block["end_ns"]
     assert len(trace_ids) == 3
 
-    # Straggler view: rank 3 sleeps 15x longer in fwd in every step.
+    # Straggler view: rank 3 sleeps 30x longer in fwd in every step.
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     view = {(r["step"], r["key"]): r["value"] for r in rows}
     for step in range(3):
