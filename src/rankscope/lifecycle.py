@@ -269,6 +269,7 @@ def _start_runtime(
         spans=tracing.buffer,
     )
     runtime = Runtime(resource, recorder, steps, thread, shutdown_timeout, tracing)
+    recorder.on_take = thread.submit  # periodic steps taken on the caller's thread
     if backend_set.streaming or thread.stream_to_sink:
         recorder.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, steps.current)])
     else:

@@ -378,8 +378,10 @@ class ExportThread:
             now = time.monotonic()
             if not items and not pending and not self._failures and self._periodic():
                 # A process that never flushes. While the endpoint is down its values keep
-                # accumulating in place (constant memory) instead of filling the queue.
-                batch = self.recorder.take(None)
+                # accumulating in place (constant memory) instead of filling the queue. The
+                # caller's thread takes the step when asked (``Recorder.take_periodic``); an
+                # idle caller's step is taken here one interval after the ask.
+                batch = self.recorder.take_periodic(grace=self.export_interval)
                 if batch is not None and self._hold(batch):
                     self._guarded(self._prepare, batch)
                     pending.append(batch)

@@ -8,6 +8,7 @@ checks, device tensors, streaming) goes through ``Recorder.record``.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,7 +85,19 @@ class Recorder:
 
     The hot path's state (named so as not to be confused with the OpenTelemetry Collector)."""
 
-    __slots__ = ("_deferred", "_device", "_lower", "_reduce_of", "_step_start", "_streams", "accs", "fast")
+    __slots__ = (
+        "_asked_at",
+        "_deferred",
+        "_device",
+        "_lock",
+        "_lower",
+        "_reduce_of",
+        "_step_start",
+        "_streams",
+        "accs",
+        "fast",
+        "on_take",
+    )
 
     def __init__(self, streams: list[StreamSink]) -> None:
         self.accs: dict[str, MetricAccumulator] = {}
@@ -96,13 +109,19 @@ class Recorder:
         # The hot path may skip ``record`` only when nothing else must see the value.
         self.fast = not streams
         self._step_start = time.time_ns()
+        self._lock = threading.Lock()
+        self._asked_at: float | None = None
+        self.on_take: Callable[[StepBatch], None] | None = None
+        """Where a periodic step taken on the caller's thread goes (the export thread's ``submit``)."""
 
     def set_streams(self, streams: list[StreamSink]) -> None:
         self._streams = streams
-        self.fast = not streams
+        self.fast = not streams and self._asked_at is None
 
     def record(self, key: str, value: Any, reduce: Reduce) -> None:
         """Full path: validate, convert, accumulate, stream. Raises on user errors."""
+        if self._asked_at is not None:  # the export thread asked for a periodic step
+            self._serve_periodic()
         known = self._reduce_of.get(key)
         if known is None:
             self._register(key, reduce)
@@ -153,7 +172,50 @@ class Recorder:
         self._deferred.append((avg_key, max_key, start, end, processor))
 
     def take(self, step: int | None) -> StepBatch | None:
-        """Hand off the current step's state and start a fresh one (O(1) on the caller)."""
+        """Hand off the current step's state and start a fresh one (caller's thread; O(1))."""
+        with self._lock:
+            return self._take(step)
+
+    # -- periodic exports of processes that never flush ------------------------------------
+    #
+    # Swapping ``accs`` on the export thread while the caller appends would lose a value that
+    # the caller's fast path fetched from the old dict just before the swap, and would run
+    # the device copies of ``DeviceValues.start`` off the caller's thread. So the export
+    # thread only *asks* (``take_periodic``): ``fast`` turns off, the caller's next
+    # ``record_metric`` goes through ``record``, takes the step on its own thread and hands it
+    # to ``on_take``. A caller that records nothing for ``grace`` seconds after the ask is
+    # idle: then the export thread takes the step itself, under the lock that ``record``
+    # and ``take`` hold, unless device values are pending (those wait for the caller).
+    # The one case left is a thread stalled for the whole grace inside the fast path's
+    # three bytecodes (between ``fast`` and ``append``).
+
+    def take_periodic(self, grace: float) -> StepBatch | None:
+        """The export thread's periodic step: ask the caller, or take it from an idle caller."""
+        asked = self._asked_at
+        now = time.monotonic()
+        if asked is None:
+            self._asked_at = now
+            self.fast = False
+            return None
+        if now - asked < grace or self._device is not None:
+            return None
+        with self._lock:
+            if self._asked_at is None:  # the caller served it meanwhile
+                return None
+            return self._take(None)
+
+    def _serve_periodic(self) -> None:
+        with self._lock:
+            if self._asked_at is None:
+                return
+            batch = self._take(None)
+        if batch is not None and self.on_take is not None:
+            self.on_take(batch)
+
+    def _take(self, step: int | None) -> StepBatch | None:
+        if self._asked_at is not None:
+            self._asked_at = None
+            self.fast = not self._streams
         accs, device, deferred = self.accs, self._device, self._deferred
         now = time.time_ns()
         start, self._step_start = self._step_start, now
