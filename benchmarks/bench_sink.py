@@ -67,7 +67,8 @@ def build_requests() -> list[list[bytes]]:
     from rankscope.core import names as attr
     from rankscope.metrics.recorder import Collector
     from rankscope.metrics.reduce import Reduce
-    from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
+    from rankscope.otlp.common import encode_resource, key_value
+    from rankscope.otlp.metrics import PointAttributes, encode
 
     out: list[list[bytes]] = []
     cache = PointAttributes()

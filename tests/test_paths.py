@@ -35,7 +35,8 @@ from rankscope.core import names as attr
 from rankscope.core.paths import safe_component
 from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
-from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
+from rankscope.otlp.common import encode_resource, key_value
+from rankscope.otlp.metrics import PointAttributes, encode
 from rankscope.sink.embedded import runtime_dir
 
 SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.core import names as attr
-from rankscope.otlp.metrics import encode_resource, key_value
+from rankscope.otlp.common import encode_resource, key_value
 
 PB = {"Content-Type": "application/x-protobuf"}
 

@@ -16,7 +16,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 
 from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
-from rankscope.otlp.metrics import PointAttributes, encode, encode_resource
+from rankscope.otlp.common import encode_resource
+from rankscope.otlp.metrics import PointAttributes, encode
 from rankscope.sink.bodies import HttpError, decode_body, hex_ids_to_base64
 
 

@@ -13,7 +13,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from rankscope.core import names as attr
 from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
-from rankscope.otlp.metrics import PointAttributes, encode, encode_resource, key_value
+from rankscope.otlp.common import encode_resource, key_value
+from rankscope.otlp.metrics import PointAttributes, encode
 from rankscope.sink import Experiment
 from rankscope.sink.validate import Limits, Refusals, metrics_batches
 

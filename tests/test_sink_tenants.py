@@ -16,7 +16,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.backends.base import LoggerBackend, register_backend
 from rankscope.core import names as attr
-from rankscope.otlp.metrics import key_value
+from rankscope.otlp.common import key_value
 
 from .test_sink_hostile import Http, gauge, request
 

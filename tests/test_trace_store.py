@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from rankscope.otlp.metrics import key_value
+from rankscope.otlp.common import key_value
 from rankscope.sink.experiment import Process
 from rankscope.sink.traces import TraceStore, parse_ranks
 

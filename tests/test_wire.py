@@ -9,7 +9,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from rankscope import Reduce
 from rankscope.core import names as attr
-from rankscope.otlp.metrics import PointAttributes, decode, encode, encode_resource
+from rankscope.otlp.common import encode_resource
+from rankscope.otlp.metrics import PointAttributes, decode, encode
 
 from .test_reduce import WordCount
 

@@ -40,7 +40,6 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
@@ -51,8 +50,12 @@ from ..core import names as attr
 from ..core.errors import warn
 from ..metrics.recorder import Recorder, StepBatch
 from ..metrics.reduce import Reduce, reduced_items
-from ..otlp.metrics import PointAttributes, encode, encode_resource, key_value
-from ..tracing.spans import SpanBuffer, encode_spans
+from ..otlp.common import encode_resource
+from ..otlp.logs import encode_streams
+from ..otlp.markers import add_flush_marker, add_goodbye
+from ..otlp.metrics import PointAttributes, encode
+from ..otlp.spans import encode_spans
+from ..tracing.spans import SpanBuffer
 from .senders import SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
 
 _STREAM_QUEUE_LIMIT = 65536
@@ -570,9 +573,7 @@ class ExportThread:
         if goodbye:  # "this process is done: stop waiting for its steps"
             if scope is None:
                 scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
-            bye = scope.metrics.add(name=attr.GOODBYE)
-            bye.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
-            bye.sum.data_points.add(time_unix_nano=time.time_ns(), as_int=1)
+            add_goodbye(scope)
         if request.resource_metrics:
             made.append(_Unsent(request, steps, points, held))
         self._unsent.extend(made)
@@ -587,19 +588,8 @@ class ExportThread:
             if i % 32 == 31:
                 time.sleep(0)  # hand the GIL back to the training thread between chunks
         if batch.step is not None:  # "this process closed step N" (value: number of keys)
-            marker = scope.metrics.add(name=attr.FLUSH_MARKER, unit="{key}")
-            marker.sum.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_DELTA
-            marker.sum.is_monotonic = True
-            point = marker.sum.data_points.add(
-                start_time_unix_nano=t0,
-                time_unix_nano=t1,
-                as_int=len(batch.accs),
-                attributes=self._point_attributes.get("flush", batch.step)[1:],
-            )
-            if batch.expected:
-                point.attributes.append(key_value(attr.EXPECTED_PROCESSES, batch.expected))
-            if batch.driven:
-                point.attributes.append(key_value(attr.DRIVEN, True))
+            step_attributes = self._point_attributes.get("flush", batch.step)[1:]
+            add_flush_marker(scope, step_attributes, len(batch.accs), t0, t1, batch.expected, batch.driven)
 
     def _send_spans(self, deadline: float | None) -> Attempt | None:
         """Send the span buffer (a chunk a failed attempt left first). Returns the failed attempt
@@ -660,21 +650,8 @@ class ExportThread:
             warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
 
     def _logs_request(self, streams: list[tuple[Metric, int | None]]) -> ExportLogsServiceRequest:
-        request = ExportLogsServiceRequest()
-        records = request.resource_logs.add(resource=self._resource_pb).scope_logs.add(scope=self._scope)
-        for metric, step in streams:
-            record = records.log_records.add(
-                time_unix_nano=int((metric.timestamp or time.time()) * 1e9),
-                severity_number=9,  # INFO
-                severity_text="INFO",
-            )
-            record.body.string_value = f"{metric.key}: {metric.value}"
-            record.attributes.extend(
-                [key_value(attr.STREAM_KEY, metric.key), key_value(attr.STREAM_VALUE, float(metric.value))]
-            )
-            if step is not None:
-                record.attributes.append(key_value(attr.STEP, step))
-        return request
+        values = ((m.key, m.value, m.timestamp, step) for m, step in streams)
+        return encode_streams(values, self._resource_pb, self._scope)
 
     def _report_drops(self, final: bool) -> None:
         with self._lock:

@@ -1,8 +1,9 @@
 """How reduce states travel as OpenTelemetry metric points, both ways.
 
 ``encode`` turns one process's per-step states into OTLP metric protobufs (sent by the
-SDK's own OTLP exporters); ``decode`` turns a received OTLP request back into states that
-``Reduce.get(name).accumulator_class.get_reduced_value_from_states`` merges exactly.
+SDK's own OTLP exporters); ``decode_state`` turns a received point back into the state that
+``Reduce.get(name).accumulator_class.get_reduced_value_from_states`` merges exactly, or into
+the reason the point does not hold one (a sink's edge refuses it: ``sink.validate``).
 
 Every point carries ``rankscope.reduce`` and, when the process has flushed a step,
 ``rankscope.step``. Each reduce type uses the OTel point type that holds its state:
@@ -27,29 +28,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from ..core import names as attr
-from ..metrics.reduce import MetricAccumulator
+from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, MetricAccumulator, Reduce
+from .common import INT64_MAX, attributes, decode_step, key_value, number
 
 SUM_SQ = "rankscope.sum_sq"
 _DELTA = pb.AGGREGATION_TEMPORALITY_DELTA
-
-
-def key_value(key: str, value: str | int | float) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, str):
-        return KeyValue(key=key, value=AnyValue(string_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(double_value=value))
-
-
-def encode_resource(attributes: Mapping[str, Any]) -> Resource:
-    return Resource(attributes=[key_value(k, v) for k, v in attributes.items() if isinstance(v, (str, int, float))])
 
 
 class PointAttributes:
@@ -161,6 +148,111 @@ def _dense(target: Any, buckets: Mapping[int, int]) -> None:
         target.bucket_counts.extend(counts)
 
 
+# -- decoding (checked) -----------------------------------------------------------------
+
+MAX_SCALE = 20
+MAX_BUCKETS = 16_384
+
+
+def decode_state(
+    reduce: str, kind: str, point: Any, point_attributes: Mapping[str, Any], max_buckets: int = MAX_BUCKETS
+) -> dict[str, Any] | str:
+    """The state a built-in reduce type's point holds, or why the point does not hold one.
+
+    ``kind`` is the metric's data field (``sum``, ``gauge``, ``histogram``,
+    ``exponential_histogram``); the table in the module docstring says which one each reduce
+    type travels as. Never raises on what a client sent.
+    """
+    state: dict[str, Any] = {"reduction_type": reduce}
+    if reduce in ("sum", "count"):
+        if kind != "sum":
+            return f"{reduce} travels as a Sum point, not {kind}"
+        value = number(point)
+        if reduce == "count" and not (isinstance(value, int) and 0 <= value <= INT64_MAX):
+            return "count must be a non-negative integer"
+        state[reduce] = value
+    elif reduce in ("max", "min", "last"):
+        if kind != "gauge":
+            return f"{reduce} travels as a Gauge point, not {kind}"
+        if attr.STATE_FIELD in point_attributes:
+            return f"{reduce} is built in: no {attr.STATE_FIELD} attribute"
+        if reduce == "last":
+            state.update(value=number(point), time_unix_nano=point.time_unix_nano)
+        else:
+            state[reduce] = number(point)
+    elif reduce in ("mean", "std"):
+        if kind != "histogram":
+            return f"{reduce} travels as a Histogram point, not {kind}"
+        state.update(sum=point.sum, count=point.count)
+        if reduce == "std":
+            sum_sq = point_attributes.get(SUM_SQ)
+            if isinstance(sum_sq, bool) or not isinstance(sum_sq, (int, float)):
+                return f"std needs a numeric {SUM_SQ} attribute"
+            state["sum_sq"] = float(sum_sq)
+    elif reduce == "distribution":
+        if kind != "exponential_histogram":
+            return f"distribution travels as an ExponentialHistogram point, not {kind}"
+        return _exponential(point, state, max_buckets)
+    else:
+        return f"{reduce!r} is not a built-in reduce type"
+    return state
+
+
+def _exponential(p: Any, state: dict[str, Any], max_buckets: int) -> dict[str, Any] | str:
+    if not DISTRIBUTION_SCALE <= p.scale <= MAX_SCALE:
+        return f"scale {p.scale} outside [{DISTRIBUTION_SCALE}, {MAX_SCALE}]"
+    # Bucket i holds (2**(i / 2**scale), 2**((i + 1) / 2**scale)]: finite doubles need
+    # -1075 * 2**scale <= i < 1024 * 2**scale, and the percentile math overflows beyond.
+    low, high = -1075 * 2**p.scale, 1024 * 2**p.scale
+    buckets = []
+    for side in (p.positive, p.negative):
+        counts = side.bucket_counts
+        if len(counts) > max_buckets:
+            return f"{len(counts)} buckets (limit {max_buckets})"
+        if counts and not (low <= side.offset and side.offset + len(counts) <= high):
+            return f"bucket offset {side.offset} out of range at scale {p.scale}"
+        buckets.append({side.offset + i: n for i, n in enumerate(counts) if n})
+    total = p.zero_count + sum(buckets[0].values()) + sum(buckets[1].values())
+    if total > p.count:
+        return f"buckets hold {total} values but count is {p.count}"
+    state.update(
+        scale=p.scale,
+        count=p.count,
+        sum=p.sum,
+        min=p.min,
+        max=p.max,
+        zero_count=p.zero_count,
+        positive=buckets[0],
+        negative=buckets[1],
+    )
+    return state
+
+
+def decode_custom_field(
+    reduce: str, kind: str, point: Any, point_attributes: Mapping[str, Any]
+) -> tuple[str, float | int] | str:
+    """(state field, value) of one point of a custom reduce type's state, or why it is refused."""
+    field_name = point_attributes.get(attr.STATE_FIELD)
+    if kind != "gauge" or not isinstance(field_name, str) or not field_name or len(field_name) > 64:
+        return f"custom reduce {reduce!r} travels as Gauge points with a string {attr.STATE_FIELD}"
+    if not field_name.isprintable():
+        return f"custom reduce {reduce!r}: {attr.STATE_FIELD} has control characters"
+    return field_name, number(point)
+
+
+def check_custom_state(reduce: str, state: dict[str, Any]) -> str | None:
+    """Why a custom state cannot be merged, or None (the reducer is third-party code: try it once)."""
+    try:
+        value = Reduce.get(reduce).accumulator_class.get_reduced_value_from_states([state])
+        if isinstance(value, dict):
+            ok = all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in value.items())
+        else:
+            ok = isinstance(value, (int, float))
+    except Exception as exc:
+        return f"custom reduce {reduce!r} cannot merge this state ({type(exc).__name__})"
+    return None if ok else f"custom reduce {reduce!r} gave a non-numeric value"
+
+
 @dataclass(frozen=True, slots=True)
 class DecodedPoint:
     """One key's state from one process, as it came off the wire."""
@@ -173,69 +265,31 @@ class DecodedPoint:
     time_unix_nano: int
 
 
-def _any_value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind in ("string_value", "bool_value", "int_value", "double_value") else None
-
-
-def attributes_dict(kvs: Any) -> dict[str, Any]:
-    return {kv.key: _any_value(kv.value) for kv in kvs}
-
-
 def decode(request: Any) -> Iterator[DecodedPoint]:
-    """Yield rankscope states from an ``ExportMetricsServiceRequest``; other metrics are skipped."""
+    """Every rankscope state in an ``ExportMetricsServiceRequest`` that decodes; others are
+    skipped. (A sink's edge, ``sink.validate``, also counts and answers what it refuses.)"""
     for rm in request.resource_metrics:
-        resource = attributes_dict(rm.resource.attributes)
+        resource = attributes(rm.resource.attributes)
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                yield from decode_metric(resource, metric)
-
-
-def decode_metric(resource: Mapping[str, Any], metric: Any) -> Iterator[DecodedPoint]:
-    kind = metric.WhichOneof("data")
-    if kind is None:
-        return
-    custom: dict[tuple[str, int | None, int], dict[str, Any]] = {}
-    for point in getattr(metric, kind).data_points:
-        a = attributes_dict(point.attributes)
-        reduce = a.get(attr.REDUCE)
-        if not isinstance(reduce, str):
-            continue
-        step = a.get(attr.STEP)
-        t = point.time_unix_nano
-        state: dict[str, Any] = {"reduction_type": reduce}
-        if kind == "sum" or (kind == "gauge" and reduce in ("max", "min", "last")):
-            value = _point_value(point)
-            if reduce == "last":
-                state.update(value=value, time_unix_nano=t)
-            else:
-                state[reduce] = value
-        elif kind == "histogram":
-            state.update(sum=point.sum, count=point.count)
-            if reduce == "std":
-                state["sum_sq"] = float(a.get(SUM_SQ, 0.0))
-        elif kind == "exponential_histogram":
-            state.update(
-                scale=point.scale,
-                count=point.count,
-                sum=point.sum,
-                min=point.min,
-                max=point.max,
-                zero_count=point.zero_count,
-                positive={point.positive.offset + i: n for i, n in enumerate(point.positive.bucket_counts) if n},
-                negative={point.negative.offset + i: n for i, n in enumerate(point.negative.bucket_counts) if n},
-            )
-        elif kind == "gauge":
-            field = a.get(attr.STATE_FIELD)
-            if isinstance(field, str):
-                custom.setdefault((reduce, step, t), {"reduction_type": reduce})[field] = _point_value(point)
-            continue
-        else:
-            continue
-        yield DecodedPoint(resource, metric.name, reduce, step, state, t)
-    for (reduce, step, t), state in custom.items():
-        yield DecodedPoint(resource, metric.name, reduce, step, state, t)
-
-
-def _point_value(point: Any) -> float | int:
-    return point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+                kind = metric.WhichOneof("data")
+                if kind is None:
+                    continue
+                custom: dict[tuple[str, int | None, int], dict[str, Any]] = {}
+                for point in getattr(metric, kind).data_points:
+                    a = attributes(point.attributes)
+                    reduce, step = a.get(attr.REDUCE), decode_step(a.get(attr.STEP))
+                    if not isinstance(reduce, str) or isinstance(step, str):
+                        continue
+                    reduce = reduce.lower()
+                    if reduce in BUILTIN_REDUCES:
+                        state = decode_state(reduce, kind, point, a)
+                        if not isinstance(state, str):
+                            yield DecodedPoint(resource, metric.name, reduce, step, state, point.time_unix_nano)
+                    else:
+                        found = decode_custom_field(reduce, kind, point, a)
+                        if not isinstance(found, str):
+                            key = (reduce, step, point.time_unix_nano)
+                            custom.setdefault(key, {"reduction_type": reduce})[found[0]] = found[1]
+                for (reduce, step, t), state in custom.items():
+                    yield DecodedPoint(resource, metric.name, reduce, step, state, t)

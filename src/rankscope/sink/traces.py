@@ -24,7 +24,7 @@ from typing import Any
 from ..backends.base import Metric
 from ..core import names as attr
 from ..metrics.reduce import Reduce
-from ..otlp.metrics import attributes_dict
+from ..otlp.common import attributes
 
 MAX_PHASES_PER_STEP = 64
 ROOT_NAME = "step"
@@ -86,7 +86,7 @@ class TraceStore:
                 if len(span.trace_id) != 16 or len(span.span_id) != 8:
                     rejected += 1
                     continue
-                a = attributes_dict(span.attributes)
+                a = attributes(span.attributes)
                 step = a.pop(attr.STEP, None)
                 step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
                 trace_id = span.trace_id.hex()

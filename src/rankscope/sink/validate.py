@@ -6,6 +6,8 @@ was refused and why. Nothing downstream (step alignment, reduction, views, the w
 log) ever sees a protobuf or an unchecked value, so nothing downstream may raise on client
 data.
 
+Decoding is the codec's (``rankscope.otlp``: its decoders return a state or the reason a point
+does not hold one, and never raise); the limits and the experiment's bookkeeping are the sink's.
 What is checked, per point: the reduce attribute is a string naming a known reduce type;
 the OTel point kind is the one that reduce type travels as (``rankscope.otlp.metrics``);
 the state's fields exist and are in range (counts non-negative and bounded, an
@@ -27,12 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import names as attr
-from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, Reduce
-from ..otlp.metrics import SUM_SQ
-
-INT64_MAX = 2**63 - 1
-MAX_SCALE = 20
-"""OpenTelemetry's largest exponential-histogram scale."""
+from ..metrics.reduce import BUILTIN_REDUCES, Reduce
+from ..otlp.common import attributes, decode_step
+from ..otlp.logs import decode_stream, is_stream
+from ..otlp.markers import Marker, decode_marker
+from ..otlp.metrics import MAX_BUCKETS, check_custom_state, decode_custom_field, decode_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class Limits:
     max_attribute_chars: int = 4096
     """Any other string attribute value."""
     max_resource_attributes: int = 128
-    max_buckets: int = 16_384
+    max_buckets: int = MAX_BUCKETS
     """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
     step_window: int = 1_000_000
     """How far ahead of an experiment's frontier a step may be."""
@@ -81,15 +82,6 @@ class Point:
     state: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Marker:
-    """A flush marker: the process closed ``step`` (a controller also says how many it flushed)."""
-
-    step: int
-    expected: int
-    driven: bool
-
-
 @dataclass(slots=True)
 class ResourceBatch:
     """What one ResourceMetrics (or ResourceLogs) of one process carries, checked."""
@@ -106,15 +98,6 @@ class ResourceBatch:
     """Points of this batch refused at the edge (the experiment's status counts them)."""
     digest: bytes = b""
     """Of the ResourceMetrics as received: a retried request is recognized and not merged twice."""
-
-
-def any_value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind in ("string_value", "bool_value", "int_value", "double_value") else None
-
-
-def attributes(kvs: Any) -> dict[str, Any]:
-    return {kv.key: any_value(kv.value) for kv in kvs}
 
 
 def clean_text(text: str, limit: int) -> str | None:
@@ -160,17 +143,6 @@ def _small_int(value: Any) -> bool:
     return isinstance(value, int) and 0 <= value < 2**31
 
 
-def check_step(value: Any) -> int | str | None:
-    """A point's step: an int64 >= 0, None when absent, or why it is refused."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        return f"{attr.STEP} must be an integer, got {type(value).__name__}"
-    if not 0 <= value <= INT64_MAX:
-        return f"{attr.STEP} {value} is negative"
-    return value
-
-
 def metrics_batches(request: Any, limits: Limits, refused: Refusals) -> list[ResourceBatch]:
     """Check an ``ExportMetricsServiceRequest``; the refused points are added to ``refused``."""
     batches: list[ResourceBatch] = []
@@ -198,13 +170,11 @@ def _metric(batch: ResourceBatch, metric: Any, limits: Limits, refused: Refusals
     points = getattr(metric, kind).data_points
     if name == attr.FLUSH_MARKER:
         for p in points:
-            a = attributes(p.attributes)
-            step = check_step(a.get(attr.STEP))
-            expected = a.get(attr.EXPECTED_PROCESSES, 0)
-            if not isinstance(step, int) or not _small_int(expected if expected is not None else 0):
-                refused.add(1, f"{name}: bad flush marker ({step if isinstance(step, str) else 'no step'})")
-                continue
-            batch.markers.append(Marker(step, int(expected or 0), a.get(attr.DRIVEN) is True))
+            marker = decode_marker(attributes(p.attributes))
+            if isinstance(marker, str):
+                refused.add(1, f"{name}: {marker}")
+            else:
+                batch.markers.append(marker)
         return
     if name == attr.GOODBYE:
         batch.goodbye = True
@@ -226,7 +196,7 @@ def _metric(batch: ResourceBatch, metric: Any, limits: Limits, refused: Refusals
         if why is not None:
             refused.add(1, f"{name}: {why}")
     for (reduce, step, _), state in custom.items():
-        why = _custom(reduce, state)
+        why = check_custom_state(reduce, state)
         if why is None:
             batch.points.append(Point(name, reduce, step, state))
         else:
@@ -247,7 +217,7 @@ def _point(
     if not isinstance(reduce, str):
         return f"{attr.REDUCE} must be a string, got {type(reduce).__name__}"
     reduce = reduce.lower()
-    step = check_step(a.get(attr.STEP))
+    step = decode_step(a.get(attr.STEP))
     if isinstance(step, str):
         return step
     if reduce not in BUILTIN_REDUCES:
@@ -255,92 +225,16 @@ def _point(
             Reduce.get(reduce)
         except KeyError:
             return f"unknown reduce type {reduce[:64]!r}"
-        field_name = a.get(attr.STATE_FIELD)
-        if kind != "gauge" or not isinstance(field_name, str) or clean_text(field_name, 64) is None:
-            return f"custom reduce {reduce!r} travels as Gauge points with a string {attr.STATE_FIELD}"
-        custom.setdefault((reduce, step, p.time_unix_nano), {"reduction_type": reduce})[field_name] = _value(p)
+        found = decode_custom_field(reduce, kind, p, a)
+        if isinstance(found, str):
+            return found
+        custom.setdefault((reduce, step, p.time_unix_nano), {"reduction_type": reduce})[found[0]] = found[1]
         return None
-    state: dict[str, Any] = {"reduction_type": reduce}
-    if reduce in ("sum", "count"):
-        if kind != "sum":
-            return f"{reduce} travels as a Sum point, not {kind}"
-        value = _value(p)
-        if reduce == "count" and not (isinstance(value, int) and 0 <= value <= INT64_MAX):
-            return "count must be a non-negative integer"
-        state[reduce] = value
-    elif reduce in ("max", "min", "last"):
-        if kind != "gauge":
-            return f"{reduce} travels as a Gauge point, not {kind}"
-        if attr.STATE_FIELD in a:
-            return f"{reduce} is built in: no {attr.STATE_FIELD} attribute"
-        if reduce == "last":
-            state.update(value=_value(p), time_unix_nano=p.time_unix_nano)
-        else:
-            state[reduce] = _value(p)
-    elif reduce in ("mean", "std"):
-        if kind != "histogram":
-            return f"{reduce} travels as a Histogram point, not {kind}"
-        state.update(sum=p.sum, count=p.count)
-        if reduce == "std":
-            sum_sq = a.get(SUM_SQ)
-            if isinstance(sum_sq, bool) or not isinstance(sum_sq, (int, float)):
-                return f"std needs a numeric {SUM_SQ} attribute"
-            state["sum_sq"] = float(sum_sq)
-    else:  # distribution
-        if kind != "exponential_histogram":
-            return f"distribution travels as an ExponentialHistogram point, not {kind}"
-        why = _exponential(p, state, limits)
-        if why is not None:
-            return why
+    state = decode_state(reduce, kind, p, a, limits.max_buckets)
+    if isinstance(state, str):
+        return state
     batch.points.append(Point(name, reduce, step, state))
     return None
-
-
-def _exponential(p: Any, state: dict[str, Any], limits: Limits) -> str | None:
-    if not DISTRIBUTION_SCALE <= p.scale <= MAX_SCALE:
-        return f"scale {p.scale} outside [{DISTRIBUTION_SCALE}, {MAX_SCALE}]"
-    # Bucket i holds (2**(i / 2**scale), 2**((i + 1) / 2**scale)]: finite doubles need
-    # -1075 * 2**scale <= i < 1024 * 2**scale, and the percentile math overflows beyond.
-    low, high = -1075 * 2**p.scale, 1024 * 2**p.scale
-    buckets = []
-    for side in (p.positive, p.negative):
-        counts = side.bucket_counts
-        if len(counts) > limits.max_buckets:
-            return f"{len(counts)} buckets (limit {limits.max_buckets})"
-        if counts and not (low <= side.offset and side.offset + len(counts) <= high):
-            return f"bucket offset {side.offset} out of range at scale {p.scale}"
-        buckets.append({side.offset + i: n for i, n in enumerate(counts) if n})
-    total = p.zero_count + sum(buckets[0].values()) + sum(buckets[1].values())
-    if total > p.count:
-        return f"buckets hold {total} values but count is {p.count}"
-    state.update(
-        scale=p.scale,
-        count=p.count,
-        sum=p.sum,
-        min=p.min,
-        max=p.max,
-        zero_count=p.zero_count,
-        positive=buckets[0],
-        negative=buckets[1],
-    )
-    return None
-
-
-def _custom(reduce: str, state: dict[str, Any]) -> str | None:
-    """A custom state must merge on its own (the reducer is third-party code: try it once)."""
-    try:
-        value = Reduce.get(reduce).accumulator_class.get_reduced_value_from_states([state])
-        if isinstance(value, dict):
-            ok = all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in value.items())
-        else:
-            ok = isinstance(value, (int, float))
-    except Exception as exc:
-        return f"custom reduce {reduce!r} cannot merge this state ({type(exc).__name__})"
-    return None if ok else f"custom reduce {reduce!r} gave a non-numeric value"
-
-
-def _value(p: Any) -> float | int:
-    return p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
 
 
 def _count(metric: Any) -> int:
@@ -359,7 +253,7 @@ def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[Re
     Ordinary log records (no ``rankscope.key``) are accepted and not viewed."""
     for rl in request.resource_logs:
         records = [r for sl in rl.scope_logs for r in sl.log_records]
-        ours = [(r, a) for r in records if attr.STREAM_KEY in (a := attributes(r.attributes))]
+        ours = [(r, a) for r in records if is_stream(a := attributes(r.attributes))]
         if not ours:
             continue
         checked = check_resource(rl.resource, limits)
@@ -368,13 +262,11 @@ def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[Re
             continue
         batch = ResourceBatch(*checked)
         for _, a in ours:
-            key, value, step = a.get(attr.STREAM_KEY), a.get(attr.STREAM_VALUE), check_step(a.get(attr.STEP))
-            if not isinstance(key, str) or clean_text(key, limits.max_name_chars) is None:
+            decoded = decode_stream(a)
+            if isinstance(decoded, str):
+                refused.add(1, decoded)
+            elif clean_text(decoded[0], limits.max_name_chars) is None:
                 refused.add(1, "streamed value with a bad key")
-            elif isinstance(value, bool) or not isinstance(value, (int, float)):
-                refused.add(1, f"streamed {key[:64]!r} has no numeric {attr.STREAM_VALUE}")
-            elif isinstance(step, str):
-                refused.add(1, f"streamed {key[:64]!r}: {step}")
             else:
-                batch.streams.append((key, float(value), step))
+                batch.streams.append(decoded)
         yield batch

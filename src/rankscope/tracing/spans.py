@@ -1,4 +1,4 @@
-"""Spans as rankscope records them: slotted records, one trace per step, OTLP encoding.
+"""Spans as rankscope records them: slotted records, one trace per step (encoded by ``otlp.spans``).
 
 ``trace(...).step(...)`` must cost a fraction of an OTel SDK span, so a phase is a
 slotted ``SpanRecord`` appended to a bounded buffer; the export thread encodes the
@@ -7,7 +7,7 @@ the same buffer through ``BufferProcessor`` (an ordinary ``SpanProcessor``).
 
 Every process derives the trace id and root span id of step N from (experiment, attempt,
 N) alone, so all ranks' spans of a step share one trace and one parent without talking
-to each other; exactly one process emits that root span (``main._emit_step_root``).
+to each other; exactly one process emits that root span (``TracingState.closed``).
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 from ..core import names as attr
-from ..otlp.metrics import key_value
 
 _CLOCK_OFFSET = time.time_ns() - time.perf_counter_ns()
 _perf_ns = time.perf_counter_ns
@@ -170,37 +168,6 @@ def from_readable(span: ReadableSpan) -> SpanRecord:
     if span.status is not None and span.status.status_code is StatusCode.ERROR:
         record.error = span.status.description or "error"
     return record
-
-
-def _value(v: Any) -> Any:
-    return v if isinstance(v, (str, bool, int, float)) else str(v)
-
-
-def encode_spans(records: Iterable[SpanRecord], resource: Any, scope: Any) -> ExportTraceServiceRequest:
-    """One OTLP request for a process's spans (rankscope's protobuf, sent by the SDK exporter)."""
-    request = ExportTraceServiceRequest()
-    spans = request.resource_spans.add(resource=resource).scope_spans.add(scope=scope).spans
-    for r in records:
-        span = spans.add(
-            trace_id=r.trace_id.to_bytes(16, "big"),
-            span_id=r.span_id.to_bytes(8, "big"),
-            name=r.name,
-            kind=r.kind,
-            start_time_unix_nano=r.start_time,
-            end_time_unix_nano=r.end_time,
-        )
-        if r.parent_id:
-            span.parent_span_id = r.parent_id.to_bytes(8, "big")
-        if r.attributes:
-            span.attributes.extend(key_value(k, _value(v)) for k, v in r.attributes.items())
-        if r.events:
-            for name, when, attrs in r.events:
-                event = span.events.add(name=name, time_unix_nano=when)
-                event.attributes.extend(key_value(k, _value(v)) for k, v in attrs.items())
-        if r.error is not None:
-            span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
-            span.status.message = r.error
-    return request
 
 
 def span_attributes(step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Spans as OTLP: rankscope's span records (``tracing.spans.SpanRecord``) into one request.
+
+The export thread encodes its span buffer here and sends the request through the SDK's span
+exporter; a sink reads the same fields back (``sink.traces``) with ``common.attributes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from .common import key_value
+
+
+class SpanLike(Protocol):
+    """What the codec reads of a span record (``tracing.spans.SpanRecord``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def trace_id(self) -> int: ...
+
+    @property
+    def span_id(self) -> int: ...
+
+    @property
+    def parent_id(self) -> int: ...
+
+    @property
+    def kind(self) -> int: ...
+
+    @property
+    def start_time(self) -> int: ...
+
+    @property
+    def end_time(self) -> int: ...
+
+    @property
+    def attributes(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def events(self) -> Sequence[tuple[str, int, Mapping[str, Any]]] | None: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+def _value(v: Any) -> Any:
+    return v if isinstance(v, (str, bool, int, float)) else str(v)
+
+
+def encode_spans(records: Iterable[SpanLike], resource: Any, scope: Any) -> ExportTraceServiceRequest:
+    """One OTLP request for a process's spans (rankscope's protobuf, sent by the SDK exporter)."""
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add(resource=resource).scope_spans.add(scope=scope).spans
+    for r in records:
+        span = spans.add(
+            trace_id=r.trace_id.to_bytes(16, "big"),
+            span_id=r.span_id.to_bytes(8, "big"),
+            name=r.name,
+            kind=r.kind,
+            start_time_unix_nano=r.start_time,
+            end_time_unix_nano=r.end_time,
+        )
+        if r.parent_id:
+            span.parent_span_id = r.parent_id.to_bytes(8, "big")
+        if r.attributes:
+            span.attributes.extend(key_value(k, _value(v)) for k, v in r.attributes.items())
+        if r.events:
+            for name, when, attrs in r.events:
+                event = span.events.add(name=name, time_unix_nano=when)
+                event.attributes.extend(key_value(k, _value(v)) for k, v in attrs.items())
+        if r.error is not None:
+            span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
+            span.status.message = r.error
+    return request
