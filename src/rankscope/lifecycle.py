@@ -180,7 +180,7 @@ def init(
             return None
         previous = _slot.current
         resource = build_resource(experiment=experiment, role=role, replica=replica, mesh=mesh)
-        label = process_label(resource)
+        label = process_label(resource.attributes)
         experiment_id = str(resource.attributes[attr.EXPERIMENT_ID])
         views: dict[str, Any] = {k: dict(v) for k, v in (backends or resolve("backends") or {}).items()}
         stream = any(v.get("logging_mode") == LoggingMode.PER_RANK_NO_REDUCE.value for v in views.values())
@@ -641,7 +641,7 @@ def _rearm_forked_child(origin: _ForkOrigin) -> None:
     runtime = _start_runtime(
         resource,
         origin.senders,
-        BackendSet([], {}, process_label(resource)),
+        BackendSet([], {}, process_label(resource.attributes)),
         stream_to_sink=False,
         trace_root=False,
         export_interval=origin.export_interval,

@@ -189,9 +189,13 @@ def _parse_otel(env: Mapping[str, str]) -> dict[str, Any]:
     return found
 
 
-def process_label(resource: Resource) -> str:
-    """A short name for headers and stream lines: ``trainer_r1`` or ``generator_2_r0``."""
-    a = resource.attributes
-    replica = a.get(attr.REPLICA)
-    middle = f"_{replica}" if replica is not None else ""
-    return f"{a.get(attr.ROLE)}{middle}_r{a.get(attr.RANK)}"
+def process_label(attributes: Mapping[str, Any]) -> str:
+    """The one short name of a process, in the SDK and in the sink: ``trainer_r1``,
+    ``generator_2_r0`` (role, else ``service.name``, else ``unknown``; rank 0 when absent)."""
+    role = attributes.get(attr.ROLE) or attributes.get(attr.SERVICE_NAME) or "unknown"
+    rank = attributes.get(attr.RANK)
+    return label_of(role, attributes.get(attr.REPLICA), 0 if rank is None else rank)
+
+
+def label_of(role: Any, replica: Any, rank: Any) -> str:
+    return f"{role}{'' if replica is None else f'_{replica}'}_r{rank}"

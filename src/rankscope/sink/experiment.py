@@ -39,6 +39,7 @@ from typing import Any
 
 from ..backends.base import Metric
 from ..core import names as attr
+from ..core.identity import label_of
 from ..metrics.reduce import Reduce, reduced_items
 from .traces import TraceStore
 from .validate import Limits, Point, Refusals, ResourceBatch
@@ -204,7 +205,7 @@ class Experiment:
         role = str(resource.get(attr.ROLE) or resource.get(attr.SERVICE_NAME) or "unknown")
         replica = resource.get(attr.REPLICA)
         rank = _int(resource.get(attr.RANK), 0)
-        label = f"{role}{'' if replica is None else f'_{replica}'}_r{rank}"
+        label = label_of(role, replica, rank)
         owner = self._labels.get(label)
         if owner is not None and owner != pid and self.processes[owner].live:
             label = f"{label}_{resource.get(attr.PROCESS_PID, pid)}"  # two live processes claim one slot
@@ -386,7 +387,7 @@ class Experiment:
             for rank in sorted(set(range(size)) - present.get(group, set())):
                 if (group, rank) not in self._abandoned:
                     role, replica, _ = group
-                    absent.append((f"{role}{'' if replica is None else f'_{replica}'}_r{rank}", (group, rank)))
+                    absent.append((label_of(role, replica, rank), (group, rank)))
         bucket = self._open.get(step)
         if bucket is not None and bucket.driven and not bucket.expected:
             absent.append(("controller", None))  # actors closed the step; their controller's count is due

@@ -34,6 +34,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn_once
+from ..core.identity import process_label
 from ..metrics.recording import defer_gpu_duration, record_metric
 from ..metrics.reduce import Reduce
 from ..steps.clock import StepClock
@@ -100,8 +101,7 @@ class TracingState:
         a = resource.attributes
         self.experiment = str(a[attr.EXPERIMENT_ID])
         self.attempt = int(a.get(attr.EXPERIMENT_ATTEMPT, 0))  # type: ignore[arg-type]
-        self.label = f"{a.get(attr.ROLE)}{'' if a.get(attr.REPLICA) is None else '_' + str(a.get(attr.REPLICA))}"
-        self.label += f"_r{a.get(attr.RANK)}"
+        self.label = process_label(a)
         self.ratio = sample_ratio
         self.root = root
         self.buffer = SpanBuffer(max_spans)
