@@ -28,6 +28,7 @@ from .core import runtime as _slot
 from .core.errors import report_internal_error, warn
 from .core.identity import build_resource, process_label
 from .core.settings import resolve
+from .export.local_views import BackendSet
 from .export.senders import (
     EmbeddedSenders,
     ForkRelay,
@@ -38,7 +39,7 @@ from .export.senders import (
     post_config,
     sink_status,
 )
-from .export.thread import BackendSet, ExportThread
+from .export.thread import ExportThread
 from .metrics import rates
 from .metrics.recorder import Recorder, StepBatch
 from .metrics.recording import bind_compile_check, run_flush_hooks

@@ -23,8 +23,6 @@ exports on its parent's request at the parent's shutdown (``poll``).
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
 import queue
 import random
@@ -45,17 +43,18 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReade
 from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
-from ..backends.base import LoggerBackend, LoggingMode, Metric
+from ..backends.base import Metric
 from ..core import names as attr
 from ..core.errors import warn
 from ..metrics.recorder import Recorder, StepBatch
-from ..metrics.reduce import Reduce, reduced_items
+from ..metrics.reduce import Reduce
 from ..otlp.common import encode_resource
 from ..otlp.logs import encode_streams
 from ..otlp.markers import add_flush_marker, add_goodbye
 from ..otlp.metrics import PointAttributes, encode
 from ..otlp.spans import encode_spans
 from ..tracing.spans import SpanBuffer
+from .local_views import BackendSet
 from .senders import SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
 
 _STREAM_QUEUE_LIMIT = 65536
@@ -111,62 +110,42 @@ def _instrument_types() -> tuple[type, ...]:
 _INSTRUMENT_TYPES = _instrument_types()
 
 
-class BackendSet:
-    """The process's local backends; every call runs on the export thread."""
+# -- messages to the export thread (one queue, handled in order) --------------------------
 
-    def __init__(self, backends: list[LoggerBackend], init_kwargs: dict[str, Any], process_name: str) -> None:
-        self.backends = backends
-        self.reducing = [b for b in backends if b.logging_mode is not LoggingMode.PER_RANK_NO_REDUCE]
-        self.streaming = [b for b in backends if b.logging_mode is LoggingMode.PER_RANK_NO_REDUCE]
-        self._init_kwargs = init_kwargs
-        self._process_name = process_name
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):  # Forge-style async backends
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(result)  # type: ignore[arg-type]
+@dataclass(slots=True)
+class _Step:
+    batch: StepBatch
 
-    def init(self) -> None:
-        """A backend whose init fails is off from then on, with one error naming it (not one per step)."""
-        for backend in list(self.backends):
-            try:
-                self.call(backend.init, self._process_name, **self._init_kwargs)
-            except Exception as exc:
-                logging.getLogger("rankscope").error(
-                    "rankscope: the %s backend is off: its init failed (%s: %s)",
-                    type(backend).__name__,
-                    type(exc).__name__,
-                    exc,
-                )
-                self.backends.remove(backend)
-                for group in (self.reducing, self.streaming):
-                    if backend in group:
-                        group.remove(backend)
 
-    def log_batch(self, batch: StepBatch) -> None:
-        if not self.reducing:
-            return
-        now = time.time()
-        metrics = [
-            Metric(name, value, acc.reduction_type, now)
-            for key, acc in batch.accs.items()
-            for name, value in reduced_items(key, acc.get_value())
-        ]
-        for backend in self.reducing:
-            self.call(backend.log_batch, metrics, batch.step)
+@dataclass(slots=True)
+class _Stream:
+    metric: Metric
+    step: int | None
 
-    def log_stream(self, metric: Metric, step: int | None) -> None:
-        for backend in self.streaming:
-            self.call(backend.log_stream, metric, step)
 
-    def finish(self) -> None:
-        for backend in self.backends:
-            self.call(backend.finish)
-        if self._loop is not None:
-            self._loop.close()
+@dataclass(slots=True)
+class _Relayed:
+    kind: bytes
+    payload: bytes
+
+
+@dataclass(slots=True)
+class _Poll:
+    done: Callable[[], None]
+
+
+@dataclass(slots=True)
+class _Sync:
+    done: threading.Event
+
+
+@dataclass(slots=True)
+class _Stop:
+    deadline: float
+
+
+_Message = _Step | _Stream | _Relayed | _Poll | _Sync | _Stop
 
 
 @dataclass(slots=True)
@@ -218,7 +197,7 @@ class ExportThread:
         self._dropped_counter = meter.create_counter(
             attr.DROPPED_POINTS, unit="{point}", description="points rankscope could not queue or export"
         )
-        self._queue: queue.Queue[Any] = queue.Queue(_STREAM_QUEUE_LIMIT)
+        self._queue: queue.Queue[_Message] = queue.Queue(_STREAM_QUEUE_LIMIT)
         self._lock = threading.Lock()
         self._held_steps = 0  # flushed steps not yet sent or dropped: queued, pending or unsent
         self._held_points = 0
@@ -252,35 +231,35 @@ class ExportThread:
             self._drop(
                 points, f"{self.max_queued_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
             )
-        elif not self._put(("batch", batch)):
+        elif not self._put(_Step(batch)):
             self._release(1, points)
             self._drop(points, "the export queue is full")
 
     def stream(self, key: str, value: float, reduce: Reduce, when: float, step: int | None) -> None:
-        if not self._put(("stream", Metric(key, value, reduce, when), step)):
+        if not self._put(_Stream(Metric(key, value, reduce, when), step)):
             self._drop(1, "the export queue is full")
 
     def relay(self, kind: bytes, payload: bytes) -> None:
         """A forked child's serialized request (the fork relay's thread): exported like our own steps."""
-        if not self._put(("relay", kind, payload)):
+        if not self._put(_Relayed(kind, payload)):
             self._drop(1, "the export queue is full")
 
     def poll(self, done: Callable[[], None]) -> None:
         """Export what the process holds now, even unflushed values (a forked child whose parent
         shuts down), then call ``done`` on the export thread."""
-        if not self._put(("poll", done)):
+        if not self._put(_Poll(done)):
             done()
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued before this call has been handled (sent, when there is an endpoint)."""
         done = threading.Event()
-        if not self._put(("sync", done)):
+        if not self._put(_Sync(done)):
             return False
         return done.wait(timeout)
 
     def shutdown(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        self._put(("stop", deadline), block=True, timeout=timeout)
+        self._put(_Stop(deadline), block=True, timeout=timeout)
         self._thread.join(timeout + 1.0)  # the thread bounds its own attempts by the deadline
         if self._thread.is_alive():
             # Stuck (a local backend's finish, a send that ignores its deadline): stop the exporter.
@@ -295,7 +274,7 @@ class ExportThread:
             self.otlp.shutdown()
         self.meter_provider.shutdown()
 
-    def _put(self, item: Any, block: bool = False, timeout: float | None = None) -> bool:
+    def _put(self, item: _Message, block: bool = False, timeout: float | None = None) -> bool:
         try:
             self._queue.put(item, block=block, timeout=timeout)
             return True
@@ -352,30 +331,31 @@ class ExportThread:
                     break
             synced = False
             polls: list[Callable[[], None]] = []
-            for kind, *rest in items:
-                if kind == "batch":
-                    self._guarded(self._prepare, rest[0])
-                    pending.append(rest[0])
-                elif kind == "stream":
-                    if self.stream_to_sink:
-                        self._streams.append((rest[0], rest[1]))
-                    else:
-                        self._guarded(self.backends.log_stream, *rest)
-                elif kind == "poll":
-                    polls.append(rest[0])
-                    synced = True
-                    if self._periodic():
-                        batch = self.recorder.take(None)
-                        if batch is not None and self._hold(batch):
-                            self._guarded(self._prepare, batch)
-                            pending.append(batch)
-                elif kind == "relay":
-                    self._guarded(self._take_relayed, *rest)
-                elif kind == "sync":
-                    self._waiting.append(rest[0])
-                    synced = True
-                elif kind == "stop":
-                    deadline = rest[0]
+            for item in items:
+                match item:
+                    case _Step(flushed):
+                        self._guarded(self._prepare, flushed)
+                        pending.append(flushed)
+                    case _Stream(metric, step):
+                        if self.stream_to_sink:
+                            self._streams.append((metric, step))
+                        else:
+                            self._guarded(self.backends.log_stream, metric, step)
+                    case _Poll(done):
+                        polls.append(done)
+                        synced = True
+                        if self._periodic():  # the parent is shutting down: what this child holds, now
+                            held = self.recorder.take(None)
+                            if held is not None and self._hold(held):
+                                self._guarded(self._prepare, held)
+                                pending.append(held)
+                    case _Relayed(kind, payload):
+                        self._guarded(self._take_relayed, kind, payload)
+                    case _Sync(event):
+                        self._waiting.append(event)
+                        synced = True
+                    case _Stop(stop_at):
+                        deadline = stop_at
             if deadline is not None:
                 break
             now = time.monotonic()
