@@ -1,37 +1,49 @@
 """record_metric cost next to the OpenTelemetry SDK's own instruments, measured in one run.
 
-Prints ns/call (median of repeats) for: rankscope record_metric on a float, on an int,
-on a CPU tensor; disabled; and the OTel SDK's Histogram.record and Counter.add with the
-same attributes rankscope stamps; then the ratios the brief budgets. Run:
+Prints ns/call (median over interleaved child processes) for: rankscope record_metric on a
+float, on an int, on a CPU tensor, on a CUDA tensor (when there is a GPU); disabled; and the
+OTel SDK's Histogram.record and Counter.add with the same attributes rankscope stamps; then
+the ratios the brief budgets. Every figure comes from fresh child processes, run in
+interleaved rounds, so a slow moment of the machine hits every row alike.
 
-    python benchmarks/bench_record_metric.py
+``--before DIR`` also measures the rankscope rows with another checkout's ``src`` (e.g. a
+``git worktree`` of an earlier commit) in the same interleaved rounds and prints after/before.
+
+    python benchmarks/bench_record_metric.py [--rounds 5] [--before /tmp/old]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import timeit
+from pathlib import Path
 
 N = 200_000
-REPEATS = 7
+REPEATS = 5
+SRC = Path(__file__).resolve().parent.parent / "src"
 
+CHILD = """
+import statistics, sys, timeit
+setup, stmt, n, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+namespace = {}
+exec(setup, namespace)
+timer = timeit.Timer(stmt, globals=namespace)
+print(statistics.median(timer.repeat(repeat=repeats, number=n)) / n * 1e9)
+"""
 
-def per_call_ns(stmt: str, setup: str) -> float:
-    timer = timeit.Timer(stmt, setup=setup)
-    runs = timer.repeat(repeat=REPEATS, number=N)
-    return statistics.median(runs) / N * 1e9
-
-
-ENABLED_SETUP = """
+RANKSCOPE_SETUP = """
 import rankscope as rs, torch
 rs.init(experiment="bench", role="bench")
 t = torch.tensor(1.5)
+g = torch.tensor(1.5, device="cuda") if torch.cuda.is_available() else None
 x = 1.5
 rs.record_metric("loss", x); rs.record_metric("count", 3); rs.record_metric("ct", t)
+if g is not None:
+    rs.record_metric("gt", g)
 """
 
 OTEL_SETUP = """
@@ -44,48 +56,91 @@ counter = meter.create_counter("count")
 attrs = {"rankscope.step": 0}
 """
 
+ROWS = [  # (name, setup, statement, extra environment, a rankscope row)
+    ("rankscope record_metric(float)", RANKSCOPE_SETUP, 'rs.record_metric("loss", x)', {}, True),
+    ("rankscope record_metric(int)", RANKSCOPE_SETUP, 'rs.record_metric("count", 3)', {}, True),
+    ("rankscope record_metric(CPU tensor)", RANKSCOPE_SETUP, 'rs.record_metric("ct", t)', {}, True),
+    (
+        "rankscope record_metric, RANKSCOPE_DISABLE=1",
+        "import rankscope as rs",
+        'rs.record_metric("loss", 1.5)',
+        {"RANKSCOPE_DISABLE": "1"},
+        True,
+    ),
+    ("OTel SDK Histogram.record", OTEL_SETUP, "hist.record(1.5, attrs)", {}, False),
+    ("OTel SDK Counter.add", OTEL_SETUP, "counter.add(1, attrs)", {}, False),
+]
+CUDA_ROW = ("rankscope record_metric(CUDA tensor)", RANKSCOPE_SETUP, 'rs.record_metric("gt", g)', {}, True)
 
-def disabled_ns() -> float:
-    # RANKSCOPE_DISABLE is read once per process, so measure it in a child process.
-    code = (
-        "import timeit,statistics,rankscope as rs;"
-        "t=timeit.Timer('rs.record_metric(\"loss\", 1.5)', globals={'rs': rs});"
-        f"print(statistics.median(t.repeat({REPEATS}, {N}))/{N}*1e9)"
+
+def child_ns(src: Path, setup: str, stmt: str, env: dict[str, str], n: int) -> float:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    full.update(env, PYTHONPATH=str(src))
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, setup, stmt, str(n), str(REPEATS)],
+        env=full,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    env = {**os.environ, "RANKSCOPE_DISABLE": "1"}
-    return float(
-        subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
-    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def has_cuda() -> bool:
+    probe = "import torch; print(torch.cuda.is_available())"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "True"
 
 
 def main() -> None:
-    rs_float = per_call_ns('rs.record_metric("loss", x)', ENABLED_SETUP)
-    rs_int = per_call_ns('rs.record_metric("count", 3)', ENABLED_SETUP)
-    rs_tensor = per_call_ns('rs.record_metric("ct", t)', ENABLED_SETUP)
-    otel_hist = per_call_ns("hist.record(1.5, attrs)", OTEL_SETUP)
-    otel_counter = per_call_ns("counter.add(1, attrs)", OTEL_SETUP)
-    off = disabled_ns()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of child processes")
+    parser.add_argument("--before", type=Path, help="another checkout whose src/ to compare against")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rounds, fewer calls")
+    args = parser.parse_args()
+    rounds, n = (2, 20_000) if args.quick else (args.rounds, N)
+    rows = ROWS + ([CUDA_ROW] if has_cuda() else [])
+    trees = [("after", SRC)] + ([("before", args.before / "src")] if args.before else [])
+    found: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        order = trees if r % 2 == 0 else trees[::-1]
+        for name, setup, stmt, env, ours in rows:
+            for tree, src in order if ours else trees[:1]:
+                found.setdefault((name, tree), []).append(child_ns(src, setup, stmt, env, n))
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    import torch
+
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-        f"Python {platform.python_version()}"
+        f"Python {platform.python_version()}, torch {torch.__version__}"
+        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
     )
-    rows = [
-        ("rankscope record_metric(float)", rs_float),
-        ("rankscope record_metric(int)", rs_int),
-        ("rankscope record_metric(CPU tensor)", rs_tensor),
-        ("rankscope record_metric, RANKSCOPE_DISABLE=1", off),
-        ("OTel SDK Histogram.record", otel_hist),
-        ("OTel SDK Counter.add", otel_counter),
+    median = {key: statistics.median(v) for key, v in found.items()}
+    header = f"{'':48s} {'after':>9s}" + (f" {'before':>9s} {'after/before':>12s}" if args.before else "")
+    print(header + "   (ns/call, median of rounds; spread min-max)")
+    for name, *_, ours in rows:
+        after = median[(name, "after")]
+        spread = found[(name, "after")]
+        line = f"{name:48s} {after:9.0f}"
+        if args.before and ours:
+            before = median[(name, "before")]
+            line += f" {before:9.0f} {after / before:12.2f}"
+        elif args.before:
+            line += " " * 23
+        print(f"{line}   [{min(spread):.0f}-{max(spread):.0f}]")
+    rs_float = median[("rankscope record_metric(float)", "after")]
+    off = median[("rankscope record_metric, RANKSCOPE_DISABLE=1", "after")]
+    hist = median[("OTel SDK Histogram.record", "after")]
+    print(f"ratio Histogram.record / record_metric(float): {hist / rs_float:.1f}x (budget >= 4x)")
+    budgets = [
+        f"float <= 500 ns: {'OK' if rs_float <= 500 else 'OVER'}",
+        f"disabled <= 150 ns: {'OK' if off <= 150 else 'OVER'}",
+        f"vs Histogram.record >= 4x: {'OK' if hist / rs_float >= 4 else 'UNDER'}",
     ]
-    for name, ns in rows:
-        print(f"{name:48s} {ns:8.0f} ns/call")
-    print(f"ratio Histogram.record / record_metric(float): {otel_hist / rs_float:.1f}x (budget >= 4x)")
-    print(f"ratio Counter.add / record_metric(float):      {otel_counter / rs_float:.1f}x")
-    print(
-        f"budgets: float <= 500 ns: {'OK' if rs_float <= 500 else 'OVER'}; "
-        f"disabled <= 150 ns: {'OK' if off <= 150 else 'OVER'}; "
-        f"vs Histogram.record >= 4x: {'OK' if otel_hist / rs_float >= 4 else 'UNDER'}"
-    )
+    if ("rankscope record_metric(CUDA tensor)", "after") in median:
+        cuda = median[("rankscope record_metric(CUDA tensor)", "after")]
+        budgets.append(f"CUDA tensor <= 1000 ns: {'OK' if cuda <= 1000 else 'OVER'}")
+    print("budgets: " + "; ".join(budgets))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,13 @@ StreamSink = Callable[[str, float, Reduce, float], None]
 class DeviceValues:
     """1-element device tensors of one step, copied to the host in one batch per device.
 
-    ``start`` runs on the caller's thread at flush: it stacks the tensors and queues an
-    asynchronous copy into pinned memory plus a CUDA event, so flush never waits for the
-    GPU. ``values`` runs on the export thread and waits for that event there.
+    ``record_metric`` only keeps a reference (no detach, no reshape, no copy: each is a
+    launch-side torch call of a microsecond or more). ``start`` runs on the caller's thread at
+    flush: under ``no_grad`` it stacks the step's tensors in one call per (device, rank of
+    shape, dtype) group, converts them to float64, and queues one asynchronous copy per device
+    into pinned memory plus a CUDA event, so flush never waits for the GPU. ``values`` runs on
+    the export thread and waits for that event there. Until the flush the step holds the
+    recorded tensors (and, for a tensor that requires grad, its autograd node).
     """
 
     keys: list[str] = field(default_factory=list)
@@ -36,19 +40,25 @@ class DeviceValues:
 
     def start(self) -> None:
         torch = sys.modules["torch"]
-        by_device: dict[Any, list[int]] = {}
+        groups: dict[Any, dict[tuple[int, Any], list[int]]] = {}
         for i, tensor in enumerate(self.tensors):
-            by_device.setdefault(tensor.device, []).append(i)
-        for device, indices in by_device.items():
-            stacked = torch.stack([self.tensors[i].to(torch.float64) for i in indices])
-            if device.type == "cuda":
-                host = torch.empty(stacked.shape, dtype=torch.float64, pin_memory=True)
-                host.copy_(stacked, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-                self._copies.append((indices, host, event))
-            else:  # other accelerators: copy on the export thread
-                self._copies.append((indices, stacked, None))
+            groups.setdefault(tensor.device, {}).setdefault((tensor.dim(), tensor.dtype), []).append(i)
+        with torch.no_grad():
+            for device, by_shape in groups.items():
+                indices: list[int] = []
+                parts = []
+                for members in by_shape.values():
+                    parts.append(torch.stack([self.tensors[i] for i in members]).reshape(-1))
+                    indices.extend(members)
+                stacked = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(torch.float64)
+                if device.type == "cuda":
+                    host = torch.empty(stacked.shape, dtype=torch.float64, pin_memory=True)
+                    host.copy_(stacked, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+                    self._copies.append((indices, host, event))
+                else:  # other accelerators (and CPU): copy on the export thread
+                    self._copies.append((indices, stacked, None))
         self.tensors = []  # drop references to the originals; the stacked copies live on
 
     def values(self) -> list[float]:
@@ -89,6 +99,7 @@ class Recorder:
         "_asked_at",
         "_deferred",
         "_device",
+        "_device_kinds",
         "_lock",
         "_lower",
         "_reduce_of",
@@ -104,6 +115,7 @@ class Recorder:
         self._reduce_of: dict[str, Reduce] = {}
         self._lower: dict[str, str] = {}
         self._device: DeviceValues | None = None
+        self._device_kinds: dict[str, tuple[Any, Any]] = {}
         self._deferred: list[tuple[str, str, Any, Any, Any]] = []
         self._streams = streams
         # The hot path may skip ``record`` only when nothing else must see the value.
@@ -130,10 +142,22 @@ class Recorder:
                 f"record_metric({key!r}): recorded with {known!r} before, now with {reduce!r}; "
                 "one key has one reduce type per process"
             )
-        number = to_number(key, value)
         acc = self.accs.get(key)
         if acc is None:
             acc = self.accs[key] = reduce.accumulator_class(reduce)
+        # A CUDA tensor like the one checked under this key before (same type and dtype, one
+        # element): kept as it is, read in the flush's batch. Everything else is checked in full.
+        seen = self._device_kinds.get(key)
+        if (
+            seen is not None
+            and type(value) is seen[0]
+            and value.is_cuda
+            and value.dtype is seen[1]
+            and value.numel() == 1
+        ):
+            self._keep_device_value(key, value)
+            return
+        number = to_number(key, value)
         if type(number) is float:
             acc.append(number)
             if self._streams:
@@ -141,11 +165,17 @@ class Recorder:
                 for stream in self._streams:
                     stream(key, number, reduce, now)
         else:  # a device tensor: read at flush, streamed then with its record time
-            if self._device is None:
-                self._device = DeviceValues()
-            self._device.keys.append(key)
-            self._device.tensors.append(number)
-            self._device.times.append(time.time())
+            if number.is_cuda:
+                self._device_kinds[key] = (type(number), number.dtype)
+            self._keep_device_value(key, number)
+
+    def _keep_device_value(self, key: str, tensor: Any) -> None:
+        device = self._device
+        if device is None:
+            device = self._device = DeviceValues()
+        device.keys.append(key)
+        device.tensors.append(tensor)
+        device.times.append(time.time())
 
     def _register(self, key: str, reduce: Reduce) -> None:
         if not isinstance(reduce, Reduce):

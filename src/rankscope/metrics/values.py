@@ -45,8 +45,9 @@ def to_number(key: str, value: Any) -> Any:
             if value.device.type == "meta":
                 raise ValueError(f"record_metric({key!r}): a meta tensor has no value")
             return float(value.item())
-        # Keep it on its device: it is copied to the host in one batch at flush, off the hot path.
-        return value.detach().reshape(())
+        # Keep it on its device as it is: stacked, detached and copied to the host in one batch
+        # at flush (``DeviceValues.start``), off the hot path.
+        return value
     np = sys.modules.get("numpy")
     if np is not None and isinstance(value, (np.generic, np.ndarray)):
         if isinstance(value, np.ndarray):
