@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -10,20 +14,36 @@ import rankscope as rs
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@contextmanager
+def no_sync_allowed() -> Iterator[None]:
+    """Any synchronizing CUDA call on this thread raises meanwhile. Turning the mode on warns
+    that it is a prototype (a UserWarning the suite would turn into an error): only that call's
+    warnings are silenced, nothing of what runs inside."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_cuda_values_are_not_synced_at_record_and_arrive_exactly(capsys: pytest.CaptureFixture[str]) -> None:
     rs.init(backends={"console": {"logging_mode": "global_reduce"}})
     values = [torch.tensor(float(i), device="cuda") for i in range(1, 5)]
-    torch.cuda.set_sync_debug_mode("error")  # any synchronizing call below raises
-    try:
+    with no_sync_allowed():
         for v in values:
             rs.record_metric("gpu_sum", v, rs.Reduce.SUM)
             rs.record_metric("gpu_max", v * 2, rs.Reduce.MAX)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+        # Other shapes and dtypes, and a tensor with an autograd node: read in the same batch.
+        rs.record_metric("gpu_grad", torch.ones(1, device="cuda", requires_grad=True).sum() * 3)
+        rs.record_metric("gpu_half", torch.tensor([[0.5]], dtype=torch.float16, device="cuda"))
+        rs.record_metric("gpu_int", torch.tensor(7, device="cuda"), rs.Reduce.SUM)
     rs.flush(0)
     rs.shutdown()
     out = capsys.readouterr().out
     assert "gpu_sum: 10.0" in out and "gpu_max: 8.0" in out
+    assert "gpu_grad: 3.0" in out and "gpu_half: 0.5" in out and "gpu_int: 7.0" in out
 
 
 def test_gpu_timer_never_syncs_the_caller_and_times_kernels(make_sink, tmp_path) -> None:
@@ -37,17 +57,13 @@ def test_gpu_timer_never_syncs_the_caller_and_times_kernels(make_sink, tmp_path)
     torch.cuda.synchronize()
     peak_before = torch.cuda.max_memory_allocated()
     t0 = time.perf_counter()
-    torch.cuda.set_sync_debug_mode("error")  # any synchronizing call on this thread raises
-    try:
-        with rs.trace("train", timer="gpu", track_memory=True) as t:
-            for _ in range(20):
-                a = a @ a / 64.0
-            t.step("mm")
-            with rs.trace("inner", timer="gpu", track_memory=True):  # nested memory tracking
-                b = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-            t.step("alloc")
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with no_sync_allowed(), rs.trace("train", timer="gpu", track_memory=True) as t:
+        for _ in range(20):
+            a = a @ a / 64.0
+        t.step("mm")
+        with rs.trace("inner", timer="gpu", track_memory=True):  # nested memory tracking
+            b = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        t.step("alloc")
     caller_s = time.perf_counter() - t0
     rs.flush(0)
     torch.cuda.synchronize()
