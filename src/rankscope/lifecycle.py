@@ -1,10 +1,12 @@
 """Assembles a process's runtime and takes it down: init, shutdown, auto-init, fork.
 
-``init`` builds the Resource, the hot path's ``Recorder``, the ``StepClock``, the tracing state
-and the export thread, wraps them in one ``Runtime`` and installs it in the runtime slot
-(``core.runtime``), where every lower layer finds it. Closing a step (``Runtime.close``) is
-here too, because it touches all of them: flush hooks, the recorder's hand-off, the step
-clock, the step's root span, a Monarch controller's fan-out and the export queue.
+``init`` resolves its arguments and the environment into one validated ``Settings`` (a bad
+value raises before anything changes), then builds the Resource, the hot path's ``Recorder``,
+the ``StepClock``, the tracing state and the export thread, wraps them in one ``Runtime`` and
+installs it in the runtime slot (``core.runtime``), where every lower layer finds it. Closing
+a step (``Runtime.close``) is here too, because it touches all of them: flush hooks, the
+recorder's hand-off, the step clock, the step's root span, a Monarch controller's fan-out and
+the export queue.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -27,7 +30,7 @@ from .core import names as attr
 from .core import runtime as _slot
 from .core.errors import report_internal_error, warn
 from .core.identity import build_resource, process_label
-from .core.settings import resolve
+from .core.settings import Settings, resolve
 from .export.local_views import BackendSet
 from .export.senders import (
     EmbeddedSenders,
@@ -56,18 +59,22 @@ class Runtime:
     def __init__(
         self,
         resource: Resource,
+        settings: Settings,
         recorder: Recorder,
         steps: StepClock,
         thread: ExportThread,
-        shutdown_timeout: float,
         tracing: TracingState,
     ):
         self.resource = resource
+        self.settings = settings
         self.recorder = recorder
         self.steps = steps
         self.tracing = tracing
         self.thread = thread
-        self.shutdown_timeout = shutdown_timeout
+
+    @property
+    def shutdown_timeout(self) -> float:
+        return self.settings.shutdown_timeout
 
     def close(self, step: int, driven: bool, auto: bool = False) -> None:
         """Close ``step`` on this process (``flush``, a controller's flush, an automatic step)."""
@@ -165,29 +172,46 @@ def init(
         replica: replica index of this role (``RANKSCOPE_REPLICA``).
         mesh: a torch ``DeviceMesh``; each named dimension's rank and size join the Resource.
         protocol: ``grpc`` (default) or ``http/protobuf`` (``RANKSCOPE_PROTOCOL``).
-        export_interval: seconds between periodic exports before the first flush.
+        export_interval: seconds between periodic exports before the first flush
+            (``RANKSCOPE_EXPORT_INTERVAL``).
         disable: make every call a no-op (``RANKSCOPE_DISABLE``).
 
     Returns:
         The process Resource, or None when disabled. Calling init again reconfigures:
         values recorded so far are kept for the next flush. A program that calls init
         closes its own steps with ``flush``: instrumentors stop closing them (``auto_step``).
+
+    Raises:
+        ValueError: an argument or a ``RANKSCOPE_*``/``OTEL_*`` variable has a bad value (the
+            message names it); nothing was changed.
     """
     global _fork_origin
     with _lock:
-        if resolve("disable", disable):
+        if resolve("disable", disable):  # first: a disabled process is not held to its other settings
             _shutdown_locked()
             _slot.install(None, off=True)
             return None
+        settings = Settings.load(
+            {
+                "experiment": experiment,
+                "role": role,
+                "replica": replica,
+                "endpoint": endpoint,
+                "protocol": protocol,
+                "backends": backends or None,  # an empty mapping: the variable's views, as before
+                "export_interval": export_interval,
+                "disable": disable,
+            }
+        )
         previous = _slot.current
-        resource = build_resource(experiment=experiment, role=role, replica=replica, mesh=mesh)
+        resource = build_resource(
+            experiment=settings.experiment, role=settings.role, replica=settings.replica, mesh=mesh
+        )
         label = process_label(resource.attributes)
         experiment_id = str(resource.attributes[attr.EXPERIMENT_ID])
-        views: dict[str, Any] = {k: dict(v) for k, v in (backends or resolve("backends") or {}).items()}
+        views: dict[str, Any] = {k: dict(v) for k, v in (settings.backends or {}).items()}
         stream = any(v.get("logging_mode") == LoggingMode.PER_RANK_NO_REDUCE.value for v in views.values())
-        senders, views_in_sink = _make_senders(
-            resource, resolve("endpoint", endpoint), resolve("protocol", protocol), views, stream
-        )
+        senders, views_in_sink = _make_senders(resource, settings, views, stream)
         world = resource.attributes.get(attr.WORLD_SIZE)
         backend_objects = [] if views_in_sink else _make_backends(views, alone=world == "1" and senders is None)
         init_kwargs = {
@@ -203,12 +227,11 @@ def init(
             _shutdown_locked(drain_unflushed=False)
         runtime = _start_runtime(
             resource,
+            settings,
             senders,
             backend_set,
             stream_to_sink=views_in_sink and stream,
-            trace_root=_is_trace_root(resource, monarch_controller),
-            export_interval=resolve("export_interval", export_interval),
-            shutdown_timeout=resolve("shutdown_timeout"),
+            trace_root=_is_trace_root(resource, monarch_controller, settings.trace_root),
             # The recorder (values, key registry, device values, deferred GPU timings) and the
             # step clock outlive a re-init: a key keeps its reduce type, a step its number.
             recorder=None if previous is None else previous.recorder,
@@ -236,13 +259,12 @@ def init(
 
 def _start_runtime(
     resource: Resource,
+    settings: Settings,
     senders: Senders | EmbeddedSenders | RelaySenders | None,
     backend_set: BackendSet,
     *,
     stream_to_sink: bool,
     trace_root: bool,
-    export_interval: float,
-    shutdown_timeout: float,
     recorder: Recorder | None = None,
     steps: StepClock | None = None,
 ) -> Runtime:
@@ -252,9 +274,9 @@ def _start_runtime(
     tracing = TracingState(
         resource,
         steps,
-        sample_ratio=resolve("trace_sample") if senders is not None else 0.0,  # spans need somewhere to go
+        sample_ratio=settings.trace_sample if senders is not None else 0.0,  # spans need somewhere to go
         root=trace_root,
-        max_spans=resolve("max_queued_spans"),
+        max_spans=settings.max_queued_spans,
         on_error=report_internal_error,
     )
     thread = ExportThread(
@@ -263,13 +285,13 @@ def _start_runtime(
         backends=backend_set,
         otlp=senders,
         stream_to_sink=stream_to_sink,
-        export_interval=export_interval,
-        max_queued_steps=resolve("max_queued_steps"),
+        export_interval=settings.export_interval,
+        max_queued_steps=settings.max_queued_steps,
         periodic=lambda: not steps.flushed and not steps.monarch,
         on_error=report_internal_error,
         spans=tracing.buffer,
     )
-    runtime = Runtime(resource, recorder, steps, thread, shutdown_timeout, tracing)
+    runtime = Runtime(resource, settings, recorder, steps, thread, tracing)
     recorder.on_take = thread.submit  # periodic steps taken on the caller's thread
     if backend_set.streaming or thread.stream_to_sink:
         recorder.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, steps.current)])
@@ -278,9 +300,9 @@ def _start_runtime(
     return runtime
 
 
-def _is_trace_root(resource: Resource, monarch_controller: bool) -> bool:
-    """Whether this process emits each step's root span (exactly one process per experiment)."""
-    explicit = resolve("trace_root")
+def _is_trace_root(resource: Resource, monarch_controller: bool, explicit: bool | None) -> bool:
+    """Whether this process emits each step's root span (exactly one process per experiment;
+    ``explicit``: ``RANKSCOPE_TRACE_ROOT``)."""
     if explicit is not None:
         return bool(explicit)
     if monarch_controller:
@@ -301,7 +323,7 @@ def _install_monarch_propagation() -> None:
 
 
 def _make_senders(
-    resource: Resource, endpoint: str | None, protocol: str, views: dict[str, Any], stream: bool
+    resource: Resource, settings: Settings, views: dict[str, Any], stream: bool
 ) -> tuple[Senders | EmbeddedSenders | None, bool]:
     """Where this process's OTLP goes, and whether its views run in that sink.
 
@@ -311,7 +333,7 @@ def _make_senders(
     keeps its views to itself.
     """
     experiment = str(resource.attributes[attr.EXPERIMENT_ID])
-    control = resolve("sink_control")
+    endpoint, protocol, control = settings.endpoint, settings.protocol, settings.sink_control
     if has_endpoint(endpoint):
         if control is None:
             return Senders(endpoint, protocol, stream=False), False
@@ -321,7 +343,7 @@ def _make_senders(
             return endpoint or "", control
 
         return EmbeddedSenders(post_then_send, protocol, stream), True
-    mode = resolve("sink")
+    mode = settings.sink
     multi = resource.attributes.get(attr.WORLD_SIZE) != "1" or "monarch" in sys.modules
     if mode == "embedded" or (mode == "auto" and multi):
 
@@ -381,7 +403,7 @@ def _auto_init() -> Runtime | None:
                 init()
                 runtime = _slot.current
                 if runtime is not None:  # first use, no init(): instrumentors may close steps
-                    runtime.steps.auto = resolve("auto_step") and not runtime.steps.driven
+                    runtime.steps.auto = runtime.settings.auto_step and not runtime.steps.driven
             except ValueError:
                 raise  # a bad RANKSCOPE_*/OTEL_* value: the user must see it
             except Exception as exc:
@@ -536,8 +558,9 @@ class _ForkOrigin:
             self.senders, self.listen = RelaySenders(sock, self.parent_pid), True
         elif otlp is not None:
             self.why_not = "no relay socket could be made for this child"
-        self.export_interval = parent.thread.export_interval
-        self.shutdown_timeout = min(parent.shutdown_timeout, _CHILD_SHUTDOWN_TIMEOUT)
+        self.settings = replace(  # the parent's, read once at its init; a child's shutdown is shorter
+            parent.settings, shutdown_timeout=min(parent.settings.shutdown_timeout, _CHILD_SHUTDOWN_TIMEOUT)
+        )
         self.last_step = parent.steps.last
         self.warned = warned
 
@@ -641,12 +664,11 @@ def _rearm_forked_child(origin: _ForkOrigin) -> None:
     resource = Resource(attributes)
     runtime = _start_runtime(
         resource,
+        origin.settings,
         origin.senders,
         BackendSet([], {}, process_label(resource.attributes)),
         stream_to_sink=False,
         trace_root=False,
-        export_interval=origin.export_interval,
-        shutdown_timeout=origin.shutdown_timeout,
     )
     runtime.steps.auto = False  # never stepped: the sink must not wait for a worker
     runtime.steps.last = origin.last_step  # its spans hang under the parent's step in progress

@@ -1,73 +1,139 @@
 """One table of settings: argument > ``RANKSCOPE_*`` > ``OTEL_*`` alias > default.
 
-The table is the single source of truth: ``resolve_settings`` reads it, and the README's
-settings section is generated from it (``rankscope settings --markdown``).
+The table (``SETTINGS``) is the single source of truth: ``Settings.load`` builds the frozen,
+validated settings of one ``init`` from it, ``resolve`` reads one setting for other callers
+(the CLI, the distro, instrumentors, the embedded sink), and the README's settings section is
+generated from it (``rankscope settings --markdown``).
+
+Every value goes through its setting's parser, whether it came from an argument or from the
+environment: a parser takes the text of an environment variable or a typed argument and
+returns the typed value, or raises ``ValueError``, which is re-raised naming the argument
+(``export_interval=-1: ...``) or the variable (``RANKSCOPE_EXPORT_INTERVAL='-1': ...``).
+So ``init(export_interval=-1)`` fails at the call like ``RANKSCOPE_EXPORT_INTERVAL=-1`` does,
+instead of reaching the export thread as a negative timeout.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
-def parse_bool(text: str) -> bool:
-    return text.strip().lower() in _TRUE
+def parse_bool(value: object) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case), or a bool (or the integer 0 or 1)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, Integral) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise ValueError("must be true/false (1/0, yes/no, on/off)")
 
 
-def _parse_positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError(f"must be > 0, got {text!r}")
-    return value
+def _number(value: object) -> float:
+    """A finite real number, from text or a number (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (str, Real)):
+        raise ValueError("must be a number")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise ValueError("must be a number") from None
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number")
+    return number
 
 
-def _parse_ratio(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
+def _parse_positive_float(value: object) -> float:
+    number = _number(value)
+    if number <= 0:
+        raise ValueError("must be a number > 0")
+    return number
+
+
+def _parse_ratio(value: object) -> float:
+    number = _number(value)
+    if not 0.0 <= number <= 1.0:
         raise ValueError("must be between 0 and 1")
-    return value
+    return number
 
 
-def _parse_positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(f"must be > 0, got {text!r}")
-    return value
+def _parse_positive_int(value: object) -> int:
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise ValueError("must be a whole number > 0") from None
+    else:
+        real = _number(value)
+        if not real.is_integer():
+            raise ValueError("must be a whole number > 0")
+        number = int(real)
+    if number <= 0:
+        raise ValueError("must be a whole number > 0")
+    return number
 
 
-def _parse_backends(text: str) -> dict[str, Any]:
-    value = json.loads(text)
-    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-        raise ValueError('must be a JSON object like {"console": {"logging_mode": "global_reduce"}}')
-    return value
+def _parse_text(value: object) -> str:
+    """A string (an integer is taken as its decimal text: ``replica=1``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return str(int(value))
+    raise ValueError("must be a string")
 
 
-def _parse_sink(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("auto", "embedded", "off"):
-        raise ValueError(f"must be 'auto', 'embedded' or 'off', got {text!r}")
-    return value
+def _parse_backends(value: object) -> dict[str, dict[str, Any]]:
+    shape = 'must be a JSON object like {"console": {"logging_mode": "global_reduce"}}'
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{shape} ({exc})") from None
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Mapping) for k, v in value.items()
+    ):
+        raise ValueError(shape)
+    return {k: dict(v) for k, v in value.items()}
 
 
-def _parse_protocol(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("grpc", "http/protobuf"):
-        raise ValueError(f"must be 'grpc' or 'http/protobuf', got {text!r}")
-    return value
+def _choice(*allowed: str) -> Callable[[object], str]:
+    expected = ", ".join(map(repr, allowed[:-1])) + f" or {allowed[-1]!r}"
+
+    def parse(value: object) -> str:
+        word = value.strip().lower() if isinstance(value, str) else None
+        if word is None or word not in allowed:
+            raise ValueError(f"must be {expected}")
+        return word
+
+    return parse
+
+
+_parse_sink = _choice("auto", "embedded", "off")
+_parse_protocol = _choice("grpc", "http/protobuf")
 
 
 @dataclass(frozen=True, slots=True)
 class Setting:
+    """One row of the table. ``parse`` takes an environment variable's text or an argument's
+    value and returns the typed value, or raises ``ValueError`` saying what is expected."""
+
     name: str
     env: str
     default: Any
     doc: str
-    parse: Callable[[str], Any] = str
+    parse: Callable[[Any], Any] = _parse_text
     otel_env: tuple[str, ...] = ()
 
 
@@ -204,20 +270,72 @@ SETTINGS: tuple[Setting, ...] = (
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
+def _parsed(setting: Setting, value: Any, source: str) -> Any:
+    try:
+        return setting.parse(value)
+    except ValueError as exc:
+        raise ValueError(f"{source}={value!r}: {exc}") from None
+
+
 def resolve(name: str, argument: Any = None, environ: Mapping[str, str] | None = None) -> Any:
-    """Resolve one setting; a bad environment value raises ``ValueError`` naming the variable."""
+    """One setting: ``argument`` when not None, else its variables, else the default.
+
+    A bad value raises ``ValueError`` naming the argument (``export_interval=-1: ...``) or
+    the variable (``RANKSCOPE_EXPORT_INTERVAL='-1': ...``). An empty variable counts as unset.
+    """
     setting = _BY_NAME[name]
     if argument is not None:
-        return argument
+        return _parsed(setting, argument, name)
     env = os.environ if environ is None else environ
     for var in (setting.env, *setting.otel_env):
         text = env.get(var)
         if text is not None and text.strip() != "":
-            try:
-                return setting.parse(text)
-            except ValueError as exc:
-                raise ValueError(f"{var}={text!r}: {exc}") from None
+            return _parsed(setting, text, var)
     return setting.default
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Every setting of one ``init``, resolved once and validated (one field per row of ``SETTINGS``).
+
+    Build it with ``Settings.load``; constructing or ``dataclasses.replace``-ing one runs every
+    value through its parser again, so no instance holds an unchecked value.
+    """
+
+    experiment: str | None
+    role: str | None
+    replica: str | None
+    endpoint: str | None
+    protocol: str
+    backends: dict[str, dict[str, Any]] | None
+    sink: str
+    sink_grace: float
+    sink_control: str | None
+    disable: bool
+    export_interval: float
+    max_queued_steps: int
+    trace_sample: float
+    trace_root: bool | None
+    max_queued_spans: int
+    auto_step: bool
+    grad_norm: bool
+    host_metrics: bool
+    shutdown_timeout: float
+
+    def __post_init__(self) -> None:
+        for setting in SETTINGS:
+            value = getattr(self, setting.name)
+            if value is not None or setting.default is not None:  # None means unset only where that is the default
+                object.__setattr__(self, setting.name, _parsed(setting, value, setting.name))
+
+    @classmethod
+    def load(cls, arguments: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+        """Resolve every setting: ``arguments`` (None: not given) > ``RANKSCOPE_*`` > ``OTEL_*`` > default."""
+        given = dict(arguments or {})
+        unknown = given.keys() - _BY_NAME.keys()
+        if unknown:
+            raise TypeError(f"unknown rankscope setting(s): {', '.join(sorted(unknown))}")
+        return cls(**{s.name: resolve(s.name, given.get(s.name), environ) for s in SETTINGS})
 
 
 def settings_markdown() -> str:
