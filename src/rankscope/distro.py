@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
-from opentelemetry.sdk._configuration import _BaseConfigurator
+
+from .export._otel_sdk import ConfiguratorBase
 
 DEFAULTS = {
     # Pick rankscope's configurator even when another one (e.g. the SDK's) is installed.
@@ -35,7 +36,7 @@ class RankscopeDistro(BaseDistro):  # type: ignore[misc]
             os.environ.setdefault(name, value)
 
 
-class RankscopeConfigurator(_BaseConfigurator):  # type: ignore[misc]
+class RankscopeConfigurator(ConfiguratorBase):  # type: ignore[misc,valid-type]  # the SDK's _BaseConfigurator
     """Installs rankscope's tracer provider, so other instrumentations' spans join each step's trace."""
 
     def _configure(self, **kwargs: Any) -> None:

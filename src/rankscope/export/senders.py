@@ -15,6 +15,10 @@ rejected (the endpoint refused the request for good: counted as dropped). gRPC c
 reconnect within ``_MAX_RECONNECT_BACKOFF_MS`` of an endpoint coming back (gRPC's own
 default backoff grows to two minutes).
 
+The exporters' transports are private names of the SDK: ``_otel_sdk`` holds and checks them,
+and a sender whose exporter lacks them refuses every send with a message that names the package,
+its version and the missing name (reported once, at init).
+
 Metrics go as metrics; streamed raw values (``per_rank_no_reduce`` views in the sink) go
 as OTLP log records. ``EmbeddedSenders`` finds or starts the experiment's embedded sink the
 first time it has something to send, on the export thread, never on the caller's.
@@ -52,12 +56,9 @@ from typing import Any
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc
-from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
+from ..core.errors import report_internal_error
+from . import _otel_sdk
 
 _RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
 _MAX_RECONNECT_BACKOFF_MS = 1000
@@ -82,26 +83,25 @@ class Attempt:
 SENT = Attempt(True)
 
 
-class _OneGrpcAttempt:
-    """One ``Export`` call with one deadline on the SDK exporter's channel, stub and headers."""
+class _GrpcSender:
+    """One ``Export`` call with one deadline on an SDK gRPC exporter's channel, stub and headers."""
 
-    _client: Any
-    _headers: Any
-    _timeout: float
-    _shutdown: bool
-    _retryable_error_codes: Any
+    def __init__(self, exporter: Any) -> None:
+        self._exporter = exporter
 
     def send(self, request: Any, timeout: float | None = None) -> Attempt:
-        if self._shutdown or self._client is None:
-            return Attempt(False, detail="the exporter is shut down")
-        deadline = self._timeout if timeout is None else max(0.001, min(timeout, self._timeout))
         try:
-            self._client.Export(request=request, metadata=self._headers, timeout=deadline)
+            if not _otel_sdk.grpc_export(self._exporter, request, timeout):
+                return Attempt(False, detail="the exporter is shut down")
             return SENT
         except grpc.RpcError as error:
             code = error.code()  # type: ignore[attr-defined]
             detail = f"{getattr(code, 'name', code)}: {error.details()}"  # type: ignore[attr-defined]
-            return Attempt(False, retry=code in self._retryable_error_codes, detail=detail, retry_after=_hint(error))
+            retry = code in _otel_sdk.grpc_retryable(self._exporter)
+            return Attempt(False, retry=retry, detail=detail, retry_after=_hint(error))
+
+    def shutdown(self, **kwargs: Any) -> None:
+        self._exporter.shutdown(**kwargs)
 
 
 def _hint(error: Any) -> float | None:
@@ -118,18 +118,16 @@ def _hint(error: Any) -> float | None:
         return None
 
 
-class _OneHttpAttempt:
-    """One POST with one deadline through the SDK exporter's HTTP client (its retry loop unused)."""
+class _HttpSender:
+    """One POST with one deadline through an SDK HTTP exporter's client (its retry loop unused)."""
 
-    _client: Any
-    _shutdown: bool
+    def __init__(self, exporter: Any) -> None:
+        self._exporter = exporter
 
     def send(self, request: Any, timeout: float | None = None) -> Attempt:
-        if self._shutdown:
+        result = _otel_sdk.http_post(self._exporter, request.SerializeToString(), timeout)
+        if result is None:
             return Attempt(False, detail="the exporter is shut down")
-        client = self._client
-        deadline = client._timeout if timeout is None else max(0.001, min(timeout, client._timeout))
-        result = client._submit(client._compress(request.SerializeToString()), deadline)
         status = result.status_code
         if status is not None and 200 <= status < 300:
             return SENT
@@ -145,33 +143,34 @@ class _OneHttpAttempt:
             False, retry=status in _RETRYABLE_HTTP, detail=f"HTTP {status} {result.reason}", retry_after=after
         )
 
+    def shutdown(self, **kwargs: Any) -> None:
+        self._exporter.shutdown(**kwargs)
+
+
+class _Refused:
+    """A sender whose SDK exporter lacks a private name rankscope needs: every send is refused, saying so."""
+
+    def __init__(self, why: str) -> None:
+        self._attempt = Attempt(False, detail=why)
+
+    def send(self, request: Any, timeout: float | None = None) -> Attempt:
+        return self._attempt
+
+    def shutdown(self, **kwargs: Any) -> None:
+        pass
+
+
+def _sender(protocol: _otel_sdk.Protocol, signal: _otel_sdk.Signal, **kwargs: Any) -> Any:
+    try:
+        exporter = _otel_sdk.make_exporter(protocol, signal, **kwargs)
+    except _otel_sdk.OtelSdkMismatchError as exc:
+        report_internal_error(f"OTLP {signal} export over {protocol}", exc)
+        return _Refused(str(exc))
+    return _GrpcSender(exporter) if protocol == "grpc" else _HttpSender(exporter)
+
 
 def _grpc_options() -> dict[str, Any]:
     return {"channel_options": _CHANNEL_OPTIONS}
-
-
-class _GrpcMetrics(_OneGrpcAttempt, GrpcMetricExporter):
-    pass
-
-
-class _HttpMetrics(_OneHttpAttempt, HttpMetricExporter):
-    pass
-
-
-class _GrpcLogs(_OneGrpcAttempt, GrpcLogExporter):
-    pass
-
-
-class _HttpLogs(_OneHttpAttempt, HttpLogExporter):
-    pass
-
-
-class _GrpcSpans(_OneGrpcAttempt, GrpcSpanExporter):
-    pass
-
-
-class _HttpSpans(_OneHttpAttempt, HttpSpanExporter):
-    pass
 
 
 def _url(endpoint: str | None) -> str | None:
@@ -190,17 +189,21 @@ class Senders:
     """The metric and span senders and (when values are streamed) the log sender of one process."""
 
     def __init__(self, endpoint: str | None, protocol: str, stream: bool) -> None:
+        _otel_sdk.report_problems()
         url = _url(endpoint)
         self._spans: Any = None
         self._endpoint, self._protocol, self._url, self._stream = endpoint, protocol, url, stream
         if protocol == "http/protobuf":
             base = None if url is None else url.rstrip("/").removesuffix("/v1/metrics")
             self._base = base
-            self.metrics: Any = _HttpMetrics(endpoint=None if base is None else f"{base}/v1/metrics")
-            self.logs: Any = _HttpLogs(endpoint=None if base is None else f"{base}/v1/logs") if stream else None
+            http: _otel_sdk.Protocol = "http/protobuf"
+            self.metrics: Any = _sender(http, "metrics", endpoint=None if base is None else f"{base}/v1/metrics")
+            self.logs: Any = (
+                _sender(http, "logs", endpoint=None if base is None else f"{base}/v1/logs") if stream else None
+            )
         else:
-            self.metrics = _GrpcMetrics(endpoint=url, **_grpc_options())
-            self.logs = _GrpcLogs(endpoint=url, **_grpc_options()) if stream else None
+            self.metrics = _sender("grpc", "metrics", endpoint=url, **_grpc_options())
+            self.logs = _sender("grpc", "logs", endpoint=url, **_grpc_options()) if stream else None
 
     @property
     def target(self) -> str:
@@ -213,9 +216,11 @@ class Senders:
     def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
         if self._spans is None:  # made on first use: most processes of a metrics-only job never trace
             if self._protocol == "http/protobuf":
-                self._spans = _HttpSpans(endpoint=None if self._base is None else f"{self._base}/v1/traces")
+                self._spans = _sender(
+                    "http/protobuf", "spans", endpoint=None if self._base is None else f"{self._base}/v1/traces"
+                )
             else:
-                self._spans = _GrpcSpans(endpoint=self._url, **_grpc_options())
+                self._spans = _sender("grpc", "spans", endpoint=self._url, **_grpc_options())
         return self._spans.send(request, timeout)  # type: ignore[no-any-return]
 
     def send(self, request: Any, timeout: float | None = None) -> Attempt:
@@ -236,6 +241,7 @@ class EmbeddedSenders:
     """Senders that connect to the experiment's embedded sink on first use."""
 
     def __init__(self, connect: Callable[[], tuple[str, str]], protocol: str, stream: bool) -> None:
+        _otel_sdk.report_problems()
         self._connect = connect
         self._protocol = protocol
         self._stream = stream

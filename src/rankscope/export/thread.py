@@ -102,7 +102,8 @@ def _instrument_types() -> tuple[type, ...]:
         ObservableUpDownCounter,
         UpDownCounter,
     )
-    from opentelemetry.sdk.metrics import _Gauge as Gauge
+
+    from ._otel_sdk import SdkGauge as Gauge
 
     return (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge, Gauge)
 

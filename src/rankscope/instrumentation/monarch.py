@@ -8,18 +8,23 @@ coordinates, and per-endpoint ``endpoint/{Class}.{name}/{calls,latency_s,latency
 Resource (the actor class and its mesh, see ``identity``).
 
 A callee process that has no instrumentor of its own follows its callers' choice.
+
+``uninstrument()`` puts back every Monarch function rankscope patched in this process, on the
+caller side (the message hooks, including those ``rs.init`` installed for context propagation;
+the next ``init`` installs them again) and on the callee side (``_Actor._lookup``), so Monarch
+is as it was before rankscope touched it (``integrations.monarch._compat`` keeps the record).
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from ..integrations.monarch import propagation
+from ..integrations.monarch import _compat, propagation
 from ._base import ModuleInstrumentor
 
 
 class MonarchInstrumentor(ModuleInstrumentor):
-    target = "monarch._src.actor.actor_mesh"
+    target = _compat.ACTOR_MESH
     dependencies = ("torchmonarch >= 0.7",)
 
     def _apply(self, module: ModuleType) -> None:
@@ -28,3 +33,4 @@ class MonarchInstrumentor(ModuleInstrumentor):
 
     def _revert(self) -> None:
         propagation.server_spans = False
+        propagation.uninstall()

@@ -79,9 +79,9 @@ def leave_scope(tokens: tuple[Any, Any] | None) -> None:
     if tokens is None:
         return
     try:
-        _current.reset(tokens[1])
-        otel_context._RUNTIME_CONTEXT.detach(tokens[0])  # type: ignore[attr-defined]
-    except (ValueError, RuntimeError, AttributeError):
+        _current.reset(tokens[1])  # raises first when left in another context
+        otel_context.detach(tokens[0])  # the same context as the attach, so it cannot fail (and log)
+    except (ValueError, RuntimeError):
         pass
 
 

@@ -7,7 +7,7 @@ those calls is stamped with step N in the actor processes themselves — exactly
 late their exports reach the sink. The controller's own flush marker carries how many
 processes it flushed, so the sink waits for all of them.
 
-Uses ``monarch._src.actor.proc_mesh._proc_mesh_registry`` (torchmonarch 0.7); if that
+The process meshes come from a torchmonarch internal (``_compat.live_proc_meshes``); if it
 moves, fan-out is skipped with one warning and actor values fall back to the step in
 progress at the sink.
 """
@@ -21,10 +21,9 @@ from typing import Any
 from monarch.actor import Actor, current_size, endpoint
 
 from ...core import runtime as _slot
-from ...core.errors import warn
+from . import _compat
 
 _flushers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_warned = False
 
 
 def in_actor() -> bool:
@@ -47,17 +46,8 @@ class StepFlusher(Actor):
 
 def flush_actors(step: int) -> int:
     """Send ``flush(step)`` to every live process mesh; returns how many processes were asked."""
-    global _warned
-    try:
-        from monarch._src.actor.proc_mesh import _proc_mesh_registry
-
-        meshes = [pm for pm in list(_proc_mesh_registry) if not getattr(pm, "_stopped", False)]
-    except Exception as exc:
-        if not _warned:
-            _warned = True
-            warn(
-                f"rankscope: cannot list Monarch process meshes ({exc!r}); actor steps follow the sink",
-            )
+    meshes = _compat.live_proc_meshes()
+    if meshes is None:
         return 0
     asked = 0
     for mesh in meshes:

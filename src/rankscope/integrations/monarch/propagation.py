@@ -14,20 +14,26 @@ With the Monarch instrumentor on in the caller (``rankscope.instrumentation.mona
 the callee also wraps each call in a server span ``Class.endpoint`` (tagged with actor
 class, endpoint and mesh coordinates) and records per-endpoint calls, latency and failures.
 
-Uses torchmonarch 0.7 internals (``actor_mesh._create_endpoint_message``,
-``_check_endpoint_arguments``, ``_Actor._lookup``); if they move, nothing is patched and
-calls go out unchanged, with one warning.
+Whether calls made while an endpoint runs ask their callees for server spans follows what
+that endpoint's own caller asked (``asks_server_spans``); it is per call, in a ``ContextVar``,
+so concurrent endpoints of one actor (``@concurrent_endpoint``, tasks they start) each keep
+their own.
+
+The torchmonarch internals this needs, and the record of every patch (reverted by
+``uninstall``, which ``MonarchInstrumentor().uninstrument()`` calls), are in ``_compat``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from typing import Any
 
 from ...core import runtime as _slot
-from ...core.errors import warn
 from ...core.policy_version import latest_policy_version, observe_policy_version
 from ...tracing.tracer import Scope, enter_scope, leave_scope
+from . import _compat
 from .endpoint_spans import ServerCall, start_server_span
 
 KWARG = "_rankscope_context"
@@ -38,7 +44,8 @@ _callee_installed = False
 server_spans: bool | None = None
 """Set by the Monarch instrumentor: calls this process makes ask the callee for server spans.
 None (no instrumentor here): follow what this process's own callers asked for."""
-_inherited = False
+_inherited: contextvars.ContextVar[bool] = contextvars.ContextVar("rankscope_monarch_server_spans", default=False)
+"""What the caller of the endpoint running in this context asked for (``Carried.server``)."""
 _OWN_ACTORS = frozenset({"StepFlusher"})
 """rankscope's own actors: no server spans or endpoint metrics (they would open a step of their own)."""
 
@@ -71,8 +78,13 @@ def _arrive(*fields: Any) -> Carried:
     return Carried(*fields)
 
 
+def asks_server_spans() -> bool:
+    """Whether a call made here now asks its callee for server spans and endpoint metrics."""
+    return _inherited.get() if server_spans is None else server_spans
+
+
 def _carry() -> Carried | None:
-    server = _inherited if server_spans is None else server_spans
+    server = asks_server_spans()
     runtime = _slot.current
     if runtime is None:
         if not server:  # the instrumentor configures a bare process
@@ -93,14 +105,10 @@ def install_caller() -> None:
     if _caller_installed:
         return
     _caller_installed = True
-    try:
-        from monarch._src.actor import actor_mesh
-
-        check, create = actor_mesh._check_endpoint_arguments, actor_mesh._create_endpoint_message
-        init_kind = actor_mesh.MethodSpecifier.Init
-    except (ImportError, AttributeError) as exc:
-        warn(f"rankscope: cannot propagate trace context over Monarch calls ({exc!r})")
+    hooks = _compat.message_hooks()
+    if hooks is None:
         return
+    check, create, init_kind = hooks.check, hooks.create, hooks.init_kind
 
     @functools.wraps(check)
     def check_without_ours(method: Any, signature: Any, args: Any, kwargs: Any) -> Any:
@@ -119,8 +127,8 @@ def install_caller() -> None:
                 kwargs = {**kwargs, KWARG: carried}
         return create(method, signature, args, kwargs, *rest, **kw)
 
-    actor_mesh._check_endpoint_arguments = check_without_ours
-    actor_mesh._create_endpoint_message = create_with_context
+    _compat.patch(hooks.module, "_check_endpoint_arguments", check_without_ours)
+    _compat.patch(hooks.module, "_create_endpoint_message", create_with_context)
 
 
 def install_callee() -> None:
@@ -130,39 +138,52 @@ def install_callee() -> None:
         return
     _callee_installed = True
     install_caller()  # an actor that calls other actors passes the context on
-    from monarch._src.actor.actor_mesh import _Actor
+    handler = _compat.actor_handler()
+    if handler is None:
+        return
+    lookup = handler._lookup
 
-    lookup = _Actor._lookup
-
+    @functools.wraps(lookup)
     def lookup_in_context(self: Any, ctx: Any, method_name: str) -> tuple[Any, bool, bool]:
         method, instrument, is_coro = lookup(self, ctx, method_name)
         return _wrap(method, is_coro, type(self.instance).__name__, method_name), instrument, is_coro
 
-    _Actor._lookup = lookup_in_context  # type: ignore[method-assign]
+    _compat.patch(handler, "_lookup", lookup_in_context)
 
 
-def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> Any:
+def uninstall() -> None:
+    """Put back every Monarch function this process patched (caller and callee side)."""
+    global _caller_installed, _callee_installed
+    _compat.revert()
+    _caller_installed = _callee_installed = False
+
+
+def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> tuple[Any, Any]:
+    """Enter the carried context; returns what ``_leave`` undoes (the scope, the server-spans token)."""
     carried = kwargs.pop(KWARG, None)
     if not isinstance(carried, Carried):
-        return None
-    global _inherited
+        return None, None
     runtime = _slot.get()
     if runtime is not None:
         runtime.catch_up(carried.step)
     if carried.policy_version is not None:
         observe_policy_version(carried.policy_version)
-    _inherited = carried.server
+    asked = _inherited.set(carried.server)
     if carried.server and actor not in _OWN_ACTORS:
-        return start_server_span(carried, actor, endpoint)
+        return start_server_span(carried, actor, endpoint), asked
     scope = Scope(carried.trace_id, carried.span_id, carried.sampled, carried.step, carried.caller)
-    return enter_scope(scope, remote=True)
+    return enter_scope(scope, remote=True), asked
 
 
-def _leave(entered: Any, error: BaseException | None) -> None:
-    if isinstance(entered, ServerCall):
-        entered.end(error)
+def _leave(entered: tuple[Any, Any], error: BaseException | None) -> None:
+    scope, asked = entered
+    if isinstance(scope, ServerCall):
+        scope.end(error)
     else:
-        leave_scope(entered)
+        leave_scope(scope)
+    if asked is not None:
+        with contextlib.suppress(ValueError, RuntimeError):  # left in another context: nothing to undo here
+            _inherited.reset(asked)
 
 
 def _wrap(method: Any, is_coro: bool, actor: str, endpoint: str) -> Any:
