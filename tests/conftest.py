@@ -29,11 +29,11 @@ def clean_rankscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES:
             monkeypatch.delenv(name)
     rs.shutdown()
-    rs_slot.disabled = False
+    rs_slot.install(None)
     rs_errors.internal_errors.clear()
     yield
     rs.shutdown()
-    rs_slot.disabled = False
+    rs_slot.install(None)
     assert rs_errors.internal_errors == [], rs_errors.internal_errors
 
 

@@ -6,8 +6,8 @@ reads the runtime from this slot and never imports the assembler, so imports onl
 The assembler also registers how to start rankscope from the environment (``set_starter``):
 the first call of anything auto-initializes through ``get``.
 
-``recorder`` is the installed runtime's recorder, kept beside it so that ``record_metric``'s
-fast path costs one module attribute read.
+``recorder`` is the installed runtime's recorder, kept beside it; ``record_metric`` follows it in a
+module global of its own (``watch``), so its fast path costs one global read.
 """
 
 from __future__ import annotations
@@ -27,10 +27,22 @@ disabled = False
 _starter: Callable[[], Runtime | None] | None = None
 
 
+_watchers: list[Callable[[Recorder | None, bool], None]] = []
+
+
 def install(runtime: Runtime | None, *, off: bool = False) -> None:
     """Make ``runtime`` the process's runtime (None: none yet, or ``off``: disabled)."""
     global current, recorder, disabled
     current, recorder, disabled = runtime, None if runtime is None else runtime.recorder, off
+    for watcher in _watchers:
+        watcher(recorder, off)
+
+
+def watch(watcher: Callable[[Recorder | None, bool], None]) -> None:
+    """Call ``watcher(recorder, disabled)`` now and at every ``install``: the hot path keeps its
+    own module-global copy (one dict lookup cheaper than an attribute of this module)."""
+    _watchers.append(watcher)
+    watcher(recorder, disabled)
 
 
 def set_starter(start: Callable[[], Runtime | None]) -> None:

@@ -1,7 +1,7 @@
 """``record_metric``: the hot path, from any function of any process.
 
-A value for a key already seen this step costs one module attribute read (the runtime slot's
-recorder), a dict lookup and an ``append`` on a slotted accumulator. Everything else (first
+A value for a key already seen this step costs one global read (this module's copy of the runtime
+slot's recorder), a dict lookup and an ``append`` on a slotted accumulator. Everything else (first
 use of a key, a changed reduce type, tensors, streaming, auto-init) goes through
 ``Recorder.record``. Flush hooks run before a step is closed, so gauges sampled there (memory,
 rates) land in the step they describe.
@@ -15,6 +15,7 @@ from typing import Any
 
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error
+from .recorder import Recorder
 from .reduce import Reduce
 
 _MEAN = Reduce.MEAN
@@ -27,9 +28,9 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
     the key for a non-numeric or multi-element value, an empty or invalid key, or a key
     already recorded with another reduce type. CUDA tensors are not synchronized here.
     """
-    r = _slot.recorder
+    r = _recorder
     if r is None:
-        if _slot.disabled:
+        if _disabled:
             return
         runtime = _slot.get()
         if runtime is None:
@@ -43,6 +44,18 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
     if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
         return
     r.record(key, value, reduce)
+
+
+_recorder: Recorder | None = None
+_disabled = False
+
+
+def _follow(recorder: Recorder | None, disabled: bool) -> None:
+    global _recorder, _disabled
+    _recorder, _disabled = recorder, disabled
+
+
+_slot.watch(_follow)
 
 
 def _never() -> bool:
