@@ -135,6 +135,13 @@ class Recorder:
         if self._asked_at is not None:  # the export thread asked for a periodic step
             self._serve_periodic()
         known = self._reduce_of.get(key)
+        if known is reduce and (type(value) is float or type(value) is int) and not self._streams:
+            # A known key's first value of the step (the fast path found no accumulator yet).
+            acc = self.accs.get(key)
+            if acc is None:
+                acc = self.accs[key] = reduce.accumulator_class(reduce)
+            acc.append(value)
+            return
         if known is None:
             self._register(key, reduce)
         elif known is not reduce:

@@ -101,6 +101,8 @@ class MetricAccumulator:
     classmethod ``get_reduced_value_from_states`` (exact cross-process merge).
     """
 
+    __slots__ = ("is_reset", "reduction_type")  # subclasses without __slots__ still get a __dict__
+
     def __init__(self, reduction: Reduce) -> None:
         self.reduction_type = reduction
         self.is_reset = True
