@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,9 +62,9 @@ def make_trainer() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.utils.
     return model, optimizer, torch.utils.data.DataLoader(data, batch_size=64)
 
 
-def run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: object, first: int) -> list[float]:
+def run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, first: int) -> list[float]:
     times = []
-    for step, (x, y) in enumerate(loader, start=first):  # type: ignore[call-overload]
+    for step, (x, y) in enumerate(loader, start=first):
         start = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
@@ -86,16 +87,16 @@ def main() -> None:
         medians: dict[bool, list[float]] = {False: [], True: []}
         step = STEPS
         for _ in range(ROUNDS):
-            for on in (False, True):
+            for instrumented in (False, True):
                 for instrumentor in instrumentors:
-                    if on:
+                    if instrumented:
                         instrumentor.instrument()
                     elif instrumentor.is_instrumented_by_opentelemetry:
                         instrumentor.uninstrument()
                 # The DataLoader iterator's wait is inside the step loop: time whole iterations.
                 start = time.perf_counter()
                 run(model, optimizer, loader, step)
-                medians[on].append((time.perf_counter() - start) / STEPS)
+                medians[instrumented].append((time.perf_counter() - start) / STEPS)
                 step += STEPS
         for instrumentor in instrumentors:
             instrumentor.uninstrument()

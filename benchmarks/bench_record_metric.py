@@ -56,7 +56,8 @@ counter = meter.create_counter("count")
 attrs = {"rankscope.step": 0}
 """
 
-ROWS = [  # (name, setup, statement, extra environment, a rankscope row)
+Row = tuple[str, str, str, dict[str, str], bool]
+ROWS: list[Row] = [  # (name, setup, statement, extra environment, a rankscope row)
     ("rankscope record_metric(float)", RANKSCOPE_SETUP, 'rs.record_metric("loss", x)', {}, True),
     ("rankscope record_metric(int)", RANKSCOPE_SETUP, 'rs.record_metric("count", 3)', {}, True),
     ("rankscope record_metric(CPU tensor)", RANKSCOPE_SETUP, 'rs.record_metric("ct", t)', {}, True),
@@ -70,7 +71,7 @@ ROWS = [  # (name, setup, statement, extra environment, a rankscope row)
     ("OTel SDK Histogram.record", OTEL_SETUP, "hist.record(1.5, attrs)", {}, False),
     ("OTel SDK Counter.add", OTEL_SETUP, "counter.add(1, attrs)", {}, False),
 ]
-CUDA_ROW = ("rankscope record_metric(CUDA tensor)", RANKSCOPE_SETUP, 'rs.record_metric("gt", g)', {}, True)
+CUDA_ROW: Row = ("rankscope record_metric(CUDA tensor)", RANKSCOPE_SETUP, 'rs.record_metric("gt", g)', {}, True)
 
 
 def child_ns(src: Path, setup: str, stmt: str, env: dict[str, str], n: int) -> float:

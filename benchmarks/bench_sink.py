@@ -65,7 +65,7 @@ print(json.dumps({"start": start, "last_ack": last_ack}), flush=True)
 def build_requests() -> list[list[bytes]]:
     """Per step, one serialized request per process (values differ per process and key)."""
     from rankscope.core import names as attr
-    from rankscope.metrics.recorder import Collector
+    from rankscope.metrics.recorder import Recorder
     from rankscope.metrics.reduce import Reduce
     from rankscope.otlp.common import encode_resource, key_value
     from rankscope.otlp.metrics import PointAttributes, encode
@@ -75,7 +75,7 @@ def build_requests() -> list[list[bytes]]:
     for step in range(STEPS):
         bodies = []
         for p in range(PROCESSES):
-            c = Collector(streams=[])
+            c = Recorder(streams=[])
             for k in range(KEYS):
                 c.record(f"train/key_{k}", float(p + k + step), Reduce.MEAN)
             request = ExportMetricsServiceRequest()
