@@ -38,7 +38,15 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    MeterProvider,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
 
@@ -54,6 +62,7 @@ from ..otlp.markers import add_flush_marker, add_goodbye
 from ..otlp.metrics import PointAttributes, encode
 from ..otlp.spans import encode_spans
 from ..tracing.spans import SpanBuffer
+from ._otel_sdk import SdkGauge
 from .local_views import BackendSet
 from .senders import SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
 
@@ -93,22 +102,15 @@ class _PullReader(MetricReader):
         pass
 
 
-def _instrument_types() -> tuple[type, ...]:
-    from opentelemetry.sdk.metrics import (
-        Counter,
-        Histogram,
-        ObservableCounter,
-        ObservableGauge,
-        ObservableUpDownCounter,
-        UpDownCounter,
-    )
-
-    from ._otel_sdk import SdkGauge as Gauge
-
-    return (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge, Gauge)
-
-
-_INSTRUMENT_TYPES = _instrument_types()
+_INSTRUMENT_TYPES = (
+    Counter,
+    UpDownCounter,
+    Histogram,
+    ObservableCounter,
+    ObservableUpDownCounter,
+    ObservableGauge,
+    SdkGauge,
+)
 
 
 # -- messages to the export thread (one queue, handled in order) --------------------------

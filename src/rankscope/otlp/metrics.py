@@ -31,6 +31,7 @@ from typing import Any
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
+from ..catalog import unit_of
 from ..core import names as attr
 from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, MetricAccumulator, Reduce
 from .common import INT64_MAX, attributes, decode_step, key_value, number
@@ -64,8 +65,6 @@ def _unit(key: str) -> str:
     """The catalog's UCUM unit of a standard metric, "" for the user's own keys (cached)."""
     unit = _units.get(key)
     if unit is None:
-        from ..catalog import unit_of
-
         unit = _units[key] = unit_of(key)
         if len(_units) > 100_000:
             _units.clear()

@@ -133,3 +133,12 @@ def encode_status(message: str, code: int, json_body: bool) -> tuple[str, bytes]
     if json_body:
         return JSON, json_format.MessageToJson(status, indent=None).encode()
     return PROTOBUF, status.SerializeToString()
+
+
+class OverloadedError(Exception):
+    """More requests in flight than the sink takes (or the disk is failing); retry later.
+
+    Raised by ``Sink.export_*``, answered by the transports (HTTP 503 / gRPC UNAVAILABLE with a
+    retry hint); it lives here, with the other answers, so the transports never import the service."""
+
+    retry_after = 1

@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
+from .bodies import OverloadedError
 from .http_server import authorized
-from .service import OverloadedError
 
 if TYPE_CHECKING:
     from .service import Sink

@@ -28,8 +28,7 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from .bodies import HttpError, decode_body, encode_response, encode_status, media_type
-from .service import OverloadedError
+from .bodies import HttpError, OverloadedError, decode_body, encode_response, encode_status, media_type
 from .traces import parse_ranks
 
 if TYPE_CHECKING:

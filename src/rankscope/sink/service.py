@@ -29,7 +29,10 @@ from typing import Any
 
 from ..backends.base import Metric
 from ..metrics.reduce import Reduce
+from .bodies import OverloadedError
 from .experiment import Experiment, StepView
+from .grpc_server import start_grpc
+from .http_server import start_http
 from .traces import TraceStore
 from .validate import Limits, Marker, Point, Refusals, ResourceBatch, check_resource, logs_batches, metrics_batches
 from .views import ViewWriter
@@ -39,12 +42,6 @@ log = logging.getLogger("rankscope.sink")
 
 DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
 _SEEN_DIGESTS = 65_536
-
-
-class OverloadedError(Exception):
-    """More requests in flight than the sink takes (or the disk is failing); retry later."""
-
-    retry_after = 1
 
 
 @dataclass(kw_only=True)
@@ -150,9 +147,6 @@ class Sink:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Sink:
-        from .grpc_server import start_grpc
-        from .http_server import start_http
-
         if self.wal is not None:
             self._spawn("wal-syncer", self.wal.run_syncer)
             self._replay()
