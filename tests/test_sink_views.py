@@ -145,3 +145,26 @@ def test_sink_restart_resumes_the_same_wandb_run(make_sink, tmp_path: Path, monk
     assert len(files) == 2 and {run_id(p) for p in files} == {run_id_for("restart")}  # resumed, not a new run
     rows = by_step(files)
     assert sorted(rows) == [0, 1, 2, 3] and [rows[s]["loss"] for s in range(4)] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_per_rank_series_beyond_64_processes_only_for_allowlisted_keys(make_sink, tmp_path: Path, monkeypatch) -> None:
+    """At 70 processes a W&B run gets per-rank series only for ``per_rank_keys`` (a 1,000-rank job
+    would otherwise put 1,000 series per key in one run); the global values are all there."""
+    from .test_sink_hostile import Http
+    from .test_sink_tenants import _stepped
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    view = {"logging_mode": "global_reduce", "dir": str(tmp_path), "per_rank_keys": ["k0"]}
+    sink = make_sink(backends={"wandb": view}, grace=30)
+    conn = Http(sink.http_port)
+    ranks = 70
+    for rank in range(ranks):
+        assert conn.export(_stepped("wide", f"p{rank}", 0, rank, ranks, keys=2))[:2] == (200, 0)
+    conn.close()
+    assert sink.wait_written("wide")
+    sink.stop()
+    row = by_step(run_files(tmp_path))[0]
+    assert row["k0"] == row["k1"] == float(ranks - 1)  # MAX over the ranks
+    per_rank = {k for k in row if re.fullmatch(r"\w+/r\d+/k\d", k)}
+    assert {k.rsplit("/", 1)[1] for k in per_rank} == {"k0"}, sorted(per_rank)[:5]
+    assert len(per_rank) == ranks

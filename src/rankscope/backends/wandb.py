@@ -8,8 +8,11 @@ an earlier step is a valid log call (W&B's own step only ever increases).
 
 Config keys: ``project`` (``WANDB_PROJECT``), ``entity`` (``WANDB_ENTITY``), ``group``
 (``WANDB_RUN_GROUP``), ``mode`` (``WANDB_MODE``: online/offline/disabled), ``dir``,
-``name`` (default: the experiment id), ``per_rank_series`` (default true: a global view
-also logs each process's values under ``role/replica/rRANK/key``).
+``name`` (default: the experiment id), and which per-process series a global view adds under
+``role/replica/rRANK/key``: ``per_rank_series`` (``"auto"`` by default: every key's series while a
+step has at most ``per_rank_max_processes`` processes, 64 by default, and beyond that only the keys
+matching ``per_rank_keys``, a list of ``fnmatch`` patterns; ``true``: always every key; ``false``:
+none). At 1,000 ranks × 200 keys every series would be 200,000 series in one run.
 
 A ``wandb.init`` that fails (no API key and not offline, say) turns the backend off with one
 error naming the fix, instead of an error at every step: the job and the other views go on.
@@ -17,6 +20,7 @@ error naming the fix, instead of an error at every step: the job and the other v
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import logging
 import re
@@ -57,7 +61,13 @@ class WandbBackend(LoggerBackend):
             raise ImportError("the wandb backend needs wandb: pip install wandb") from exc
         c = self.logger_backend_config
         experiment = str(kwargs.get("experiment") or c.get("name") or "rankscope")
-        self.per_rank_series = bool(c.get("per_rank_series", True))
+        mode = c.get("per_rank_series", "auto")
+        if mode not in (True, False, "auto"):
+            raise ValueError(f'wandb backend: per_rank_series must be true, false or "auto", got {mode!r}')
+        self.per_rank_series: bool | str = mode
+        self.per_rank_max_processes = int(c.get("per_rank_max_processes", 64))
+        self.per_rank_keys = [str(p) for p in c.get("per_rank_keys", [])]
+        self._capped_warned = False
         try:
             run = wandb.init(
                 id=c.get("id") or run_id_for(experiment),
@@ -97,14 +107,38 @@ class WandbBackend(LoggerBackend):
             row = self._row(metrics, series_prefix(kwargs["process"]) + "/")
         else:
             row = self._row(metrics)
-            if self.per_rank_series:
-                for process, values in kwargs.get("per_process", {}).items():
-                    row.update(self._row(values, series_prefix(process) + "/"))
+            for process, values in self._per_rank(kwargs.get("per_process", {})).items():
+                row.update(self._row(values, series_prefix(process) + "/"))
         if global_step is not None:
             row[STEP_METRIC] = global_step
         if kwargs.get("late"):
             row["rankscope/late_update"] = 1.0
         self.run.log(row)
+
+    def _per_rank(self, per_process: dict[Any, list[Metric]]) -> dict[Any, list[Metric]]:
+        """The per-process series this step adds (see the module docstring)."""
+        mode = self.per_rank_series
+        if mode is False or not per_process:
+            return {}
+        if mode is True or len(per_process) <= self.per_rank_max_processes:
+            return per_process
+        if not self._capped_warned:
+            self._capped_warned = True
+            logging.getLogger("rankscope").warning(
+                "rankscope: %d processes in one step: W&B per-rank series only for the keys in per_rank_keys "
+                "(%s) beyond per_rank_max_processes=%d",
+                len(per_process),
+                ", ".join(self.per_rank_keys) or "none",
+                self.per_rank_max_processes,
+            )
+        if not self.per_rank_keys:
+            return {}
+        patterns = self.per_rank_keys
+        chosen = {
+            p: [m for m in values if any(fnmatch.fnmatchcase(m.key, pat) for pat in patterns)]
+            for p, values in per_process.items()
+        }
+        return {p: values for p, values in chosen.items() if values}
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if self.run is None:
