@@ -35,3 +35,21 @@ def test_mixed_shapes_dtypes_and_autograd_tensors_are_read_in_one_batch_each_und
         "count": 7.0,
         "loss2": 0.25,
     }
+
+
+def test_each_dtype_group_is_widened_to_float64_before_the_groups_are_joined() -> None:
+    """An int64 count next to a bf16/fp16 value in one step: joining first would round it."""
+    values = DeviceValues()
+    for key, tensor in {
+        "count": torch.tensor(123456789, dtype=torch.int64),
+        "half": torch.tensor(0.5, dtype=torch.float16),
+        "bf16": torch.tensor(1.5, dtype=torch.bfloat16),
+        "big": torch.tensor(2**24 + 1, dtype=torch.int64),
+        "f32": torch.tensor(0.25, dtype=torch.float32),
+    }.items():
+        values.keys.append(key)
+        values.tensors.append(tensor)
+        values.times.append(0.0)
+    values.start()
+    got = dict(zip(values.keys, values.values(), strict=True))
+    assert got == {"count": 123456789.0, "half": 0.5, "bf16": 1.5, "big": float(2**24 + 1), "f32": 0.25}

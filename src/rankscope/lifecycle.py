@@ -224,6 +224,7 @@ def init(
         backend_set = BackendSet(backend_objects, init_kwargs, label)
         monarch_controller = _is_monarch_controller()
         if previous is not None:  # re-init: stop the old export thread, keep what was recorded
+            previous.recorder.on_take = None  # a periodic step waits for the new export thread
             _shutdown_locked(drain_unflushed=False)
         runtime = _start_runtime(
             resource,

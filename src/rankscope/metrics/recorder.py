@@ -24,13 +24,13 @@ StreamSink = Callable[[str, float, Reduce, float], None]
 class DeviceValues:
     """1-element device tensors of one step, copied to the host in one batch per device.
 
-    ``record_metric`` only keeps a reference (no detach, no reshape, no copy: each is a
-    launch-side torch call of a microsecond or more). ``start`` runs on the caller's thread at
+    ``record_metric`` only keeps a reference (no reshape, no copy: each is a launch-side torch
+    call of a microsecond or more; a tensor that requires grad is detached). ``start`` runs on the caller's thread at
     flush: under ``no_grad`` it stacks the step's tensors in one call per (device, rank of
     shape, dtype) group, converts them to float64, and queues one asynchronous copy per device
     into pinned memory plus a CUDA event, so flush never waits for the GPU. ``values`` runs on
     the export thread and waits for that event there. Until the flush the step holds the
-    recorded tensors (and, for a tensor that requires grad, its autograd node).
+    recorded tensors.
     """
 
     keys: list[str] = field(default_factory=list)
@@ -47,15 +47,15 @@ class DeviceValues:
             for device, by_shape in groups.items():
                 indices: list[int] = []
                 parts = []
-                for members in by_shape.values():
-                    parts.append(torch.stack([self.tensors[i] for i in members]).reshape(-1))
+                for members in by_shape.values():  # to float64 per group: cat would round first
+                    parts.append(torch.stack([self.tensors[i] for i in members]).reshape(-1).to(torch.float64))
                     indices.extend(members)
-                stacked = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(torch.float64)
+                stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
                 if device.type == "cuda":
                     host = torch.empty(stacked.shape, dtype=torch.float64, pin_memory=True)
                     host.copy_(stacked, non_blocking=True)
                     event = torch.cuda.Event()
-                    event.record()
+                    event.record(torch.cuda.current_stream(device))  # the copy's stream, on any GPU
                     self._copies.append((indices, host, event))
                 else:  # other accelerators (and CPU): copy on the export thread
                     self._copies.append((indices, stacked, None))
@@ -131,7 +131,8 @@ class Recorder:
         self.fast = not streams and self._asked_at is None
 
     def record(self, key: str, value: Any, reduce: Reduce) -> None:
-        """Full path: validate, convert, accumulate, stream. Raises on user errors."""
+        """Full path: validate, convert, accumulate, stream. Raises on user errors, and then
+        leaves nothing behind (no empty accumulator is exported for a refused value)."""
         if self._asked_at is not None:  # the export thread asked for a periodic step
             self._serve_periodic()
         known = self._reduce_of.get(key)
@@ -140,7 +141,7 @@ class Recorder:
             acc = self.accs.get(key)
             if acc is None:
                 acc = self.accs[key] = reduce.accumulator_class(reduce)
-            acc.append(value)
+            acc.append(float(value))
             return
         if known is None:
             self._register(key, reduce)
@@ -149,11 +150,8 @@ class Recorder:
                 f"record_metric({key!r}): recorded with {known!r} before, now with {reduce!r}; "
                 "one key has one reduce type per process"
             )
-        acc = self.accs.get(key)
-        if acc is None:
-            acc = self.accs[key] = reduce.accumulator_class(reduce)
         # A CUDA tensor like the one checked under this key before (same type and dtype, one
-        # element): kept as it is, read in the flush's batch. Everything else is checked in full.
+        # element): kept, read in the flush's batch. Everything else is checked in full.
         seen = self._device_kinds.get(key)
         if (
             seen is not None
@@ -162,19 +160,25 @@ class Recorder:
             and value.dtype is seen[1]
             and value.numel() == 1
         ):
-            self._keep_device_value(key, value)
-            return
-        number = to_number(key, value)
+            number = value
+        else:
+            number = to_number(key, value)
+        acc = self.accs.get(key)
+        if acc is None:
+            acc = self.accs[key] = reduce.accumulator_class(reduce)
         if type(number) is float:
             acc.append(number)
             if self._streams:
                 now = time.time()
                 for stream in self._streams:
                     stream(key, number, reduce, now)
-        else:  # a device tensor: read at flush, streamed then with its record time
-            if number.is_cuda:
-                self._device_kinds[key] = (type(number), number.dtype)
-            self._keep_device_value(key, number)
+            return
+        # A device tensor: read at flush, streamed then with its record time. One that requires
+        # grad is detached now, so its autograd graph (and the activations it saved) is not
+        # kept alive until the flush.
+        if seen is None and number.is_cuda:
+            self._device_kinds[key] = (type(number), number.dtype)
+        self._keep_device_value(key, number.detach() if number.requires_grad else number)
 
     def _keep_device_value(self, key: str, tensor: Any) -> None:
         device = self._device
@@ -221,18 +225,21 @@ class Recorder:
     # thread only *asks* (``take_periodic``): ``fast`` turns off, the caller's next
     # ``record_metric`` goes through ``record``, takes the step on its own thread and hands it
     # to ``on_take``. A caller that records nothing for ``grace`` seconds after the ask is
-    # idle: then the export thread takes the step itself, under the lock that ``record``
-    # and ``take`` hold, unless device values are pending (those wait for the caller).
-    # The one case left is a thread stalled for the whole grace inside the fast path's
-    # three bytecodes (between ``fast`` and ``append``).
+    # idle: then the export thread takes the step itself, under the lock that the ask, the
+    # caller's take and ``take`` hold, unless device values are pending (those wait for the
+    # caller, so such a step waits for the caller's next record or flush). What is left: a
+    # thread stalled for the whole grace inside the fast path's three bytecodes (between
+    # ``fast`` and ``append``), and, when several threads record, one thread's append racing
+    # another thread's take (as with a flush from one thread while another records).
 
     def take_periodic(self, grace: float) -> StepBatch | None:
         """The export thread's periodic step: ask the caller, or take it from an idle caller."""
         asked = self._asked_at
         now = time.monotonic()
         if asked is None:
-            self._asked_at = now
-            self.fast = False
+            with self._lock:  # never between a take's clearing of the ask and its restoring ``fast``
+                self._asked_at = now
+                self.fast = False
             return None
         if now - asked < grace or self._device is not None:
             return None
@@ -242,12 +249,15 @@ class Recorder:
             return self._take(None)
 
     def _serve_periodic(self) -> None:
+        on_take = self.on_take
+        if on_take is None:  # between two runtimes (re-init): the ask stays for the next one
+            return
         with self._lock:
             if self._asked_at is None:
                 return
             batch = self._take(None)
-        if batch is not None and self.on_take is not None:
-            self.on_take(batch)
+        if batch is not None:
+            on_take(batch)
 
     def _take(self, step: int | None) -> StepBatch | None:
         if self._asked_at is not None:

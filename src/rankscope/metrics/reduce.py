@@ -101,7 +101,9 @@ class MetricAccumulator:
     classmethod ``get_reduced_value_from_states`` (exact cross-process merge).
     """
 
-    __slots__ = ("is_reset", "reduction_type")  # subclasses without __slots__ still get a __dict__
+    # Slotted for the hot path; ``__dict__`` and ``__weakref__`` keep subclasses (Forge's, the
+    # user's) free to set attributes of their own and to be weakly referenced.
+    __slots__ = ("__dict__", "__weakref__", "is_reset", "reduction_type")
 
     def __init__(self, reduction: Reduce) -> None:
         self.reduction_type = reduction
