@@ -25,6 +25,11 @@ def expected(step: int, ranks: int = 4) -> dict[str, float]:
         "loss_std": statistics.pstdev(values),
         "loss_max": max(values),
         "samples": 8.0 * ranks,
+        "loss_max/argmax_rank": float(ranks - 1),
+        "spike": 10.0,
+        "spike/argmax_rank": float(step % ranks),  # the rank holding the extreme, not the last one
+        "floor": -1.0,
+        "floor/argmin_rank": float((step + 1) % ranks),
     }
 
 

@@ -15,5 +15,7 @@ for step in range(3):
         rs.record_metric("loss_std", float(value), rs.Reduce.STD)
         rs.record_metric("loss_max", float(value), rs.Reduce.MAX)
     rs.record_metric("samples", 8, rs.Reduce.SUM)
+    rs.record_metric("spike", 10.0 if rank == step % 4 else float(rank), rs.Reduce.MAX)  # argmax moves
+    rs.record_metric("floor", -1.0 if rank == (step + 1) % 4 else float(rank), rs.Reduce.MIN)
     rs.flush(step)
 rs.shutdown()

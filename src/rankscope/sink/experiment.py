@@ -124,6 +124,19 @@ def _per_process(bucket: _Step, on_error: Callable[[str, BaseException], None] |
     return dict(sorted(per_process.items(), key=lambda kv: (kv[0].role, kv[0].replica or "", kv[0].rank)))
 
 
+def _extreme_rank(key: str, reduce: Reduce, entries: list[tuple[Process, dict[str, Any]]], stamp: float) -> Metric:
+    """``{key}/argmax_rank`` (or ``argmin_rank``): the rank that holds a MAX (MIN) key's extreme
+    this step; the lowest such rank on a tie. Ranks of different roles share the numbering."""
+    field = reduce.value
+    if reduce is Reduce.MAX:
+        _, rank = max(((state[field], -process.rank) for process, state in entries), default=(0.0, 0))
+        rank = -rank
+    else:
+        _, rank = min(((state[field], process.rank) for process, state in entries), default=(0.0, 0))
+    name = f"{key}/argmax_rank" if reduce is Reduce.MAX else f"{key}/argmin_rank"
+    return Metric(name, float(rank), Reduce.MAX, stamp)
+
+
 def merged(
     key: str, reduce: Reduce, states: list[dict[str, Any]], on_error: Callable[[str, BaseException], None] | None
 ) -> list[tuple[str, float]]:
@@ -452,6 +465,8 @@ class Experiment:
             reduce = bucket.reduces[key]
             items = merged(key, reduce, [state for _, state in entries], self._merge_error)
             global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in items)
+            if items and (reduce is Reduce.MAX or reduce is Reduce.MIN):
+                global_metrics.append(_extreme_rank(key, reduce, entries, stamp))
         if not late:
             global_metrics.extend(self.traces.stragglers(bucket.step))
             global_metrics.append(Metric(attr.MISSING_PROCESSES, float(len(missing)), Reduce.MAX, stamp))
