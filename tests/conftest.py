@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -53,10 +55,28 @@ def http_receiver() -> Iterator[HttpReceiver]:
     r.close()
 
 
+_given_ports: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port no other process holds, never handed out twice in this test session.
+
+    Chosen below the kernel's ephemeral range (32768+), so an outgoing connection of a process
+    started meanwhile cannot take it before the server that was given it binds it (a port from
+    ``bind(0)`` can be, and once was: the Collector exited with "address already in use")."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(1000):
+        port = rng.randrange(20_000, 32_000)
+        if port in _given_ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise RuntimeError("no free loopback port in 20000-31999")
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -41,11 +41,12 @@ def build_binaries() -> dict[str, str]:
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[Any] | None = None) -> None:
+def wait_http(url: str, timeout: float = 60.0, proc: Process | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        if proc is not None and proc.proc.poll() is not None:
+            tail = "\n".join(proc.text().splitlines()[-15:])
+            raise RuntimeError(f"process exited with {proc.proc.returncode} before {url} answered:\n{tail}")
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
@@ -105,7 +106,7 @@ def collector(binary: str, config: str, tmp: Path, **env: str) -> Iterator[dict[
         tmp / f"{config}.log",
     )
     try:
-        wait_http(f"http://127.0.0.1:{health}/", proc=process.proc)
+        wait_http(f"http://127.0.0.1:{health}/", proc=process)
         endpoint = env.get("OTLP_GRPC_ENDPOINT", f"127.0.0.1:{grpc}")
         yield {"endpoint": endpoint, "http": f"127.0.0.1:{http}", "process": process}
     finally:
@@ -127,7 +128,7 @@ def jaeger(binary: str, tmp: Path) -> Iterator[dict[str, Any]]:
         tmp / "jaeger.log",
     )
     try:
-        wait_http(f"http://127.0.0.1:{query}/api/services", proc=process.proc)
+        wait_http(f"http://127.0.0.1:{query}/api/services", proc=process)
         yield {"otlp": f"127.0.0.1:{otlp}", "query": f"http://127.0.0.1:{query}", "process": process}
     finally:
         process.stop()
@@ -141,5 +142,5 @@ def start_sink(tmp: Path, name: str, backends: dict[str, Any], grpc: int, http: 
     if log.exists():  # a restart appends its log after the first life's
         log = tmp / f"{name}-{time.monotonic_ns()}.log"
     process = Process(command, clean_env(WANDB_MODE="offline", WANDB_SILENT="true"), log)
-    wait_http(f"http://127.0.0.1:{http}/healthz", proc=process.proc)
+    wait_http(f"http://127.0.0.1:{http}/healthz", proc=process)
     return process

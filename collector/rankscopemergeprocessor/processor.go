@@ -1,0 +1,401 @@
+// Package rankscopemergeprocessor merges rankscope reduce states as they pass a Collector,
+// so that a tree of Collectors (an agent per node, a gateway per experiment) reduces an
+// experiment of thousands of ranks before its sink sees it: the sink receives one state per
+// key per step per upstream instead of one per rank.
+//
+// A state merges exactly (MEAN by count, STD pooled, SUM and COUNT added, MIN/MAX with the
+// rank holding the extreme, LAST by time, DISTRIBUTION bucket-wise), so merging in any
+// grouping gives the sink's own result. Everything else travels on unmerged and in order:
+// flush markers and goodbyes (they name the contributors, so the sink still knows who
+// reported and who is missing), points without a step, custom reduce types, keys asked for
+// per rank, and whatever this processor does not understand (the sink's edge judges it).
+//
+// A request is answered only once its window has been forwarded to the next stage (the
+// exporter's persistent queue): what a client has been told was taken is never only in
+// memory here.
+package rankscopemergeprocessor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/consumer"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/processor"
+	"go.uber.org/zap"
+)
+
+type mergeProcessor struct {
+	cfg      *Config
+	next     consumer.Metrics
+	logger   *zap.Logger
+	perRank  *regexp.Regexp
+	host     string
+	instance string
+
+	mu     sync.Mutex // guards win
+	win    *window
+	sendMu sync.Mutex // windows leave in the order they were opened
+	stop   chan struct{}
+	done   sync.WaitGroup
+}
+
+func newMergeProcessor(set processor.Settings, cfg *Config, next consumer.Metrics) *mergeProcessor {
+	host, _ := os.Hostname()
+	return &mergeProcessor{
+		cfg:      cfg,
+		next:     next,
+		logger:   set.Logger,
+		perRank:  cfg.keyMatcher(),
+		host:     host,
+		instance: fmt.Sprintf("rankscope-merge/%s/%s", host, set.ID.String()),
+		win:      newWindow(),
+		stop:     make(chan struct{}),
+	}
+}
+
+func (p *mergeProcessor) Capabilities() consumer.Capabilities {
+	return consumer.Capabilities{MutatesData: true} // unmerged parts are moved, not copied
+}
+
+func (p *mergeProcessor) Start(context.Context, component.Host) error {
+	p.done.Add(1)
+	go func() {
+		defer p.done.Done()
+		ticker := time.NewTicker(p.cfg.Interval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ticker.C:
+				p.forward()
+			case <-p.stop:
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+// Shutdown forwards the open window: a graceful restart keeps what it holds.
+func (p *mergeProcessor) Shutdown(context.Context) error {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.done.Wait()
+	p.forward()
+	return nil
+}
+
+// ConsumeMetrics adds the request to the open window and answers when that window has been
+// forwarded (or the client gave up: it then sends again, and the sink may count a retried
+// state twice, as it would behind any retrying exporter).
+func (p *mergeProcessor) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {
+	if !hasExperiment(md) {
+		return p.next.ConsumeMetrics(ctx, md) // not rankscope's: no reason to hold it
+	}
+	p.mu.Lock()
+	w := p.win
+	p.add(w, md)
+	w.requests++
+	full := w.points >= p.cfg.MaxPoints
+	p.mu.Unlock()
+	if full {
+		p.forward()
+	}
+	select {
+	case <-w.sent:
+		return w.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func hasExperiment(md pmetric.Metrics) bool {
+	rms := md.ResourceMetrics()
+	for i := 0; i < rms.Len(); i++ {
+		if v, ok := rms.At(i).Resource().Attributes().Get(attrExperiment); ok && v.Type() == pcommon.ValueTypeStr {
+			return true
+		}
+	}
+	return false
+}
+
+// forward sends the open window on and answers its requests.
+func (p *mergeProcessor) forward() {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	p.mu.Lock()
+	w := p.win
+	if w.points == 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.win = newWindow()
+	p.mu.Unlock()
+	out := w.build(p.instance, p.host)
+	w.err = p.next.ConsumeMetrics(context.Background(), out)
+	if w.err != nil {
+		p.logger.Warn("forwarding a merged window failed; its senders will retry", zap.Error(w.err))
+	}
+	close(w.sent)
+}
+
+// -- the window ------------------------------------------------------------------------
+
+type groupKey struct {
+	experiment string
+	attempt    int64
+	hasAttempt bool
+}
+
+type stateKey struct {
+	step   int64
+	key    string
+	reduce string
+}
+
+type group struct {
+	states map[stateKey]*state
+}
+
+type window struct {
+	groups   map[groupKey]*group
+	order    []groupKey
+	unmerged pmetric.Metrics
+	points   int
+	requests int // added to this window (the tests wait on it)
+	sent     chan struct{}
+	err      error
+}
+
+func newWindow() *window {
+	return &window{groups: map[groupKey]*group{}, unmerged: pmetric.NewMetrics(), sent: make(chan struct{})}
+}
+
+// add takes md apart: states it merges go into the window's groups, the rest (per resource,
+// in order) into the window's unmerged part.
+func (p *mergeProcessor) add(w *window, md pmetric.Metrics) {
+	rms := md.ResourceMetrics()
+	for i := 0; i < rms.Len(); i++ {
+		rm := rms.At(i)
+		res := rm.Resource().Attributes()
+		g, from, ok := p.groupOf(w, res)
+		if ok {
+			p.takeStates(w, g, rm, from)
+		}
+		if points := countPoints(rm); points > 0 {
+			w.points += points
+			rm.MoveTo(w.unmerged.ResourceMetrics().AppendEmpty())
+		}
+	}
+}
+
+// groupOf is the (experiment, attempt) group of a resource and the process it describes,
+// or false when the resource is not one whose states this processor merges.
+func (p *mergeProcessor) groupOf(w *window, res pcommon.Map) (*group, holder, bool) {
+	v, ok := res.Get(attrExperiment)
+	if !ok || v.Type() != pcommon.ValueTypeStr || !cleanName(v.Str()) {
+		return nil, holder{}, false
+	}
+	key := groupKey{experiment: v.Str()}
+	if _, present := res.Get(attrAttempt); present {
+		if key.attempt, key.hasAttempt = nonNegativeInt(res, attrAttempt); !key.hasAttempt {
+			return nil, holder{}, false
+		}
+	}
+	g := w.groups[key]
+	if g == nil {
+		g = &group{states: map[stateKey]*state{}}
+		w.groups[key] = g
+		w.order = append(w.order, key)
+	}
+	rank, _ := nonNegativeInt(res, attrRank)
+	return g, holder{rank: rank, label: label(res, rank)}, true
+}
+
+// label is the process label the sink gives a process (rankscope.core.identity.label_of).
+func label(res pcommon.Map, rank int64) string {
+	role := "unknown"
+	if v, ok := res.Get(attrRole); ok && v.AsString() != "" {
+		role = v.AsString()
+	} else if v, ok := res.Get(attrServiceName); ok && v.AsString() != "" {
+		role = v.AsString()
+	}
+	var b strings.Builder
+	b.WriteString(truncate(role, 256))
+	if v, ok := res.Get(attrReplica); ok {
+		b.WriteString("_")
+		b.WriteString(truncate(v.AsString(), 256))
+	}
+	fmt.Fprintf(&b, "_r%d", rank)
+	return b.String()
+}
+
+// takeStates removes from rm every point it merges into g.
+func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetrics, from holder) {
+	rm.ScopeMetrics().RemoveIf(func(sm pmetric.ScopeMetrics) bool {
+		sm.Metrics().RemoveIf(func(m pmetric.Metric) bool {
+			name := m.Name()
+			if !cleanName(name) || strings.HasPrefix(name, "rankscope.") || (p.perRank != nil && p.perRank.MatchString(name)) {
+				return false // markers, goodbyes and per-rank keys travel unmerged
+			}
+			take := func(attrs pcommon.Map, decode func(reduceKind) (*state, bool)) bool {
+				return p.take(w, g, m, attrs, decode)
+			}
+			switch m.Type() {
+			case pmetric.MetricTypeSum:
+				m.Sum().DataPoints().RemoveIf(func(dp pmetric.NumberDataPoint) bool {
+					return take(dp.Attributes(), func(k reduceKind) (*state, bool) { return decodeNumber(k, dp, from) })
+				})
+				return m.Sum().DataPoints().Len() == 0
+			case pmetric.MetricTypeGauge:
+				m.Gauge().DataPoints().RemoveIf(func(dp pmetric.NumberDataPoint) bool {
+					return take(dp.Attributes(), func(k reduceKind) (*state, bool) { return decodeNumber(k, dp, from) })
+				})
+				return m.Gauge().DataPoints().Len() == 0
+			case pmetric.MetricTypeHistogram:
+				m.Histogram().DataPoints().RemoveIf(func(dp pmetric.HistogramDataPoint) bool {
+					return take(dp.Attributes(), func(k reduceKind) (*state, bool) { return decodeHistogram(k, dp) })
+				})
+				return m.Histogram().DataPoints().Len() == 0
+			case pmetric.MetricTypeExponentialHistogram:
+				m.ExponentialHistogram().DataPoints().RemoveIf(func(dp pmetric.ExponentialHistogramDataPoint) bool {
+					return take(dp.Attributes(), func(reduceKind) (*state, bool) { return decodeExponential(dp) })
+				})
+				return m.ExponentialHistogram().DataPoints().Len() == 0
+			default:
+				return false
+			}
+		})
+		return sm.Metrics().Len() == 0
+	})
+}
+
+// take merges one point into g when it is a rankscope state this processor knows.
+func (p *mergeProcessor) take(w *window, g *group, m pmetric.Metric, attrs pcommon.Map, decode func(reduceKind) (*state, bool)) bool {
+	reduce, step, ok := pointKey(attrs)
+	if !ok {
+		return false
+	}
+	kind, known := reduceKinds[reduce]
+	if !known || pointType[kind] != m.Type() {
+		return false
+	}
+	s, ok := decode(kind)
+	if !ok {
+		return false
+	}
+	s.unit = m.Unit()
+	k := stateKey{step: step, key: m.Name(), reduce: reduce}
+	if found := g.states[k]; found != nil {
+		found.merge(s)
+	} else {
+		g.states[k] = s
+		w.points++
+	}
+	return true
+}
+
+// pointKey is a point's reduce type (lower case, as the sink reads it) and step; false
+// without both (a point without a step joins whatever step the sink has open: not ours).
+func pointKey(attrs pcommon.Map) (string, int64, bool) {
+	r, ok := attrs.Get(attrReduce)
+	if !ok || r.Type() != pcommon.ValueTypeStr {
+		return "", 0, false
+	}
+	s, ok := attrs.Get(attrStep)
+	if !ok || s.Type() != pcommon.ValueTypeInt || s.Int() < 0 {
+		return "", 0, false
+	}
+	return strings.ToLower(r.Str()), s.Int(), true
+}
+
+func countPoints(rm pmetric.ResourceMetrics) int {
+	n := 0
+	sms := rm.ScopeMetrics()
+	for i := 0; i < sms.Len(); i++ {
+		ms := sms.At(i).Metrics()
+		for j := 0; j < ms.Len(); j++ {
+			n += max(1, pointCount(ms.At(j)))
+		}
+	}
+	return n
+}
+
+func pointCount(m pmetric.Metric) int {
+	switch m.Type() {
+	case pmetric.MetricTypeSum:
+		return m.Sum().DataPoints().Len()
+	case pmetric.MetricTypeGauge:
+		return m.Gauge().DataPoints().Len()
+	case pmetric.MetricTypeHistogram:
+		return m.Histogram().DataPoints().Len()
+	case pmetric.MetricTypeExponentialHistogram:
+		return m.ExponentialHistogram().DataPoints().Len()
+	case pmetric.MetricTypeSummary:
+		return m.Summary().DataPoints().Len()
+	default:
+		return 0
+	}
+}
+
+// build is the window as one request: per (experiment, attempt), one resource holding its
+// merged states; then everything unmerged, in arrival order (so a process's flush marker
+// still follows its data).
+func (w *window) build(instance, host string) pmetric.Metrics {
+	out := pmetric.NewMetrics()
+	for _, gk := range w.order {
+		g := w.groups[gk]
+		if len(g.states) == 0 {
+			continue
+		}
+		rm := out.ResourceMetrics().AppendEmpty()
+		res := rm.Resource().Attributes()
+		res.PutStr(attrExperiment, gk.experiment)
+		if gk.hasAttempt {
+			res.PutInt(attrAttempt, gk.attempt)
+		}
+		res.PutBool(attrMerged, true)
+		res.PutStr(attrServiceName, "rankscope-merge")
+		res.PutStr(attrInstanceID, instance)
+		if host != "" {
+			res.PutStr(attrHostName, host)
+		}
+		sm := rm.ScopeMetrics().AppendEmpty()
+		sm.Scope().SetName("rankscope.merge")
+		keys := make([]stateKey, 0, len(g.states))
+		for k := range g.states {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool {
+			a, b := keys[i], keys[j]
+			if a.key != b.key {
+				return a.key < b.key
+			}
+			if a.reduce != b.reduce {
+				return a.reduce < b.reduce
+			}
+			return a.step < b.step
+		})
+		var metric pmetric.Metric
+		for i, k := range keys {
+			s := g.states[k]
+			if i == 0 || k.key != keys[i-1].key || k.reduce != keys[i-1].reduce {
+				metric = newMetric(sm.Metrics(), k.key, s.unit, s.kind)
+			}
+			s.encode(metric, k.reduce, k.step)
+		}
+	}
+	w.unmerged.ResourceMetrics().MoveAndAppendTo(out.ResourceMetrics())
+	return out
+}
