@@ -4,12 +4,13 @@
 
 * The Collector: ``go install`` of the OpenTelemetry Collector Builder (ocb) at the manifest's
   version, then ocb on ``collector-config/builder-config.yaml`` (exactly the components the
-  configs in ``collector-config/`` use, core and contrib at one version).
+  configs in ``collector-config/`` use, core and contrib at one version, plus rankscope's own
+  ``rankscopemerge`` processor from the local module in ``collector/``).
 * Jaeger v2: ``go build`` of ``github.com/jaegertracing/jaeger/cmd/jaeger`` from the published
   module pinned in ``scripts/jaeger/go.mod`` (with its ``go.sum``).
 
 Binaries go to ``$RANKSCOPE_BIN_CACHE`` (default ``~/.cache/rankscope/bin``) under names keyed by
-a hash of their inputs, so a second run (and every test run after the first) builds nothing.
+a hash of their inputs (the manifest and every file of the local modules), so a second run (and every test run after the first) builds nothing.
 Needs Go >= 1.24 and the Go module proxy. ``GOSUMDB`` defaults to off for these builds: the
 checksum database is not reachable for every module everywhere, and the Jaeger build is pinned
 by the committed go.sum anyway; set ``GOSUMDB`` yourself to enforce it.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "collector-config" / "builder-config.yaml"
+LOCAL_MODULES = ROOT / "collector"  # rankscope's own Collector components (Go modules)
 JAEGER_MODULE = ROOT / "scripts" / "jaeger"
 
 
@@ -39,9 +41,13 @@ def cache_dir() -> Path:
 
 
 def _digest(*paths: Path) -> str:
+    """A hash of the files (a directory: every file under it, by relative path) the build reads."""
     h = hashlib.sha256()
     for path in paths:
-        h.update(path.read_bytes())
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            h.update(str(file.relative_to(ROOT)).encode())
+            h.update(file.read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -68,7 +74,7 @@ def _run(command: list[str], cwd: Path, env: dict[str, str]) -> None:
 
 def collector() -> Path:
     """The Collector built from the manifest (cached by the manifest's hash)."""
-    target = cache_dir() / f"otelcol-rankscope-{_digest(MANIFEST)}"
+    target = cache_dir() / f"otelcol-rankscope-{_digest(MANIFEST, LOCAL_MODULES)}"
     if target.exists():
         return target
     version = re.search(r"^\s*version:\s*(\S+)", MANIFEST.read_text(), re.M)
@@ -82,6 +88,8 @@ def collector() -> Path:
         _run(["go", "install", f"go.opentelemetry.io/collector/cmd/builder@v{version.group(1)}"], work_dir, env)
         manifest = work_dir / "builder-config.yaml"
         text = re.sub(r"output_path:.*", f"output_path: {work_dir / 'dist'}", MANIFEST.read_text())
+        # A local module's path is relative to the manifest; the copy lives elsewhere.
+        text = re.sub(r"(\bpath:\s*)(\S+)", lambda m: m.group(1) + str((MANIFEST.parent / m.group(2)).resolve()), text)
         manifest.write_text(text)
         _run([str(work_dir / "bin" / "builder"), "--config", str(manifest)], work_dir, env)
         _install(work_dir / "dist" / "otelcol-rankscope", target)

@@ -89,8 +89,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def collector(binary: str, config: str, tmp: Path, **env: str) -> Iterator[dict[str, Any]]:
-    """The built Collector running ``collector-config/<config>.yaml`` on loopback ports."""
+def collector(binary: str, config: str, tmp: Path, name: str = "", **env: str) -> Iterator[dict[str, Any]]:
+    """The built Collector running ``collector-config/<config>.yaml`` on loopback ports; ``name``
+    (default: the config's) names its queue directory and log, so several can share ``tmp``."""
+    name = name or config
     grpc, http, health = free_port(), free_port(), free_port()
     process = Process(
         [binary, "--config", str(CONFIGS / f"{config}.yaml")],
@@ -99,11 +101,11 @@ def collector(binary: str, config: str, tmp: Path, **env: str) -> Iterator[dict[
                 "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc}",
                 "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http}",
                 "HEALTH_CHECK_ENDPOINT": f"127.0.0.1:{health}",
-                "QUEUE_DIRECTORY": str(tmp / f"{config}-queue"),
+                "QUEUE_DIRECTORY": str(tmp / f"{name}-queue"),
                 **env,  # the test's own choices win (e.g. a port picked before the Collector starts)
             }
         ),
-        tmp / f"{config}.log",
+        tmp / f"{name}.log" if not (tmp / f"{name}.log").exists() else tmp / f"{name}-{time.monotonic_ns()}.log",
     )
     try:
         wait_http(f"http://127.0.0.1:{health}/", proc=process)
@@ -144,3 +146,54 @@ def start_sink(tmp: Path, name: str, backends: dict[str, Any], grpc: int, http: 
     process = Process(command, clean_env(WANDB_MODE="offline", WANDB_SILENT="true"), log)
     wait_http(f"http://127.0.0.1:{http}/healthz", proc=process)
     return process
+
+
+def run_workers(commands: list[tuple[list[str], dict[str, str]]], timeout: float = 240) -> list[str]:
+    procs = [
+        subprocess.Popen(c, env=e, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for c, e in commands
+    ]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-3000:]
+        outs.append(out + err)
+    return outs
+
+
+def sink_status(http: int, experiment: str) -> dict[str, Any]:
+    """The sink's status of an experiment; {} while it has seen nothing of it."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/rankscope/v1/status?experiment={experiment}") as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+    except OSError:
+        return {}
+
+
+def wait_until_settled(http: int, experiment: str, last_step: int, quiet: float = 5.0, timeout: float = 90) -> None:
+    """Until the sink wrote ``last_step`` and nothing (late data included) changed for ``quiet`` seconds,
+    longer than the Collectors' longest retry interval."""
+    deadline = time.monotonic() + timeout
+    seen, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        status = sink_status(http, experiment)
+        state = (status.get("last_written_step"), status.get("late_points"), status.get("spans_stored"))
+        if state != seen:
+            seen, since = state, time.monotonic()
+        elif (status.get("last_written_step") or -1) >= last_step and time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"the sink did not settle: {seen}")
+
+
+def jsonl_view(directory: Path) -> dict[str, Any]:
+    return {"jsonl": {"logging_mode": "global_reduce", "path": str(directory / "{experiment}.jsonl")}}
+
+
+def sink_rows(directory: Path) -> dict[str, dict[int, dict[str, float]]]:
+    """{experiment: {step: {key: value}}} from a sink's JSONL files."""
+    found: dict[str, dict[int, dict[str, float]]] = {}
+    for path in directory.glob("*.jsonl"):
+        for row in map(json.loads, path.read_text().splitlines()):
+            found.setdefault(row["experiment"], {}).setdefault(row["step"], {})[row["key"]] = row["value"]
+    return found

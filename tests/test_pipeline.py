@@ -14,35 +14,25 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from rankscope.backends.wandb import run_id_for
 from rankscope.tracing.spans import step_ids
 
-from .conftest import PIPELINE_BINARIES, ROOT, free_port
-from .pipeline import CONFIGS, clean_env, collector, jaeger, start_sink, wait_http
+from .conftest import ROOT, free_port
+from .pipeline import (
+    CONFIGS,
+    clean_env,
+    collector,
+    jaeger,
+    jsonl_view,
+    run_workers,
+    sink_rows,
+    start_sink,
+    wait_http,
+    wait_until_settled,
+)
 from .wandb_file import by_step, run_files, run_id
 
 WORKER = str(ROOT / "tests" / "workers" / "pipeline_worker.py")
-
-
-@pytest.fixture(scope="session")
-def binaries(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Built by ``conftest.pytest_collection_finish`` before any test started."""
-    return request.config.stash[PIPELINE_BINARIES]
-
-
-def run_workers(commands: list[tuple[list[str], dict[str, str]]], timeout: float = 240) -> list[str]:
-    procs = [
-        subprocess.Popen(c, env=e, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for c, e in commands
-    ]
-    outs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-3000:]
-        outs.append(out + err)
-    return outs
 
 
 def torchrun(
@@ -146,44 +136,6 @@ def wait_for_trace(query: str, step: int, expect_processes: int, timeout: float 
     raise AssertionError(f"Jaeger has no complete trace for step {step}: {found}")
 
 
-def sink_status(http: int, experiment: str) -> dict[str, Any]:
-    """The sink's status of an experiment; {} while it has seen nothing of it."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/rankscope/v1/status?experiment={experiment}") as r:
-            return json.loads(r.read())  # type: ignore[no-any-return]
-    except OSError:
-        return {}
-
-
-def wait_until_settled(http: int, experiment: str, last_step: int, quiet: float = 5.0, timeout: float = 90) -> None:
-    """Until the sink wrote ``last_step`` and nothing (late data included) changed for ``quiet`` seconds,
-    longer than the Collectors' longest retry interval."""
-    deadline = time.monotonic() + timeout
-    seen, since = None, time.monotonic()
-    while time.monotonic() < deadline:
-        status = sink_status(http, experiment)
-        state = (status.get("last_written_step"), status.get("late_points"), status.get("spans_stored"))
-        if state != seen:
-            seen, since = state, time.monotonic()
-        elif (status.get("last_written_step") or -1) >= last_step and time.monotonic() - since >= quiet:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"the sink did not settle: {seen}")
-
-
-def jsonl_view(directory: Path) -> dict[str, Any]:
-    return {"jsonl": {"logging_mode": "global_reduce", "path": str(directory / "{experiment}.jsonl")}}
-
-
-def sink_rows(directory: Path) -> dict[str, dict[int, dict[str, float]]]:
-    """{experiment: {step: {key: value}}} from a sink's JSONL files."""
-    found: dict[str, dict[int, dict[str, float]]] = {}
-    for path in directory.glob("*.jsonl"):
-        for row in map(json.loads, path.read_text().splitlines()):
-            found.setdefault(row["experiment"], {}).setdefault(row["step"], {})[row["key"]] = row["value"]
-    return found
-
-
 def test_gateway_routes_each_experiment_to_exactly_one_of_two_sinks(binaries, tmp_path: Path) -> None:
     ports = [(free_port(), free_port()) for _ in range(2)]
     sinks = [
@@ -193,7 +145,7 @@ def test_gateway_routes_each_experiment_to_exactly_one_of_two_sinks(binaries, tm
     try:
         with (
             collector(binaries["otelcol"], "gateway", tmp_path, SINK_HOSTNAMES=hostnames) as gateway,
-            collector(binaries["otelcol"], "agent", tmp_path, GATEWAY_ENDPOINT=gateway["endpoint"]) as agent,
+            collector(binaries["otelcol"], "agent", tmp_path, GATEWAY_HOSTNAMES=f"[{gateway['endpoint']}]") as agent,
         ):
             commands = []
             for experiment in ("exp-a", "exp-b", "exp-c"):

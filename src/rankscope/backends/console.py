@@ -42,7 +42,10 @@ class ConsoleBackend(LoggerBackend):
         lines = [f"=== [{printable(title)}] - METRICS STEP {step}{late} ==="]
         # The sink's housekeeping keys (rankscope/missing_processes ...) show only when non-zero.
         shown = [m for m in metrics if m.value or not m.key.startswith("rankscope/")]
-        lines += [f"{printable(m.key)}: {format_value(m.value)}" for m in shown]
+        labels = kwargs.get("labels") or {}  # the sink names who holds an extreme: "loss/argmax_rank: 3.0 (trainer_r3)"
+        for m in shown:
+            who = labels.get(m.key)
+            lines.append(f"{printable(m.key)}: {format_value(m.value)}" + (f" ({printable(who)})" if who else ""))
         lines.append("===============")
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()

@@ -27,6 +27,12 @@ PROCESS_PID = "process.pid"
 STEP = "rankscope.step"  # int; absent on periodic exports of processes that never flush
 REDUCE = "rankscope.reduce"  # the reduce type's name, e.g. "mean"
 STATE_FIELD = "rankscope.state"  # for custom reduce types: which state field this point holds
+EXTREME_RANK = "rankscope.extreme.rank"  # int, on a merged MAX/MIN state: the rank holding the extreme
+EXTREME_LABEL = "rankscope.extreme.label"  # on a merged MAX/MIN state: that process's label
+
+# On the resource of states merged by the Collector's rankscopemerge processor (bool): the
+# resource is the merge, not a process; its contributors are named by their own flush markers.
+MERGED = "rankscope.merged"
 
 # Metrics rankscope emits about itself.
 FLUSH_MARKER = "rankscope.flush"  # one point per flush: "this process closed step N" (value: keys)

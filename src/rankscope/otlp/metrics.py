@@ -15,7 +15,7 @@ sum            Sum (non-monotonic), value = sum
 count          Sum (monotonic), value = count
 mean           Histogram without buckets: count, sum
 std            Histogram without buckets: count, sum; sum of squares in ``rankscope.sum_sq``
-max, min       Gauge, value
+max, min       Gauge, value; merged by the Collector: ``rankscope.extreme.rank``/``label``
 last           Gauge, value, time = when it was recorded
 distribution   ExponentialHistogram at scale 6: buckets, zero count, count, sum, min, max
 custom         Gauge per numeric state field, field name in ``rankscope.state``
@@ -179,6 +179,9 @@ def decode_state(
             state.update(value=number(point), time_unix_nano=point.time_unix_nano)
         else:
             state[reduce] = number(point)
+            why = _extreme_holder(point_attributes, state)
+            if why is not None:
+                return why
     elif reduce in ("mean", "std"):
         if kind != "histogram":
             return f"{reduce} travels as a Histogram point, not {kind}"
@@ -195,6 +198,25 @@ def decode_state(
     else:
         return f"{reduce!r} is not a built-in reduce type"
     return state
+
+
+_MAX_LABEL = 512
+
+
+def _extreme_holder(point_attributes: Mapping[str, Any], state: dict[str, Any]) -> str | None:
+    """A merged MAX/MIN state's holder (``holder_rank``, ``holder_label``), or why it is refused."""
+    rank = point_attributes.get(attr.EXTREME_RANK)
+    if rank is None:
+        return None
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
+        return f"{attr.EXTREME_RANK} must be a non-negative integer"
+    state["holder_rank"] = rank
+    label = point_attributes.get(attr.EXTREME_LABEL)
+    if label is not None:
+        if not isinstance(label, str) or not label.isprintable() or len(label) > _MAX_LABEL:
+            return f"{attr.EXTREME_LABEL} must be printable text of at most {_MAX_LABEL} characters"
+        state["holder_label"] = label
+    return None
 
 
 def _exponential(p: Any, state: dict[str, Any], max_buckets: int) -> dict[str, Any] | str:

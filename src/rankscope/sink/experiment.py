@@ -62,6 +62,8 @@ class Process:
     stepped: bool = False
     last_marker: int = -1
     live: bool = True
+    merged: bool = False
+    """States merged upstream by a Collector (``rankscope.merged``): in the global view only."""
 
     @property
     def group(self) -> tuple[str, str | None, int]:
@@ -94,9 +96,12 @@ class StepView:
         missing: list[str],
         late: bool,
         on_error: Callable[[str, BaseException], None] | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
         self.global_metrics = global_metrics
+        self.labels = labels or {}
+        """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
         self.seq = bucket.seq
         self._bucket = bucket
         self._on_error = on_error
@@ -117,24 +122,35 @@ def _per_process(bucket: _Step, on_error: Callable[[str, BaseException], None] |
         reduce = bucket.reduces[key]
         by_process: dict[Process, list[dict[str, Any]]] = {}
         for process, state in entries:
-            by_process.setdefault(process, []).append(state)
+            if not process.merged:  # a merge is many processes: no per-process value
+                by_process.setdefault(process, []).append(state)
         for process, states in by_process.items():
             items = merged(key, reduce, states, on_error)
             per_process.setdefault(process, []).extend(Metric(n, v, reduce, stamp) for n, v in items)
     return dict(sorted(per_process.items(), key=lambda kv: (kv[0].role, kv[0].replica or "", kv[0].rank)))
 
 
-def _extreme_rank(key: str, reduce: Reduce, entries: list[tuple[Process, dict[str, Any]]], stamp: float) -> Metric:
+def _extreme_rank(
+    key: str, reduce: Reduce, entries: list[tuple[Process, dict[str, Any]]], stamp: float
+) -> tuple[Metric, str]:
     """``{key}/argmax_rank`` (or ``argmin_rank``): the rank that holds a MAX (MIN) key's extreme
-    this step; the lowest such rank on a tie. Ranks of different roles share the numbering."""
+    this step, the lowest such rank on a tie, and that process's label. A state merged by a
+    Collector says who holds its extreme (``holder_rank``). Ranks of different roles share the
+    numbering."""
     field = reduce.value
+    held = [
+        (state[field], state.get("holder_rank", process.rank), state.get("holder_label") or process.label)
+        for process, state in entries
+    ]
     if reduce is Reduce.MAX:
-        _, rank = max(((state[field], -process.rank) for process, state in entries), default=(0.0, 0))
+        _, rank, label = max(((v, -r, lab) for v, r, lab in held), key=lambda t: (t[0], t[1]))
         rank = -rank
     else:
-        _, rank = min(((state[field], process.rank) for process, state in entries), default=(0.0, 0))
+        _, rank, label = min(held, key=lambda t: (t[0], t[1]))
+    if label.startswith("rankscope-merge"):  # a merged state from before holders were carried
+        label = f"rank {rank}"
     name = f"{key}/argmax_rank" if reduce is Reduce.MAX else f"{key}/argmin_rank"
-    return Metric(name, float(rank), Reduce.MAX, stamp)
+    return Metric(name, float(rank), Reduce.MAX, stamp), label
 
 
 def merged(
@@ -197,6 +213,9 @@ class Experiment:
         self._late_written = clock()
         self.last_activity = clock()
         self.refused = 0
+        self.points = 0
+        """States taken (markers not counted); ``merged_points`` of them came merged by a Collector."""
+        self.merged_points = 0
         self.foreign_points = 0
         self.internal_errors = 0
         self.seen: OrderedDict[bytes, None] = OrderedDict()
@@ -234,9 +253,11 @@ class Experiment:
             host=str(resource.get(attr.HOST_NAME, "")),
             pid=_int(resource.get(attr.PROCESS_PID), 0) or None,
             resource=dict(resource),
+            merged=resource.get(attr.MERGED) is True,
         )
         self.processes[pid] = process
-        self._labels[label] = pid
+        if not process.merged:
+            self._labels[label] = pid
         if attempt > self.attempt:
             self._new_attempt(attempt)
         return process
@@ -308,6 +329,9 @@ class Experiment:
                 taken += self._merge(process, step, part, log(step, part) if log is not None else seq, now)
         if batch.goodbye:
             process.live = False
+        self.points += taken
+        if process.merged:
+            self.merged_points += taken
         return taken
 
     def _refuse(self, refused: Refusals, n: int, why: str) -> None:
@@ -461,12 +485,15 @@ class Experiment:
     def _view(self, bucket: _Step, missing: list[str], late: bool = False) -> StepView:
         stamp = time.time()
         global_metrics: list[Metric] = []
+        labels: dict[str, str] = {}
         for key, entries in bucket.states.items():
             reduce = bucket.reduces[key]
             items = merged(key, reduce, [state for _, state in entries], self._merge_error)
             global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in items)
             if items and (reduce is Reduce.MAX or reduce is Reduce.MIN):
-                global_metrics.append(_extreme_rank(key, reduce, entries, stamp))
+                metric, label = _extreme_rank(key, reduce, entries, stamp)
+                global_metrics.append(metric)
+                labels[metric.key] = label
         if not late:
             global_metrics.extend(self.traces.stragglers(bucket.step))
             global_metrics.append(Metric(attr.MISSING_PROCESSES, float(len(missing)), Reduce.MAX, stamp))
@@ -474,7 +501,7 @@ class Experiment:
                 global_metrics.append(Metric(attr.LATE_POINTS, float(self.late_points), Reduce.MAX, stamp))
             if self.internal_errors:
                 global_metrics.append(Metric(attr.INTERNAL_ERRORS, float(self.internal_errors), Reduce.MAX, stamp))
-        return StepView(self.id, bucket.step, bucket, global_metrics, missing, late, self._merge_error)
+        return StepView(self.id, bucket.step, bucket, global_metrics, missing, late, self._merge_error, labels)
 
     def _merge_error(self, where: str, exc: BaseException) -> None:
         self.internal_errors += 1

@@ -385,7 +385,10 @@ class Sink:
             return {
                 "experiment": experiment_id,
                 "last_finalized_step": e.last_finalized,
-                "processes": len(e.processes),
+                "processes": sum(not p.merged for p in e.processes.values()),
+                "merge_upstreams": sum(p.merged for p in e.processes.values()),
+                "points": e.points,
+                "merged_points": e.merged_points,
                 "late_points": e.late_points,
                 "refused_points": e.refused,
                 "foreign_points": e.foreign_points,

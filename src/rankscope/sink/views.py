@@ -3,7 +3,8 @@ ingest or another experiment.
 
 The sink calls the same ``LoggerBackend`` interface the SDK does; extra keyword arguments
 say whose values they are: ``per_process`` (global views: every process's values),
-``process_name``/``process`` (per-process views and streams), ``late`` (a late update).
+``process_name``/``process`` (per-process views and streams), ``late`` (a late update),
+``labels`` (global views: the process a value names, e.g. who holds ``{key}/argmax_rank``).
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ class ViewWriter:
                     view.step,
                     per_process=view.per_process,
                     late=view.late,
+                    labels=view.labels,
                 )
                 and not view.late
             ):
