@@ -10,7 +10,8 @@
   module pinned in ``scripts/jaeger/go.mod`` (with its ``go.sum``).
 
 Binaries go to ``$RANKSCOPE_BIN_CACHE`` (default ``~/.cache/rankscope/bin``) under names keyed by
-a hash of their inputs (the manifest and every file of the local modules), so a second run (and every test run after the first) builds nothing.
+a hash of their inputs (the manifest and every file of the local modules), so a second run (and
+every test run after the first) builds nothing.
 Needs Go >= 1.24 and the Go module proxy. ``GOSUMDB`` defaults to off for these builds: the
 checksum database is not reachable for every module everywhere, and the Jaeger build is pinned
 by the committed go.sum anyway; set ``GOSUMDB`` yourself to enforce it.
