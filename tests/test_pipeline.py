@@ -255,14 +255,19 @@ def test_docker_compose_runs_the_tested_configs_at_the_tested_versions() -> None
     services = compose["services"]
     manifest = (CONFIGS / "builder-config.yaml").read_text()
     version = re.search(r"^\s*version:\s*(\S+)", manifest, re.M).group(1)  # type: ignore[union-attr]
+    dockerfile = (ROOT / "collector" / "Dockerfile").read_text()  # the slim build, rankscopemerge included
+    assert f"ARG OCB_VERSION={version}" in dockerfile and "builder@v${OCB_VERSION}" in dockerfile
+    assert "COPY collector-config/builder-config.yaml" in dockerfile and "COPY collector/ collector/" in dockerfile
     for name in ("otel-collector", "agent", "gateway"):
         service = services[name]
-        assert service["image"] == f"otel/opentelemetry-collector-contrib:{version}", name
+        assert service["build"] == {"context": ".", "dockerfile": "collector/Dockerfile"}, name
+        assert service["image"] == f"rankscope-otelcol:{version}", name
         assert "./collector-config:/etc/otelcol:ro" in service["volumes"], name
         (config,) = [c.split("/etc/otelcol/")[1] for c in service["command"] if "/etc/otelcol/" in c]
         assert (CONFIGS / config).is_file(), config
-    for name in ("otel-collector", "gateway"):  # the persistent queue directory is a named volume
+    for name in ("otel-collector", "agent", "gateway"):  # the persistent queue directory is a named volume
         assert any(v.endswith(":/var/lib/otelcol/queue") and not v.startswith(".") for v in services[name]["volumes"])
+    assert services["agent"]["environment"]["GATEWAY_HOSTNAMES"] == "[gateway:4317]"
     jaeger_mod = (ROOT / "scripts" / "jaeger" / "go.mod").read_text()
     assert "github.com/jaegertracing/jaeger v1.76.0" in jaeger_mod  # v1.76.0 is the module tag of Jaeger v2.13.0
     assert services["jaeger"]["image"] == "jaegertracing/jaeger:2.13.0"
