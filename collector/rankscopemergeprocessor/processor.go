@@ -43,6 +43,7 @@ type mergeProcessor struct {
 
 	mu     sync.Mutex // guards win
 	win    *window
+	sent   int64      // windows forwarded: each merged resource is numbered, so no two are alike
 	sendMu sync.Mutex // windows leave in the order they were opened
 	stop   chan struct{}
 	done   sync.WaitGroup
@@ -56,7 +57,7 @@ func newMergeProcessor(set processor.Settings, cfg *Config, next consumer.Metric
 		logger:   set.Logger,
 		perRank:  cfg.keyMatcher(),
 		host:     host,
-		instance: fmt.Sprintf("rankscope-merge/%s/%s", host, set.ID.String()),
+		instance: fmt.Sprintf("rankscope-merge/%s/%s/%d-%d", host, set.ID.String(), os.Getpid(), time.Now().UnixNano()),
 		win:      newWindow(),
 		stop:     make(chan struct{}),
 	}
@@ -142,7 +143,8 @@ func (p *mergeProcessor) forward() {
 	}
 	p.win = newWindow()
 	p.mu.Unlock()
-	out := w.build(p.instance, p.host)
+	p.sent++
+	out := w.build(p.instance, p.host, p.sent)
 	w.err = p.next.ConsumeMetrics(context.Background(), out)
 	if w.err != nil {
 		p.logger.Warn("forwarding a merged window failed; its senders will retry", zap.Error(w.err))
@@ -352,7 +354,7 @@ func pointCount(m pmetric.Metric) int {
 // build is the window as one request: per (experiment, attempt), one resource holding its
 // merged states; then everything unmerged, in arrival order (so a process's flush marker
 // still follows its data).
-func (w *window) build(instance, host string) pmetric.Metrics {
+func (w *window) build(instance, host string, seq int64) pmetric.Metrics {
 	out := pmetric.NewMetrics()
 	for _, gk := range w.order {
 		g := w.groups[gk]
@@ -366,6 +368,9 @@ func (w *window) build(instance, host string) pmetric.Metrics {
 			res.PutInt(attrAttempt, gk.attempt)
 		}
 		res.PutBool(attrMerged, true)
+		// The sink takes a request it has seen before as a client's retry; two windows that merged
+		// to the same states are not one, so each carries its number.
+		res.PutInt(attrWindow, seq)
 		res.PutStr(attrServiceName, "rankscope-merge")
 		res.PutStr(attrInstanceID, instance)
 		if host != "" {

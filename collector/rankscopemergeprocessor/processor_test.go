@@ -509,3 +509,21 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+// Two windows that merge to the same states are two deliveries, not a retry of one: the sink
+// recognizes retries by content, so each merged resource carries its window's number.
+func TestIdenticalWindowsAreDistinguishable(t *testing.T) {
+	sink := new(consumertest.MetricsSink)
+	p := start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, sink)
+	for i := 0; i < 2; i++ {
+		md, ms := request(proc{"trainer", 0}, "exp")
+		addNumber(ms, "x", "sum", 0, 1, 5)
+		consume(t, p, md)
+	}
+	first, second := sink.AllMetrics()[0], sink.AllMetrics()[1]
+	a, _ := first.ResourceMetrics().At(0).Resource().Attributes().Get(attrWindow)
+	b, _ := second.ResourceMetrics().At(0).Resource().Attributes().Get(attrWindow)
+	if a.Int() == b.Int() {
+		t.Fatalf("both windows numbered %d", a.Int())
+	}
+}

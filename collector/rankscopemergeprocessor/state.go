@@ -26,6 +26,7 @@ const (
 	attrExtremeRank   = "rankscope.extreme.rank"
 	attrExtremeLabel  = "rankscope.extreme.label"
 	attrMerged        = "rankscope.merged"
+	attrWindow        = "rankscope.merge.window"
 	attrServiceName   = "service.name"
 	attrInstanceID    = "service.instance.id"
 	attrHostName      = "host.name"
