@@ -110,6 +110,14 @@ CORPUS: list[tuple[str, list[pb.Metric], int, str]] = [
     ("1 MB metric name", [gauge("n" * 1_000_000, 1.0)], 1, "metric name"),
     ("std without sum of squares", [histogram("sd", "std")], 1, "sum_sq"),
     ("count as a Gauge", [gauge("c", 1.0, "count")], 1, "Sum"),
+    ("merged max with a negative holder", [gauge("x", 1.0, "max", **{attr.EXTREME_RANK: -1})], 1, "extreme.rank"),
+    ("merged max with a string holder", [gauge("x", 1.0, "max", **{attr.EXTREME_RANK: "3"})], 1, "extreme.rank"),
+    (
+        "merged min with a terminal-escape label",
+        [gauge("x", 1.0, "min", **{attr.EXTREME_RANK: 1, attr.EXTREME_LABEL: "\x1b[2J"})],
+        1,
+        "extreme.label",
+    ),
     ("good points beside bad ones", [gauge("ok", 1.0), gauge("bad", 1.0, step=-1), histogram("ok2")], 1, "negative"),
 ]
 
