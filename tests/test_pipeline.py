@@ -258,6 +258,13 @@ def test_docker_compose_runs_the_tested_configs_at_the_tested_versions() -> None
     dockerfile = (ROOT / "collector" / "Dockerfile").read_text()  # the slim build, rankscopemerge included
     assert f"ARG OCB_VERSION={version}" in dockerfile and "builder@v${OCB_VERSION}" in dockerfile
     assert "COPY collector-config/builder-config.yaml" in dockerfile and "COPY collector/ collector/" in dockerfile
+    # ocb resolves output_path and the local module's path from its cwd: the manifest's directory.
+    dist = yaml.safe_load(manifest)["dist"]
+    binary = "/" + dist["name"]
+    built = "/src/collector-config/" + dist["output_path"].removeprefix("./") + binary
+    assert "WORKDIR /src/collector-config\nRUN builder --config builder-config.yaml" in dockerfile
+    assert f"COPY --from=build {built} {binary}" in dockerfile and f'ENTRYPOINT ["{binary}"]' in dockerfile
+    assert services["otel-collector"]["healthcheck"]["test"][1] == binary
     for name in ("otel-collector", "agent", "gateway"):
         service = services[name]
         assert service["build"] == {"context": ".", "dockerfile": "collector/Dockerfile"}, name
