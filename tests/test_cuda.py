@@ -31,14 +31,18 @@ def no_sync_allowed() -> Iterator[None]:
 def test_cuda_values_are_not_synced_at_record_and_arrive_exactly(capsys: pytest.CaptureFixture[str]) -> None:
     rs.init(backends={"console": {"logging_mode": "global_reduce"}})
     values = [torch.tensor(float(i), device="cuda") for i in range(1, 5)]
+    # Made before the no-sync block: ``torch.tensor(data, device="cuda")`` copies host data from
+    # pageable memory, which CUDA's sync debug mode reports as a synchronizing call (the test's, not ours).
+    half = torch.tensor([[0.5]], dtype=torch.float16, device="cuda")
+    count = torch.tensor(7, device="cuda")
     with no_sync_allowed():
         for v in values:
             rs.record_metric("gpu_sum", v, rs.Reduce.SUM)
             rs.record_metric("gpu_max", v * 2, rs.Reduce.MAX)
         # Other shapes and dtypes, and a tensor with an autograd node: read in the same batch.
         rs.record_metric("gpu_grad", torch.ones(1, device="cuda", requires_grad=True).sum() * 3)
-        rs.record_metric("gpu_half", torch.tensor([[0.5]], dtype=torch.float16, device="cuda"))
-        rs.record_metric("gpu_int", torch.tensor(7, device="cuda"), rs.Reduce.SUM)
+        rs.record_metric("gpu_half", half)
+        rs.record_metric("gpu_int", count, rs.Reduce.SUM)
     rs.flush(0)
     rs.shutdown()
     out = capsys.readouterr().out

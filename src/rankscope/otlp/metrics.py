@@ -1,8 +1,9 @@
 """How reduce states travel as OpenTelemetry metric points, both ways.
 
 ``encode`` turns one process's per-step states into OTLP metric protobufs (sent by the
-SDK's own OTLP exporters); ``decode_state`` turns a received point back into the state that
-``Reduce.get(name).accumulator_class.get_reduced_value_from_states`` merges exactly, or into
+SDK's own OTLP exporters); ``read_row`` turns a received point back into its state as a row of
+numbers (``FIELDS``; ``state_of`` gives the dict that
+``Reduce.get(name).accumulator_class.get_reduced_value_from_states`` merges exactly), or into
 the reason the point does not hold one (a sink's edge refuses it: ``sink.validate``).
 
 Every point carries ``rankscope.reduce`` and, when the process has flushed a step,
@@ -24,7 +25,7 @@ custom         Gauge per numeric state field, field name in ``rankscope.state``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from ..catalog import unit_of
 from ..core import names as attr
 from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, MetricAccumulator, Reduce
-from .common import INT64_MAX, attributes, decode_step, key_value, number
+from .common import attributes, decode_step, key_value, number
+from .raw import decode_attributes, raw_request
 
 SUM_SQ = "rankscope.sum_sq"
 _DELTA = pb.AGGREGATION_TEMPORALITY_DELTA
@@ -152,74 +154,125 @@ def _dense(target: Any, buckets: Mapping[int, int]) -> None:
 MAX_SCALE = 20
 MAX_BUCKETS = 16_384
 
+FIELDS: dict[str, tuple[str, ...]] = {
+    "sum": ("sum",),
+    "count": ("count",),
+    "mean": ("count", "sum"),
+    "std": ("count", "sum", "sum_sq"),
+    "max": ("max", "holder_rank", "holder_label"),
+    "min": ("min", "holder_rank", "holder_label"),
+    "last": ("value", "time_unix_nano"),
+    "distribution": ("state",),
+}
+"""A built-in reduce type's state as a row (a tuple), field by field: what a sink keeps of a
+point. MAX/MIN carry the holder of the extreme when a Collector merged them (else None); a
+distribution's row is its whole state."""
 
-def decode_state(
-    reduce: str, kind: str, point: Any, point_attributes: Mapping[str, Any], max_buckets: int = MAX_BUCKETS
-) -> dict[str, Any] | str:
-    """The state a built-in reduce type's point holds, or why the point does not hold one.
+Row = tuple[Any, ...]
+Reader = Callable[[str, Any, Mapping[str, Any], int], "Row | str"]
+"""(point kind, point, its other attributes, max buckets) -> row, or why it holds none."""
+
+
+def state_of(reduce: str, row: Row) -> dict[str, Any]:
+    """The accumulator state of a built-in reduce type's row (``get_reduced_value_from_states`` takes it)."""
+    if reduce == "distribution":
+        return dict(row[0])
+    state: dict[str, Any] = {"reduction_type": reduce}
+    state.update((name, value) for name, value in zip(FIELDS[reduce], row, strict=True) if value is not None)
+    return state
+
+
+def row_of(reduce: str, state: Mapping[str, Any]) -> Row:
+    """The row of a built-in reduce type's state (the inverse of ``state_of``)."""
+    if reduce == "distribution":
+        return (dict(state),)
+    return tuple(state.get(name) for name in FIELDS[reduce])
+
+
+def read_row(reduce: str, kind: str, point: Any, extra: Mapping[str, Any], max_buckets: int = MAX_BUCKETS) -> Row | str:
+    """The row a built-in reduce type's point holds, or why the point does not hold one.
 
     ``kind`` is the metric's data field (``sum``, ``gauge``, ``histogram``,
-    ``exponential_histogram``); the table in the module docstring says which one each reduce
-    type travels as. Never raises on what a client sent.
-    """
-    state: dict[str, Any] = {"reduction_type": reduce}
-    if reduce in ("sum", "count"):
-        if kind != "sum":
-            return f"{reduce} travels as a Sum point, not {kind}"
-        value = number(point)
-        if reduce == "count" and not (isinstance(value, int) and 0 <= value <= INT64_MAX):
-            return "count must be a non-negative integer"
-        state[reduce] = value
-    elif reduce in ("max", "min", "last"):
-        if kind != "gauge":
-            return f"{reduce} travels as a Gauge point, not {kind}"
-        if attr.STATE_FIELD in point_attributes:
-            return f"{reduce} is built in: no {attr.STATE_FIELD} attribute"
-        if reduce == "last":
-            state.update(value=number(point), time_unix_nano=point.time_unix_nano)
-        else:
-            state[reduce] = number(point)
-            why = _extreme_holder(point_attributes, state)
-            if why is not None:
-                return why
-    elif reduce in ("mean", "std"):
-        if kind != "histogram":
-            return f"{reduce} travels as a Histogram point, not {kind}"
-        state.update(sum=point.sum, count=point.count)
-        if reduce == "std":
-            sum_sq = point_attributes.get(SUM_SQ)
-            if isinstance(sum_sq, bool) or not isinstance(sum_sq, (int, float)):
-                return f"std needs a numeric {SUM_SQ} attribute"
-            state["sum_sq"] = float(sum_sq)
-    elif reduce == "distribution":
-        if kind != "exponential_histogram":
-            return f"distribution travels as an ExponentialHistogram point, not {kind}"
-        return _exponential(point, state, max_buckets)
-    else:
+    ``exponential_histogram``), ``extra`` the point's attributes other than reduce and step;
+    the table in the module docstring says which kind each reduce type travels as. Never
+    raises on what a client sent."""
+    reader = READERS.get(reduce)
+    if reader is None:
         return f"{reduce!r} is not a built-in reduce type"
-    return state
+    return reader(kind, point, extra, max_buckets)
+
+
+def _value(p: Any) -> float | int:
+    """A NumberDataPoint's value (``common.number``, faster: a non-zero double needs no oneof test)."""
+    value = p.as_double
+    return value if value or p.WhichOneof("value") != "as_int" else p.as_int
+
+
+def _sum(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
+    if kind != "sum":
+        return f"sum travels as a Sum point, not {kind}"
+    return (_value(p),)
+
+
+def _count(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
+    if kind != "sum":
+        return f"count travels as a Sum point, not {kind}"
+    value = p.as_int
+    if (not value and p.WhichOneof("value") == "as_double") or value < 0:
+        return "count must be a non-negative integer"
+    return (value,)
+
+
+def _mean(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
+    if kind != "histogram":
+        return f"mean travels as a Histogram point, not {kind}"
+    return (p.count, p.sum)
+
+
+def _std(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
+    if kind != "histogram":
+        return f"std travels as a Histogram point, not {kind}"
+    sum_sq = extra.get(SUM_SQ)
+    if isinstance(sum_sq, bool) or not isinstance(sum_sq, (int, float)):
+        return f"std needs a numeric {SUM_SQ} attribute"
+    return (p.count, p.sum, float(sum_sq))
 
 
 _MAX_LABEL = 512
 
 
-def _extreme_holder(point_attributes: Mapping[str, Any], state: dict[str, Any]) -> str | None:
-    """A merged MAX/MIN state's holder (``holder_rank``, ``holder_label``), or why it is refused."""
-    rank = point_attributes.get(attr.EXTREME_RANK)
-    if rank is None:
-        return None
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
-        return f"{attr.EXTREME_RANK} must be a non-negative integer"
-    state["holder_rank"] = rank
-    label = point_attributes.get(attr.EXTREME_LABEL)
-    if label is not None:
-        if not isinstance(label, str) or not label.isprintable() or len(label) > _MAX_LABEL:
+def _extreme(reduce: str) -> Reader:
+    def read(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
+        if kind != "gauge":
+            return f"{reduce} travels as a Gauge point, not {kind}"
+        value = _value(p)
+        if not extra:
+            return (value, None, None)
+        if attr.STATE_FIELD in extra:
+            return f"{reduce} is built in: no {attr.STATE_FIELD} attribute"
+        rank, label = extra.get(attr.EXTREME_RANK), extra.get(attr.EXTREME_LABEL)
+        if rank is None:
+            return (value, None, None)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
+            return f"{attr.EXTREME_RANK} must be a non-negative integer"
+        if label is not None and (not isinstance(label, str) or not label.isprintable() or len(label) > _MAX_LABEL):
             return f"{attr.EXTREME_LABEL} must be printable text of at most {_MAX_LABEL} characters"
-        state["holder_label"] = label
-    return None
+        return (value, rank, label)
+
+    return read
 
 
-def _exponential(p: Any, state: dict[str, Any], max_buckets: int) -> dict[str, Any] | str:
+def _last(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
+    if kind != "gauge":
+        return f"last travels as a Gauge point, not {kind}"
+    if attr.STATE_FIELD in extra:
+        return f"last is built in: no {attr.STATE_FIELD} attribute"
+    return (_value(p), p.time_unix_nano)
+
+
+def _distribution(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
+    if kind != "exponential_histogram":
+        return f"distribution travels as an ExponentialHistogram point, not {kind}"
     if not DISTRIBUTION_SCALE <= p.scale <= MAX_SCALE:
         return f"scale {p.scale} outside [{DISTRIBUTION_SCALE}, {MAX_SCALE}]"
     # Bucket i holds (2**(i / 2**scale), 2**((i + 1) / 2**scale)]: finite doubles need
@@ -236,17 +289,30 @@ def _exponential(p: Any, state: dict[str, Any], max_buckets: int) -> dict[str, A
     total = p.zero_count + sum(buckets[0].values()) + sum(buckets[1].values())
     if total > p.count:
         return f"buckets hold {total} values but count is {p.count}"
-    state.update(
-        scale=p.scale,
-        count=p.count,
-        sum=p.sum,
-        min=p.min,
-        max=p.max,
-        zero_count=p.zero_count,
-        positive=buckets[0],
-        negative=buckets[1],
-    )
-    return state
+    state = {
+        "reduction_type": "distribution",
+        "scale": p.scale,
+        "count": p.count,
+        "sum": p.sum,
+        "min": p.min,
+        "max": p.max,
+        "zero_count": p.zero_count,
+        "positive": buckets[0],
+        "negative": buckets[1],
+    }
+    return (state,)
+
+
+READERS: dict[str, Reader] = {
+    "sum": _sum,
+    "count": _count,
+    "mean": _mean,
+    "std": _std,
+    "max": _extreme("max"),
+    "min": _extreme("min"),
+    "last": _last,
+    "distribution": _distribution,
+}
 
 
 def decode_custom_field(
@@ -288,8 +354,9 @@ class DecodedPoint:
 
 def decode(request: Any) -> Iterator[DecodedPoint]:
     """Every rankscope state in an ``ExportMetricsServiceRequest`` that decodes; others are
-    skipped. (A sink's edge, ``sink.validate``, also counts and answers what it refuses.)"""
-    for rm in request.resource_metrics:
+    skipped. For tests and tools: a sink's edge (``sink.validate``) reads the same rows, counts
+    and answers what it refuses, and is built for speed."""
+    for rm in raw_request(request).resource_metrics:
         resource = attributes(rm.resource.attributes)
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
@@ -298,14 +365,17 @@ def decode(request: Any) -> Iterator[DecodedPoint]:
                     continue
                 custom: dict[tuple[str, int | None, int], dict[str, Any]] = {}
                 for point in getattr(metric, kind).data_points:
-                    a = attributes(point.attributes)
+                    a = decode_attributes(point.attributes)
+                    if isinstance(a, str):
+                        continue
                     reduce, step = a.get(attr.REDUCE), decode_step(a.get(attr.STEP))
                     if not isinstance(reduce, str) or isinstance(step, str):
                         continue
                     reduce = reduce.lower()
                     if reduce in BUILTIN_REDUCES:
-                        state = decode_state(reduce, kind, point, a)
-                        if not isinstance(state, str):
+                        row = read_row(reduce, kind, point, a)
+                        if not isinstance(row, str):
+                            state = state_of(reduce, row)
                             yield DecodedPoint(resource, metric.name, reduce, step, state, point.time_unix_nano)
                     else:
                         found = decode_custom_field(reduce, kind, point, a)

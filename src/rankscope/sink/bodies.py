@@ -25,6 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from ..otlp.raw import RawExportMetricsServiceRequest
+
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 
@@ -69,7 +71,7 @@ def decode_body(
     if kind not in (PROTOBUF, JSON):
         raise HttpError(415, f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
     body = decompress(body, content_encoding, max_bytes)
-    request = request_class()
+    request = RawExportMetricsServiceRequest() if signal == "metrics" and kind == PROTOBUF else request_class()
     try:
         if kind == PROTOBUF:
             request.ParseFromString(body)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +41,9 @@ from ..backends.base import Metric
 from ..core import names as attr
 from ..core.identity import label_of
 from ..metrics.reduce import Reduce, reduced_items
+from .merge import Running, holder, merge_rows, reduced
 from .traces import TraceStore
-from .validate import Limits, Point, Refusals, ResourceBatch
+from .validate import Limits, Refusals, ResourceBatch, StateRows
 
 
 @dataclass(slots=True, eq=False)
@@ -74,8 +75,10 @@ class Process:
 class _Step:
     step: int
     opened: float
-    states: dict[str, list[tuple[Process, dict[str, Any]]]] = field(default_factory=dict)
-    reduces: dict[str, Reduce] = field(default_factory=dict)
+    merged: dict[str, Running] = field(default_factory=dict)
+    """Each key's running state (``sink.merge``): the global view reduces these."""
+    parts: list[tuple[Process, StateRows]] = field(default_factory=list)
+    """The rows taken since the step's last view, by process: per-process values on demand."""
     expected: int = 0
     driven: bool = False
     reporters: set[str] = field(default_factory=set)
@@ -91,10 +94,11 @@ class StepView:
         self,
         experiment: str,
         step: int,
-        bucket: _Step,
+        seq: int,
         global_metrics: list[Metric],
         missing: list[str],
         late: bool,
+        parts: list[tuple[Process, StateRows]] | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
         labels: dict[str, str] | None = None,
     ) -> None:
@@ -102,67 +106,68 @@ class StepView:
         self.global_metrics = global_metrics
         self.labels = labels or {}
         """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
-        self.seq = bucket.seq
-        self._bucket = bucket
+        self.seq = seq
+        self.per_process = PerProcess(parts or [], on_error)
+        """Each process's values (a late update: the processes whose data came late, their late data)."""
+
+
+class PerProcess(Mapping[Process, list[Metric]]):
+    """Each process's values of one step, reduced on first use: a view that only asks how many
+    processes there are (W&B past ``per_rank_max_processes``) pays nothing."""
+
+    def __init__(self, parts: list[tuple[Process, StateRows]], on_error: Callable[[str, BaseException], None] | None):
+        self._parts = parts
         self._on_error = on_error
-        self._per_process: dict[Process, list[Metric]] | None = None
+        self._values: dict[Process, list[Metric]] | None = None
 
-    @property
-    def per_process(self) -> dict[Process, list[Metric]]:
-        """Per-process values, reduced only when a view asks (per-rank views, W&B series)."""
-        if self._per_process is None:
-            self._per_process = _per_process(self._bucket, self._on_error)
-        return self._per_process
+    def __len__(self) -> int:
+        return len(self._computed()) if self._values is not None else len({p for p, _ in self._parts})
+
+    def __iter__(self) -> Iterator[Process]:
+        return iter(self._computed())
+
+    def __getitem__(self, process: Process) -> list[Metric]:
+        return self._computed()[process]
+
+    def _computed(self) -> dict[Process, list[Metric]]:
+        if self._values is None:
+            stamp = time.time()
+            states: dict[Process, dict[str, Running]] = {}
+            for process, rows in self._parts:
+                into = states.setdefault(process, {})
+                merge_rows(into, rows.reduce, rows.keys, rows.rows, process.rank, process.label)
+            values: dict[Process, list[Metric]] = {}
+            for process in sorted(states, key=lambda p: (p.role, p.replica or "", p.rank)):
+                metrics = values[process] = []
+                for key, state in states[process].items():
+                    reduce = Reduce.get(state[0])
+                    metrics.extend(Metric(n, v, reduce, stamp) for n, v in reduced_values(key, state, self._on_error))
+            self._values = values
+            self._parts = []
+        return self._values
 
 
-def _per_process(bucket: _Step, on_error: Callable[[str, BaseException], None] | None) -> dict[Process, list[Metric]]:
-    stamp = time.time()
-    per_process: dict[Process, list[Metric]] = {}
-    for key, entries in list(bucket.states.items()):
-        reduce = bucket.reduces[key]
-        by_process: dict[Process, list[dict[str, Any]]] = {}
-        for process, state in entries:
-            if not process.merged:  # a merge is many processes: no per-process value
-                by_process.setdefault(process, []).append(state)
-        for process, states in by_process.items():
-            items = merged(key, reduce, states, on_error)
-            per_process.setdefault(process, []).extend(Metric(n, v, reduce, stamp) for n, v in items)
-    return dict(sorted(per_process.items(), key=lambda kv: (kv[0].role, kv[0].replica or "", kv[0].rank)))
+def reduced_values(
+    key: str, state: Running, on_error: Callable[[str, BaseException], None] | None
+) -> list[tuple[str, float]]:
+    """The reduced (name, value) pairs of one key, or none if its reduce type fails on its states."""
+    try:
+        return reduced_items(key, reduced(state[0], state))
+    except Exception as exc:  # a third-party reducer: leave the key out, keep the experiment going
+        if on_error is not None:
+            on_error(f"merging {key!r} ({state[0]})", exc)
+        return []
 
 
-def _extreme_rank(
-    key: str, reduce: Reduce, entries: list[tuple[Process, dict[str, Any]]], stamp: float
-) -> tuple[Metric, str]:
+def _extreme_rank(key: str, reduce: Reduce, state: Running, stamp: float) -> tuple[Metric, str]:
     """``{key}/argmax_rank`` (or ``argmin_rank``): the rank that holds a MAX (MIN) key's extreme
-    this step, the lowest such rank on a tie, and that process's label. A state merged by a
-    Collector says who holds its extreme (``holder_rank``). Ranks of different roles share the
-    numbering."""
-    field = reduce.value
-    held = [
-        (state[field], state.get("holder_rank", process.rank), state.get("holder_label") or process.label)
-        for process, state in entries
-    ]
-    if reduce is Reduce.MAX:
-        _, rank, label = max(((v, -r, lab) for v, r, lab in held), key=lambda t: (t[0], t[1]))
-        rank = -rank
-    else:
-        _, rank, label = min(held, key=lambda t: (t[0], t[1]))
+    this step (NaN first, then the lowest rank on a tie; ``sink.merge``), and that process's
+    label. Ranks of different roles share the numbering."""
+    rank, label = holder(state)
     if label.startswith("rankscope-merge"):  # a merged state from before holders were carried
         label = f"rank {rank}"
     name = f"{key}/argmax_rank" if reduce is Reduce.MAX else f"{key}/argmin_rank"
     return Metric(name, float(rank), Reduce.MAX, stamp), label
-
-
-def merged(
-    key: str, reduce: Reduce, states: list[dict[str, Any]], on_error: Callable[[str, BaseException], None] | None
-) -> list[tuple[str, float]]:
-    """The reduced (name, value) pairs of one key, or none if its reduce type fails on these states."""
-    try:
-        return reduced_items(key, reduce.accumulator_class.get_reduced_value_from_states(states))
-    except Exception as exc:  # a third-party reducer: leave the key out, keep the experiment going
-        if on_error is not None:
-            on_error(f"merging {key!r} ({reduce.value})", exc)
-        return []
 
 
 def _int(value: Any, default: int) -> int:
@@ -297,23 +302,24 @@ class Experiment:
         self.foreign_points += batch.foreign
         process = self.process_for(batch.resource)
         if process is None:
-            self._refuse(refused, len(batch.points) + len(batch.markers), f"{self.max_processes} processes (limit)")
+            self._refuse(refused, batch.point_count + len(batch.markers), f"{self.max_processes} processes (limit)")
             return 0
         if not process.live and process.attempt >= self.attempt:
             process.live = True  # it came back
         frontier = self.frontier
         horizon = None if frontier is None else frontier + self.limits.step_window
         parts: dict[int, ResourceBatch] = {}
-        for point in batch.points:
-            step = point.step
-            if step is None:
+        for rows in batch.states:
+            step = rows.step
+            if step is None:  # resolved here, so a write-ahead-log record always names its step
                 step = min(self._open) if self._open else self.last_finalized + 1
-                point = Point(point.key, point.reduce, step, point.state)
+                rows = StateRows(rows.reduce, step, rows.keys, rows.rows)
             elif horizon is not None and step > horizon:
                 window = self.limits.step_window
-                self._refuse(refused, 1, f"{point.key}: step {step} is more than {window} ahead of {frontier}")
+                why = f"{rows.keys[0]}: step {step} is more than {window} ahead of {frontier}"
+                self._refuse(refused, len(rows.keys), why)
                 continue
-            parts.setdefault(step, ResourceBatch(batch.experiment, batch.resource)).points.append(point)
+            parts.setdefault(step, ResourceBatch(batch.experiment, batch.resource)).states.append(rows)
         for marker in batch.markers:
             if horizon is not None and marker.step > horizon:
                 self._refuse(refused, 1, f"flush marker: step {marker.step} is over {self.limits.step_window} ahead")
@@ -324,8 +330,8 @@ class Experiment:
         taken = 0
         for step in sorted(parts):
             part = parts[step]
-            part.points = self._admit(step, part.points, refused)
-            if part.points or part.markers:
+            part.states = self._admit(step, part.states, refused)
+            if part.states or part.markers:
                 taken += self._merge(process, step, part, log(step, part) if log is not None else seq, now)
         if batch.goodbye:
             process.live = False
@@ -338,49 +344,65 @@ class Experiment:
         refused.add(n, why)
         self.refused += n
 
-    def _admit(self, step: int, points: list[Point], refused: Refusals) -> list[Point]:
-        """The points of ``step`` that fit its limits (keys per step, late points per step, one reduce per key)."""
+    def _admit(self, step: int, states: list[StateRows], refused: Refusals) -> list[StateRows]:
+        """The rows of ``step`` that fit its limits (keys per step, late points per step, one reduce per key)."""
         late = step <= self.last_finalized
         bucket = (self._late.get(step) or self._done.get(step)) if late else self._open.get(step)
-        reduces = dict(bucket.reduces) if bucket is not None else {}
+        merged = bucket.merged if bucket is not None else {}
+        new: dict[str, str] = {}
+        key_room = self.max_keys_per_step - len(merged)
         late_room = self.max_late_points_per_step - (bucket.late_points if bucket is not None else 0)
-        kept: list[Point] = []
-        for point in points:
-            known = reduces.get(point.key)
-            if known is None:
-                if len(reduces) >= self.max_keys_per_step:
-                    self._refuse(refused, 1, f"{point.key}: step {step} has {self.max_keys_per_step} keys (limit)")
-                    continue
-                known = reduces[point.key] = Reduce.get(point.reduce)
-            if known.value != point.reduce:
-                self._refuse(refused, 1, f"{point.key}: recorded as {known.name} and as {point.reduce.upper()}")
-                continue
-            if late:
-                if late_room <= 0:
-                    limit = self.max_late_points_per_step
-                    self._refuse(refused, 1, f"{point.key}: step {step} has {limit} late points (limit)")
-                    continue
-                late_room -= 1
-            kept.append(point)
+        kept: list[StateRows] = []
+        for rows in states:
+            reduce = rows.reduce
+            dropped: set[int] | None = None
+            for i, key in enumerate(rows.keys):
+                state = merged.get(key)
+                known = new.get(key) if state is None else state[0]
+                why = None
+                if known is None:
+                    if len(new) >= key_room:
+                        why = f"{key}: step {step} has {self.max_keys_per_step} keys (limit)"
+                    else:
+                        new[key] = reduce
+                elif known != reduce:
+                    why = f"{key}: recorded as {known.upper()} and as {reduce.upper()}"
+                if why is None and late:
+                    if late_room <= 0:
+                        why = f"{key}: step {step} has {self.max_late_points_per_step} late points (limit)"
+                    late_room -= 1
+                if why is not None:
+                    self._refuse(refused, 1, why)
+                    dropped = dropped or set()
+                    dropped.add(i)
+            if dropped:
+                keep = [i for i in range(len(rows.keys)) if i not in dropped]
+                rows = StateRows(reduce, rows.step, [rows.keys[i] for i in keep], [rows.rows[i] for i in keep])
+            if rows.keys:
+                kept.append(rows)
         return kept
 
     def _merge(self, process: Process, step: int, part: ResourceBatch, seq: int, now: float) -> int:
         for marker in part.markers:
             self._marker(process, marker.step, marker.expected, marker.driven, now)
-        if step <= self.last_finalized:
+        late = step <= self.last_finalized
+        if late:
             bucket = self._late.get(step)
             if bucket is None:  # merged into the retained step, or written on its own past the window
                 bucket = self._late[step] = self._done.get(step) or _Step(step, now)
-            bucket.late_points += len(part.points)
-            self.late_points += len(part.points)
         else:
             bucket = self._open.get(step) or self._open.setdefault(step, _Step(step, now))
         bucket.seq = max(bucket.seq, seq)
-        for point in part.points:
-            reduce = bucket.reduces.setdefault(point.key, Reduce.get(point.reduce))
-            if reduce.value == point.reduce:  # else refused by _admit; only a replayed record gets here
-                bucket.states.setdefault(point.key, []).append((process, point.state))
-        return len(part.points)
+        taken = 0
+        for rows in part.states:
+            merge_rows(bucket.merged, rows.reduce, rows.keys, rows.rows, process.rank, process.label)
+            if not process.merged:  # a merge is many processes: no per-process value
+                bucket.parts.append((process, rows))
+            taken += len(rows.keys)
+        if late:
+            bucket.late_points += taken
+            self.late_points += taken
+        return taken
 
     def stream_process(self, batch: ResourceBatch, refused: Refusals) -> Process | None:
         """The process of streamed values (``per_rank_no_reduce``), counted as activity."""
@@ -486,12 +508,12 @@ class Experiment:
         stamp = time.time()
         global_metrics: list[Metric] = []
         labels: dict[str, str] = {}
-        for key, entries in bucket.states.items():
-            reduce = bucket.reduces[key]
-            items = merged(key, reduce, [state for _, state in entries], self._merge_error)
+        for key, state in bucket.merged.items():
+            reduce = Reduce.get(state[0])
+            items = reduced_values(key, state, self._merge_error)
             global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in items)
             if items and (reduce is Reduce.MAX or reduce is Reduce.MIN):
-                metric, label = _extreme_rank(key, reduce, entries, stamp)
+                metric, label = _extreme_rank(key, reduce, state, stamp)
                 global_metrics.append(metric)
                 labels[metric.key] = label
         if not late:
@@ -501,7 +523,10 @@ class Experiment:
                 global_metrics.append(Metric(attr.LATE_POINTS, float(self.late_points), Reduce.MAX, stamp))
             if self.internal_errors:
                 global_metrics.append(Metric(attr.INTERNAL_ERRORS, float(self.internal_errors), Reduce.MAX, stamp))
-        return StepView(self.id, bucket.step, bucket, global_metrics, missing, late, self._merge_error, labels)
+        parts, bucket.parts = bucket.parts, []  # the view owns them; late rows start a new list
+        return StepView(
+            self.id, bucket.step, bucket.seq, global_metrics, missing, late, parts, self._merge_error, labels
+        )
 
     def _merge_error(self, where: str, exc: BaseException) -> None:
         self.internal_errors += 1

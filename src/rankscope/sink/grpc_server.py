@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
+from ..otlp.raw import RawExportMetricsServiceRequest
 from .bodies import OverloadedError
 from .http_server import authorized
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .service import Sink
 
 _SERVICES = (
-    ("opentelemetry.proto.collector.metrics.v1.MetricsService", metrics_pb.ExportMetricsServiceRequest,
+    ("opentelemetry.proto.collector.metrics.v1.MetricsService", RawExportMetricsServiceRequest,
      metrics_pb.ExportMetricsServiceResponse, "export_metrics", "rejected_data_points"),
     ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb.ExportTraceServiceRequest,
      trace_pb.ExportTraceServiceResponse, "export_traces", "rejected_spans"),

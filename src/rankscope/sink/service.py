@@ -34,7 +34,16 @@ from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
 from .http_server import start_http
 from .traces import TraceStore
-from .validate import Limits, Marker, Point, Refusals, ResourceBatch, check_resource, logs_batches, metrics_batches
+from .validate import (
+    Limits,
+    Marker,
+    Refusals,
+    ResourceBatch,
+    StateRows,
+    check_resource,
+    logs_batches,
+    metrics_batches,
+)
 from .views import ViewWriter
 from .wal import ExperimentLog, WriteAheadLog, decode_record, encode_record
 
@@ -249,14 +258,11 @@ class Sink:
     def export_metrics(self, request: Any) -> Result:
         with self._admitted():
             refused = Refusals()
-            total = sum(
-                _point_count(m) for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-            )
             batches = metrics_batches(request, self.config.limits, refused)
             waits: dict[ExperimentLog, int] = {}
             for batch in batches:
                 self.foreign_points += batch.foreign
-                tenant = self._tenant(batch.experiment, refused, len(batch.points) + len(batch.markers))
+                tenant = self._tenant(batch.experiment, refused, batch.point_count + len(batch.markers))
                 if tenant is None:
                     continue
                 with tenant.lock:
@@ -266,7 +272,7 @@ class Sink:
             self._count(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
                 raise OverloadedError("the sink could not make the data durable; retry")
-            return Result.of(total, refused)
+            return Result.of(refused.received, refused)
 
     def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
         """Merge one checked batch into its experiment (logged first); under ``tenant.lock``."""
@@ -279,13 +285,13 @@ class Sink:
             log_ = tenant.log
 
             def logger(step: int, part: ResourceBatch) -> int:
-                return log_.append(step, encode_record(batch.digest, part.resource, part.points, part.markers))
+                return log_.append(step, encode_record(batch.digest, part.resource, part.states, part.markers))
 
         try:
             experiment.apply(batch, refused, logger)
         except Exception as exc:  # a bug: this experiment's trouble, nobody else's
             self._tenant_error(tenant, "ingest", exc)
-            refused.add(len(batch.points), f"internal error: {type(exc).__name__}")
+            refused.add(batch.point_count, f"internal error: {type(exc).__name__}")
             return
         if batch.digest:
             experiment.seen[batch.digest] = None
@@ -490,9 +496,9 @@ class Sink:
             records = 0
             for seq, _step, payload in tenant.log.replay():
                 try:
-                    digest, resource, points, markers = decode_record(payload)
+                    digest, resource, states, markers = decode_record(payload)
                     batch = ResourceBatch(experiment_id, resource, digest=digest)
-                    batch.points = [Point(key, reduce, step_, state) for key, reduce, step_, state in points]
+                    batch.states = [StateRows(*rows) for rows in states]
                     batch.markers = [Marker(*m) for m in markers]
                     tenant.experiment.apply(batch, Refusals(), seq=seq)
                     tenant.experiment.seen[digest] = None
@@ -588,8 +594,3 @@ class Sink:
         self.internal_errors.append(message)
         del self.internal_errors[:-100]
         log.error("%s\n%s", message, "".join(traceback.format_exception(exc)))
-
-
-def _point_count(metric: Any) -> int:
-    kind = metric.WhichOneof("data")
-    return len(getattr(metric, kind).data_points) if kind else 0

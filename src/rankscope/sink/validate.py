@@ -26,6 +26,7 @@ import hashlib
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ..core import names as attr
@@ -33,7 +34,8 @@ from ..metrics.reduce import BUILTIN_REDUCES, Reduce
 from ..otlp.common import attributes, decode_step
 from ..otlp.logs import decode_stream, is_stream
 from ..otlp.markers import Marker, decode_marker
-from ..otlp.metrics import MAX_BUCKETS, check_custom_state, decode_custom_field, decode_state
+from ..otlp.metrics import MAX_BUCKETS, READERS, SUM_SQ, Reader, Row, check_custom_state, decode_custom_field
+from ..otlp.raw import decode_attributes, raw_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,8 @@ class Refusals:
 
     count: int = 0
     reasons: list[str] = field(default_factory=list)
+    received: int = 0
+    """Points the request held, taken or not (what ``partial_success`` is measured against)."""
 
     def add(self, n: int, reason: str) -> None:
         if n <= 0:
@@ -72,14 +76,18 @@ class Refusals:
         return "; ".join(self.reasons)
 
 
-@dataclass(frozen=True, slots=True)
-class Point:
-    """One key's state from one process, checked: ``Reduce.get(reduce)`` merges ``state``."""
+@dataclass(slots=True)
+class StateRows:
+    """One process's checked states of one reduce type and step: ``keys[i]`` holds ``rows[i]``.
 
-    key: str
+    A built-in reduce type's row is its state field by field (``rankscope.otlp.metrics.FIELDS``);
+    a custom type's row is ``(state,)``. Rows, not a state dict per point: a sink merges them
+    into running states (``sink.merge``) and keeps nothing per point past the step's view."""
+
     reduce: str
     step: int | None
-    state: dict[str, Any]
+    keys: list[str] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -88,7 +96,7 @@ class ResourceBatch:
 
     experiment: str
     resource: dict[str, Any]
-    points: list[Point] = field(default_factory=list)
+    states: list[StateRows] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
     goodbye: bool = False
     streams: list[tuple[str, float, int | None]] = field(default_factory=list)
@@ -98,6 +106,10 @@ class ResourceBatch:
     """Points of this batch refused at the edge (the experiment's status counts them)."""
     digest: bytes = b""
     """Of the ResourceMetrics as received: a retried request is recognized and not merged twice."""
+
+    @property
+    def point_count(self) -> int:
+        return sum(len(s.keys) for s in self.states)
 
 
 def clean_text(text: str, limit: int) -> str | None:
@@ -144,97 +156,192 @@ def _small_int(value: Any) -> bool:
 
 
 def metrics_batches(request: Any, limits: Limits, refused: Refusals) -> list[ResourceBatch]:
-    """Check an ``ExportMetricsServiceRequest``; the refused points are added to ``refused``."""
+    """Check an ``ExportMetricsServiceRequest`` (fastest parsed as ``RawExportMetricsServiceRequest``);
+    the refused points are added to ``refused``."""
     batches: list[ResourceBatch] = []
-    for rm in request.resource_metrics:
-        metrics = [m for sm in rm.scope_metrics for m in sm.metrics]
+    for rm in raw_request(request).resource_metrics:
         checked = check_resource(rm.resource, limits)
         if isinstance(checked, str):
+            metrics = [m for sm in rm.scope_metrics for m in sm.metrics]
+            refused.received += sum(_count(m) for m in metrics)
             ours = sum(_count(m) for m in metrics if m.name.startswith("rankscope") or _has_reduce(m))
             refused.add(ours, checked)  # plain OTel data without an experiment is not ours to refuse
             continue
         batch = ResourceBatch(*checked, digest=hashlib.blake2b(rm.SerializeToString(), digest_size=16).digest())
         before = refused.count
-        for metric in metrics:
-            _metric(batch, metric, limits, refused)
+        groups: dict[_Group, StateRows | str] = {}
+        for sm in rm.scope_metrics:
+            refused.received += _scope(batch, groups, sm.metrics, limits, refused)
+        batch.states = [rows for rows in batch.states if rows.keys]
         batch.refused = refused.count - before
         batches.append(batch)
     return batches
 
 
-def _metric(batch: ResourceBatch, metric: Any, limits: Limits, refused: Refusals) -> None:
-    name = metric.name
-    kind = metric.WhichOneof("data")
-    if kind is None:
-        return
-    points = getattr(metric, kind).data_points
-    if name == attr.FLUSH_MARKER:
-        for p in points:
-            marker = decode_marker(attributes(p.attributes))
-            if isinstance(marker, str):
-                refused.add(1, f"{name}: {marker}")
-            else:
-                batch.markers.append(marker)
-        return
-    if name == attr.GOODBYE:
-        batch.goodbye = True
-        return
-    if clean_text(name, limits.max_name_chars) is None:
-        shown = f"{name[:40]!r}..."
-        refused.add(
-            len(points), f"{shown}: metric name of {len(name)} characters is empty, too long or has control characters"
-        )
-        return
-    custom: dict[tuple[str, int | None, int], dict[str, Any]] = {}
-    for p in points:
-        a = attributes(p.attributes)
-        reduce = a.get(attr.REDUCE)
+_Group = tuple[str, int | None]
+_Shape = tuple[str | None, int | None, Mapping[str, Any], _Group | None, Reader | None]
+"""(reduce, step, the other attributes, (reduce, step), the reduce type's reader): what an
+attribute list means. Reduce None: not rankscope's; reader None: a custom reduce type."""
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
+_FOREIGN: _Shape = (None, None, _NOTHING, None, None)
+_SHAPES: dict[tuple[bytes, ...], _Shape | str] = {}
+"""Encoded attribute list -> its shape, or why it is refused. A pure function of the bytes, so
+shared by every request; bounded, and never holding a value of its own (``rankscope.sum_sq``)
+or a long list."""
+_MAX_SHAPES = 65_536
+_MAX_SHAPE_BYTES = 512
+_NAMES: set[str] = set()
+"""Metric names that passed ``clean_text`` (bounded like ``_SHAPES``)."""
+
+
+def _shape(raw: tuple[bytes, ...]) -> _Shape | str:
+    """Decode an attribute list that is not in ``_SHAPES`` (and keep it there when worth it)."""
+    head = _SHAPES.get(raw[:-1]) if len(raw) > 1 else None
+    if isinstance(head, tuple) and head[3] is not None and not head[2]:  # a known list + ``rankscope.sum_sq``
+        last = decode_attributes(raw[-1:])
+        if isinstance(last, dict) and attr.REDUCE not in last and attr.STEP not in last:
+            return (head[0], head[1], last, head[3], head[4])
+    a = decode_attributes(raw)
+    shape: _Shape | str
+    if isinstance(a, str):
+        shape = a
+    else:
+        reduce = a.pop(attr.REDUCE, None)
+        step = decode_step(a.pop(attr.STEP, None))
         if reduce is None:
-            batch.foreign += 1
+            shape = _FOREIGN
+        elif not isinstance(reduce, str):
+            shape = f"{attr.REDUCE} must be a string, got {type(reduce).__name__}"
+        elif isinstance(step, str):
+            shape = step
+        else:
+            reduce = reduce.lower()
+            shape = (reduce, step, a or _NOTHING, (reduce, step), READERS.get(reduce))
+        if SUM_SQ in a:  # a value of its own: keep the list without it instead (the next one hits)
+            if len(raw) > 1:
+                _shape(raw[:-1])
+            return shape
+    if sum(len(kv) for kv in raw) <= _MAX_SHAPE_BYTES:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        _SHAPES[raw] = shape
+    return shape
+
+
+def _scope(
+    batch: ResourceBatch,
+    groups: dict[_Group, StateRows | str],
+    metrics: Any,
+    limits: Limits,
+    refused: Refusals,
+) -> int:
+    """Check one scope's metrics into ``batch``; returns how many points they held.
+
+    A sink's hot path: per point one attribute-list lookup, one group lookup and one reader
+    call; the rest is resolved once per distinct attribute list or (reduce, step)."""
+    received = 0
+    for metric in metrics:
+        kind = metric.WhichOneof("data")
+        if kind is None:
             continue
-        why = _point(batch, name, kind, p, a, reduce, limits, custom)
-        if why is not None:
-            refused.add(1, f"{name}: {why}")
+        name = metric.name
+        points = getattr(metric, kind).data_points
+        n = len(points)
+        received += n
+        if name == attr.FLUSH_MARKER:
+            _markers(batch, points, refused)
+            continue
+        if name == attr.GOODBYE:
+            batch.goodbye = True
+            continue
+        if len(name) > limits.max_name_chars or (name not in _NAMES and not _clean_name(name, limits)):
+            why = f"metric name of {len(name)} characters is empty, too long or has control characters"
+            refused.add(n, f"{name[:40]!r}...: {why}")
+            continue
+        custom: dict[tuple[str, int | None, int], dict[str, Any]] | None = None
+        for p in points if n != 1 else (points[0],):  # indexing one point is cheaper than iterating
+            raw = tuple(p.attributes[:])  # a slice: tuple() over the container itself is 3x slower
+            shape = _SHAPES.get(raw) or _shape(raw)
+            if isinstance(shape, str):
+                refused.add(1, f"{name}: {shape}")
+                continue
+            _, _, extra, group, reader = shape
+            if group is None:
+                batch.foreign += 1
+                continue
+            target = groups.get(group)
+            if target is None:
+                target = groups[group] = _group(batch, group)
+            if isinstance(target, str):
+                refused.add(1, f"{name}: {target}")
+                continue
+            if reader is None:  # a custom reduce type: one Gauge point per numeric state field
+                found = decode_custom_field(target.reduce, kind, p, extra)
+                if isinstance(found, str):
+                    refused.add(1, f"{name}: {found}")
+                else:
+                    state = {"reduction_type": target.reduce}
+                    custom = {} if custom is None else custom
+                    custom.setdefault((*group, p.time_unix_nano), state)[found[0]] = found[1]
+                continue
+            row = reader(kind, p, extra, limits.max_buckets)
+            if isinstance(row, str):
+                refused.add(1, f"{name}: {row}")
+                continue
+            target.keys.append(name)
+            target.rows.append(row)
+        if custom is not None:
+            _custom_states(name, custom, groups, refused)
+    return received
+
+
+def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:
+    for p in points:
+        a = decode_attributes(p.attributes)
+        marker = a if isinstance(a, str) else decode_marker(a)
+        if isinstance(marker, str):
+            refused.add(1, f"{attr.FLUSH_MARKER}: {marker}")
+        else:
+            batch.markers.append(marker)
+
+
+def _custom_states(
+    name: str,
+    custom: dict[tuple[str, int | None, int], dict[str, Any]],
+    groups: dict[_Group, StateRows | str],
+    refused: Refusals,
+) -> None:
+    """A custom reduce type's states, assembled from their fields' points, checked once each."""
     for (reduce, step, _), state in custom.items():
         why = check_custom_state(reduce, state)
-        if why is None:
-            batch.points.append(Point(name, reduce, step, state))
-        else:
+        target = groups[(reduce, step)]
+        if why is not None:
             refused.add(1, f"{name}: {why}")
+        elif isinstance(target, StateRows):
+            target.keys.append(name)
+            target.rows.append((state,))
 
 
-def _point(
-    batch: ResourceBatch,
-    name: str,
-    kind: str,
-    p: Any,
-    a: Mapping[str, Any],
-    reduce: Any,
-    limits: Limits,
-    custom: dict[tuple[str, int | None, int], dict[str, Any]],
-) -> str | None:
-    """Append the checked point to ``batch``, or return why it is refused."""
-    if not isinstance(reduce, str):
-        return f"{attr.REDUCE} must be a string, got {type(reduce).__name__}"
-    reduce = reduce.lower()
-    step = decode_step(a.get(attr.STEP))
-    if isinstance(step, str):
-        return step
+def _clean_name(name: str, limits: Limits) -> bool:
+    if clean_text(name, limits.max_name_chars) is None:
+        return False
+    if len(_NAMES) >= _MAX_SHAPES:
+        _NAMES.clear()
+    _NAMES.add(name)
+    return True
+
+
+def _group(batch: ResourceBatch, group: _Group) -> StateRows | str:
+    """The batch's rows of (reduce, step), or why that reduce type is refused."""
+    reduce, step = group
     if reduce not in BUILTIN_REDUCES:
         try:
             Reduce.get(reduce)
         except KeyError:
             return f"unknown reduce type {reduce[:64]!r}"
-        found = decode_custom_field(reduce, kind, p, a)
-        if isinstance(found, str):
-            return found
-        custom.setdefault((reduce, step, p.time_unix_nano), {"reduction_type": reduce})[found[0]] = found[1]
-        return None
-    state = decode_state(reduce, kind, p, a, limits.max_buckets)
-    if isinstance(state, str):
-        return state
-    batch.points.append(Point(name, reduce, step, state))
-    return None
+    rows = StateRows(reduce, step)
+    batch.states.append(rows)
+    return rows
 
 
 def _count(metric: Any) -> int:
@@ -244,7 +351,13 @@ def _count(metric: Any) -> int:
 
 def _has_reduce(metric: Any) -> bool:
     kind = metric.WhichOneof("data")
-    return bool(kind) and any(kv.key == attr.REDUCE for p in getattr(metric, kind).data_points for kv in p.attributes)
+    if not kind:
+        return False
+    for p in getattr(metric, kind).data_points:
+        a = decode_attributes(p.attributes)
+        if isinstance(a, str) or attr.REDUCE in a:
+            return True
+    return False
 
 
 def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[ResourceBatch]:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.paths import safe_component
+from ..otlp.metrics import FIELDS, row_of
 
 log = logging.getLogger("rankscope.sink")
 
@@ -257,20 +258,35 @@ class WriteAheadLog:
         self._lock_file.close()
 
 
-def encode_record(digest: bytes, resource: dict[str, Any], points: list[Any], markers: list[Any]) -> bytes:
+_RECORD_VERSION = 2
+
+
+def encode_record(digest: bytes, resource: dict[str, Any], states: list[Any], markers: list[Any]) -> bytes:
+    """A record's payload: the checked rows (``validate.StateRows``) and markers of one step."""
     return marshal.dumps(
         (
+            _RECORD_VERSION,
             digest,
             resource,
-            [(p.key, p.reduce, p.step, p.state) for p in points],
+            [(s.reduce, s.step, s.keys, s.rows) for s in states],
             [(m.step, m.expected, m.driven) for m in markers],
         )
     )
 
 
 def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], list[Any]]:
-    digest, resource, points, markers = marshal.loads(payload)
-    return digest, resource, points, markers
+    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven)]) of a payload."""
+    record = marshal.loads(payload)
+    if len(record) == 4:  # version 1 (before rows): one (key, reduce, step, state) per point
+        digest, resource, points, markers = record
+        grouped: dict[tuple[str, int], tuple[list[str], list[Any]]] = {}
+        for key, reduce, step, state in points:
+            keys, rows = grouped.setdefault((reduce, step), ([], []))
+            keys.append(key)
+            rows.append(row_of(reduce, state) if reduce in FIELDS else (state,))
+        return digest, resource, [(r, s, keys, rows) for (r, s), (keys, rows) in grouped.items()], markers
+    _, digest, resource, states, markers = record
+    return digest, resource, states, markers
 
 
 def default_state_dir() -> Path:

@@ -1,0 +1,75 @@
+"""OTLP metric requests whose points keep their attributes as raw bytes.
+
+One process's request repeats a handful of attribute lists (``{rankscope.reduce,
+rankscope.step}``) over hundreds of points, and a sink takes a thousand such requests per
+step. Turning every ``KeyValue`` into a message and a dict costs more than the rest of the
+ingest path together, so the sink parses requests with ``RawExportMetricsServiceRequest``: the
+OTLP message with the same field numbers (wire-identical), except that every data point's
+``attributes`` is declared ``repeated bytes``. Each point then yields its encoded KeyValues as
+bytes, and an identical list is decoded once (the sink's edge caches what it means).
+
+Built at import from the OTLP package's own descriptors, in a private descriptor pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+
+from .common import any_value
+
+_POINTS = ("NumberDataPoint", "HistogramDataPoint", "ExponentialHistogramDataPoint", "SummaryDataPoint")
+
+
+def _file(module: Any) -> descriptor_pb2.FileDescriptorProto:
+    proto = descriptor_pb2.FileDescriptorProto()
+    module.DESCRIPTOR.CopyToProto(proto)
+    return proto
+
+
+def _raw_request_class() -> Any:
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_file(common_pb2))
+    pool.Add(_file(resource_pb2))
+    metrics = _file(metrics_pb2)
+    for message in metrics.message_type:
+        if message.name in _POINTS:
+            for field in message.field:
+                if field.name == "attributes":
+                    field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+                    field.ClearField("type_name")
+    pool.Add(metrics)
+    pool.Add(_file(metrics_service_pb2))
+    name = metrics_service_pb2.ExportMetricsServiceRequest.DESCRIPTOR.full_name
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+
+
+RawExportMetricsServiceRequest = _raw_request_class()
+"""``ExportMetricsServiceRequest`` with raw point attributes (``FromString``, ``ParseFromString``)."""
+
+
+def raw_request(request: Any) -> Any:
+    """``request`` as a ``RawExportMetricsServiceRequest`` (re-encoded if it is the plain message)."""
+    if isinstance(request, RawExportMetricsServiceRequest):
+        return request
+    return RawExportMetricsServiceRequest.FromString(request.SerializeToString())
+
+
+def decode_attributes(raw: Sequence[bytes]) -> dict[str, Any] | str:
+    """A point's encoded KeyValues as ``{key: scalar}`` (None for arrays, maps and bytes),
+    or why they do not decode. Never raises."""
+    out: dict[str, Any] = {}
+    for encoded in raw:
+        try:
+            kv = common_pb2.KeyValue.FromString(encoded)
+        except (DecodeError, RecursionError, ValueError):
+            return "undecodable point attribute"
+        out[kv.key] = any_value(kv.value)
+    return out
