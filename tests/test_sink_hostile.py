@@ -228,3 +228,36 @@ def test_fuzzed_requests_get_otlp_answers_and_nobody_else_notices(make_sink) -> 
     steady.close()
     assert sink.status("steady")["last_finalized_step"] == step  # every step finalized, by its grace timer
     assert sink.health() == (True, [])
+
+
+def test_undecodable_point_attributes_are_refused_per_point(make_sink) -> None:
+    """The sink parses point attributes as raw bytes (``otlp.raw``) and decodes them itself: a
+    KeyValue that is not one (bad UTF-8, truncated, nested past protobuf's recursion limit) is a
+    refused point with a reason, and the request's other points are taken."""
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    from rankscope.otlp.raw import RawExportMetricsServiceRequest
+
+    def field(number: int, payload: bytes) -> bytes:  # a length-delimited protobuf field
+        return _VarintBytes(number << 3 | 2) + _VarintBytes(len(payload)) + payload
+
+    deep = field(1, b"k")  # KeyValue{key: "k"}
+    for _ in range(150):  # KeyValue{value: AnyValue{kvlist_value: {values: [...]}}}, past upb's depth limit
+        deep = field(1, b"k") + field(2, field(6, field(1, deep)))
+    bad_attributes = [
+        b"\x0a\x02\xff\xfe",  # key: invalid UTF-8
+        b"\x0a\x10rankscope",  # key: truncated
+        deep,
+    ]
+    sink = make_sink()
+    conn = Http(sink.http_port)
+    for bad in bad_attributes:
+        good_and_bad = request([gauge("ok", 1.0), gauge("bad", 2.0)]).SerializeToString()
+        r = RawExportMetricsServiceRequest.FromString(good_and_bad)
+        r.resource_metrics[0].scope_metrics[0].metrics[1].gauge.data_points[0].attributes.append(bad)
+        status, data = conn.post(r.SerializeToString())
+        assert status == 200, data
+        answer = mpb.ExportMetricsServiceResponse.FromString(data).partial_success
+        assert answer.rejected_data_points == 1 and "bad: undecodable point attribute" in answer.error_message
+    conn.close()
+    assert sink.status("hostile")["points"] == len(bad_attributes)  # every "ok" point was taken

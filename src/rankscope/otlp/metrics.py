@@ -36,7 +36,7 @@ from ..catalog import unit_of
 from ..core import names as attr
 from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, MetricAccumulator, Reduce
 from .common import attributes, decode_step, key_value, number
-from .raw import decode_attributes, raw_request
+from .raw import decode_attributes, resource_metrics
 
 SUM_SQ = "rankscope.sum_sq"
 _DELTA = pb.AGGREGATION_TEMPORALITY_DELTA
@@ -356,7 +356,7 @@ def decode(request: Any) -> Iterator[DecodedPoint]:
     """Every rankscope state in an ``ExportMetricsServiceRequest`` that decodes; others are
     skipped. For tests and tools: a sink's edge (``sink.validate``) reads the same rows, counts
     and answers what it refuses, and is built for speed."""
-    for rm in raw_request(request).resource_metrics:
+    for _, rm in resource_metrics(request):
         resource = attributes(rm.resource.attributes)
         for sm in rm.scope_metrics:
             for metric in sm.metrics:

@@ -8,7 +8,11 @@ OTLP message with the same field numbers (wire-identical), except that every dat
 ``attributes`` is declared ``repeated bytes``. Each point then yields its encoded KeyValues as
 bytes, and an identical list is decoded once (the sink's edge caches what it means).
 
-Built at import from the OTLP package's own descriptors, in a private descriptor pool.
+``parse_metrics`` goes one level further up: it keeps each ResourceMetrics' bytes as they
+arrived next to its parsed message, so a sink can fingerprint what a process sent (to know a
+retry) without encoding it again.
+
+Built at import from the OTLP package's own descriptors, in private descriptor pools.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def _file(module: Any) -> descriptor_pb2.FileDescriptorProto:
     return proto
 
 
-def _raw_request_class() -> Any:
+def _raw_classes() -> tuple[Any, Any]:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(_file(common_pb2))
     pool.Add(_file(resource_pb2))
@@ -47,19 +51,48 @@ def _raw_request_class() -> Any:
                     field.ClearField("type_name")
     pool.Add(metrics)
     pool.Add(_file(metrics_service_pb2))
-    name = metrics_service_pb2.ExportMetricsServiceRequest.DESCRIPTOR.full_name
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    request = metrics_service_pb2.ExportMetricsServiceRequest.DESCRIPTOR
+    resource_metrics = metrics_pb2.ResourceMetrics.DESCRIPTOR
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(request.full_name)),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(resource_metrics.full_name)),
+    )
 
 
-RawExportMetricsServiceRequest = _raw_request_class()
-"""``ExportMetricsServiceRequest`` with raw point attributes (``FromString``, ``ParseFromString``)."""
+def _split_class() -> Any:
+    """``ExportMetricsServiceRequest`` with ``resource_metrics`` declared ``repeated bytes``."""
+    proto = descriptor_pb2.FileDescriptorProto(name="rankscope/split_metrics.proto", package="rankscope.split")
+    message = proto.message_type.add(name="ExportMetricsServiceRequest")
+    message.field.add(
+        name="resource_metrics",
+        number=metrics_service_pb2.ExportMetricsServiceRequest.RESOURCE_METRICS_FIELD_NUMBER,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("rankscope.split.ExportMetricsServiceRequest"))
 
 
-def raw_request(request: Any) -> Any:
-    """``request`` as a ``RawExportMetricsServiceRequest`` (re-encoded if it is the plain message)."""
-    if isinstance(request, RawExportMetricsServiceRequest):
+RawExportMetricsServiceRequest, RawResourceMetrics = _raw_classes()
+"""``ExportMetricsServiceRequest`` and ``ResourceMetrics`` with raw point attributes."""
+_SplitRequest = _split_class()
+
+ParsedMetrics = list[tuple[bytes, Any]]
+"""A request's ResourceMetrics: (the bytes it arrived as, its ``RawResourceMetrics``)."""
+
+
+def parse_metrics(body: bytes) -> ParsedMetrics:
+    """An encoded ``ExportMetricsServiceRequest``, parsed; raises ``DecodeError`` if it is not one."""
+    split = _SplitRequest.FromString(body)
+    return [(encoded, RawResourceMetrics.FromString(encoded)) for encoded in split.resource_metrics]
+
+
+def resource_metrics(request: Any) -> ParsedMetrics:
+    """``parse_metrics`` of a request in any form: already parsed, bytes, or any message of it."""
+    if isinstance(request, list):
         return request
-    return RawExportMetricsServiceRequest.FromString(request.SerializeToString())
+    return parse_metrics(request if isinstance(request, bytes) else request.SerializeToString())
 
 
 def decode_attributes(raw: Sequence[bytes]) -> dict[str, Any] | str:

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ..otlp.raw import RawExportMetricsServiceRequest
+from ..otlp.raw import parse_metrics
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -50,7 +50,8 @@ class HttpError(Exception):
 @dataclass(frozen=True, slots=True)
 class Decoded:
     signal: str
-    request: Message
+    request: Any
+    """A protobuf request; metrics over protobuf: ``otlp.raw.parse_metrics``'s list."""
     response_class: type[Message]
     json: bool
 
@@ -71,9 +72,11 @@ def decode_body(
     if kind not in (PROTOBUF, JSON):
         raise HttpError(415, f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
     body = decompress(body, content_encoding, max_bytes)
-    request = RawExportMetricsServiceRequest() if signal == "metrics" and kind == PROTOBUF else request_class()
+    request: Any = request_class()
     try:
-        if kind == PROTOBUF:
+        if kind == PROTOBUF and signal == "metrics":
+            request = parse_metrics(body)  # each ResourceMetrics with the bytes it came as (``otlp.raw``)
+        elif kind == PROTOBUF:
             request.ParseFromString(body)
         else:
             json_format.ParseDict(hex_ids_to_base64(json.loads(body)), request, ignore_unknown_fields=True)

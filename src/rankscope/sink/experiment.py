@@ -18,9 +18,13 @@ The rules (documented in the README):
   processes) join the step in progress: the lowest open step, else the one after the last
   finalized step.
 * Points for a finalized step are late: counted (``rankscope/late_points``), merged into
-  the step's retained states, and written again as a late update of that step, at most
-  once per step per ``late_interval`` (a flood of late processes costs one rewrite, not one
-  per request).
+  the step's retained running states, and written again as a late update of that step, at
+  most once per step per ``late_interval`` (a flood of late processes costs one rewrite, not
+  one per request). A late update's per-process values are those of the late processes.
+
+Each key of a step is one running state (``sink.merge``): what arrives is merged at once,
+and nothing is kept per point past the step's view except the rows a view may ask
+per-process values of.
 
 Input comes checked from ``sink.validate``; the limits that depend on the experiment's own
 state (steps within ``step_window`` of the frontier, processes, keys per step, late points

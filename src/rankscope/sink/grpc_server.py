@@ -9,6 +9,7 @@ OTLP clients retry with backoff. The bearer token is compared as the HTTP side d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
-from ..otlp.raw import RawExportMetricsServiceRequest
+from ..otlp.raw import parse_metrics
 from .bodies import OverloadedError
 from .http_server import authorized
 
@@ -26,25 +27,26 @@ if TYPE_CHECKING:
     from .service import Sink
 
 _SERVICES = (
-    ("opentelemetry.proto.collector.metrics.v1.MetricsService", RawExportMetricsServiceRequest,
+    ("opentelemetry.proto.collector.metrics.v1.MetricsService", parse_metrics,
      metrics_pb.ExportMetricsServiceResponse, "export_metrics", "rejected_data_points"),
-    ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb.ExportTraceServiceRequest,
+    ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb.ExportTraceServiceRequest.FromString,
      trace_pb.ExportTraceServiceResponse, "export_traces", "rejected_spans"),
-    ("opentelemetry.proto.collector.logs.v1.LogsService", logs_pb.ExportLogsServiceRequest,
+    ("opentelemetry.proto.collector.logs.v1.LogsService", logs_pb.ExportLogsServiceRequest.FromString,
      logs_pb.ExportLogsServiceResponse, "export_logs", "rejected_log_records"),
 )  # fmt: skip
 
 
-def _handler(sink: Sink, request_class: type, response_class: type, export_name: str, rejected_field: str) -> Any:
+def _handler(
+    sink: Sink, parse: Callable[[bytes], Any], response_class: type, export_name: str, rejected_field: str
+) -> Any:
     export = getattr(sink, export_name)
 
     def handle(body: bytes, context: Any) -> Any:
         sent = dict(context.invocation_metadata()).get("authorization")
         if not authorized(sink.config.token, sent):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-        request = request_class()
         try:
-            request.ParseFromString(body)
+            request = parse(body)
         except (DecodeError, ValueError, RecursionError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable OTLP request: {exc}")
         try:
@@ -67,8 +69,8 @@ def start_grpc(sink: Sink, host: str, port: int) -> tuple[Any, int]:
         futures.ThreadPoolExecutor(max_workers=sink.config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
-    for service, request_class, response_class, export_name, rejected_field in _SERVICES:
-        handler = _handler(sink, request_class, response_class, export_name, rejected_field)
+    for service, parse, response_class, export_name, rejected_field in _SERVICES:
+        handler = _handler(sink, parse, response_class, export_name, rejected_field)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": handler}),))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

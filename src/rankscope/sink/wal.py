@@ -134,11 +134,20 @@ class ExperimentLog:
         _fsync_dir(self.directory)
 
     def sync(self) -> None:
+        """Make every appended record durable. The fsync runs on a duplicate of the segment's
+        descriptor, outside the lock, so appends (the experiment's ingest) go on meanwhile."""
         with self._lock:
             target = self.seq
-            if self._fd is not None and self.durable < target:
-                os.fsync(self._fd)
-            self.durable = target
+            if self._fd is None or self.durable >= target:
+                self.durable = max(self.durable, target)
+                return
+            fd = os.dup(self._fd)  # a rotation may close the segment's own descriptor meanwhile
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.durable = max(self.durable, target)
 
     def written_view(self, step: int, seq: int, last_finalized: int, attempt: int, force: bool = False) -> None:
         """A view wrote ``step`` covering records up to ``seq``: checkpoint (at most every 0.1 s)."""
