@@ -95,14 +95,24 @@ def resource_metrics(request: Any) -> ParsedMetrics:
     return parse_metrics(request if isinstance(request, bytes) else request.SerializeToString())
 
 
+def decode_attribute(encoded: bytes) -> tuple[str, Any] | None:
+    """One encoded KeyValue as (key, scalar) (None for arrays, maps and bytes), or None if it
+    does not decode. Never raises."""
+    try:
+        kv = common_pb2.KeyValue.FromString(encoded)
+    except (DecodeError, RecursionError, ValueError):
+        return None
+    value = kv.value
+    return kv.key, value.double_value or any_value(value)  # a non-zero double needs no oneof test
+
+
 def decode_attributes(raw: Sequence[bytes]) -> dict[str, Any] | str:
-    """A point's encoded KeyValues as ``{key: scalar}`` (None for arrays, maps and bytes),
-    or why they do not decode. Never raises."""
+    """A point's encoded KeyValues as ``{key: scalar}`` (``decode_attribute``), or why they do
+    not decode. Never raises."""
     out: dict[str, Any] = {}
     for encoded in raw:
-        try:
-            kv = common_pb2.KeyValue.FromString(encoded)
-        except (DecodeError, RecursionError, ValueError):
+        found = decode_attribute(encoded)
+        if found is None:
             return "undecodable point attribute"
-        out[kv.key] = any_value(kv.value)
+        out[found[0]] = found[1]
     return out

@@ -227,6 +227,10 @@ class Experiment:
         self.merged_points = 0
         self.foreign_points = 0
         self.internal_errors = 0
+        self._version = 0
+        """Bumped by whatever decides who a step waits for (markers, processes coming and going)."""
+        self._checked: tuple[int, int, list[tuple[str, Any]]] = (-1, -1, [])
+        """(step, version, absent): ``ready`` re-checks a step only when the version moved."""
         self.seen: OrderedDict[bytes, None] = OrderedDict()
         """Digests of recently taken ResourceMetrics: a client's retry is acknowledged, not merged twice."""
 
@@ -273,6 +277,7 @@ class Experiment:
 
     def _new_attempt(self, attempt: int) -> None:
         """A restarted job (torchelastic restart count went up) replays steps from its checkpoint."""
+        self._version += 1
         self.attempt = attempt
         for p in self.processes.values():
             if p.attempt < attempt:
@@ -310,6 +315,7 @@ class Experiment:
             return 0
         if not process.live and process.attempt >= self.attempt:
             process.live = True  # it came back
+            self._version += 1
         frontier = self.frontier
         horizon = None if frontier is None else frontier + self.limits.step_window
         parts: dict[int, ResourceBatch] = {}
@@ -339,6 +345,7 @@ class Experiment:
                 taken += self._merge(process, step, part, log(step, part) if log is not None else seq, now)
         if batch.goodbye:
             process.live = False
+            self._version += 1
         self.points += taken
         if process.merged:
             self.merged_points += taken
@@ -417,6 +424,7 @@ class Experiment:
         return process
 
     def _marker(self, process: Process, step: int, expected: int, driven: bool, now: float) -> None:
+        self._version += 1
         process.stepped = True
         process.live = True
         process.last_marker = max(process.last_marker, step)
@@ -464,7 +472,9 @@ class Experiment:
         now = self.clock()
         while self._open:
             step = min(self._open)
-            absent = self._absent(step)
+            if self._checked[:2] != (step, self._version):  # nothing that decides it changed: reuse
+                self._checked = (step, self._version, self._absent(step))
+            absent = self._checked[2]
             bucket = self._open[step]
             if absent and not force and now - bucket.opened < self.grace:
                 break
@@ -501,6 +511,7 @@ class Experiment:
 
     def _give_up_on(self, absent: list[tuple[str, Any]]) -> None:
         """Named once, not waited for again until they report (a dead rank costs one grace period)."""
+        self._version += 1
         for _, what in absent:
             if isinstance(what, Process):
                 what.live = False

@@ -39,7 +39,7 @@ from ..otlp.common import attributes, decode_step
 from ..otlp.logs import decode_stream, is_stream
 from ..otlp.markers import Marker, decode_marker
 from ..otlp.metrics import MAX_BUCKETS, READERS, SUM_SQ, Reader, Row, check_custom_state, decode_custom_field
-from ..otlp.raw import decode_attributes, resource_metrics
+from ..otlp.raw import decode_attribute, decode_attributes, resource_metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,17 +194,18 @@ shared by every request; bounded, and never holding a value of its own (``ranksc
 or a long list."""
 _MAX_SHAPES = 65_536
 _MAX_SHAPE_BYTES = 512
-_NAMES: set[str] = set()
-"""Metric names that passed ``clean_text`` (bounded like ``_SHAPES``)."""
+_KINDS: dict[str, str] = {}
+"""Metric names that passed ``clean_text`` -> the point kind they came with last (bounded like
+``_SHAPES``)."""
 
 
 def _shape(raw: tuple[bytes, ...]) -> _Shape | str:
     """Decode an attribute list that is not in ``_SHAPES`` (and keep it there when worth it)."""
     head = _SHAPES.get(raw[:-1]) if len(raw) > 1 else None
     if isinstance(head, tuple) and head[3] is not None and not head[2]:  # a known list + ``rankscope.sum_sq``
-        last = decode_attributes(raw[-1:])
-        if isinstance(last, dict) and attr.REDUCE not in last and attr.STEP not in last:
-            return (head[0], head[1], last, head[3], head[4])
+        last = decode_attribute(raw[-1])
+        if last is not None and last[0] == SUM_SQ:
+            return (head[0], head[1], {SUM_SQ: last[1]}, head[3], head[4])
     a = decode_attributes(raw)
     shape: _Shape | str
     if isinstance(a, str):
@@ -245,11 +246,16 @@ def _scope(
     call; the rest is resolved once per distinct attribute list or (reduce, step)."""
     received = 0
     for metric in metrics:
-        kind = metric.WhichOneof("data")
-        if kind is None:
-            continue
         name = metric.name
-        points = getattr(metric, kind).data_points
+        kind = _KINDS.get(name, "")  # the oneof test costs more than trying the kind this name had last
+        points = getattr(metric, kind).data_points if kind else ()
+        clean = True
+        if not points:  # a new name, another kind this time, or no points
+            kind = metric.WhichOneof("data") or ""
+            if not kind:
+                continue
+            points = getattr(metric, kind).data_points
+            clean = _clean_name(name, kind, limits)
         n = len(points)
         received += n
         if name == attr.FLUSH_MARKER:
@@ -258,7 +264,7 @@ def _scope(
         if name == attr.GOODBYE:
             batch.goodbye = True
             continue
-        if len(name) > limits.max_name_chars or (name not in _NAMES and not _clean_name(name, limits)):
+        if not clean or len(name) > limits.max_name_chars:
             why = f"metric name of {len(name)} characters is empty, too long or has control characters"
             refused.add(n, f"{name[:40]!r}...: {why}")
             continue
@@ -326,12 +332,13 @@ def _custom_states(
             target.rows.append((state,))
 
 
-def _clean_name(name: str, limits: Limits) -> bool:
-    if clean_text(name, limits.max_name_chars) is None:
+def _clean_name(name: str, kind: str, limits: Limits) -> bool:
+    """Whether a metric name passes ``clean_text``; a clean one is kept in ``_KINDS``."""
+    if name not in _KINDS and clean_text(name, limits.max_name_chars) is None:
         return False
-    if len(_NAMES) >= _MAX_SHAPES:
-        _NAMES.clear()
-    _NAMES.add(name)
+    if len(_KINDS) >= _MAX_SHAPES:
+        _KINDS.clear()
+    _KINDS[name] = kind
     return True
 
 
