@@ -99,6 +99,8 @@ CORPUS: list[tuple[str, list[pb.Metric], int, str]] = [
     ("max on a Histogram", [histogram("h", "max")], 1, "travels as a Gauge"),
     ("ExponentialHistogram at scale 0", [exponential("e", scale=0)], 1, "scale 0"),
     ("ExponentialHistogram offset 2e9", [exponential("e", offset=2_000_000_000)], 1, "offset"),
+    ("ExponentialHistogram below the smallest double", [exponential("e", offset=-1074 * 64 - 2)], 1, "offset"),
+    ("200 attributes on one point", [gauge("many", 1.0, **{f"a{i}": i for i in range(200)})], 1, "point attributes"),
     ("mean as a Gauge with a state field", [gauge("m", 1.0, "mean", **{attr.STATE_FIELD: "count"})], 1, "Histogram"),
     ("negative step", [gauge("s", 1.0, step=-5)], 1, "negative"),
     ("string step", [gauge("s", 1.0, step="abc")], 1, "integer"),

@@ -10,6 +10,7 @@ NaN first, then the lowest rank.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from hypothesis import given, settings
@@ -25,16 +26,20 @@ from rankscope.sink.merge import holder, merge_rows, reduced
 
 BUILTIN = ["mean", "sum", "max", "min", "std", "count", "last", "distribution"]
 
+EXACT = sys.version_info < (3, 12)
+"""Python 3.12's ``sum()`` of floats is compensated; a running ``+=`` (and 3.11's sum) is not: there
+the two agree to rounding, and cancelling huge values are left out."""
+
 values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, width=32),
-    st.sampled_from([0.0, -0.0, 1e300, -1e300, math.inf, -math.inf, math.nan]),
+    st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan] + ([1e300, -1e300] if EXACT else [])),
 )
 
 
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b or (a != a and b != b)
+    return a == b or (a != a and b != b) or (not EXACT and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6))
 
 
 @settings(max_examples=300, deadline=None)
@@ -117,3 +122,18 @@ def test_the_raw_view_is_wire_identical_and_decodes_as_the_real_message() -> Non
         assert decode_attributes(raw_point.attributes) == attributes(real_point.attributes)
     decoded = {p.key: (p.reduce, p.step) for p in decode(request)}
     assert decoded == {f"k{i}": (reduce, 4) for i, reduce in enumerate(BUILTIN)}
+
+
+def test_the_smallest_double_s_bucket_reduces_without_error() -> None:
+    """The edge admits bucket indices down to the smallest double's; its percentile underflows to 0."""
+    kind = Reduce.DISTRIBUTION
+    acc = kind.accumulator_class(kind)
+    acc.append(5e-324)  # 2**-1074
+    state = acc.get_state()
+    assert min(state["positive"]) == -1074 * 64 - 1
+    into: dict[str, Any] = {}
+    merge_rows(into, "distribution", ["d"], [row_of("distribution", state)], 0, "x")
+    value = reduced("distribution", into["d"])
+    assert isinstance(value, dict) and value["p50"] == 5e-324
+    far = {**state, "positive": {-1075 * 64: 1}, "min": 0.0, "max": 1.0}  # past it: refused at the edge
+    assert kind.accumulator_class.get_reduced_value_from_states([far])["p50"] == 0.0

@@ -197,3 +197,18 @@ def _wait_rows(sink: Any, path: Any, done: Any, timeout: float = 20.0) -> list[d
             return rows
         time.sleep(0.1)
     raise AssertionError(f"timed out; rows so far: {rows}")
+
+
+def test_late_per_process_values_are_whole_or_absent() -> None:
+    """A late update's global value is the whole step's; per process, a process whose data all came
+    late has its value, and one that sent part in time is not given a partial value."""
+    clock = Clock()
+    e = Experiment("x", grace=1, clock=clock)
+    ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
+    clock.now = 1.5
+    (view,) = e.ready()
+    assert values_of(view)["n"] == 1.0 and [p.label for p in view.per_process] == ["trainer_r0"]
+    ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=0, marker=False))
+    (late,) = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [4.0])}, step=0))
+    assert late.late and values_of(late)["n"] == 7.0
+    assert {p.label: [m.value for m in ms] for p, ms in late.per_process.items()} == {"trainer_r1": [4.0]}

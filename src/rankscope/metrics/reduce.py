@@ -42,6 +42,7 @@ class Reduce:
     DISTRIBUTION: ClassVar[Reduce]
 
     _registry: ClassVar[dict[str, Reduce]] = {}
+    _plugins: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, value: str, accumulator_class: type[MetricAccumulator]) -> None:
         self.value = value
@@ -81,9 +82,11 @@ class Reduce:
         key = name.lower()
         found = cls._registry.get(key)
         if found is None:
-            for ep in entry_points(group="rankscope.reducers"):
-                if ep.name.lower() == key:
-                    found = cls.register(ep.name, ep.load())
+            if cls._plugins is None:  # read once: a sink looks up every unknown name a client sends
+                cls._plugins = {ep.name.lower(): ep for ep in entry_points(group="rankscope.reducers")}
+            ep = cls._plugins.get(key)
+            if ep is not None:
+                found = cls.register(ep.name, ep.load())
         if found is None:
             raise KeyError(f"unknown reduce type {name!r}; known: {sorted(cls._registry)}")
         return found
@@ -433,7 +436,8 @@ class DistributionAccumulator(MetricAccumulator):
 def _harmonic_mid(index: int, base: float) -> float:
     lower = base**index
     upper = lower * base
-    return 2.0 * lower * upper / (lower + upper)
+    total = lower + upper
+    return 2.0 * lower * upper / total if total else 0.0  # buckets past the smallest double underflow
 
 
 def _rank_value(ordered: list[tuple[float, int]], rank: int, lo: float, hi: float) -> float:

@@ -276,8 +276,8 @@ def _distribution(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int)
     if not DISTRIBUTION_SCALE <= p.scale <= MAX_SCALE:
         return f"scale {p.scale} outside [{DISTRIBUTION_SCALE}, {MAX_SCALE}]"
     # Bucket i holds (2**(i / 2**scale), 2**((i + 1) / 2**scale)]: finite doubles need
-    # -1075 * 2**scale <= i < 1024 * 2**scale, and the percentile math overflows beyond.
-    low, high = -1075 * 2**p.scale, 1024 * 2**p.scale
+    # -1074 * 2**scale - 1 <= i < 1024 * 2**scale (2**-1074 is the smallest double: its index is the lowest).
+    low, high = -1074 * 2**p.scale - 1, 1024 * 2**p.scale
     buckets = []
     for side in (p.positive, p.negative):
         counts = side.bucket_counts
@@ -322,6 +322,8 @@ def decode_custom_field(
     field_name = point_attributes.get(attr.STATE_FIELD)
     if kind != "gauge" or not isinstance(field_name, str) or not field_name or len(field_name) > 64:
         return f"custom reduce {reduce!r} travels as Gauge points with a string {attr.STATE_FIELD}"
+    if field_name == "reduction_type":
+        return f"custom reduce {reduce!r}: {attr.STATE_FIELD} may not be 'reduction_type'"
     if not field_name.isprintable():
         return f"custom reduce {reduce!r}: {attr.STATE_FIELD} has control characters"
     return field_name, number(point)

@@ -20,7 +20,8 @@ The rules (documented in the README):
 * Points for a finalized step are late: counted (``rankscope/late_points``), merged into
   the step's retained running states, and written again as a late update of that step, at
   most once per step per ``late_interval`` (a flood of late processes costs one rewrite, not
-  one per request). A late update's per-process values are those of the late processes.
+  one per request). A late update's per-process values are those of the processes whose data
+  all came late (one that sent part of the step in time keeps its in-time value there).
 
 Each key of a step is one running state (``sink.merge``): what arrives is merged at once,
 and nothing is kept per point past the step's view except the rows a view may ask
@@ -83,6 +84,8 @@ class _Step:
     """Each key's running state (``sink.merge``): the global view reduces these."""
     parts: list[tuple[Process, StateRows]] = field(default_factory=list)
     """The rows taken since the step's last view, by process: per-process values on demand."""
+    viewed: set[Process] = field(default_factory=set)
+    """Processes whose rows went into a view of this step already."""
     expected: int = 0
     driven: bool = False
     reporters: set[str] = field(default_factory=set)
@@ -539,6 +542,10 @@ class Experiment:
             if self.internal_errors:
                 global_metrics.append(Metric(attr.INTERNAL_ERRORS, float(self.internal_errors), Reduce.MAX, stamp))
         parts, bucket.parts = bucket.parts, []  # the view owns them; late rows start a new list
+        senders = {process for process, _ in parts}
+        if late:  # a process seen in an earlier view of the step would get a partial value: left out
+            parts = [(process, rows) for process, rows in parts if process not in bucket.viewed]
+        bucket.viewed |= senders
         return StepView(
             self.id, bucket.step, bucket.seq, global_metrics, missing, late, parts, self._merge_error, labels
         )

@@ -277,9 +277,9 @@ class Sink:
     def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
         """Merge one checked batch into its experiment (logged first); under ``tenant.lock``."""
         experiment = tenant.experiment
-        experiment.refused += batch.refused
         if batch.digest and batch.digest in experiment.seen:
             return  # a client's retry of something already taken: acknowledged again, merged once
+        experiment.refused += batch.refused
         logger = None
         if tenant.log is not None:
             log_ = tenant.log

@@ -194,6 +194,9 @@ shared by every request; bounded, and never holding a value of its own (``ranksc
 or a long list."""
 _MAX_SHAPES = 65_536
 _MAX_SHAPE_BYTES = 512
+_MAX_SHAPE_ATTRIBUTES = 8
+MAX_POINT_ATTRIBUTES = 128
+"""Attributes of one point at most (the OTel SDK's default attribute count limit)."""
 _KINDS: dict[str, str] = {}
 """Metric names that passed ``clean_text`` -> the point kind they came with last (bounded like
 ``_SHAPES``)."""
@@ -201,6 +204,8 @@ _KINDS: dict[str, str] = {}
 
 def _shape(raw: tuple[bytes, ...]) -> _Shape | str:
     """Decode an attribute list that is not in ``_SHAPES`` (and keep it there when worth it)."""
+    if len(raw) > MAX_POINT_ATTRIBUTES:
+        return f"{len(raw)} point attributes (limit {MAX_POINT_ATTRIBUTES})"
     head = _SHAPES.get(raw[:-1]) if len(raw) > 1 else None
     if isinstance(head, tuple) and head[3] is not None and not head[2]:  # a known list + ``rankscope.sum_sq``
         last = decode_attribute(raw[-1])
@@ -223,14 +228,21 @@ def _shape(raw: tuple[bytes, ...]) -> _Shape | str:
             reduce = reduce.lower()
             shape = (reduce, step, a or _NOTHING, (reduce, step), READERS.get(reduce))
         if SUM_SQ in a:  # a value of its own: keep the list without it instead (the next one hits)
-            if len(raw) > 1:
-                _shape(raw[:-1])
+            last = decode_attribute(raw[-1])
+            if isinstance(shape, tuple) and last is not None and last[0] == SUM_SQ and len(raw) > 1:
+                rest = {k: v for k, v in shape[2].items() if k != SUM_SQ}
+                _keep(raw[:-1], (shape[0], shape[1], rest or _NOTHING, shape[3], shape[4]))
             return shape
-    if sum(len(kv) for kv in raw) <= _MAX_SHAPE_BYTES:
+    _keep(raw, shape)
+    return shape
+
+
+def _keep(raw: tuple[bytes, ...], shape: _Shape | str) -> None:
+    """Cache a short attribute list's shape (memory per entry stays small: a few short bytes)."""
+    if len(raw) <= _MAX_SHAPE_ATTRIBUTES and sum(len(kv) for kv in raw) <= _MAX_SHAPE_BYTES:
         if len(_SHAPES) >= _MAX_SHAPES:
             _SHAPES.clear()
         _SHAPES[raw] = shape
-    return shape
 
 
 def _scope(
@@ -350,6 +362,8 @@ def _group(batch: ResourceBatch, group: _Group) -> StateRows | str:
             Reduce.get(reduce)
         except KeyError:
             return f"unknown reduce type {reduce[:64]!r}"
+        except Exception as exc:  # an installed plugin that fails to load: the sender's problem, not ours
+            return f"reduce type {reduce[:64]!r} did not load ({type(exc).__name__})"
     rows = StateRows(reduce, step)
     batch.states.append(rows)
     return rows
