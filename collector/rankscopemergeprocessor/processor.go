@@ -41,12 +41,17 @@ type mergeProcessor struct {
 	host     string
 	instance string
 
-	mu     sync.Mutex // guards win
-	win    *window
-	sent   int64      // windows forwarded: each merged resource is numbered, so no two are alike
-	sendMu sync.Mutex // windows leave in the order they were opened
-	stop   chan struct{}
-	done   sync.WaitGroup
+	mu  sync.Mutex // guards win and taken
+	win *window
+	// taken holds the (instance, window) of merged resources from upstream mergers that this
+	// processor has forwarded: an upstream's persistent queue sends a window again when it died
+	// before the answer came, and that copy must not be merged twice. Bounded, oldest out.
+	taken      map[string]struct{}
+	takenOrder []string
+	sent       int64      // windows forwarded: each merged resource is numbered, so no two are alike
+	sendMu     sync.Mutex // windows leave in the order they were opened
+	stop       chan struct{}
+	done       sync.WaitGroup
 }
 
 func newMergeProcessor(set processor.Settings, cfg *Config, next consumer.Metrics) *mergeProcessor {
@@ -59,6 +64,7 @@ func newMergeProcessor(set processor.Settings, cfg *Config, next consumer.Metric
 		host:     host,
 		instance: fmt.Sprintf("rankscope-merge/%s/%s/%d-%d", host, set.ID.String(), os.Getpid(), time.Now().UnixNano()),
 		win:      newWindow(),
+		taken:    map[string]struct{}{},
 		stop:     make(chan struct{}),
 	}
 }
@@ -137,19 +143,59 @@ func (p *mergeProcessor) forward() {
 	defer p.sendMu.Unlock()
 	p.mu.Lock()
 	w := p.win
-	if w.points == 0 {
+	if w.points == 0 && w.requests == 0 {
 		p.mu.Unlock()
 		return
 	}
 	p.win = newWindow()
 	p.mu.Unlock()
+	if w.points == 0 { // only copies of windows already taken: answered, nothing to send
+		close(w.sent)
+		return
+	}
 	p.sent++
 	out := w.build(p.instance, p.host, p.sent)
 	w.err = p.next.ConsumeMetrics(context.Background(), out)
 	if w.err != nil {
 		p.logger.Warn("forwarding a merged window failed; its senders will retry", zap.Error(w.err))
+	} else {
+		p.mu.Lock()
+		for _, id := range w.upstream {
+			p.remember(id)
+		}
+		p.mu.Unlock()
 	}
 	close(w.sent)
+}
+
+const maxTaken = 1 << 16
+
+// remember records an upstream window as taken. Caller holds p.mu.
+func (p *mergeProcessor) remember(id string) {
+	if _, ok := p.taken[id]; ok {
+		return
+	}
+	p.taken[id] = struct{}{}
+	p.takenOrder = append(p.takenOrder, id)
+	if len(p.takenOrder) > maxTaken {
+		delete(p.taken, p.takenOrder[0])
+		p.takenOrder = p.takenOrder[1:]
+	}
+}
+
+// upstreamWindow is the identity of a window merged upstream ((instance, number)), or "" for a
+// resource that is not one.
+func upstreamWindow(res pcommon.Map) string {
+	merged, ok := res.Get(attrMerged)
+	if !ok || merged.Type() != pcommon.ValueTypeBool || !merged.Bool() {
+		return ""
+	}
+	instance, ok := res.Get(attrInstanceID)
+	number, ok2 := res.Get(attrWindow)
+	if !ok || !ok2 || instance.Type() != pcommon.ValueTypeStr || number.Type() != pcommon.ValueTypeInt {
+		return ""
+	}
+	return fmt.Sprintf("%s\x00%d", instance.Str(), number.Int())
 }
 
 // -- the window ------------------------------------------------------------------------
@@ -175,9 +221,20 @@ type window struct {
 	order    []groupKey
 	unmerged pmetric.Metrics
 	points   int
-	requests int // added to this window (the tests wait on it)
+	requests int      // added to this window (the tests wait on it)
+	upstream []string // upstream windows merged here (remembered once this one is forwarded)
+	replays  int      // upstream windows skipped as copies of ones already taken
 	sent     chan struct{}
 	err      error
+}
+
+func (w *window) hasUpstream(id string) bool {
+	for _, seen := range w.upstream {
+		if seen == id {
+			return true
+		}
+	}
+	return false
 }
 
 func newWindow() *window {
@@ -191,6 +248,13 @@ func (p *mergeProcessor) add(w *window, md pmetric.Metrics) {
 	for i := 0; i < rms.Len(); i++ {
 		rm := rms.At(i)
 		res := rm.Resource().Attributes()
+		if id := upstreamWindow(res); id != "" {
+			if _, seen := p.taken[id]; seen || w.hasUpstream(id) {
+				w.replays++
+				continue // an upstream queue's second copy of a window already taken
+			}
+			w.upstream = append(w.upstream, id)
+		}
 		g, from, ok := p.groupOf(w, res)
 		if ok {
 			p.takeStates(w, g, rm, from)

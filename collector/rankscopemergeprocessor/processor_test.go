@@ -527,3 +527,52 @@ func TestIdenticalWindowsAreDistinguishable(t *testing.T) {
 		t.Fatalf("both windows numbered %d", a.Int())
 	}
 }
+
+// An upstream merger's persistent queue sends a window again when it died before the answer:
+// that copy is answered and not merged twice. One whose first delivery failed is taken.
+func TestAnUpstreamWindowSentAgainIsTakenOnce(t *testing.T) {
+	agent := new(consumertest.MetricsSink)
+	a := start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, agent)
+	md, ms := request(proc{"trainer", 0}, "exp")
+	addNumber(ms, "x", "sum", 0, 7, 5)
+	consume(t, a, md)
+	window := agent.AllMetrics()[0]
+
+	gateway := new(consumertest.MetricsSink)
+	g := start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, gateway)
+	for i := 0; i < 3; i++ {
+		copied := pmetric.NewMetrics()
+		window.CopyTo(copied)
+		consume(t, g, copied)
+	}
+	total := 0.0
+	for _, out := range gateway.AllMetrics() {
+		rms := out.ResourceMetrics()
+		for i := 0; i < rms.Len(); i++ {
+			metrics := rms.At(i).ScopeMetrics().At(0).Metrics()
+			for j := 0; j < metrics.Len(); j++ {
+				if metrics.At(j).Name() == "x" {
+					total += metrics.At(j).Sum().DataPoints().At(0).DoubleValue()
+				}
+			}
+		}
+	}
+	if total != 7 {
+		t.Fatalf("the gateway forwarded x = %v for one window sent three times", total)
+	}
+
+	failing := consumertest.NewErr(errors.New("queue full"))
+	f := newMergeProcessor(processortest.NewNopSettings(componentType), &Config{Interval: 20 * time.Millisecond, MaxPoints: 1 << 20}, failing)
+	if err := f.Start(context.Background(), componenttest.NewNopHost()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Shutdown(context.Background()) }()
+	copied := pmetric.NewMetrics()
+	window.CopyTo(copied)
+	if err := f.ConsumeMetrics(context.Background(), copied); err == nil {
+		t.Fatal("a failed delivery was answered as taken")
+	}
+	if len(f.taken) != 0 {
+		t.Fatalf("a window whose delivery failed was remembered: %v", f.taken)
+	}
+}
