@@ -178,3 +178,53 @@ def test_over_capacity_is_retryable(make_sink) -> None:
                 mpb.ExportMetricsServiceRequest.FromString(metrics_request()), timeout=10
             )
         assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+def test_what_is_not_taken_is_answered_with_a_reason_and_experiments_are_listed(make_sink, tmp_path) -> None:
+    """Plain OTel data is not dropped silently: metrics without ``rankscope.reduce``, anything
+    without an experiment id, spans and log records the sink does not keep are answered as
+    rejected with the reason. The status route lists experiments and where their views write."""
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as lpb
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc as lgrpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgrpc
+
+    path = tmp_path / "view.jsonl"
+    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}})
+    with grpc.insecure_channel(sink.endpoint) as channel:
+        metrics, traces, logs = (
+            mgrpc.MetricsServiceStub(channel),
+            tgrpc.TraceServiceStub(channel),
+            lgrpc.LogsServiceStub(channel),
+        )
+        for resource, why in (
+            ({"service.name": "plain"}, "without rankscope.experiment.id"),
+            ({"rankscope.experiment.id": "x", "service.instance.id": "p"}, "no rankscope.reduce"),
+        ):
+            request = mpb.ExportMetricsServiceRequest()
+            scope = request.resource_metrics.add(resource=encode_resource(resource)).scope_metrics.add()
+            counter = scope.metrics.add(name="requests")
+            counter.sum.is_monotonic = True
+            counter.sum.data_points.add(as_int=3)
+            counter.sum.data_points.add(as_int=4)
+            answer = metrics.Export(request, timeout=10).partial_success
+            assert answer.rejected_data_points == 2 and why in answer.error_message, answer
+        spans = tpb.ExportTraceServiceRequest()
+        spans.resource_spans.add(resource=encode_resource({"service.name": "plain"})).scope_spans.add().spans.add(
+            trace_id=b"\1" * 16, span_id=b"\2" * 8, name="s"
+        )
+        answer = traces.Export(spans, timeout=10).partial_success
+        assert answer.rejected_spans == 1 and "rankscope.experiment.id" in answer.error_message
+        records = lpb.ExportLogsServiceRequest()
+        resource = encode_resource({"rankscope.experiment.id": "x", "service.instance.id": "p"})
+        records.resource_logs.add(resource=resource).scope_logs.add().log_records.add(severity_text="INFO")
+        answer = logs.Export(records, timeout=10).partial_success
+        assert answer.rejected_log_records == 1 and "rankscope.key" in answer.error_message
+        metrics.Export(mpb.ExportMetricsServiceRequest.FromString(metrics_request("x")), timeout=10)
+    sink.finalize("x")
+    assert sink.wait_written("x")
+    overview = sink.overview()
+    assert overview["refused_points"] >= 4
+    (listed,) = overview["experiment_list"]
+    assert listed["id"] == "x" and listed["processes"] == 2 and listed["views"] == {"jsonl": str(path.resolve())}
+    assert sink.status("x")["foreign_points"] == 2

@@ -81,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
         print("rankscope run: give a command, e.g. rankscope run -- python train.py", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("rankscope.sink").setLevel(logging.INFO)  # "new experiment ...: where its views write"
     args.grpc_port = args.grpc_port if args.grpc_port is not None else 0
     args.http_port = args.http_port if args.http_port is not None else 0
     sink = Sink(_sink_config(args)).start()

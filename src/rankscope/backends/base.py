@@ -41,6 +41,9 @@ class LoggerBackend:
     """
 
     off_reason: str | None = None
+    location: str | None = None
+    """Where this view writes (a path, a run directory or URL, ``stdout``), once ``init`` ran: the
+    sink prints it for each new experiment and its status route lists it."""
 
     def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
         self.logger_backend_config = dict(logger_backend_config or {})

@@ -28,6 +28,8 @@ def printable(text: object) -> str:
 
 
 class ConsoleBackend(LoggerBackend):
+    location = "stdout"
+
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
         self.rank = kwargs.get("rank", 0)

@@ -32,6 +32,7 @@ class JsonlBackend(LoggerBackend):
         path = Path(str(template).format(pid=os.getpid(), **fields))
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.location = str(path.resolve())
         self._file: IO[str] = path.open("a", encoding="utf-8")
 
     def _write(self, kind: str, metric: Metric, step: int | None, extra: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ class TensorBoardBackend(LoggerBackend):
         experiment = str(kwargs.get("experiment") or "rankscope")
         logdir = Path(self.logger_backend_config.get("logdir", "rankscope_logs/tensorboard"))
         self.root = logdir / safe_component(experiment)
+        self.location = str(self.root.resolve())
         self._default = process_name or "global"
         self._writers: dict[str, Any] = {}
 

@@ -96,6 +96,7 @@ class WandbBackend(LoggerBackend):
             )
             return
         self.run = run
+        self.location = getattr(run, "url", None) or getattr(run, "dir", None)
 
     def _row(self, metrics: list[Metric], prefix: str = "") -> dict[str, float]:
         return {f"{prefix}{m.key}": m.value for m in metrics}

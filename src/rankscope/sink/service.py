@@ -319,7 +319,8 @@ class Sink:
             return Result.of(total, refused)
 
     def export_traces(self, request: Any) -> Result:
-        """Store spans per experiment; spans of resources without an experiment id are accepted, not kept."""
+        """Store spans per experiment. Spans not kept (no experiment id, malformed ids, older than the
+        retained steps or over ``max_spans``) are answered as rejected, with the reason."""
         with self._admitted():
             result = Result()
             for rs in request.resource_spans:
@@ -327,7 +328,8 @@ class Sink:
                 self.spans_received += n
                 checked = check_resource(rs.resource, self.config.limits)
                 if isinstance(checked, str):
-                    result.accepted += n  # not rankscope's: accepted, not kept
+                    result.rejected += n
+                    result.errors.append(f"{n} spans: {checked}")
                     continue
                 refused = Refusals()
                 tenant = self._tenant(checked[0], refused, n)
@@ -346,10 +348,13 @@ class Sink:
                         self._tenant_error(tenant, "trace ingest", exc)
                         result.rejected += n
                         continue
-                result.accepted += accepted + (n - accepted - rejected)  # over the retention cap: kept count only
-                result.rejected += rejected
+                dropped = n - accepted - rejected
+                result.accepted += accepted
+                result.rejected += rejected + dropped
                 if rejected:
                     result.errors.append(f"{rejected} spans with malformed ids or from too many processes")
+                if dropped:
+                    result.errors.append(f"{dropped} spans older than the retained steps or over max_spans")
             return result
 
     def spans(
@@ -410,12 +415,25 @@ class Sink:
         """The sink as a whole (the status route without ``?experiment=``)."""
         healthy, problems = self.health()
         with self._lock:
-            ids = sorted(self.tenants)
+            tenants = sorted(self.tenants.items())
+        listed = []
+        for experiment_id, tenant in tenants[:100]:
+            with tenant.lock:
+                e = tenant.experiment
+                views = tenant.writer.status() if tenant.writer is not None else {}
+                listed.append(
+                    {
+                        "id": experiment_id,
+                        "processes": sum(not p.merged for p in e.processes.values()),
+                        "last_finalized_step": e.last_finalized,
+                        "views": {name: v["location"] for name, v in views.items()},
+                    }
+                )
         return {
             "healthy": healthy,
             "problems": problems,
-            "experiments": len(ids),
-            "experiment_ids": ids[:100],
+            "experiments": len(tenants),
+            "experiment_list": listed,
             "evicted_experiments": self.evicted,
             "refused_points": self.refused,
             "refusals": dict(sorted(self.refusals.items(), key=lambda kv: -kv[1])[:20]),

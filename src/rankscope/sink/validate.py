@@ -165,11 +165,10 @@ def metrics_batches(request: Any, limits: Limits, refused: Refusals) -> list[Res
     batches: list[ResourceBatch] = []
     for encoded, rm in resource_metrics(request):
         checked = check_resource(rm.resource, limits)
-        if isinstance(checked, str):
-            metrics = [m for sm in rm.scope_metrics for m in sm.metrics]
-            refused.received += sum(_count(m) for m in metrics)
-            ours = sum(_count(m) for m in metrics if m.name.startswith("rankscope") or _has_reduce(m))
-            refused.add(ours, checked)  # plain OTel data without an experiment is not ours to refuse
+        if isinstance(checked, str):  # nothing without an experiment is taken: said, not dropped silently
+            points = sum(_count(m) for sm in rm.scope_metrics for m in sm.metrics)
+            refused.received += points
+            refused.add(points, checked)
             continue
         batch = ResourceBatch(*checked, digest=hashlib.blake2b(encoded, digest_size=16).digest())
         before = refused.count
@@ -288,8 +287,9 @@ def _scope(
                 refused.add(1, f"{name}: {shape}")
                 continue
             _, _, extra, group, reader = shape
-            if group is None:
+            if group is None:  # a plain OTel point: counted and refused with a reason, not dropped silently
                 batch.foreign += 1
+                refused.add(1, f"{name}: no {attr.REDUCE} attribute (plain OTel metrics are not taken yet)")
                 continue
             target = groups.get(group)
             if target is None:
@@ -374,24 +374,14 @@ def _count(metric: Any) -> int:
     return len(getattr(metric, kind).data_points) if kind else 0
 
 
-def _has_reduce(metric: Any) -> bool:
-    kind = metric.WhichOneof("data")
-    if not kind:
-        return False
-    for p in getattr(metric, kind).data_points:
-        a = decode_attributes(p.attributes)
-        if isinstance(a, str) or attr.REDUCE in a:
-            return True
-    return False
-
-
 def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[ResourceBatch]:
     """Check an ``ExportLogsServiceRequest``: streamed values (``per_rank_no_reduce``) only.
 
-    Ordinary log records (no ``rankscope.key``) are accepted and not viewed."""
+    Ordinary log records (no ``rankscope.key``) are refused with a reason: not kept yet."""
     for rl in request.resource_logs:
         records = [r for sl in rl.scope_logs for r in sl.log_records]
         ours = [(r, a) for r in records if is_stream(a := attributes(r.attributes))]
+        refused.add(len(records) - len(ours), f"log records without {attr.STREAM_KEY} are not kept yet")
         if not ours:
             continue
         checked = check_resource(rl.resource, limits)

@@ -49,6 +49,7 @@ class _View:
 
     def status(self) -> dict[str, Any]:
         return {
+            "location": self.backend.location,
             "last_written_step": self.written_step,
             "failures": self.failures,
             "last_error": self.last_error,
@@ -166,6 +167,8 @@ class ViewWriter:
                         self.experiment[:64],
                         view.last_error,
                     )
+            where = ", ".join(f"{v.name} -> {v.backend.location or '?'}" for v in self.views if not v.disabled)
+            log.info("rankscope sink: new experiment %s: %s", self.experiment[:256], where or "no view is on")
             while True:
                 item = self._queue.get()
                 kind = item[0]
