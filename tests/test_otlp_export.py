@@ -127,3 +127,23 @@ def test_disable_makes_nothing_leave_the_process(receiver: GrpcReceiver) -> None
         p.resource[attr.PROCESS_PID] for p in receiver.points() if p.key == "x"
     }
     assert len({p.resource[attr.SERVICE_INSTANCE_ID] for p in receiver.points()}) == 1  # only the control run
+
+
+def test_a_dead_endpoint_costs_the_exit_at_most_the_shutdown_timeout_and_one_warning() -> None:
+    """A wrong or dead endpoint: shutdown gives up after RANKSCOPE_SHUTDOWN_TIMEOUT (default 2 s)
+    and says so once, with the count; the endpoint's trouble is logged once when it starts."""
+    code = """
+import time, rankscope as rs
+for step in range(3):
+    rs.record_metric("x", 1.0)
+    rs.flush(step)
+started = time.monotonic()
+rs.shutdown()
+print(f"shutdown {time.monotonic() - started:.2f}")
+"""
+    done = run_python(code, {"RANKSCOPE_ENDPOINT": f"127.0.0.1:{free_port()}", "RANKSCOPE_EXPERIMENT": "dead"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 2.0 + 1.0  # the default timeout, and the thread's last attempt
+    warnings = [line for line in done.stderr.splitlines() if "Warning:" in line]
+    assert len(warnings) == 1 and "3 metric points were dropped at shutdown" in warnings[0], done.stderr
+    assert done.stderr.count("does not take exports now") == 1, done.stderr

@@ -261,7 +261,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "shutdown_timeout",
         "RANKSCOPE_SHUTDOWN_TIMEOUT",
-        5.0,
+        2.0,
         "Seconds shutdown() waits to drain queued exports; the rest is counted as dropped.",
         parse=_parse_positive_float,
     ),

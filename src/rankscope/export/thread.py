@@ -396,6 +396,8 @@ class ExportThread:
         if self._unsent_work():
             held = sum(u.held_points for u in self._unsent)
             self._release(sum(u.steps for u in self._unsent), held)
+            with self._lock:
+                self._warned_drop = True  # one line at exit: the count below says it all
             self._drop(sum(u.points for u in self._unsent), "shutdown ended before the endpoint answered")
             self._unsent.clear()
             self.spans.dropped += len(self._span_retry)
@@ -642,5 +644,9 @@ class ExportThread:
             self._warned_drop = False
         if n:
             self._dropped_counter.add(n)
-            state = "at shutdown" if final else "before export recovered"
+            if final:
+                target = getattr(self.otlp, "target", "the OTLP endpoint")
+                state = f"at shutdown: {target} did not take them within RANKSCOPE_SHUTDOWN_TIMEOUT"
+            else:
+                state = "before export recovered"
             warn(f"rankscope: {n} metric points were dropped {state} ({self.dropped_total} in total)")
