@@ -162,3 +162,36 @@ def test_rl_helpers_reject_bad_input_at_the_call_site() -> None:
         rs.rl.weight_sync("sideways")
     with pytest.raises(TypeError, match="version"):
         rs.rl.set_policy_version(1.5)  # type: ignore[arg-type]
+
+
+def test_a_closure_passed_to_optimizer_step_is_timed_apart() -> None:
+    """Lightning runs forward, backward and the loss all-reduce inside ``optimizer.step(closure)``:
+    ``optimizer/closure_s`` is that part, ``optimizer/step_s`` the optimizer's own."""
+    import time as _time
+
+    from rankscope.instrumentation.optimizer import OptimizerInstrumentor
+
+    rs.init(experiment="closure")
+    instrumentor = OptimizerInstrumentor()
+    instrumentor.instrument(auto_step=False)  # both steps' values in one rankscope step
+    try:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(torch.ones(1, 4)).sum()
+            loss.backward()
+            _time.sleep(0.05)
+            return loss
+
+        returned = optimizer.step(closure=closure)
+        assert isinstance(returned, torch.Tensor)  # the closure's value comes back through the wrapper
+        optimizer.step(closure)  # positional too
+        recorder = rs_slot.recorder
+        assert recorder is not None
+        closure_s, step_s = recorder.accs["optimizer/closure_s"], recorder.accs["optimizer/step_s"]
+        assert closure_s.count == 2 and closure_s.sum >= 0.1
+        assert step_s.count == 2 and step_s.sum < 0.05  # the sleep is the closure's, not the step's
+    finally:
+        instrumentor.uninstrument()

@@ -183,8 +183,9 @@ func (p *mergeProcessor) remember(id string) {
 	}
 }
 
-// upstreamWindow is the identity of a window merged upstream ((instance, number)), or "" for a
-// resource that is not one.
+// upstreamWindow is the identity of one group of a window merged upstream (instance, window
+// number, experiment, attempt: a window holds one resource per experiment and attempt), or ""
+// for a resource that is not one.
 func upstreamWindow(res pcommon.Map) string {
 	merged, ok := res.Get(attrMerged)
 	if !ok || merged.Type() != pcommon.ValueTypeBool || !merged.Bool() {
@@ -195,7 +196,14 @@ func upstreamWindow(res pcommon.Map) string {
 	if !ok || !ok2 || instance.Type() != pcommon.ValueTypeStr || number.Type() != pcommon.ValueTypeInt {
 		return ""
 	}
-	return fmt.Sprintf("%s\x00%d", instance.Str(), number.Int())
+	experiment, attempt := "", ""
+	if v, ok := res.Get(attrExperiment); ok {
+		experiment = v.AsString()
+	}
+	if v, ok := res.Get(attrAttempt); ok {
+		attempt = v.AsString()
+	}
+	return fmt.Sprintf("%s\x00%d\x00%s\x00%s", instance.Str(), number.Int(), experiment, attempt)
 }
 
 // -- the window ------------------------------------------------------------------------

@@ -535,6 +535,9 @@ func TestAnUpstreamWindowSentAgainIsTakenOnce(t *testing.T) {
 	a := start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, agent)
 	md, ms := request(proc{"trainer", 0}, "exp")
 	addNumber(ms, "x", "sum", 0, 7, 5)
+	other, ms2 := request(proc{"trainer", 0}, "another") // one window, two experiments: two resources
+	addNumber(ms2, "x", "sum", 0, 7, 5)
+	other.ResourceMetrics().MoveAndAppendTo(md.ResourceMetrics())
 	consume(t, a, md)
 	window := agent.AllMetrics()[0]
 
@@ -557,8 +560,8 @@ func TestAnUpstreamWindowSentAgainIsTakenOnce(t *testing.T) {
 			}
 		}
 	}
-	if total != 7 {
-		t.Fatalf("the gateway forwarded x = %v for one window sent three times", total)
+	if total != 14 {
+		t.Fatalf("the gateway forwarded x = %v for one window of two experiments (7 each) sent three times", total)
 	}
 
 	failing := consumertest.NewErr(errors.New("queue full"))

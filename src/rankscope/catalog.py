@@ -35,7 +35,8 @@ _TP, _RL, _MON, _TE = "rs.throughput", "rs.rl", "monarch", "torchelastic"
 
 CATALOG: tuple[MetricSpec, ...] = (
     # trainer: torch instrumentors
-    MetricSpec("optimizer/step_s", _S, _MEAN, "trainer", _OPT, "wall time of optimizer.step()"),
+    MetricSpec("optimizer/step_s", _S, _MEAN, "trainer", _OPT, "wall time of optimizer.step(), its closure excluded"),
+    MetricSpec("optimizer/closure_s", _S, _MEAN, "trainer", _OPT, "wall time of the closure given to optimizer.step()"),
     MetricSpec("optimizer/step_max_s", _S, _MAX, "trainer", _OPT, "slowest optimizer.step() in the step"),
     MetricSpec("optimizer/steps", "{step}", _SUM, "trainer", _OPT, "optimizer steps taken (policy update frequency)"),
     MetricSpec("optimizer/lr/group_{i}", "1", _MEAN, "trainer", _OPT, "learning rate of param group i"),

@@ -1,7 +1,11 @@
 """Optimizer steps: a span per ``optimizer.step()``, its duration, the learning rate of every
 param group, optionally the gradient norm; and (``auto_step``) each step of the first
 optimizer closes a rankscope step, so a script that never calls ``flush`` still gets
-per-step views. Uses torch's global optimizer step hooks, so every optimizer is covered."""
+per-step views. Uses torch's global optimizer step hooks, so every optimizer is covered.
+
+``optimizer.step(closure)`` (LBFGS; every step under PyTorch Lightning, which runs forward,
+backward and the gradient all-reduce inside the closure): the closure's time is
+``optimizer/closure_s`` and ``optimizer/step_s`` is the optimizer's own part, not both."""
 
 from __future__ import annotations
 
@@ -48,22 +52,35 @@ class _Hooks:
         self.grad_norm = grad_norm
         self.auto_step = auto_step
         self.started: dict[int, tuple[float, Any]] = {}
+        self.closures: dict[int, _TimedClosure] = {}
         self.primary: weakref.ref[Any] | None = None
 
-    def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         try:
             span = open_span("optimizer/step", {"rankscope.optimizer": type(optimizer).__name__})
             self.started[id(optimizer)] = (time.perf_counter(), span)
             if self.grad_norm:
                 _record_grad_norm(optimizer)
+            # torch passes the call's own arguments: (optimizer, closure?), {closure?}
+            closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
+            if callable(closure):  # timed apart: it is the model's forward and backward, not the optimizer
+                timed = self.closures[id(optimizer)] = _TimedClosure(closure)
+                if "closure" in kwargs:
+                    return args, {**kwargs, "closure": timed}
+                return (args[0], timed, *args[2:]), kwargs
         except Exception as exc:
             report_internal_error("optimizer pre-step hook", exc)
+        return None
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             started = self.started.pop(id(optimizer), None)
+            closure = self.closures.pop(id(optimizer), None)
             if started is not None:
                 seconds = time.perf_counter() - started[0]
+                if closure is not None:
+                    record_metric("optimizer/closure_s", closure.seconds, _MEAN)
+                    seconds = max(0.0, seconds - closure.seconds)
                 record_metric("optimizer/step_s", seconds, _MEAN)
                 record_metric("optimizer/step_max_s", seconds, _MAX)
                 if started[1] is not None:
@@ -82,6 +99,23 @@ class _Hooks:
                     auto_step()
         except Exception as exc:
             report_internal_error("optimizer post-step hook", exc)
+
+
+class _TimedClosure:
+    """The closure passed to ``optimizer.step``, timed (LBFGS calls it several times: summed)."""
+
+    __slots__ = ("closure", "seconds")
+
+    def __init__(self, closure: Any) -> None:
+        self.closure = closure
+        self.seconds = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self.closure(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - started
 
 
 def _record_grad_norm(optimizer: Any) -> None:

@@ -1,0 +1,65 @@
+"""PyTorch Lightning: ``self.log(...)`` lands in the rankscope experiment.
+
+    import lightning
+    from rankscope.lightning import RankscopeLogger
+
+    trainer = lightning.Trainer(strategy="ddp", logger=RankscopeLogger())
+
+Lightning calls its loggers on every rank. Each rank's ``RankscopeLogger`` records what it is
+handed with ``record_metric`` at Lightning's step, and the sink reduces across ranks: MEAN unless
+``reduces`` names another reduce type for a key (a value logged with ``sync_dist=True`` is the
+same on every rank, so its mean is itself). A step is closed (``flush``) when Lightning logs a
+later one, and at ``finalize``: training and validation values logged at one step arrive as one
+step. Hyperparameters are not logged (the views have no place for them yet).
+
+Needs ``lightning`` (``pip install lightning``); rankscope itself does not.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.pytorch.loggers.logger import Logger
+
+from .api import flush, get_resource, record_metric
+from .core import names as attr
+from .metrics.reduce import Reduce
+
+
+class RankscopeLogger(Logger):
+    """A Lightning logger that records into the process's rankscope experiment."""
+
+    def __init__(self, reduce: Reduce = Reduce.MEAN, reduces: Mapping[str, Reduce] | None = None) -> None:
+        super().__init__()
+        self._reduce = reduce
+        self._reduces = dict(reduces or {})
+        self._open: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "rankscope"
+
+    @property
+    def version(self) -> str | None:
+        """The experiment id (None when rankscope is disabled)."""
+        resource = get_resource()
+        experiment = None if resource is None else resource.attributes.get(attr.EXPERIMENT_ID)
+        return None if experiment is None else str(experiment)
+
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if step is not None and self._open is not None and step != self._open:
+            flush(self._open)
+        if step is not None:
+            self._open = step
+        for key, value in metrics.items():
+            record_metric(key, float(value), self._reduces.get(key, self._reduce))
+
+    def finalize(self, status: str) -> None:
+        if self._open is not None:
+            flush(self._open)
+            self._open = None
