@@ -108,6 +108,7 @@ EXAMPLE_KEYS = {
 }
 NOT_IN_THE_TOY = {
     "optimizer/grad_norm": "opt-in (RANKSCOPE_GRAD_NORM)",
+    "optimizer/closure_s": "the toy's optimizer.step() takes no closure",
     "dataloader/": "the trainer reads batches from the replay buffer",
     "cuda/": "CPU only",
     "host/": "opt-in (RANKSCOPE_HOST_METRICS)",
