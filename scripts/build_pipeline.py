@@ -1,6 +1,6 @@
-"""Build the pipeline's binaries once and cache them: the slim OTel Collector and Jaeger v2.
+"""Build the pipeline's binaries once and cache them: the slim OTel Collector, Jaeger v2 and telemetrygen.
 
-    python scripts/build_pipeline.py          # prints {"otelcol": PATH, "jaeger": PATH}
+    python scripts/build_pipeline.py          # prints {"otelcol": PATH, "jaeger": PATH, "telemetrygen": PATH}
 
 * The Collector: ``go install`` of the OpenTelemetry Collector Builder (ocb) at the manifest's
   version, then ocb on ``collector-config/builder-config.yaml`` (exactly the components the
@@ -8,13 +8,18 @@
   ``rankscopemerge`` processor from the local module in ``collector/``).
 * Jaeger v2: ``go build`` of ``github.com/jaegertracing/jaeger/cmd/jaeger`` from the published
   module pinned in ``scripts/jaeger/go.mod`` (with its ``go.sum``).
+* telemetrygen (the Collector contrib load generator: OTLP metrics, traces and logs on demand):
+  ``go build`` of ``github.com/open-telemetry/opentelemetry-collector-contrib/cmd/telemetrygen``
+  from the published module pinned in ``scripts/telemetrygen/go.mod`` (with its ``go.sum``), at
+  the manifest's contrib version.
 
 Binaries go to ``$RANKSCOPE_BIN_CACHE`` (default ``~/.cache/rankscope/bin``) under names keyed by
-a hash of their inputs (the manifest and every file of the local modules), so a second run (and
-every test run after the first) builds nothing.
-Needs Go >= 1.24 and the Go module proxy. ``GOSUMDB`` defaults to off for these builds: the
-checksum database is not reachable for every module everywhere, and the Jaeger build is pinned
-by the committed go.sum anyway; set ``GOSUMDB`` yourself to enforce it.
+a hash of their inputs (the manifest and every file of the local modules; a pinned module's go.mod
+and go.sum), so a second run (and every test run after the first) builds nothing.
+Needs Go >= 1.26 (the Collector and telemetrygen v0.160.0 declare ``go 1.26.0``) and the Go module
+proxy. ``GOSUMDB`` defaults to off for these builds: the checksum database is not reachable for
+every module everywhere, and the Jaeger and telemetrygen builds are pinned by their committed go.sum
+anyway; set ``GOSUMDB`` yourself to enforce it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "collector-config" / "builder-config.yaml"
 LOCAL_MODULES = ROOT / "collector"  # rankscope's own Collector components (Go modules)
 JAEGER_MODULE = ROOT / "scripts" / "jaeger"
+TELEMETRYGEN_MODULE = ROOT / "scripts" / "telemetrygen"
 
 
 def cache_dir() -> Path:
@@ -97,21 +103,37 @@ def collector() -> Path:
     return target
 
 
-def jaeger() -> Path:
-    """Jaeger v2 from its published module (cached by the pinned go.mod/go.sum)."""
-    target = cache_dir() / f"jaeger-{_digest(JAEGER_MODULE / 'go.mod', JAEGER_MODULE / 'go.sum')}"
+def _pinned(module: Path, package: str, name: str, what: str) -> Path:
+    """``go build`` of ``package`` from the published module pinned in ``module`` (go.mod, go.sum,
+    tools.go), cached as ``name-<digest of go.mod and go.sum>``."""
+    target = cache_dir() / f"{name}-{_digest(module / 'go.mod', module / 'go.sum')}"
     if target.exists():
         return target
     env = _go_env()
-    with tempfile.TemporaryDirectory(prefix="rankscope-jaeger-") as work:
+    with tempfile.TemporaryDirectory(prefix=f"rankscope-{name}-") as work:
         work_dir = Path(work)
-        for name in ("go.mod", "go.sum", "tools.go"):
-            shutil.copy(JAEGER_MODULE / name, work_dir / name)
-        _say("building Jaeger v2 (a few minutes, once)")
-        out = work_dir / "jaeger"
-        _run(["go", "build", "-o", str(out), "github.com/jaegertracing/jaeger/cmd/jaeger"], work_dir, env)
+        for file in ("go.mod", "go.sum", "tools.go"):
+            shutil.copy(module / file, work_dir / file)
+        _say(f"building {what} (a few minutes, once)")
+        out = work_dir / name
+        _run(["go", "build", "-o", str(out), package], work_dir, env)
         _install(out, target)
     return target
+
+
+def jaeger() -> Path:
+    """Jaeger v2 from its published module (cached by the pinned go.mod/go.sum)."""
+    return _pinned(JAEGER_MODULE, "github.com/jaegertracing/jaeger/cmd/jaeger", "jaeger", "Jaeger v2")
+
+
+def telemetrygen() -> Path:
+    """telemetrygen from its published module (cached by the pinned go.mod/go.sum)."""
+    return _pinned(
+        TELEMETRYGEN_MODULE,
+        "github.com/open-telemetry/opentelemetry-collector-contrib/cmd/telemetrygen",
+        "telemetrygen",
+        "telemetrygen",
+    )
 
 
 def _install(built: Path, target: Path) -> None:
@@ -127,7 +149,7 @@ def main() -> int:
     if shutil.which("go") is None:
         print("build_pipeline: Go is not installed (https://go.dev/doc/install)", file=sys.stderr)
         return 2
-    print(json.dumps({"otelcol": str(collector()), "jaeger": str(jaeger())}))
+    print(json.dumps({"otelcol": str(collector()), "jaeger": str(jaeger()), "telemetrygen": str(telemetrygen())}))
     return 0
 
 

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 
 from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
-from rankscope.otlp.common import encode_resource
+from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.metrics import PointAttributes, encode
 from rankscope.sink.bodies import HttpError, decode_body, hex_ids_to_base64
 
@@ -181,9 +181,9 @@ def test_over_capacity_is_retryable(make_sink) -> None:
 
 
 def test_what_is_not_taken_is_answered_with_a_reason_and_experiments_are_listed(make_sink, tmp_path) -> None:
-    """Plain OTel data is not dropped silently: metrics without ``rankscope.reduce``, anything
-    without an experiment id, spans and log records the sink does not keep are answered as
-    rejected with the reason. The status route lists experiments and where their views write."""
+    """Nothing is dropped silently: anything without an experiment id, plain OTel points and log
+    records that do not hold what they must are answered as rejected with the reason. The
+    status route lists experiments and where their views write."""
     from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as lpb
     from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc as lgrpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
@@ -199,7 +199,7 @@ def test_what_is_not_taken_is_answered_with_a_reason_and_experiments_are_listed(
         )
         for resource, why in (
             ({"service.name": "plain"}, "without rankscope.experiment.id"),
-            ({"rankscope.experiment.id": "x", "service.instance.id": "p"}, "no rankscope.reduce"),
+            ({"rankscope.experiment.id": "x", "service.instance.id": "p"}, "aggregation temporality unspecified"),
         ):
             request = mpb.ExportMetricsServiceRequest()
             scope = request.resource_metrics.add(resource=encode_resource(resource)).scope_metrics.add()
@@ -217,9 +217,10 @@ def test_what_is_not_taken_is_answered_with_a_reason_and_experiments_are_listed(
         assert answer.rejected_spans == 1 and "rankscope.experiment.id" in answer.error_message
         records = lpb.ExportLogsServiceRequest()
         resource = encode_resource({"rankscope.experiment.id": "x", "service.instance.id": "p"})
-        records.resource_logs.add(resource=resource).scope_logs.add().log_records.add(severity_text="INFO")
+        record = records.resource_logs.add(resource=resource).scope_logs.add().log_records.add(severity_text="INFO")
+        record.attributes.append(key_value("rankscope.step", "three"))
         answer = logs.Export(records, timeout=10).partial_success
-        assert answer.rejected_log_records == 1 and "rankscope.key" in answer.error_message
+        assert answer.rejected_log_records == 1 and "rankscope.step must be an integer" in answer.error_message
         metrics.Export(mpb.ExportMetricsServiceRequest.FromString(metrics_request("x")), timeout=10)
     sink.finalize("x")
     assert sink.wait_written("x")

@@ -41,15 +41,18 @@ def resource(pid: str, rank: int = 0, world: int = 1, role: str = "trainer", **e
     }
 
 
-def metrics(values: dict[str, tuple[Reduce, list[float]]], step: int | None, marker: bool = True) -> list[Any]:
+def metrics(
+    values: dict[str, tuple[Reduce, list[float]]], step: int | None, marker: bool = True, at: int = 1
+) -> list[Any]:
+    """The points (and flush marker) one process sends; ``at``: their time (ns since 1970)."""
     c = Recorder(streams=[])
     for key, (reduce, numbers) in values.items():
         for n in numbers:
             c.record(key, n, reduce)
-    out = [encode(k, acc, step, 0, 1, PointAttributes()) for k, acc in c.accs.items()]
+    out = [encode(k, acc, step, 0, at, PointAttributes()) for k, acc in c.accs.items()]
     if marker and step is not None:
         m = pb.Metric(name=attr.FLUSH_MARKER)
-        m.sum.data_points.add(as_int=len(values), attributes=[key_value(attr.STEP, step)])
+        m.sum.data_points.add(as_int=len(values), attributes=[key_value(attr.STEP, step)], time_unix_nano=at)
         out.append(m)
     return out
 
@@ -133,14 +136,44 @@ def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
     assert update.late and update.step == 0 and values_of(update)["n"] == 3.0  # corrected, nothing lost
 
 
-def test_free_running_process_lands_in_the_step_in_progress() -> None:
+def test_a_point_without_a_step_joins_the_step_whose_window_holds_its_time() -> None:
+    """Windows end at each step's first flush marker; step-less points go by their timestamp."""
     e = Experiment("x", grace=5, clock=Clock())
-    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
-    e.ready()
-    ingest(e, resource("buf", role="replay_buffer"), metrics({"buffer_size": (Reduce.MAX, [7.0])}, step=None))
-    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
+    s = 1_000_000_000
+    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=10 * s))
+    (step0,) = e.ready()
+    buffer = resource("buf", role="replay_buffer")
+    ingest(e, buffer, metrics({"in_step_1": (Reduce.MAX, [7.0])}, step=None, at=11 * s))  # newer than every window
+    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1, at=12 * s))
+    ingest(
+        e, buffer, metrics({"also_step_1": (Reduce.SUM, [3.0])}, step=None, at=11 * s + 5)
+    )  # arrived after step 1 closed
     (view,) = e.ready()
-    assert view.step == 1 and values_of(view)["buffer_size"] == 7.0
+    assert view.step == 1 and values_of(view)["in_step_1"] == 7.0 and values_of(view)["also_step_1"] == 3.0
+    assert "in_step_1" not in values_of(step0)
+    late = ingest(e, buffer, metrics({"old": (Reduce.SUM, [1.0])}, step=None, at=9 * s))
+    e.clock.now = 10.0  # type: ignore[attr-defined]
+    (update,) = late or e.late_updates(force=True)
+    assert update.late and update.step == 0 and values_of(update)["old"] == 1.0  # its window is step 0's
+
+
+def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> None:
+    """No stepping process: 1 s buckets, final once the bucket is over plus the lag; many
+    requests in one bucket are one step."""
+    clock, wall = Clock(), Clock()
+    wall.now = 1000.0
+    e = Experiment("x", grace=5, clock=clock, wall=wall, time_bucket=1.0, time_bucket_lag=2.0)
+    s = 1_000_000_000
+    for i in range(20):  # 20 requests within bucket 1000 s .. 1001 s
+        ingest(e, resource("gen", role="generator"), metrics({"tokens": (Reduce.SUM, [1.0])}, None, at=1000 * s + i))
+    ingest(e, resource("gen", role="generator"), metrics({"tokens": (Reduce.SUM, [5.0])}, None, at=1001 * s + 1))
+    assert e.ready() == []  # bucket 0 ends at 1001 s, final at 1003 s
+    wall.now = clock.now = 1003.0
+    (first,) = e.ready()
+    assert first.step == 0 and values_of(first)["tokens"] == 20.0 and values_of(first)[attr.BUCKET_TIME] == 1000.0
+    wall.now = clock.now = 1004.0
+    (second,) = e.ready()
+    assert second.step == 1 and values_of(second)["tokens"] == 5.0
 
 
 def test_actor_markers_wait_for_their_controller() -> None:

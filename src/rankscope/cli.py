@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ def _sink_config(args: argparse.Namespace) -> Any:
         grace=args.grace if args.grace is not None else resolve("sink_grace"),
         token=args.token or os.environ.get("RANKSCOPE_SINK_TOKEN") or None,
         state_dir=None if args.no_state_dir or args.state_dir in (None, "") else Path(args.state_dir),
+        spans_dir=Path(args.spans_dir) if args.spans_dir else None,
+        max_span_file_bytes=args.max_span_file_bytes,
+        time_bucket=args.time_bucket,
     )
 
 
@@ -84,6 +88,10 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("rankscope.sink").setLevel(logging.INFO)  # "new experiment ...: where its views write"
     args.grpc_port = args.grpc_port if args.grpc_port is not None else 0
     args.http_port = args.http_port if args.http_port is not None else 0
+    spans_tmp = None
+    if args.gantt and not args.spans_dir:  # the whole run's spans, not only the last steps kept in memory
+        spans_tmp = tempfile.TemporaryDirectory(prefix="rankscope-spans-")
+        args.spans_dir = spans_tmp.name
     sink = Sink(_sink_config(args)).start()
     experiment = resolve("experiment") or generate_experiment_id()
     env = dict(os.environ)
@@ -111,12 +119,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.gantt:
         from . import gantt
 
-        written = gantt.write((span.row() for span in sink.spans(experiment) or ()), args.gantt)
+        rows = (json.loads(line) for line in sink.span_rows(experiment) or ())
+        written = gantt.write(rows, args.gantt)
+        status = sink.status(experiment) or {}
+        capped = (status.get("span_file") or {}).get("not_saved", 0)
         print(
-            f"rankscope run: Gantt of {written.spans} spans, {written.processes} processes -> {args.gantt}",
+            f"rankscope run: Gantt of {written.spans} spans, {written.processes} processes -> {args.gantt}"
+            + (f" ({capped} spans past the span file's cap are not in it)" if capped else ""),
             file=sys.stderr,
         )
     sink.stop()
+    if spans_tmp is not None:
+        spans_tmp.cleanup()
     return code if code >= 0 else 128 - code
 
 
@@ -204,6 +218,23 @@ def main(argv: list[str] | None = None) -> int:
             + ("(default %(default)s)" if name == "sink" else "(default: none)"),
         )
         p.add_argument("--no-state-dir", action="store_true", help="keep acknowledged data in memory only")
+        p.add_argument(
+            "--spans-dir",
+            help="write every experiment's spans here as they arrive (SPANS_DIR/EXPERIMENT/spans.jsonl): "
+            "the whole run's Gantt" + (" (--gantt: a temporary directory)" if name == "run" else ""),
+        )
+        p.add_argument(
+            "--max-span-file-bytes",
+            type=int,
+            default=1 << 30,
+            help="an experiment's span file stops growing here, and says so (default 1 GiB)",
+        )
+        p.add_argument(
+            "--time-bucket",
+            type=float,
+            default=1.0,
+            help="seconds per step of an experiment none of whose processes steps (default 1)",
+        )
         if name == "run":
             p.add_argument("--gantt", help="after the command, write its spans as a Perfetto file here")
             p.add_argument(

@@ -2,7 +2,8 @@
 
 Input rows are the JSONL span form the sink serves (``GET /rankscope/v1/spans``), one span
 per line. Output (https://ui.perfetto.dev, chrome://tracing): one process track per rank
-(integer pid, ``process_name`` metadata, sorted by rank), a CPU thread and a GPU thread
+(``process_name`` metadata; pids numbered in rank order within each role and replica, in the
+order roles first appear: ``group × 1,000,000 + rank + 1``, so the tracks sort by rank), a CPU thread and a GPU thread
 (``timer="gpu"`` spans, CUDA-event times), complete ``X`` events in microseconds, instant
 events for zero-length spans (``record_event``), and flow arrows from a caller's span to
 the spans a Monarch endpoint call made in another process.
@@ -28,6 +29,7 @@ CALLER = "rankscope.caller"
 TIMER = "rankscope.timer"
 _THREADS = {"cpu": (1, "cpu"), "gpu": (2, "gpu (CUDA events)")}
 _RANK_IN_LABEL = re.compile(r"_r(\d+)$")
+_GROUP_PIDS = 1_000_000
 
 
 @dataclass
@@ -50,6 +52,8 @@ class _Tracks:
     """Process label → pid, and which (pid, tid) tracks were named already."""
 
     pids: dict[str, int] = field(default_factory=dict)
+    taken: set[int] = field(default_factory=set)
+    groups: dict[tuple[Any, Any], int] = field(default_factory=dict)
     threads: set[tuple[int, int]] = field(default_factory=set)
 
 
@@ -68,15 +72,22 @@ class TraceEventWriter:
         self._out.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
         self._first = False
 
-    def _pid(self, label: str, rank: int | None) -> int:
-        pid = self._tracks.pids.get(label)
+    def _pid(self, label: str, rank: int | None, role: Any = None, replica: Any = None) -> int:
+        tracks = self._tracks
+        pid = tracks.pids.get(label)
         if pid is None:
-            pid = self._tracks.pids[label] = len(self._tracks.pids) + 1
             if rank is None:
                 found = _RANK_IN_LABEL.search(label)
                 rank = int(found.group(1)) if found else 0
+                role = role if role is not None else (label[: found.start()] if found else label)
+            group = tracks.groups.setdefault((role, replica), len(tracks.groups))
+            pid = group * _GROUP_PIDS + int(rank) % _GROUP_PIDS + 1
+            if pid in tracks.taken:  # two processes in one slot (a restart, a duplicate rank): after the rest
+                pid = _GROUP_PIDS * 1000 + len(tracks.pids)
+            tracks.pids[label] = pid
+            tracks.taken.add(pid)
             self._event({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
-            self._event({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": rank}})
+            self._event({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         return pid
 
     def _tid(self, pid: int, kind: str) -> int:
@@ -89,7 +100,7 @@ class TraceEventWriter:
     def span(self, row: dict[str, Any]) -> None:
         attributes = row.get("attributes") or {}
         label = str(row.get("process") or f"{row.get('role')}_r{row.get('rank')}")
-        pid = self._pid(label, row.get("rank"))
+        pid = self._pid(label, row.get("rank"), row.get("role"), row.get("replica"))
         tid = self._tid(pid, "gpu" if attributes.get(TIMER) == "gpu" else "cpu")
         ts = row["start_ns"] / 1e3
         dur = row["end_ns"] / 1e3 - ts  # from rounded ends, so ts + dur lands exactly where children end

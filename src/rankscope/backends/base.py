@@ -64,6 +64,10 @@ class LoggerBackend:
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> Any:
         """One raw value, as recorded (only in ``per_rank_no_reduce`` mode)."""
 
+    def log_record(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> Any:
+        """An ordinary OTel log record at a sink (``time``, ``severity``, ``body``, ``attributes``,
+        ``trace_id``); ``kwargs`` name its process. Views that do not show logs ignore it."""
+
     def finish(self) -> Any:
         """Called once at shutdown, after the last batch."""
 

@@ -27,6 +27,9 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
 
 
+_SHOWN_SEVERITIES = frozenset({"WARN", "WARNING", "ERROR", "FATAL", "CRITICAL"})
+
+
 class ConsoleBackend(LoggerBackend):
     location = "stdout"
 
@@ -51,6 +54,13 @@ class ConsoleBackend(LoggerBackend):
         lines.append("===============")
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
+
+    def log_record(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        """Warnings and worse only (a console is for people, not for every INFO line)."""
+        if str(record.get("severity", "")).upper() in _SHOWN_SEVERITIES:
+            who = kwargs.get("process_name", "?")
+            sys.stdout.write(printable(f"[{who}] step {global_step} {record['severity']}: {record['body']}") + "\n")
+            sys.stdout.flush()
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp or time.time()))

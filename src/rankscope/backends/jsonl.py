@@ -61,5 +61,12 @@ class JsonlBackend(LoggerBackend):
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         self._write("stream", metric, global_step, kwargs)
 
+    def log_record(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        row = {"kind": "log", "step": global_step, **record, **self.identity}
+        if kwargs.get("process_name"):
+            row.update(process=kwargs["process_name"], role=kwargs.get("role"), rank=kwargs.get("rank"))
+        self._file.write(json.dumps(row, default=str) + "\n")
+        self._file.flush()
+
     def finish(self) -> None:
         self._file.close()

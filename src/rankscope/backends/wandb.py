@@ -14,6 +14,10 @@ step has at most ``per_rank_max_processes`` processes, 64 by default, and beyond
 matching ``per_rank_keys``, a list of ``fnmatch`` patterns; ``true``: always every key; ``false``:
 none). At 1,000 ranks × 200 keys every series would be 200,000 series in one run.
 
+Ordinary OTel log records of the experiment go to a ``logs`` Table (step, time, severity,
+process, body, trace id), logged with the next step's values: at most ``max_log_rows`` rows
+(default 1,000) per table, the rest counted in its ``rankscope/log_rows_dropped`` value.
+
 A ``wandb.init`` that fails (no API key and not offline, say) turns the backend off with one
 error naming the fix, instead of an error at every step: the job and the other views go on.
 """
@@ -29,6 +33,7 @@ from typing import Any
 from .base import LoggerBackend, LoggingMode, Metric
 
 STEP_METRIC = "step"
+_LOG_COLUMNS: list[str | int] = ["step", "time", "severity", "process", "body", "trace_id"]
 
 
 def run_id_for(experiment: str) -> str:
@@ -68,6 +73,9 @@ class WandbBackend(LoggerBackend):
         self.per_rank_max_processes = int(c.get("per_rank_max_processes", 64))
         self.per_rank_keys = [str(p) for p in c.get("per_rank_keys", [])]
         self._capped_warned = False
+        self.max_log_rows = int(c.get("max_log_rows", 1000))
+        self._log_rows: list[list[Any]] = []
+        self._log_rows_dropped = 0
         try:
             run = wandb.init(
                 id=c.get("id") or run_id_for(experiment),
@@ -114,7 +122,24 @@ class WandbBackend(LoggerBackend):
             row[STEP_METRIC] = global_step
         if kwargs.get("late"):
             row["rankscope/late_update"] = 1.0
+        if self._log_rows:
+            import wandb
+
+            row["logs"] = wandb.Table(columns=_LOG_COLUMNS, data=self._log_rows)  # type: ignore[assignment]
+            if self._log_rows_dropped:
+                row["rankscope/log_rows_dropped"] = float(self._log_rows_dropped)
+            self._log_rows, self._log_rows_dropped = [], 0
         self.run.log(row)
+
+    def log_record(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.run is None:
+            return
+        if len(self._log_rows) >= self.max_log_rows:
+            self._log_rows_dropped += 1
+            return
+        who = kwargs.get("process_name") or ""
+        values = (record["time"], record["severity"], who, record["body"], record.get("trace_id") or "")
+        self._log_rows.append([global_step, *values])
 
     def _per_rank(self, per_process: dict[Any, list[Metric]]) -> dict[Any, list[Metric]]:
         """The per-process series this step adds (see the module docstring)."""
@@ -152,4 +177,6 @@ class WandbBackend(LoggerBackend):
 
     def finish(self) -> None:
         if self.run is not None:
+            if self._log_rows:
+                self.log_batch([], None)
             self.run.finish()

@@ -407,19 +407,7 @@ class DistributionAccumulator(MetricAccumulator):
                 for index, n in theirs.items():
                     index = int(index) >> shift  # downscale finer states exactly
                     mine[index] = mine.get(index, 0) + n
-        # Ascending order of value: most negative first.
-        ordered: list[tuple[float, int]] = []
-        base = 2.0 ** (1.0 / _INDEX_FACTOR)
-        for index in sorted(negative, reverse=True):
-            ordered.append((-_harmonic_mid(index, base), negative[index]))
-        if zeros:
-            ordered.append((0.0, zeros))
-        for index in sorted(positive):
-            ordered.append((_harmonic_mid(index, base), positive[index]))
-        finite = sum(n for _, n in ordered)
-        result: dict[str, float] = {}
-        for name, q in DISTRIBUTION_QUANTILES:
-            result[name] = _rank_value(ordered, max(1, math.ceil(q * finite)), lo, hi) if finite else _NAN
+        result = quantiles(positive, negative, zeros, DISTRIBUTION_SCALE, lo, hi)
         result["mean"] = total / count if count else _NAN
         return result
 
@@ -431,6 +419,26 @@ class DistributionAccumulator(MetricAccumulator):
         self.zero_count = 0
         self.positive = {}
         self.negative = {}
+
+
+def quantiles(
+    positive: dict[int, int], negative: dict[int, int], zeros: int, scale: int, lo: float, hi: float
+) -> dict[str, float]:
+    """p50/p90/p99 of exponential-histogram buckets at ``scale`` (harmonic bucket midpoints,
+    clamped to the exact extremes ``lo``/``hi`` where they are finite)."""
+    ordered: list[tuple[float, int]] = []  # ascending order of value: most negative first
+    base = 2.0 ** (2.0**-scale)
+    for index in sorted(negative, reverse=True):
+        ordered.append((-_harmonic_mid(index, base), negative[index]))
+    if zeros:
+        ordered.append((0.0, zeros))
+    for index in sorted(positive):
+        ordered.append((_harmonic_mid(index, base), positive[index]))
+    finite = sum(n for _, n in ordered)
+    return {
+        name: _rank_value(ordered, max(1, math.ceil(q * finite)), lo, hi) if finite else _NAN
+        for name, q in DISTRIBUTION_QUANTILES
+    }
 
 
 def _harmonic_mid(index: int, base: float) -> float:

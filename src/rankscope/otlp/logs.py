@@ -2,7 +2,7 @@
 
 Each value is one INFO record with ``rankscope.key``, ``rankscope.value`` and, once the
 process has flushed a step, ``rankscope.step``. Ordinary log records (no ``rankscope.key``)
-are somebody else's: a sink accepts and ignores them.
+are any OTel client's: a sink writes them to the experiment's views (``decode_record``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from ..core import names as attr
-from .common import decode_step, key_value
+from .common import any_value, decode_step, key_value
 
 _INFO = 9
 
@@ -51,3 +51,34 @@ def decode_stream(record_attributes: dict[str, Any]) -> tuple[str, float, int | 
     if isinstance(step, str):
         return f"streamed {key[:64]!r}: {step}"
     return key, float(value), step
+
+
+_SEVERITIES = ((21, "FATAL"), (17, "ERROR"), (13, "WARN"), (9, "INFO"), (5, "DEBUG"), (1, "TRACE"))
+MAX_BODY_CHARS = 4096
+MAX_RECORD_ATTRIBUTES = 32
+
+
+def severity_of(record: Any) -> str:
+    """The record's severity text, else the name of its severity number's range (OTel's), else UNSPECIFIED."""
+    text = record.severity_text
+    if text:
+        return text[:32]
+    number = record.severity_number
+    return next((name for low, name in _SEVERITIES if number >= low), "UNSPECIFIED")
+
+
+def decode_record(record: Any, record_attributes: dict[str, Any]) -> tuple[int, str, str, dict[str, Any], Any, str]:
+    """(time, severity, body, attributes, step or why it is bad, trace id) of an ordinary record:
+    the body and attributes cut to bounded sizes (a cut body ends in "…")."""
+    body = any_value(record.body) if record.HasField("body") else None
+    text = "" if body is None else str(body)
+    if len(text) > MAX_BODY_CHARS:
+        text = text[:MAX_BODY_CHARS] + "…"
+    step = decode_step(record_attributes.pop(attr.STEP, None))
+    kept = {
+        k[:128]: v if not isinstance(v, str) or len(v) <= 512 else v[:512] + "…"
+        for k, v in list(record_attributes.items())[:MAX_RECORD_ATTRIBUTES]
+        if v is not None
+    }
+    when = record.time_unix_nano or record.observed_time_unix_nano
+    return when, severity_of(record), text, kept, step, record.trace_id.hex() if len(record.trace_id) == 16 else ""

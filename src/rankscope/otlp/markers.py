@@ -57,9 +57,11 @@ class Marker:
     step: int
     expected: int
     driven: bool
+    time_unix_nano: int = 0
+    """When the process closed the step (its clock): the step's wall-clock window ends here."""
 
 
-def decode_marker(point_attributes: dict[str, Any]) -> Marker | str:
+def decode_marker(point_attributes: dict[str, Any], time_unix_nano: int = 0) -> Marker | str:
     """A flush marker point's meaning, or why it is refused."""
     step = decode_step(point_attributes.get(attr.STEP))
     expected = point_attributes.get(attr.EXPECTED_PROCESSES, 0)
@@ -71,4 +73,4 @@ def decode_marker(point_attributes: dict[str, Any]) -> Marker | str:
         return "bad flush marker (no step)"
     if isinstance(expected, bool) or not isinstance(expected, int) or not 0 <= expected < 2**31:
         return f"bad flush marker ({attr.EXPECTED_PROCESSES} {str(expected)[:32]!r})"
-    return Marker(step, expected, point_attributes.get(attr.DRIVEN) is True)
+    return Marker(step, expected, point_attributes.get(attr.DRIVEN) is True, time_unix_nano)

@@ -14,9 +14,17 @@ The rules (documented in the README):
 * Step N is final when nothing is missing, or ``grace`` seconds after its first data;
   then the missing processes are named (warning + ``rankscope/missing_processes``) and not
   waited for again until they report.
-* Steps are finalized in increasing order. Points without a step (free-running
-  processes) join the step in progress: the lowest open step, else the one after the last
-  finalized step.
+* Steps are finalized in increasing order.
+* Steps of data that has none, by time (``step_at``): a step's wall-clock window ends when
+  its first process closes it (the flush marker's time; windows never go back), and a point
+  or span without a step joins the step whose window holds its timestamp (a finalized
+  step: as late data), or the step in progress when it is newer than every window. An
+  experiment none of whose processes steps gets fixed time buckets instead
+  (``time_bucket`` seconds, default 1): bucket N is step N counted from the experiment's
+  first bucket, is final ``time_bucket_lag`` seconds after it ends, and its view carries
+  ``rankscope/time`` (the bucket's start, Unix seconds) to plot against. When a process
+  first closes a step, the buckets give way to steps (as after a restart). No request ever
+  becomes a step by itself.
 * Points for a finalized step are late: counted (``rankscope/late_points``), merged into
   the step's retained running states, and written again as a late update of that step, at
   most once per step per ``late_interval`` (a flood of late processes costs one rewrite, not
@@ -36,6 +44,7 @@ states fail to merge (a third-party reduce type) is left out of the view and cou
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -46,7 +55,8 @@ from ..backends.base import Metric
 from ..core import names as attr
 from ..core.identity import label_of
 from ..metrics.reduce import Reduce, reduced_items
-from .merge import Running, holder, merge_rows, reduced
+from .merge import Running, holder, items, merge_rows, reduce_of, reduced
+from .streams import Streams
 from .traces import TraceStore
 from .validate import Limits, Refusals, ResourceBatch, StateRows
 
@@ -147,7 +157,7 @@ class PerProcess(Mapping[Process, list[Metric]]):
             for process in sorted(states, key=lambda p: (p.role, p.replica or "", p.rank)):
                 metrics = values[process] = []
                 for key, state in states[process].items():
-                    reduce = Reduce.get(state[0])
+                    reduce = reduce_of(state[0])
                     metrics.extend(Metric(n, v, reduce, stamp) for n, v in reduced_values(key, state, self._on_error))
             self._values = values
             self._parts = []
@@ -159,7 +169,8 @@ def reduced_values(
 ) -> list[tuple[str, float]]:
     """The reduced (name, value) pairs of one key, or none if its reduce type fails on its states."""
     try:
-        return reduced_items(key, reduced(state[0], state))
+        derived = items(key, state)
+        return derived if derived is not None else reduced_items(key, reduced(state[0], state))
     except Exception as exc:  # a third-party reducer: leave the key out, keep the experiment going
         if on_error is not None:
             on_error(f"merging {key!r} ({state[0]})", exc)
@@ -201,6 +212,11 @@ class Experiment:
         max_late_points_per_step: int = 1_000_000,
         late_interval: float = 1.0,
         on_error: Callable[[str, BaseException], None] | None = None,
+        time_bucket: float = 1.0,
+        time_bucket_lag: float = 2.0,
+        max_series: int = 256,
+        max_logs_per_step: int = 1000,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.id = experiment_id
         self.traces = traces if traces is not None else TraceStore()
@@ -236,6 +252,19 @@ class Experiment:
         """(step, version, absent): ``ready`` re-checks a step only when the version moved."""
         self.seen: OrderedDict[bytes, None] = OrderedDict()
         """Digests of recently taken ResourceMetrics: a client's retry is acknowledged, not merged twice."""
+        self.streams = Streams(max_series=max_series)
+        self.time_bucket = time_bucket
+        self.time_bucket_lag = time_bucket_lag
+        self.wall = wall
+        self._window_steps: list[int] = []
+        self._window_ends: list[int] = []
+        """Steps whose window end is known, ascending, and those ends (ns, never going back)."""
+        self.max_logs_per_step = max_logs_per_step
+        self.log_records = 0
+        """Ordinary OTel log records taken (written to the views)."""
+        self._logs_per_step: OrderedDict[int, int] = OrderedDict()
+        self._epoch: int | None = None
+        """Time buckets (no process steps): the experiment's first bucket, in buckets since 1970."""
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -322,10 +351,11 @@ class Experiment:
         frontier = self.frontier
         horizon = None if frontier is None else frontier + self.limits.step_window
         parts: dict[int, ResourceBatch] = {}
-        for rows in batch.states:
+        states = batch.states if not batch.plain else batch.states + self._plain(process, batch.plain)
+        for rows in states:
             step = rows.step
             if step is None:  # resolved here, so a write-ahead-log record always names its step
-                step = min(self._open) if self._open else self.last_finalized + 1
+                step = self.step_at(rows.time_unix_nano)
                 rows = StateRows(rows.reduce, step, rows.keys, rows.rows)
             elif horizon is not None and step > horizon:
                 window = self.limits.step_window
@@ -339,7 +369,7 @@ class Experiment:
             elif marker.step > self.last_finalized:  # a marker of a finalized step changes nothing
                 parts.setdefault(marker.step, ResourceBatch(batch.experiment, batch.resource)).markers.append(marker)
             else:
-                self._marker(process, marker.step, marker.expected, marker.driven, now)
+                self._marker(process, marker, now)
         taken = 0
         for step in sorted(parts):
             part = parts[step]
@@ -353,6 +383,46 @@ class Experiment:
         if process.merged:
             self.merged_points += taken
         return taken
+
+    def _plain(self, process: Process, points: list[Any]) -> list[StateRows]:
+        """Plain OTel points as rows of their steps (``sink.streams``; ``step_at`` without a step)."""
+        groups: dict[tuple[str, int], StateRows] = {}
+        for point in points:
+            converted = self.streams.convert(process.id, point)
+            if converted is None:
+                continue
+            reduce, key, row = converted
+            step = point[6] if point[6] is not None else self.step_at(point[5])
+            rows = groups.get((reduce, step))
+            if rows is None:
+                rows = groups[(reduce, step)] = StateRows(reduce, step)
+            rows.keys.append(key)
+            rows.rows.append(row)
+        return list(groups.values())
+
+    def step_at(self, time_unix_nano: int) -> int:
+        """The step whose wall-clock window holds ``time_unix_nano`` (0: now); see the module docstring."""
+        t = time_unix_nano or int(self.wall() * 1e9)
+        if self._window_ends:
+            i = bisect.bisect_left(self._window_ends, t)
+            return self._window_steps[i] if i < len(self._window_steps) else self._window_steps[-1] + 1
+        if any(p.stepped for p in self.processes.values()):  # stepping, no window known yet
+            return min(self._open) if self._open else self.last_finalized + 1
+        bucket = int(t / (self.time_bucket * 1e9))
+        if self._epoch is None:
+            self._epoch = bucket
+        return max(0, bucket - self._epoch)
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether steps are time buckets (no process of the experiment steps)."""
+        return self._epoch is not None
+
+    def _bucket_due(self, step: int) -> float:
+        """When (this experiment's clock) time bucket ``step`` is final: its end plus the lag."""
+        assert self._epoch is not None
+        end = (self._epoch + step + 1) * self.time_bucket + self.time_bucket_lag
+        return self.clock() + (end - self.wall())
 
     def _refuse(self, refused: Refusals, n: int, why: str) -> None:
         refused.add(n, why)
@@ -398,7 +468,7 @@ class Experiment:
 
     def _merge(self, process: Process, step: int, part: ResourceBatch, seq: int, now: float) -> int:
         for marker in part.markers:
-            self._marker(process, marker.step, marker.expected, marker.driven, now)
+            self._marker(process, marker, now)
         late = step <= self.last_finalized
         if late:
             bucket = self._late.get(step)
@@ -419,14 +489,43 @@ class Experiment:
         return taken
 
     def stream_process(self, batch: ResourceBatch, refused: Refusals) -> Process | None:
-        """The process of streamed values (``per_rank_no_reduce``), counted as activity."""
+        """The process of streamed values and log records, counted as activity."""
         self.last_activity = self.clock()
         process = self.process_for(batch.resource)
         if process is None:
-            self._refuse(refused, len(batch.streams), f"{self.max_processes} processes (limit)")
+            self._refuse(refused, len(batch.streams) + len(batch.logs), f"{self.max_processes} processes (limit)")
         return process
 
-    def _marker(self, process: Process, step: int, expected: int, driven: bool, now: float) -> None:
+    def logs(self, batch: ResourceBatch, refused: Refusals) -> list[tuple[int, Any]]:
+        """(step, record) of the batch's ordinary log records that fit ``max_logs_per_step``
+        (a record without a step: ``step_at`` its time); the rest are refused."""
+        out = []
+        for record in batch.logs:
+            step = record.step if record.step is not None else self.step_at(record.time_unix_nano)
+            n = self._logs_per_step.get(step, 0)
+            if n >= self.max_logs_per_step:
+                self._refuse(refused, 1, f"log records: step {step} has {self.max_logs_per_step} (limit)")
+                continue
+            self._logs_per_step[step] = n + 1
+            if len(self._logs_per_step) > 4096:
+                self._logs_per_step.popitem(last=False)
+            out.append((step, record))
+        self.log_records += len(out)
+        return out
+
+    def _marker(self, process: Process, marker: Any, now: float) -> None:
+        step, expected, driven = marker.step, marker.expected, marker.driven
+        if self._epoch is not None:  # the first stepping process: time buckets give way to steps
+            self._epoch = None
+            self._new_attempt(self.attempt)
+        if not self._window_steps or step > self._window_steps[-1]:  # a window ends at its first marker
+            end = max(
+                marker.time_unix_nano or int(self.wall() * 1e9), self._window_ends[-1] if self._window_ends else 0
+            )
+            self._window_steps.append(step)
+            self._window_ends.append(end)
+            if len(self._window_steps) > 100_000:
+                del self._window_steps[:50_000], self._window_ends[:50_000]
         self._version += 1
         process.stepped = True
         process.live = True
@@ -481,6 +580,8 @@ class Experiment:
             bucket = self._open[step]
             if absent and not force and now - bucket.opened < self.grace:
                 break
+            if self._epoch is not None and not force and now < self._bucket_due(step):
+                break
             del self._open[step]
             self._give_up_on(absent)
             missing = [label for label, _ in absent]
@@ -510,6 +611,8 @@ class Experiment:
     def next_deadline(self) -> float | None:
         if not self._open:
             return None
+        if self._epoch is not None:
+            return self._bucket_due(min(self._open))
         return self._open[min(self._open)].opened + self.grace
 
     def _give_up_on(self, absent: list[tuple[str, Any]]) -> None:
@@ -527,7 +630,7 @@ class Experiment:
         global_metrics: list[Metric] = []
         labels: dict[str, str] = {}
         for key, state in bucket.merged.items():
-            reduce = Reduce.get(state[0])
+            reduce = reduce_of(state[0])
             items = reduced_values(key, state, self._merge_error)
             global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in items)
             if items and (reduce is Reduce.MAX or reduce is Reduce.MIN):
@@ -541,6 +644,9 @@ class Experiment:
                 global_metrics.append(Metric(attr.LATE_POINTS, float(self.late_points), Reduce.MAX, stamp))
             if self.internal_errors:
                 global_metrics.append(Metric(attr.INTERNAL_ERRORS, float(self.internal_errors), Reduce.MAX, stamp))
+            if self._epoch is not None:
+                start = (self._epoch + bucket.step) * self.time_bucket
+                global_metrics.append(Metric(attr.BUCKET_TIME, start, Reduce.MAX, stamp))
         parts, bucket.parts = bucket.parts, []  # the view owns them; late rows start a new list
         senders = {process for process, _ in parts}
         if late:  # a process seen in an earlier view of the step would get a partial value: left out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -161,14 +162,14 @@ class _Routes:
             ranks = parse_ranks(query.get("ranks", [""])[0])
         except ValueError as exc:
             raise HttpError(400, f"bad span query: {exc}") from None
-        found = await self._call(self.sink.spans, experiment, first, last, ranks)
-        if found is None:
+        rows = await self._call(self.sink.span_rows, experiment, first, last, ranks)
+        if rows is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}")
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        for start in range(0, len(found), 1000):
-            await response.write("".join(json.dumps(s.row()) + "\n" for s in found[start : start + 1000]).encode())
+        while chunk := await self._call(lambda: list(itertools.islice(rows, 1000))):
+            await response.write("".join(chunk).encode())
         await response.write_eof()
         return response
 

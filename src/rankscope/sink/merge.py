@@ -16,10 +16,11 @@ value, holder rank, holder label), ``[reduce, state]`` for a distribution, ``[re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
-from ..metrics.reduce import DISTRIBUTION_SCALE, Reduce, Value
+from ..metrics.reduce import DISTRIBUTION_QUANTILES, DISTRIBUTION_SCALE, Reduce, Value, quantiles
 from ..otlp.metrics import Row, state_of
 
 Running = list[Any]
@@ -37,6 +38,26 @@ def merge_rows(into: dict[str, Running], reduce: str, keys: list[str], rows: lis
         _custom(into, reduce, keys, rows)
     else:
         merge(into, keys, rows, rank, label)
+
+
+OTEL_GAUGE, OTEL_UPDOWN, OTEL_HISTOGRAM, OTEL_EXPONENTIAL = (
+    "otel.gauge",
+    "otel.updown",
+    "otel.histogram",
+    "otel.exponential",
+)
+
+
+def reduce_of(reduce: str) -> Reduce:
+    """The reduce type a view reports for a state (a derived type: the reduction it applies)."""
+    derived = DERIVED.get(reduce)
+    return derived[1] if derived is not None else Reduce.get(reduce)
+
+
+def items(key: str, state: Running) -> list[tuple[str, float]] | None:
+    """A derived type's (name, value) pairs, or None for a reduce type (``reduced`` gives its value)."""
+    derived = DERIVED.get(state[0])
+    return None if derived is None else derived[0](key, state)
 
 
 def reduced(reduce: str, state: Running) -> Value:
@@ -158,6 +179,145 @@ def _custom(into: dict[str, Running], reduce: str, keys: list[str], rows: list[R
             running[1].append(state)
 
 
+def _latest(reduce: str) -> _Merge:
+    """LAST per stream: a process's newest value of the key (the first on a tie)."""
+
+    def merge(into: dict[str, Running], keys: list[str], rows: list[Row], rank: int, label: str) -> None:
+        for key, (value, time_unix_nano) in zip(keys, rows, strict=True):
+            state = into.get(key)
+            if state is None:
+                into[key] = [reduce, {label: (time_unix_nano, value)}]
+                continue
+            held = state[1].get(label)
+            if held is None or time_unix_nano > held[0]:
+                state[1][label] = (time_unix_nano, value)
+
+    return merge
+
+
+def _gauge_items(key: str, state: Running) -> list[tuple[str, float]]:
+    values = [value for _, value in state[1].values()]
+    if any(v != v for v in values):
+        nan = math.nan
+        return [(key, nan), (f"{key}/min", nan), (f"{key}/max", nan)]
+    return [(key, math.fsum(values) / len(values)), (f"{key}/min", min(values)), (f"{key}/max", max(values))]
+
+
+def _updown_items(key: str, state: Running) -> list[tuple[str, float]]:
+    return [(key, math.fsum(value for _, value in state[1].values()))]
+
+
+def _histograms(into: dict[str, Running], keys: list[str], rows: list[Row], rank: int, label: str) -> None:
+    for key, (bounds, counts, count, total, low, high) in zip(keys, rows, strict=True):
+        state = into.get(key)
+        if state is None:
+            state = into[key] = [OTEL_HISTOGRAM, {}, 0, 0.0, math.nan, math.nan]
+        if counts:
+            mine = state[1].get(bounds)
+            if mine is None:
+                state[1][bounds] = list(counts)
+            else:
+                for i, n in enumerate(counts):
+                    mine[i] += n
+        state[2] += count
+        state[3] += total
+        state[4] = low if state[4] != state[4] else min(state[4], low) if low == low else state[4]
+        state[5] = high if state[5] != state[5] else max(state[5], high) if high == high else state[5]
+
+
+def _histogram_items(key: str, state: Running) -> list[tuple[str, float]]:
+    _, by_bounds, count, total, low, high = state
+    out = [(f"{key}/count", float(count)), (f"{key}/sum", total), (f"{key}/mean", total / count if count else math.nan)]
+    segments: list[tuple[float, float, int]] = []
+    for bounds, counts in by_bounds.items():
+        edges = [_edge(low, bounds[0] if bounds else math.nan, low_side=True), *bounds]
+        edges.append(_edge(high, bounds[-1] if bounds else math.nan, low_side=False))
+        segments.extend((edges[i], edges[i + 1], n) for i, n in enumerate(counts) if n)
+    out.extend((f"{key}/{name}", _quantile(segments, q)) for name, q in DISTRIBUTION_QUANTILES)
+    return out
+
+
+def _edge(extreme: float, bound: float, *, low_side: bool) -> float:
+    """The finite end of an open-ended bucket: the exact extreme where known and beyond the bound."""
+    if extreme == extreme and math.isfinite(extreme) and (bound != bound or (extreme < bound) == low_side):
+        return extreme
+    return bound
+
+
+def _quantile(segments: list[tuple[float, float, int]], q: float) -> float:
+    """The q-quantile of buckets taken as uniform between their edges (linear interpolation,
+    as Prometheus' ``histogram_quantile``), across buckets of different bounds alike."""
+    segments = [(lo, hi, n) for lo, hi, n in segments if lo == lo and hi == hi]
+    total = sum(n for _, _, n in segments)
+    if not total:
+        return math.nan
+    target = q * total
+    points = sorted({edge for lo, hi, _ in segments for edge in (lo, hi)})
+
+    def below(x: float) -> float:
+        return sum(n if x >= hi else n * (x - lo) / (hi - lo) if x > lo else 0.0 for lo, hi, n in segments)
+
+    previous, mass = points[0], below(points[0])
+    if mass >= target:
+        return previous
+    for x in points[1:]:
+        now = below(x)
+        if now >= target:
+            return previous + (x - previous) * (target - mass) / (now - mass) if now > mass else x
+        previous, mass = x, now
+    return points[-1]
+
+
+def _exponentials(into: dict[str, Running], keys: list[str], rows: list[Row], rank: int, label: str) -> None:
+    """Exponential histograms at the common scale: the coarsest seen (finer buckets fold exactly)."""
+    for key, (incoming,) in zip(keys, rows, strict=True):
+        state = into.get(key)
+        if state is None:
+            empty = {"count": 0, "sum": 0.0, "zero_count": 0, "min": math.nan, "max": math.nan}
+            state = into[key] = [
+                OTEL_EXPONENTIAL,
+                {**empty, "scale": incoming["scale"], "positive": {}, "negative": {}},
+            ]
+        running = state[1]
+        if incoming["scale"] < running["scale"]:
+            shift = running["scale"] - incoming["scale"]
+            for side in ("positive", "negative"):
+                folded: dict[int, int] = {}
+                for index, n in running[side].items():
+                    folded[index >> shift] = folded.get(index >> shift, 0) + n
+                running[side] = folded
+            running["scale"] = incoming["scale"]
+        shift = incoming["scale"] - running["scale"]
+        running["count"] += incoming["count"]
+        running["sum"] += incoming["sum"]
+        running["zero_count"] += incoming["zero_count"]
+        for extreme, pick in (("min", min), ("max", max)):
+            theirs, mine = incoming[extreme], running[extreme]
+            running[extreme] = theirs if mine != mine else pick(mine, theirs) if theirs == theirs else mine
+        for side in ("positive", "negative"):
+            mine = running[side]
+            for index, n in incoming[side].items():
+                index = int(index) >> shift
+                mine[index] = mine.get(index, 0) + n
+
+
+def _exponential_items(key: str, state: Running) -> list[tuple[str, float]]:
+    s = state[1]
+    count, total = s["count"], s["sum"]
+    out = [(f"{key}/count", float(count)), (f"{key}/sum", total), (f"{key}/mean", total / count if count else math.nan)]
+    found = quantiles(s["positive"], s["negative"], s["zero_count"], s["scale"], s["min"], s["max"])
+    out.extend((f"{key}/{name}", value) for name, value in found.items())
+    return out
+
+
+DERIVED: dict[str, tuple[Callable[[str, Running], list[tuple[str, float]]], Reduce]] = {
+    OTEL_GAUGE: (_gauge_items, Reduce.MEAN),
+    OTEL_UPDOWN: (_updown_items, Reduce.SUM),
+    OTEL_HISTOGRAM: (_histogram_items, Reduce.get("distribution")),
+    OTEL_EXPONENTIAL: (_exponential_items, Reduce.get("distribution")),
+}
+"""Derived type -> (its view's (name, value) pairs, the reduce type the views report)."""
+
 _MERGES: dict[str, _Merge] = {
     "sum": _adder(1, "sum"),
     "count": _adder(1, "count"),
@@ -167,4 +327,8 @@ _MERGES: dict[str, _Merge] = {
     "min": _extreme(-1.0, "min"),
     "last": _last,
     "distribution": _distribution,
+    OTEL_GAUGE: _latest(OTEL_GAUGE),
+    OTEL_UPDOWN: _latest(OTEL_UPDOWN),
+    OTEL_HISTOGRAM: _histograms,
+    OTEL_EXPONENTIAL: _exponentials,
 }

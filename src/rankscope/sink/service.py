@@ -17,6 +17,7 @@ failure inside one experiment is logged once, counted in the status route and in
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -28,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import Metric
+from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
 from .bodies import OverloadedError
 from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
 from .http_server import start_http
-from .traces import TraceStore
+from .traces import SpanFile, TraceStore
 from .validate import (
     Limits,
     Marker,
@@ -78,6 +80,17 @@ class SinkConfig:
     """Steps whose spans an experiment keeps (``rankscope gantt``, straggler views)."""
     max_spans: int = 200_000
     """Spans an experiment keeps at most; the oldest steps go first."""
+    spans_dir: Path | None = None
+    """Where each experiment's spans are also written as they arrive (the whole run's Gantt)."""
+    max_span_file_bytes: int = 1 << 30
+    time_bucket: float = 1.0
+    """Seconds per step of an experiment none of whose processes steps (``Experiment.step_at``)."""
+    time_bucket_lag: float = 2.0
+    """How long after a time bucket ends its step is final (late data is merged and rewritten)."""
+    max_series: int = 256
+    """Series (attribute sets) per plain OTel metric name; more fold into an overflow series."""
+    max_logs_per_step: int = 1000
+    """Ordinary OTel log records an experiment's views take per step."""
     grpc_workers: int = 8
     limits: Limits = field(default_factory=Limits)
     max_experiments: int = 4096
@@ -202,6 +215,10 @@ class Sink:
                     timeout,
                     "; the write-ahead log keeps what they missed" if self.wal is not None else "",
                 )
+        for tenant in tenants:
+            if tenant.experiment.traces.file is not None:
+                with tenant.lock:
+                    tenant.experiment.traces.file.close()
         if self.wal is not None:
             for tenant in tenants:
                 if tenant.log is not None:
@@ -304,17 +321,20 @@ class Sink:
             refused = Refusals()
             total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
             for batch in logs_batches(request, self.config.limits, refused):
-                tenant = self._tenant(batch.experiment, refused, len(batch.streams))
+                tenant = self._tenant(batch.experiment, refused, len(batch.streams) + len(batch.logs))
                 if tenant is None:
                     continue
                 with tenant.lock:
                     process = tenant.experiment.stream_process(batch, refused)
                     if process is None:
                         continue
+                    records = tenant.experiment.logs(batch, refused) if batch.logs else []
                     writer = self._writer(tenant)
                 stamp = time.time()
                 for key, value, step in batch.streams:
                     writer.stream(process, Metric(key, value, Reduce.MEAN, stamp), step)
+                for step, record in records:
+                    writer.log(process, record, step)
             self._count(refused)
             return Result.of(total, refused)
 
@@ -343,7 +363,8 @@ class Sink:
                         if process is None:
                             accepted, rejected = 0, n
                         else:
-                            accepted, rejected = tenant.experiment.traces.ingest(process, rs.scope_spans)
+                            e = tenant.experiment
+                            accepted, rejected = e.traces.ingest(process, rs.scope_spans, e.step_at)
                     except Exception as exc:
                         self._tenant_error(tenant, "trace ingest", exc)
                         result.rejected += n
@@ -366,6 +387,25 @@ class Sink:
             return None
         with tenant.lock:
             return tenant.experiment.traces.select(first, last, ranks)
+
+    def span_rows(
+        self, experiment_id: str, first: int | None = None, last: int | None = None, ranks: set[int] | None = None
+    ) -> Iterator[str] | None:
+        """JSONL rows of an experiment's spans: the whole run from its span file when it has one,
+        else the stored (retained) steps; None for an unknown experiment."""
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return None
+        with tenant.lock:
+            file = tenant.experiment.traces.file
+            if file is None:
+                return iter(
+                    [
+                        json.dumps(s.row(), default=str) + "\n"
+                        for s in tenant.experiment.traces.select(first, last, ranks)
+                    ]
+                )
+            return file.rows(first, last, ranks)
 
     # -- control (HTTP routes used by embedded clients) ------------------------------------
 
@@ -403,12 +443,16 @@ class Sink:
                 "late_points": e.late_points,
                 "refused_points": e.refused,
                 "foreign_points": e.foreign_points,
+                "series_overflow": e.streams.overflowed,
+                "log_records": e.log_records,
+                "time_bucketed": e.bucketed,
                 "internal_errors": e.internal_errors + tenant.errors,
                 "last_error": tenant.last_error,
                 "last_written_step": min(written) if written else -1,
                 "views": views,
                 "spans_stored": e.traces.count,
                 "spans_dropped": e.traces.dropped,
+                "span_file": e.traces.file.status() if e.traces.file is not None else None,
             }
 
     def overview(self) -> dict[str, Any]:
@@ -490,13 +534,19 @@ class Sink:
             grace=c.grace,
             retain_steps=c.retain_steps,
             clock=self.clock,
-            traces=TraceStore(retain_steps=c.trace_retain_steps, max_spans=c.max_spans),
+            traces=TraceStore(
+                retain_steps=c.trace_retain_steps, max_spans=c.max_spans, file=self._span_file(experiment_id)
+            ),
             limits=c.limits,
             max_processes=c.max_processes,
             max_keys_per_step=c.max_keys_per_step,
             max_late_points_per_step=c.max_late_points_per_step,
             late_interval=c.late_interval,
             on_error=self._internal_error,
+            time_bucket=c.time_bucket,
+            time_bucket_lag=c.time_bucket_lag,
+            max_series=c.max_series,
+            max_logs_per_step=c.max_logs_per_step,
         )
         log_ = self.wal.open(experiment_id) if self.wal is not None else None
         if log_ is not None:
@@ -504,6 +554,12 @@ class Sink:
         elif experiment_id in self._tombstones:  # evicted before: steps go on where they were
             experiment.last_finalized, experiment.attempt = self._tombstones.pop(experiment_id)
         return Tenant(experiment, log_)
+
+    def _span_file(self, experiment_id: str) -> SpanFile | None:
+        if self.config.spans_dir is None:
+            return None
+        path = self.config.spans_dir / safe_component(experiment_id) / "spans.jsonl"
+        return SpanFile(path, self.config.max_span_file_bytes)
 
     def _replay(self) -> None:
         """Re-merge every record the views had not written when the last sink stopped or died."""
@@ -591,6 +647,9 @@ class Sink:
             tenant.writer.request_close(self.config.stop_timeout)
         if tenant.log is not None:
             tenant.log.close()
+        if tenant.experiment.traces.file is not None:
+            with tenant.lock:
+                tenant.experiment.traces.file.close()
 
     def _count(self, refused: Refusals) -> None:
         if refused.count:

@@ -4,7 +4,12 @@ Retention (documented in the README): the spans of the last ``retain_steps`` ste
 at most ``max_spans`` (200,000) per experiment; older steps go first, and spans beyond
 the cap for the newest step are counted in ``dropped``. Spans without ``rankscope.step``
 (a user's own OTel spans) take the step of a span with the same trace id in the same
-request, else land in the ``None`` bucket (also bounded).
+request, else the step whose wall-clock window holds their start (``Experiment.step_at``).
+
+With a span file (``SinkConfig.spans_dir``), every stored span is also appended to
+``SPANS_DIR/<experiment>/spans.jsonl`` as it arrives, up to ``max_span_file_bytes`` (then the
+file stops growing, says so in the status route and a warning, and counts what it missed):
+the whole run's Gantt (``rankscope gantt``, ``rankscope run --gantt``), not only the retained steps.
 
 Stragglers, per finished step: for every span name traced by at least two processes, each
 process's total time in it; the slowest and fastest process, and how far the slowest is
@@ -14,18 +19,22 @@ from the median. Written as ``straggler/{phase}/max_over_median``, ``.../slowest
 
 from __future__ import annotations
 
+import json
+import logging
 import statistics
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from ..backends.base import Metric
 from ..core import names as attr
 from ..metrics.reduce import Reduce
 from ..otlp.common import attributes
 
+log = logging.getLogger("rankscope.sink")
 MAX_PHASES_PER_STEP = 64
 ROOT_NAME = "step"
 
@@ -66,18 +75,80 @@ class StoredSpan:
         }
 
 
+class SpanFile:
+    """Every stored span of one experiment, one JSONL row each, up to ``max_bytes``."""
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.max_bytes = max_bytes
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+        self.bytes = path.stat().st_size
+        self.not_saved = 0
+        """Spans past the cap: stored in memory (the last steps), not in the file."""
+
+    def write(self, span: StoredSpan) -> None:
+        if self.not_saved:
+            self.not_saved += 1
+            return
+        line = json.dumps(span.row(), default=str) + "\n"
+        if self.bytes + len(line) > self.max_bytes:
+            self.not_saved = 1
+            log.warning(
+                "rankscope sink: span file %s reached its cap of %d bytes: later spans are kept for the last "
+                "steps only (raise --max-span-file-bytes)",
+                self.path,
+                self.max_bytes,
+            )
+            return
+        self._file.write(line)
+        self.bytes += len(line)
+
+    def rows(self, first: int | None, last: int | None, ranks: set[int] | None) -> Iterator[str]:
+        """The file's lines (JSON rows) of steps in [first, last] and the given ranks."""
+        self._file.flush()
+        with self.path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if first is None and last is None and ranks is None:
+                    yield line
+                    continue
+                row = json.loads(line)
+                step = row.get("step")
+                if (first is not None and (step is None or step < first)) or (
+                    last is not None and (step is None or step > last)
+                ):
+                    continue
+                if ranks is None or row.get("rank") in ranks:
+                    yield line
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "bytes": self.bytes,
+            "capped": bool(self.not_saved),
+            "not_saved": self.not_saved,
+        }
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class TraceStore:
     """Spans of one experiment, by step. Not thread-safe: the sink's ingest lock guards it."""
 
-    def __init__(self, *, retain_steps: int = 64, max_spans: int = 200_000) -> None:
+    def __init__(self, *, retain_steps: int = 64, max_spans: int = 200_000, file: SpanFile | None = None) -> None:
         self.retain_steps = retain_steps
         self.max_spans = max_spans
+        self.file = file
         self._steps: OrderedDict[int | None, list[StoredSpan]] = OrderedDict()
         self.count = 0
         self.dropped = 0
 
-    def ingest(self, process: Any, scope_spans: Iterable[Any]) -> tuple[int, int]:
-        """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected)."""
+    def ingest(
+        self, process: Any, scope_spans: Iterable[Any], step_at: Callable[[int], int] | None = None
+    ) -> tuple[int, int]:
+        """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected).
+        ``step_at(start_ns)`` gives a span without a step its step."""
         decoded: list[StoredSpan] = []
         steps_of: dict[str, int] = {}
         rejected = 0
@@ -111,8 +182,12 @@ class TraceStore:
         for stored in decoded:
             if stored.step is None:
                 stored.step = steps_of.get(stored.trace_id)
+                if stored.step is None and step_at is not None:
+                    stored.step = step_at(stored.start_ns)
             if self._add(stored):
                 accepted += 1
+                if self.file is not None:
+                    self.file.write(stored)
         return accepted, rejected
 
     def _add(self, span: StoredSpan) -> bool:

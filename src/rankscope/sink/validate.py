@@ -35,8 +35,9 @@ from typing import Any
 
 from ..core import names as attr
 from ..metrics.reduce import BUILTIN_REDUCES, Reduce
+from ..otlp import foreign
 from ..otlp.common import attributes, decode_step
-from ..otlp.logs import decode_stream, is_stream
+from ..otlp.logs import decode_record, decode_stream, is_stream
 from ..otlp.markers import Marker, decode_marker
 from ..otlp.metrics import MAX_BUCKETS, READERS, SUM_SQ, Reader, Row, check_custom_state, decode_custom_field
 from ..otlp.raw import decode_attribute, decode_attributes, resource_metrics
@@ -92,6 +93,24 @@ class StateRows:
     step: int | None
     keys: list[str] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
+    time_unix_nano: int = 0
+    """Without a step: when the first point was taken (the step whose window holds it is chosen)."""
+
+
+PlainPoint = tuple[str, str, str, tuple[Any, ...], int, int, "int | None"]
+"""(metric name, series, form, row, start time, time, step or None) of a plain OTel point."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """An ordinary OTel log record, checked: what the views write."""
+
+    time_unix_nano: int
+    severity: str
+    body: str
+    attributes: dict[str, Any]
+    step: int | None
+    trace_id: str
 
 
 @dataclass(slots=True)
@@ -105,7 +124,11 @@ class ResourceBatch:
     goodbye: bool = False
     streams: list[tuple[str, float, int | None]] = field(default_factory=list)
     foreign: int = 0
-    """Points without ``rankscope.reduce``: not rankscope's (counted in the status route)."""
+    """Points without ``rankscope.reduce``: plain OTel points (counted in the status route)."""
+    plain: list[PlainPoint] = field(default_factory=list)
+    """Those of them taken, checked (``otlp.foreign``); ``sink.streams`` makes them step rows."""
+    logs: list[LogRecord] = field(default_factory=list)
+    """Ordinary OTel log records, checked."""
     refused: int = 0
     """Points of this batch refused at the edge (the experiment's status counts them)."""
     digest: bytes = b""
@@ -113,7 +136,7 @@ class ResourceBatch:
 
     @property
     def point_count(self) -> int:
-        return sum(len(s.keys) for s in self.states)
+        return sum(len(s.keys) for s in self.states) + len(self.plain)
 
 
 def clean_text(text: str, limit: int) -> str | None:
@@ -217,12 +240,12 @@ def _shape(raw: tuple[bytes, ...]) -> _Shape | str:
     else:
         reduce = a.pop(attr.REDUCE, None)
         step = decode_step(a.pop(attr.STEP, None))
-        if reduce is None:
-            shape = _FOREIGN
+        if isinstance(step, str):
+            shape = step
+        elif reduce is None:
+            shape = (None, step, a or _NOTHING, None, None) if a or step is not None else _FOREIGN
         elif not isinstance(reduce, str):
             shape = f"{attr.REDUCE} must be a string, got {type(reduce).__name__}"
-        elif isinstance(step, str):
-            shape = step
         else:
             reduce = reduce.lower()
             shape = (reduce, step, a or _NOTHING, (reduce, step), READERS.get(reduce))
@@ -280,20 +303,29 @@ def _scope(
             refused.add(n, f"{name[:40]!r}...: {why}")
             continue
         custom: dict[tuple[str, int | None, int], dict[str, Any]] | None = None
+        form: str | None = None
         for p in points if n != 1 else (points[0],):  # indexing one point is cheaper than iterating
             raw = tuple(p.attributes[:])  # a slice: tuple() over the container itself is 3x slower
             shape = _SHAPES.get(raw) or _shape(raw)
             if isinstance(shape, str):
                 refused.add(1, f"{name}: {shape}")
                 continue
-            _, _, extra, group, reader = shape
-            if group is None:  # a plain OTel point: counted and refused with a reason, not dropped silently
+            _, step, extra, group, reader = shape
+            if group is None:  # a plain OTel point: taken by the documented rules (``otlp.foreign``)
                 batch.foreign += 1
-                refused.add(1, f"{name}: no {attr.REDUCE} attribute (plain OTel metrics are not taken yet)")
+                form = form or foreign.form_of(kind, getattr(metric, kind))
+                row = foreign.read(form, p, limits.max_buckets) if form in foreign.FORMS else form
+                if isinstance(row, str):
+                    refused.add(1, f"{name}: {row}")
+                elif row is not None:  # None: no recorded value (a Prometheus staleness marker)
+                    series = foreign.series_name(name, extra)
+                    batch.plain.append((name, series, form, row, p.start_time_unix_nano, p.time_unix_nano, step))
                 continue
             target = groups.get(group)
             if target is None:
                 target = groups[group] = _group(batch, group)
+                if step is None and not isinstance(target, str):
+                    target.time_unix_nano = p.time_unix_nano
             if isinstance(target, str):
                 refused.add(1, f"{name}: {target}")
                 continue
@@ -320,7 +352,7 @@ def _scope(
 def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:
     for p in points:
         a = decode_attributes(p.attributes)
-        marker = a if isinstance(a, str) else decode_marker(a)
+        marker = a if isinstance(a, str) else decode_marker(a, p.time_unix_nano)
         if isinstance(marker, str):
             refused.add(1, f"{attr.FLUSH_MARKER}: {marker}")
         else:
@@ -375,26 +407,33 @@ def _count(metric: Any) -> int:
 
 
 def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[ResourceBatch]:
-    """Check an ``ExportLogsServiceRequest``: streamed values (``per_rank_no_reduce``) only.
-
-    Ordinary log records (no ``rankscope.key``) are refused with a reason: not kept yet."""
+    """Check an ``ExportLogsServiceRequest``: streamed values (``per_rank_no_reduce``) and ordinary
+    OTel log records (bodies and attributes cut to bounded sizes, ``otlp.logs.decode_record``)."""
     for rl in request.resource_logs:
         records = [r for sl in rl.scope_logs for r in sl.log_records]
-        ours = [(r, a) for r in records if is_stream(a := attributes(r.attributes))]
-        refused.add(len(records) - len(ours), f"log records without {attr.STREAM_KEY} are not kept yet")
-        if not ours:
+        if not records:
             continue
         checked = check_resource(rl.resource, limits)
         if isinstance(checked, str):
-            refused.add(len(ours), checked)
+            refused.add(len(records), checked)
             continue
         batch = ResourceBatch(*checked)
-        for _, a in ours:
-            decoded = decode_stream(a)
-            if isinstance(decoded, str):
-                refused.add(1, decoded)
-            elif clean_text(decoded[0], limits.max_name_chars) is None:
-                refused.add(1, "streamed value with a bad key")
+        for record in records:
+            a = attributes(record.attributes)
+            if is_stream(a):
+                decoded = decode_stream(a)
+                if isinstance(decoded, str):
+                    refused.add(1, decoded)
+                elif clean_text(decoded[0], limits.max_name_chars) is None:
+                    refused.add(1, "streamed value with a bad key")
+                else:
+                    batch.streams.append(decoded)
+                continue
+            when, severity, body, kept, step, trace_id = decode_record(record, a)
+            if isinstance(step, str):
+                refused.add(1, f"log record: {step}")
+            elif not severity.isprintable():
+                refused.add(1, "log record: severity text with control characters")
             else:
-                batch.streams.append(decoded)
+                batch.logs.append(LogRecord(when, severity, body, kept, step, trace_id))
         yield batch

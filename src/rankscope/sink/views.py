@@ -110,6 +110,10 @@ class ViewWriter:
     def stream(self, process: Process, metric: Metric, step: int | None) -> None:
         self._put(("stream", process, metric, step))
 
+    def log(self, process: Process, record: Any, step: int) -> None:
+        """An ordinary OTel log record (``validate.LogRecord``) of ``process``, in ``step``."""
+        self._put(("log", process, record, step))
+
     def close(self, timeout: float) -> None:
         self.request_close(timeout)
         self.join(timeout)
@@ -182,6 +186,18 @@ class ViewWriter:
                     _, process, metric, step = item
                     for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
                         self._call(view, view.backend.log_stream, metric, step, **_identity(process))
+                elif kind == "log":
+                    _, process, record, step = item
+                    row = {
+                        "time": record.time_unix_nano / 1e9,
+                        "severity": record.severity,
+                        "body": record.body,
+                        "attributes": record.attributes,
+                        "trace_id": record.trace_id or None,
+                    }
+                    for view in self.views:
+                        if not view.disabled:
+                            self._call(view, view.backend.log_record, row, step, **_identity(process))
             for view in self.views:
                 if not view.disabled:
                     self._call(view, view.backend.finish)

@@ -278,13 +278,13 @@ def encode_record(digest: bytes, resource: dict[str, Any], states: list[Any], ma
             digest,
             resource,
             [(s.reduce, s.step, s.keys, s.rows) for s in states],
-            [(m.step, m.expected, m.driven) for m in markers],
+            [(m.step, m.expected, m.driven, m.time_unix_nano) for m in markers],
         )
     )
 
 
 def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], list[Any]]:
-    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven)]) of a payload."""
+    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven[, time])]) of a payload."""
     record = marshal.loads(payload)
     if len(record) == 4:  # version 1 (before rows): one (key, reduce, step, state) per point
         digest, resource, points, markers = record
