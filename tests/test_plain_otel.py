@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from rankscope import gantt
+
 from .conftest import ROOT
 
 WORKER = Path(__file__).parent / "workers" / "plain_otel.py"
@@ -85,3 +87,9 @@ def test_a_plain_otel_sdk_program_lands_in_the_global_view(make_sink, tmp_path) 
     assert sink.overview()["refusals"] == {}
     spans = [json.loads(line) for line in sink.span_rows("plain") or ()]
     assert sorted(s["name"] for s in spans) == ["work-a", "work-b"] and all(s["step"] is not None for s in spans)
+    out = tmp_path / "gantt.json"
+    assert gantt.write(spans, out).spans == 2  # spans without a step are drawn, in their time's step
+    drawn = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") == "X"]
+    assert sorted(e["name"] for e in drawn) == ["work-a", "work-b"] and all(
+        e["args"]["step"] is not None for e in drawn
+    )

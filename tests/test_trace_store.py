@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from rankscope import gantt
 from rankscope.otlp.common import key_value
 from rankscope.sink.experiment import Process
-from rankscope.sink.traces import TraceStore, parse_ranks
+from rankscope.sink.traces import SpanFile, TraceStore, parse_ranks
 
 
 def process(rank: int) -> Process:
@@ -64,3 +67,42 @@ def test_straggler_view_names_the_slowest_and_fastest_rank() -> None:
     assert view["straggler/train/bwd/max_over_median"] == 1.0
     assert not any("solo" in key for key in view)  # one process: no spread to speak of
     assert parse_ranks("0,2,4-6") == {0, 2, 4, 5, 6} and parse_ranks("") is None
+
+
+def test_the_span_file_keeps_the_whole_run_up_to_its_cap_and_says_so(tmp_path) -> None:
+    """Memory keeps the last steps; the span file keeps every step until its byte cap, then counts."""
+    file = SpanFile(tmp_path / "x" / "spans.jsonl", max_bytes=20_000)
+    store = TraceStore(retain_steps=3, file=file)
+    for step in range(200):
+        store.ingest(process(step % 4), scope_spans(step, {"fwd": 0.1}))
+    assert store.steps() == [197, 198, 199]
+    rows = [json.loads(line) for line in file.rows(None, None, None)]
+    saved = len(rows)
+    assert 0 < saved < 200 and [r["step"] for r in rows] == list(range(saved))  # from the first step on
+    assert file.status()["capped"] and file.not_saved == 200 - saved and file.bytes <= 20_000
+    assert [r["step"] for r in map(json.loads, file.rows(5, 7, {1}))] == [5]  # steps 5..7, rank 1 only
+    file.close()
+
+
+def test_gantt_tracks_are_numbered_in_rank_order_whatever_order_spans_arrive_in(tmp_path) -> None:
+    rows = []
+    for rank in (3, 0, 2, 1):
+        for role in ("trainer", "generator"):
+            rows.append(
+                {
+                    "name": "s",
+                    "start_ns": 1000,
+                    "end_ns": 2000,
+                    "rank": rank,
+                    "role": role,
+                    "process": f"{role}_r{rank}",
+                }
+            )
+    out = tmp_path / "trace.json"
+    gantt.write(rows, out)
+    names = {
+        e["args"]["name"]: e["pid"] for e in json.loads(out.read_text())["traceEvents"] if e["name"] == "process_name"
+    }
+    assert sorted(names, key=names.__getitem__) == [f"trainer_r{r}" for r in range(4)] + [
+        f"generator_r{r}" for r in range(4)
+    ]
