@@ -122,7 +122,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Done here, once per session, because the first build takes minutes: no test's own time
     limit should pay for it. The build has its own limit (``tests/pipeline.py``).
     """
-    if any(item.nodeid.split("::")[0].endswith(("test_pipeline.py", "test_tree.py")) for item in session.items):
+    if any(
+        item.nodeid.split("::")[0].endswith(("test_pipeline.py", "test_tree.py", "test_otel_clients.py"))
+        for item in session.items
+    ):
         from .pipeline import build_binaries
 
         session.config.stash[PIPELINE_BINARIES] = build_binaries()

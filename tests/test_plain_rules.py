@@ -148,3 +148,12 @@ def test_a_scale_0_merge_matches_the_distribution_reducers_percentiles_at_its_sc
     expected = DistributionAccumulator.get_reduced_value_from_states([acc.get_state()])
     assert isinstance(expected, dict)
     assert {k: got[f"latency/{k}"] for k in ("p50", "p90", "p99", "mean")} == expected
+
+
+def test_one_name_as_two_kinds_in_a_step_is_refused_with_both_named() -> None:
+    e = Experiment("x", grace=1, clock=Clock())
+    gauge = pb.Metric(name="tokens")
+    gauge.gauge.data_points.add(as_double=1.0)
+    refused = send(e, "p0", counter(1, start=1, temporality=DELTA), gauge, step=0)
+    assert refused.count == 1 and "tokens: recorded as SUM and as OTel gauge" in refused.message
+    assert view_of(e) == {"tokens": 1.0}

@@ -188,6 +188,11 @@ def _extreme_rank(key: str, reduce: Reduce, state: Running, stamp: float) -> tup
     return Metric(name, float(rank), Reduce.MAX, stamp), label
 
 
+def _shown(reduce: str) -> str:
+    """A reduce type as an error message names it (``SUM``; a plain OTel kind: ``OTel Gauge``)."""
+    return f"OTel {reduce[5:].replace('_', ' ')}" if reduce.startswith("otel.") else reduce.upper()
+
+
 def _int(value: Any, default: int) -> int:
     try:
         return int(value)
@@ -450,7 +455,7 @@ class Experiment:
                     else:
                         new[key] = reduce
                 elif known != reduce:
-                    why = f"{key}: recorded as {known.upper()} and as {reduce.upper()}"
+                    why = f"{key}: recorded as {_shown(known)} and as {_shown(reduce)}"
                 if why is None and late:
                     if late_room <= 0:
                         why = f"{key}: step {step} has {self.max_late_points_per_step} late points (limit)"
