@@ -8,6 +8,7 @@ still finalize on time, and the sink must stay healthy with no internal error (c
 from __future__ import annotations
 
 import http.client
+import math
 import random
 import time
 from typing import Any
@@ -263,3 +264,71 @@ def test_undecodable_point_attributes_are_refused_per_point(make_sink) -> None:
         assert answer.rejected_data_points == 1 and "bad: undecodable point attribute" in answer.error_message
     conn.close()
     assert sink.status("hostile")["points"] == len(bad_attributes)  # every "ok" point was taken
+
+
+def _plain(kind: str, **fields: Any) -> pb.Metric:
+    """A plain OTel point (no ``rankscope.reduce``) at step 0."""
+    m = pb.Metric(name=f"plain_{kind}")
+    data = getattr(m, kind)
+    if kind != "gauge":
+        data.aggregation_temporality = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
+    if kind == "sum":
+        data.is_monotonic = True
+    p = data.data_points.add(**{k: v for k, v in fields.items() if k not in ("offset", "counts")})
+    if "counts" in fields:
+        p.positive.offset = fields["offset"]
+        p.positive.bucket_counts.extend(fields["counts"])
+    p.attributes.append(key_value(attr.STEP, 0))
+    return m
+
+
+PLAIN_TAKEN: list[tuple[str, pb.Metric]] = [
+    ("the top bucket at the coarsest scale", _plain("exponential_histogram", scale=-10, count=1, offset=0, counts=[1])),
+    (
+        "the lowest bucket at scale 20",
+        _plain("exponential_histogram", scale=20, count=1, offset=-1075 * 2**20 - 1, counts=[1]),
+    ),
+    (
+        "a histogram whose min is over its max",
+        _plain("histogram", count=3, sum=1.0, bucket_counts=[3], min=5.0, max=1.0),
+    ),
+    (
+        "a histogram of infinities",
+        _plain("histogram", count=1, sum=math.inf, explicit_bounds=[1.0], bucket_counts=[0, 1], max=math.inf),
+    ),
+    ("a NaN gauge", _plain("gauge", as_double=math.nan)),
+    ("a NaN cumulative counter", _plain("sum", as_double=math.nan)),
+]
+PLAIN_REFUSED: list[tuple[str, pb.Metric, str]] = [
+    ("scale 21", _plain("exponential_histogram", scale=21, count=1, offset=0, counts=[1]), "scale 21"),
+    ("a bucket past the doubles", _plain("exponential_histogram", scale=-10, count=1, offset=1, counts=[1]), "offset"),
+    (
+        "counts that do not fit the bounds",
+        _plain("histogram", count=2, explicit_bounds=[1.0], bucket_counts=[2]),
+        "bucket counts",
+    ),
+    ("a NaN bound", _plain("histogram", count=1, explicit_bounds=[math.nan], bucket_counts=[1, 0]), "finite"),
+    (
+        "more in buckets than counted",
+        _plain("histogram", count=1, explicit_bounds=[1.0], bucket_counts=[1, 1]),
+        "count is 1",
+    ),
+]
+
+
+def test_plain_otel_points_at_the_edges_of_the_rules_are_taken_or_refused_never_raising(make_sink) -> None:
+    """Points that hold a mergeable state, however odd, are taken and the step finalizes with no
+    internal error (the fixture checks); the rest are refused with the reason."""
+    sink = make_sink(grace=0.5)
+    conn = Http(sink.http_port)
+    for name, metric in PLAIN_TAKEN:
+        assert conn.export(request([metric], "odd"))[:2] == (200, 0), name
+    for name, metric, why in PLAIN_REFUSED:
+        status, count, message = conn.export(request([metric], "odd"))
+        assert (status, count) == (200, 1) and why in message, (name, message)
+    conn.close()
+    sink.finalize("odd")
+    assert sink.wait_written("odd")
+    status = sink.status("odd")
+    assert status["last_finalized_step"] == 0 and status["internal_errors"] == 0
+    assert status["refused_points"] == len(PLAIN_REFUSED)

@@ -427,13 +427,13 @@ def quantiles(
     """p50/p90/p99 of exponential-histogram buckets at ``scale`` (harmonic bucket midpoints,
     clamped to the exact extremes ``lo``/``hi`` where they are finite)."""
     ordered: list[tuple[float, int]] = []  # ascending order of value: most negative first
-    base = 2.0 ** (2.0**-scale)
+    width = 2.0**-scale  # of a bucket, in powers of two
     for index in sorted(negative, reverse=True):
-        ordered.append((-_harmonic_mid(index, base), negative[index]))
+        ordered.append((-_harmonic_mid(index, width), negative[index]))
     if zeros:
         ordered.append((0.0, zeros))
     for index in sorted(positive):
-        ordered.append((_harmonic_mid(index, base), positive[index]))
+        ordered.append((_harmonic_mid(index, width), positive[index]))
     finite = sum(n for _, n in ordered)
     return {
         name: _rank_value(ordered, max(1, math.ceil(q * finite)), lo, hi) if finite else _NAN
@@ -441,11 +441,18 @@ def quantiles(
     }
 
 
-def _harmonic_mid(index: int, base: float) -> float:
-    lower = base**index
-    upper = lower * base
-    total = lower + upper
-    return 2.0 * lower * upper / total if total else 0.0  # buckets past the smallest double underflow
+def _harmonic_mid(index: int, width: float) -> float:
+    """The harmonic mean of bucket ``index``'s bounds ``2**(index * width)`` and ``2**((index + 1) * width)``;
+    bounds past the doubles are 0 or inf (a coarse scale's top bucket, the smallest double's)."""
+    lower, upper = _power_of_two(index * width), _power_of_two((index + 1) * width)
+    return 2.0 / (1.0 / lower + 1.0 / upper) if lower else 0.0
+
+
+def _power_of_two(exponent: float) -> float:
+    try:
+        return 2.0**exponent
+    except OverflowError:
+        return math.inf
 
 
 def _rank_value(ordered: list[tuple[float, int]], rank: int, lo: float, hi: float) -> float:
