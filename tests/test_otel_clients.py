@@ -49,13 +49,25 @@ def test_telemetrygen_metrics_traces_and_logs_land_in_the_views_or_are_refused_w
     )
     tg, ours = binaries["telemetrygen"], 'rankscope.experiment.id="tg"'
     for signal, flags in (
-        ("metrics", ("--metrics", "50", "--metric-type", "Sum", "--otlp-metric-name", "tg_sum", "--rate", "100")),
-        ("metrics", ("--metrics", "30", "--metric-type", "Gauge", "--otlp-metric-name", "tg_gauge", "--rate", "100")),
-        ("metrics", ("--metrics", "20", "--metric-type", "Histogram", "--otlp-metric-name", "tg_hist", "--rate", "100")),
-        ("traces", ("--traces", "5", "--rate", "100")),
-        ("logs", ("--logs", "7", "--rate", "100")),
+        ("metrics", ("--metrics", "50", "--metric-type", "Sum", "--otlp-metric-name", "tg_sum")),
+        ("metrics", ("--metrics", "30", "--metric-type", "Gauge", "--otlp-metric-name", "tg_gauge")),
+        ("metrics", ("--metrics", "20", "--metric-type", "Histogram", "--otlp-metric-name", "tg_hist")),
+        (
+            "traces",
+            (
+                "--traces",
+                "5",
+            ),
+        ),
+        (
+            "logs",
+            (
+                "--logs",
+                "7",
+            ),
+        ),
     ):
-        done = _telemetrygen(tg, signal, sink.endpoint, "--otlp-attributes", ours, *flags)
+        done = _telemetrygen(tg, signal, sink.endpoint, "--otlp-attributes", ours, "--rate", "100", *flags)
         assert done.returncode == 0, done.stderr[-3000:]
     sink.finalize("tg")
     assert sink.wait_written("tg", timeout=30)
