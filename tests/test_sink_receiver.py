@@ -229,3 +229,30 @@ def test_what_is_not_taken_is_answered_with_a_reason_and_experiments_are_listed(
     (listed,) = overview["experiment_list"]
     assert listed["id"] == "x" and listed["processes"] == 2 and listed["views"] == {"jsonl": str(path.resolve())}
     assert sink.status("x")["foreign_points"] == 2
+
+
+def test_the_spans_route_and_gantt_cover_the_whole_run_from_the_span_file(make_sink, tmp_path) -> None:
+    """Memory keeps the last 3 steps; with a span file, the spans route (and ``rankscope gantt
+    --sink``) serves all 10."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgrpc
+
+    from rankscope import gantt
+
+    sink = make_sink(trace_retain_steps=3, spans_dir=tmp_path / "spans")
+    with grpc.insecure_channel(sink.endpoint) as channel:
+        stub = tgrpc.TraceServiceStub(channel)
+        for step in range(10):
+            request = tpb.ExportTraceServiceRequest()
+            resource = encode_resource({"rankscope.experiment.id": "long", "service.instance.id": "p"})
+            span = (
+                request.resource_spans.add(resource=resource)
+                .scope_spans.add()
+                .spans.add(trace_id=(step + 1).to_bytes(16, "big"), span_id=b"\1" * 8, name="fwd", end_time_unix_nano=5)
+            )
+            span.attributes.append(key_value("rankscope.step", step))
+            assert stub.Export(request, timeout=10).partial_success.rejected_spans == 0
+    assert len(sink.spans("long") or []) == 3
+    rows = list(gantt.read_sink(f"http://127.0.0.1:{sink.http_port}", "long", gantt.Filter()))
+    assert [row["step"] for row in rows] == list(range(10))
+    assert sink.status("long")["span_file"]["capped"] is False
