@@ -245,3 +245,22 @@ def test_late_per_process_values_are_whole_or_absent() -> None:
     (late,) = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [4.0])}, step=0))
     assert late.late and values_of(late)["n"] == 7.0
     assert {p.label: [m.value for m in ms] for p, ms in late.per_process.items()} == {"trainer_r1": [4.0]}
+
+
+def test_a_timestamp_from_the_future_never_stalls_an_experiment() -> None:
+    """A bad clock (or a hostile one) far ahead is taken as now: the bucket epoch and the step
+    windows stay where the sink's clock says."""
+    clock, wall = Clock(), Clock()
+    wall.now = clock.now = 1000.0
+    e = Experiment("x", grace=5, clock=clock, wall=wall, time_bucket=1.0, time_bucket_lag=1.0)
+    s = 1_000_000_000
+    gen = resource("gen", role="generator")
+    ingest(e, gen, metrics({"tokens": (Reduce.SUM, [1.0])}, None, at=2**63))  # the year 2262
+    ingest(e, gen, metrics({"tokens": (Reduce.SUM, [2.0])}, None, at=1000 * s + 5))
+    wall.now = clock.now = 1002.0
+    (view,) = e.ready()
+    assert view.step == 0 and values_of(view)["tokens"] == 3.0
+    e2 = Experiment("x", grace=5, clock=clock, wall=wall)
+    ingest(e2, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=2**63))  # its window: now
+    ingest(e2, resource("buf", role="replay_buffer"), metrics({"later": (Reduce.SUM, [1.0])}, None, at=1003 * s))
+    assert [v.step for v in e2.ready()] == [0] and e2.step_at(1003 * s) == 1

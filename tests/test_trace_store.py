@@ -106,3 +106,15 @@ def test_gantt_tracks_are_numbered_in_rank_order_whatever_order_spans_arrive_in(
     assert sorted(names, key=names.__getitem__) == [f"trainer_r{r}" for r in range(4)] + [
         f"generator_r{r}" for r in range(4)
     ]
+
+
+def test_a_span_file_cut_mid_line_by_a_crash_goes_on_on_a_new_line(tmp_path) -> None:
+    path = tmp_path / "x" / "spans.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"name": "whole", "step": 0, "rank": 0}\n{"name": "cut", "st')
+    file = SpanFile(path, max_bytes=1 << 20)
+    store = TraceStore(file=file)
+    store.ingest(process(1), scope_spans(1, {"after": 0.1}))
+    assert [json.loads(line)["name"] for line in file.rows(None, None, None)] == ["whole", "after"]
+    assert [json.loads(line)["name"] for line in file.rows(1, 1, None)] == ["after"]
+    file.close()

@@ -21,6 +21,7 @@ A point's attributes name its series: ``name{k=v,k2=v2}`` (keys sorted), or ``na
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Mapping
@@ -39,18 +40,18 @@ _MAX_SERIES_CHARS = 1024
 
 
 def series_name(name: str, point_attributes: Mapping[str, Any]) -> str:
-    """``name{k=v,...}``: the series a point's attributes name (sorted keys; long values cut)."""
+    """``name{k=v,...}``: the series a point's attributes name (sorted keys; a long value or list
+    is cut and marked with a hash of the whole, so distinct series stay distinct)."""
     if not point_attributes:
         return name
-    inner = ",".join(f"{k}={_text(v)}" for k, v in sorted(point_attributes.items()))
-    if len(inner) > _MAX_SERIES_CHARS:
-        inner = inner[:_MAX_SERIES_CHARS] + "…"
-    return f"{name}{{{inner}}}"
+    inner = ",".join(f"{k}={_text(str(v), 128)}" for k, v in sorted(point_attributes.items()))
+    return f"{name}{{{_text(inner, _MAX_SERIES_CHARS)}}}"
 
 
-def _text(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= 128 else text[:128] + "…"
+def _text(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…{hashlib.blake2b(text.encode(), digest_size=5).hexdigest()}"
 
 
 FORMS = frozenset(

@@ -188,6 +188,10 @@ def _extreme_rank(key: str, reduce: Reduce, state: Running, stamp: float) -> tup
     return Metric(name, float(rank), Reduce.MAX, stamp), label
 
 
+MAX_CLOCK_SKEW_NS = 60 * 10**9
+"""How far ahead of the sink's clock a sender's timestamp may be before it is taken as now."""
+
+
 def _shown(reduce: str) -> str:
     """A reduce type as an error message names it (``SUM``; a plain OTel kind: ``OTel Gauge``)."""
     return f"OTel {reduce[5:].replace('_', ' ')}" if reduce.startswith("otel.") else reduce.upper()
@@ -267,7 +271,7 @@ class Experiment:
         self.max_logs_per_step = max_logs_per_step
         self.log_records = 0
         """Ordinary OTel log records taken (written to the views)."""
-        self._logs_per_step: OrderedDict[int, int] = OrderedDict()
+        self._logs_per_step: dict[int, int] = {}
         self._epoch: int | None = None
         """Time buckets (no process steps): the experiment's first bucket, in buckets since 1970."""
 
@@ -405,18 +409,26 @@ class Experiment:
             rows.rows.append(row)
         return list(groups.values())
 
+    def _clamped(self, time_unix_nano: int) -> int:
+        """A sender's time, or the sink's now when it is absent or more than ``MAX_CLOCK_SKEW`` ahead
+        (one bad clock never moves a window or a bucket into the future)."""
+        now = int(self.wall() * 1e9)
+        return now if not time_unix_nano or time_unix_nano > now + MAX_CLOCK_SKEW_NS else time_unix_nano
+
     def step_at(self, time_unix_nano: int) -> int:
         """The step whose wall-clock window holds ``time_unix_nano`` (0: now); see the module docstring."""
-        t = time_unix_nano or int(self.wall() * 1e9)
+        t = self._clamped(time_unix_nano)
         if self._window_ends:
             i = bisect.bisect_left(self._window_ends, t)
             return self._window_steps[i] if i < len(self._window_steps) else self._window_steps[-1] + 1
         if any(p.stepped for p in self.processes.values()):  # stepping, no window known yet
             return min(self._open) if self._open else self.last_finalized + 1
-        bucket = int(t / (self.time_bucket * 1e9))
-        if self._epoch is None:
-            self._epoch = bucket
-        return max(0, bucket - self._epoch)
+        width = self.time_bucket * 1e9
+        if self._epoch is None:  # from the sink's clock, give or take the skew: one old timestamp never
+            # makes every later bucket a huge step; an evicted experiment reopened goes on after its last step
+            first = max(t, int(self.wall() * 1e9) - MAX_CLOCK_SKEW_NS)
+            self._epoch = int(first / width) - (self.last_finalized + 1)
+        return max(0, int(t / width) - self._epoch)
 
     @property
     def bucketed(self) -> bool:
@@ -505,15 +517,19 @@ class Experiment:
         """(step, record) of the batch's ordinary log records that fit ``max_logs_per_step``
         (a record without a step: ``step_at`` its time); the rest are refused."""
         out = []
+        frontier = self.frontier
         for record in batch.logs:
             step = record.step if record.step is not None else self.step_at(record.time_unix_nano)
+            if frontier is not None and step > frontier + self.limits.step_window:
+                self._refuse(refused, 1, f"log record: step {step} is more than {self.limits.step_window} ahead")
+                continue
             n = self._logs_per_step.get(step, 0)
             if n >= self.max_logs_per_step:
                 self._refuse(refused, 1, f"log records: step {step} has {self.max_logs_per_step} (limit)")
                 continue
             self._logs_per_step[step] = n + 1
-            if len(self._logs_per_step) > 4096:
-                self._logs_per_step.popitem(last=False)
+            if len(self._logs_per_step) > 4096:  # the lowest steps are forgotten first (not the newest counts)
+                del self._logs_per_step[min(self._logs_per_step)]
             out.append((step, record))
         self.log_records += len(out)
         return out
@@ -524,9 +540,7 @@ class Experiment:
             self._epoch = None
             self._new_attempt(self.attempt)
         if not self._window_steps or step > self._window_steps[-1]:  # a window ends at its first marker
-            end = max(
-                marker.time_unix_nano or int(self.wall() * 1e9), self._window_ends[-1] if self._window_ends else 0
-            )
+            end = max(self._clamped(marker.time_unix_nano), self._window_ends[-1] if self._window_ends else 0)
             self._window_steps.append(step)
             self._window_ends.append(end)
             if len(self._window_steps) > 100_000:

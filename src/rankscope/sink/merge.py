@@ -16,12 +16,13 @@ value, holder rank, holder label), ``[reduce, state]`` for a distribution, ``[re
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from typing import Any
 
 from ..metrics.reduce import DISTRIBUTION_QUANTILES, DISTRIBUTION_SCALE, Reduce, Value, quantiles
-from ..otlp.metrics import Row, state_of
+from ..otlp.metrics import MAX_BUCKETS, Row, state_of
 
 Running = list[Any]
 _Merge = Callable[[dict[str, Running], list[str], list[Row], int, str], None]
@@ -200,11 +201,23 @@ def _gauge_items(key: str, state: Running) -> list[tuple[str, float]]:
     if any(v != v for v in values):
         nan = math.nan
         return [(key, nan), (f"{key}/min", nan), (f"{key}/max", nan)]
-    return [(key, math.fsum(values) / len(values)), (f"{key}/min", min(values)), (f"{key}/max", max(values))]
+    return [(key, _total(values) / len(values)), (f"{key}/min", min(values)), (f"{key}/max", max(values))]
 
 
 def _updown_items(key: str, state: Running) -> list[tuple[str, float]]:
-    return [(key, math.fsum(value for _, value in state[1].values()))]
+    return [(key, _total([value for _, value in state[1].values()]))]
+
+
+def _total(values: list[float]) -> float:
+    """An exact sum, or the plain one where the exact one cannot be had (inf, overflow)."""
+    try:
+        return math.fsum(values)
+    except (ValueError, OverflowError):
+        return float(sum(values))
+
+
+MAX_BOUND_SETS = 16
+"""Distinct sets of histogram bounds one key keeps per step; more are re-bucketed into the first."""
 
 
 def _histograms(into: dict[str, Running], keys: list[str], rows: list[Row], rank: int, label: str) -> None:
@@ -213,9 +226,13 @@ def _histograms(into: dict[str, Running], keys: list[str], rows: list[Row], rank
         if state is None:
             state = into[key] = [OTEL_HISTOGRAM, {}, 0, 0.0, math.nan, math.nan]
         if counts:
-            mine = state[1].get(bounds)
+            sets = state[1]
+            mine = sets.get(bounds)
+            if mine is None and len(sets) >= MAX_BOUND_SETS:  # bounded: fold into the first set's buckets
+                bounds, counts = _rebucketed(next(iter(sets)), bounds, counts)
+                mine = sets[bounds]
             if mine is None:
-                state[1][bounds] = list(counts)
+                sets[bounds] = list(counts)
             else:
                 for i, n in enumerate(counts):
                     mine[i] += n
@@ -225,6 +242,15 @@ def _histograms(into: dict[str, Running], keys: list[str], rows: list[Row], rank
         state[5] = high if state[5] != state[5] else max(state[5], high) if high == high else state[5]
 
 
+def _rebucketed(target: tuple[float, ...], bounds: tuple[float, ...], counts: Row) -> tuple[tuple[float, ...], Row]:
+    """``counts`` over ``bounds`` moved into ``target``'s buckets, each by its upper bound (approximate)."""
+    moved = [0] * (len(target) + 1)
+    for i, n in enumerate(counts):
+        upper = bounds[i] if i < len(bounds) else math.inf
+        moved[bisect.bisect_left(target, upper)] += n
+    return target, tuple(moved)
+
+
 def _histogram_items(key: str, state: Running) -> list[tuple[str, float]]:
     _, by_bounds, count, total, low, high = state
     out = [(f"{key}/count", float(count)), (f"{key}/sum", total), (f"{key}/mean", total / count if count else math.nan)]
@@ -232,8 +258,9 @@ def _histogram_items(key: str, state: Running) -> list[tuple[str, float]]:
     for bounds, counts in by_bounds.items():
         edges = [_edge(low, bounds[0] if bounds else math.nan, low_side=True), *bounds]
         edges.append(_edge(high, bounds[-1] if bounds else math.nan, low_side=False))
-        segments.extend((edges[i], edges[i + 1], n) for i, n in enumerate(counts) if n)
-    out.extend((f"{key}/{name}", _quantile(segments, q)) for name, q in DISTRIBUTION_QUANTILES)
+        segments.extend((edges[i], edges[i + 1], n) for i, n in enumerate(counts) if n > 0)
+    found = _quantiles(segments, [q for _, q in DISTRIBUTION_QUANTILES])
+    out.extend((f"{key}/{name}", value) for (name, _), value in zip(DISTRIBUTION_QUANTILES, found, strict=True))
     return out
 
 
@@ -244,28 +271,47 @@ def _edge(extreme: float, bound: float, *, low_side: bool) -> float:
     return bound
 
 
-def _quantile(segments: list[tuple[float, float, int]], q: float) -> float:
-    """The q-quantile of buckets taken as uniform between their edges (linear interpolation,
-    as Prometheus' ``histogram_quantile``), across buckets of different bounds alike."""
-    segments = [(lo, hi, n) for lo, hi, n in segments if lo == lo and hi == hi]
-    total = sum(n for _, _, n in segments)
+def _quantiles(segments: list[tuple[float, float, int]], qs: list[float]) -> list[float]:
+    """The quantiles ``qs`` (ascending) of buckets taken as uniform between their edges, linear
+    interpolation as Prometheus' ``histogram_quantile`` does, across buckets of different bounds
+    alike; a bucket of no width (an open end without a known extreme) is all at its bound.
+    One sorted sweep over the edges: O(S log S) for S buckets."""
+    slopes: dict[float, float] = {}
+    masses: dict[float, float] = {}
+    total = 0
+    for lo, hi, n in segments:
+        if not (lo == lo and hi == hi) or math.isinf(lo) or math.isinf(hi):
+            continue
+        total += n
+        if hi > lo:
+            slopes[lo] = slopes.get(lo, 0.0) + n / (hi - lo)
+            slopes[hi] = slopes.get(hi, 0.0) - n / (hi - lo)
+        else:
+            masses[lo] = masses.get(lo, 0.0) + n
     if not total:
-        return math.nan
-    target = q * total
-    points = sorted({edge for lo, hi, _ in segments for edge in (lo, hi)})
-
-    def below(x: float) -> float:
-        return sum(n if x >= hi else n * (x - lo) / (hi - lo) if x > lo else 0.0 for lo, hi, n in segments)
-
-    previous, mass = points[0], below(points[0])
-    if mass >= target:
-        return previous
-    for x in points[1:]:
-        now = below(x)
-        if now >= target:
-            return previous + (x - previous) * (target - mass) / (now - mass) if now > mass else x
-        previous, mass = x, now
-    return points[-1]
+        return [math.nan] * len(qs)
+    out: list[float] = []
+    targets = iter(q * total for q in qs)
+    target: float | None = next(targets)
+    below, slope, previous = 0.0, 0.0, None
+    for x in sorted(slopes.keys() | masses.keys()):
+        if previous is not None:
+            reached = below + slope * (x - previous)
+            while target is not None and target <= reached:
+                out.append(previous + (x - previous) * (target - below) / (reached - below) if reached > below else x)
+                target = next(targets, None)
+            below = reached
+        below += masses.get(x, 0.0)
+        while target is not None and target <= below:
+            out.append(x)
+            target = next(targets, None)
+        slope += slopes.get(x, 0.0)
+        previous = x
+        if target is None:
+            break
+    while len(out) < len(qs):
+        out.append(previous if previous is not None else math.nan)
+    return out
 
 
 def _exponentials(into: dict[str, Running], keys: list[str], rows: list[Row], rank: int, label: str) -> None:
@@ -299,6 +345,13 @@ def _exponentials(into: dict[str, Running], keys: list[str], rows: list[Row], ra
             for index, n in incoming[side].items():
                 index = int(index) >> shift
                 mine[index] = mine.get(index, 0) + n
+        while len(running["positive"]) + len(running["negative"]) > MAX_BUCKETS and running["scale"] > -10:
+            running["scale"] -= 1  # bounded: one scale coarser halves the buckets (exactly, as OTel SDKs do)
+            for side in ("positive", "negative"):
+                coarser: dict[int, int] = {}
+                for index, n in running[side].items():
+                    coarser[index >> 1] = coarser.get(index >> 1, 0) + n
+                running[side] = coarser
 
 
 def _exponential_items(key: str, state: Running) -> list[tuple[str, float]]:

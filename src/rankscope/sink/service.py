@@ -444,6 +444,8 @@ class Sink:
                 "refused_points": e.refused,
                 "foreign_points": e.foreign_points,
                 "series_overflow": e.streams.overflowed,
+                "plain_stale_points": e.streams.stale,
+                "plain_streams_forgotten": e.streams.forgotten,
                 "log_records": e.log_records,
                 "time_bucketed": e.bucketed,
                 "internal_errors": e.internal_errors + tenant.errors,

@@ -10,9 +10,15 @@ is followed across requests, so that every row that reaches a step is that step'
 * a delta non-monotonic Sum is added up into the stream's current value; that value, a
   cumulative non-monotonic Sum's value, and a Gauge's value are LAST-per-stream rows.
 
-Series per metric name are capped (``max_series``): past it, new series fold into
-``name{otel.metric.overflow=true}`` (the OTel SDK's own overflow series) and are counted.
-Streams are forgotten oldest first past ``max_streams``.
+A cumulative point no newer than its stream's last one (a retry, a Collector queue that
+reorders) is skipped and counted (``stale``): it was counted already. A NaN never becomes a
+stream's baseline.
+
+Series per metric name are capped (``max_series``), and series of all names together
+(``max_total_series``): past either, new series fold into ``name{otel.metric.overflow=true}``
+(the OTel SDK's own overflow series) and are counted. What streams hold is bounded by
+``max_stream_cost`` (a stream costs 1 plus its buckets): the least recently updated go first,
+counted in ``forgotten`` (such a stream's next point counts whole, as a new stream's).
 """
 
 from __future__ import annotations
@@ -30,13 +36,23 @@ OVERFLOW = "otel.metric.overflow=true"
 class Streams:
     """One experiment's plain-OTel streams. Not thread-safe: the experiment's owner holds it."""
 
-    def __init__(self, *, max_series: int = 256, max_streams: int = 1_000_000) -> None:
+    def __init__(
+        self, *, max_series: int = 256, max_total_series: int = 100_000, max_stream_cost: int = 4_000_000
+    ) -> None:
         self.max_series = max_series
-        self.max_streams = max_streams
-        self._last: OrderedDict[tuple[str, str, str], tuple[int, Any]] = OrderedDict()
+        self.max_total_series = max_total_series
+        self.max_stream_cost = max_stream_cost
+        self._last: OrderedDict[tuple[str, str, str], tuple[int, int, Any, int]] = OrderedDict()
+        """stream -> (start time, time, its last row or value, its cost)."""
+        self._cost = 0
         self._series: dict[str, set[str]] = {}
+        self._total_series = 0
         self.overflowed = 0
-        """Points whose series went past the cap (folded into the overflow series)."""
+        """Points whose series went past a cap (folded into the overflow series)."""
+        self.stale = 0
+        """Cumulative points no newer than their stream's last one: skipped."""
+        self.forgotten = 0
+        """Streams forgotten to stay within ``max_stream_cost``."""
 
     def convert(self, process_id: str, point: PlainPoint) -> tuple[str, str, tuple[Any, ...]] | None:
         """(reduce, key, row) of one checked point of ``process_id``, or None for a histogram that
@@ -52,45 +68,65 @@ class Streams:
             return (OTEL_HISTOGRAM if kind == "histogram" else OTEL_EXPONENTIAL), series, row
         stream = (process_id, series, form)
         held = self._last.get(stream)
-        if held is not None and held[0] != start and temporality == "cumulative":
-            held = None  # a new start time: the stream restarted
+        if held is not None and temporality == "cumulative":
+            if held[0] != start:
+                held = None  # a new start time: the stream restarted
+            elif time_unix_nano <= held[1]:
+                self.stale += 1  # a retry or a reordered point: counted already
+                return None
         if kind == "updown":
-            value = row[0] if temporality == "cumulative" else (held[1] if held is not None else 0) + row[0]
-            self._keep(stream, start, value)
+            value = row[0] if temporality == "cumulative" else (held[2] if held is not None else 0) + row[0]
+            if value == value:
+                self._keep(stream, start, time_unix_nano, value, 1)
             return OTEL_UPDOWN, series, (value, time_unix_nano)
-        self._keep(stream, start, row)
+        before = held[2] if held is not None else None
         if kind == "counter":
-            increase = row[0] - held[1][0] if held is not None and row[0] >= held[1][0] else row[0]
+            if row[0] == row[0]:  # a NaN is passed on, never a baseline
+                self._keep(stream, start, time_unix_nano, row, 1)
+            increase = row[0] - before[0] if before is not None and row[0] >= before[0] else row[0]
             return "sum", series, (increase,)
         if kind == "histogram":
-            grown = _histogram_increase(row, held[1] if held is not None else None)
+            self._keep(stream, start, time_unix_nano, row, 1 + len(row[1]))
+            grown = _histogram_increase(row, before)
             return (OTEL_HISTOGRAM, series, grown) if grown[2] else None
-        state = _exponential_increase(row[0], held[1][0] if held is not None else None)
+        state = row[0]
+        self._keep(stream, start, time_unix_nano, row, 1 + len(state["positive"]) + len(state["negative"]))
+        state = _exponential_increase(state, before[0] if before is not None else None)
         return (OTEL_EXPONENTIAL, series, (state,)) if state["count"] else None
 
     def _capped(self, name: str, series: str) -> str:
-        known = self._series.setdefault(name, set())
-        if series in known:
+        known = self._series.get(name)
+        if known is not None and series in known:
             return series
-        if len(known) < self.max_series:
-            known.add(series)
+        if (known is None or len(known) < self.max_series) and self._total_series < self.max_total_series:
+            self._series.setdefault(name, set()).add(series)
+            self._total_series += 1
             return series
         self.overflowed += 1
         return f"{name}{{{OVERFLOW}}}"
 
-    def _keep(self, stream: tuple[str, str, str], start: int, value: Any) -> None:
-        self._last[stream] = (start, value)
-        if len(self._last) > self.max_streams:
-            self._last.popitem(last=False)
+    def _keep(self, stream: tuple[str, str, str], start: int, time_unix_nano: int, value: Any, cost: int) -> None:
+        held = self._last.pop(stream, None)
+        if held is not None:
+            self._cost -= held[3]
+        self._last[stream] = (start, time_unix_nano, value, cost)
+        self._cost += cost
+        while self._cost > self.max_stream_cost and len(self._last) > 1:
+            _, (_, _, _, dropped) = self._last.popitem(last=False)
+            self._cost -= dropped
+            self.forgotten += 1
 
 
 def _histogram_increase(row: tuple[Any, ...], before: tuple[Any, ...] | None) -> tuple[Any, ...]:
     bounds, counts, count, total, _, _ = row
     if before is None or before[0] != bounds or count < before[2] or len(before[1]) != len(counts):
         return row
+    grown = tuple(n - m for n, m in zip(counts, before[1], strict=True))
+    if any(n < 0 for n in grown):
+        return row  # a bucket went down: not the same stream's growth (a reset): taken whole
     return (
         bounds,
-        tuple(n - m for n, m in zip(counts, before[1], strict=True)),
+        grown,
         count - before[2],
         total - before[3],
         math.nan,  # a cumulative min/max is not the increase's
@@ -99,21 +135,21 @@ def _histogram_increase(row: tuple[Any, ...], before: tuple[Any, ...] | None) ->
 
 
 def _exponential_increase(state: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any]:
-    if before is None or state["count"] < before["count"]:
+    if before is None or state["count"] < before["count"] or state["zero_count"] < before["zero_count"]:
         return state
     scale = min(state["scale"], before["scale"])
     now, then = _folded(state, scale), _folded(before, scale)
     sides = {}
     for side in ("positive", "negative"):
         diff = {i: n - then[side].get(i, 0) for i, n in now[side].items()}
-        if any(n < 0 for n in diff.values()):
-            return state  # not an increase of the same stream: take it whole
+        if any(n < 0 for n in diff.values()) or not then[side].keys() <= now[side].keys():
+            return state  # not an increase of the same stream (a bucket went down or away): taken whole
         sides[side] = {i: n for i, n in diff.items() if n}
     return {
         "scale": scale,
         "count": state["count"] - before["count"],
         "sum": state["sum"] - before["sum"],
-        "zero_count": max(0, state["zero_count"] - before["zero_count"]),
+        "zero_count": state["zero_count"] - before["zero_count"],
         "min": math.nan,
         "max": math.nan,
         **sides,

@@ -75,6 +75,12 @@ class StoredSpan:
         }
 
 
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1)
+
+
 class SpanFile:
     """Every stored span of one experiment, one JSONL row each, up to ``max_bytes``."""
 
@@ -84,6 +90,9 @@ class SpanFile:
         self.max_bytes = max_bytes
         self._file: IO[str] = path.open("a", encoding="utf-8")
         self.bytes = path.stat().st_size
+        if self.bytes and _last_byte(path) != b"\n":  # a sink killed mid-line: the next row starts afresh
+            self._file.write("\n")
+            self.bytes += 1
         self.not_saved = 0
         """Spans past the cap: stored in memory (the last steps), not in the file."""
 
@@ -105,17 +114,28 @@ class SpanFile:
         self.bytes += len(line)
 
     def rows(self, first: int | None, last: int | None, ranks: set[int] | None) -> Iterator[str]:
-        """The file's lines (JSON rows) of steps in [first, last] and the given ranks."""
+        """The file's lines (JSON rows) of steps in [first, last] and the given ranks, as far as it
+        was written when called (call under the lock that guards ``write``; read lazily without it).
+        A line cut by a crash is skipped."""
         self._file.flush()
-        with self.path.open(encoding="utf-8") as lines:
-            for line in lines:
-                if first is None and last is None and ranks is None:
-                    yield line
+        return self._read(self.bytes, first, last, ranks)
+
+    def _read(self, size: int, first: int | None, last: int | None, ranks: set[int] | None) -> Iterator[str]:
+        with self.path.open("rb") as raw:
+            for encoded in raw:
+                size -= len(encoded)
+                if size < 0:  # written after the call (or not yet whole)
+                    return
+                try:
+                    line = encoded.decode()
+                    row = json.loads(line)
+                except ValueError:
                     continue
-                row = json.loads(line)
+                if not isinstance(row, dict):
+                    continue
                 step = row.get("step")
-                if (first is not None and (step is None or step < first)) or (
-                    last is not None and (step is None or step > last)
+                if (first is not None and (not isinstance(step, int) or step < first)) or (
+                    last is not None and (not isinstance(step, int) or step > last)
                 ):
                     continue
                 if ranks is None or row.get("rank") in ranks:
