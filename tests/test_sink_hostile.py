@@ -286,7 +286,7 @@ PLAIN_TAKEN: list[tuple[str, pb.Metric]] = [
     ("the top bucket at the coarsest scale", _plain("exponential_histogram", scale=-10, count=1, offset=0, counts=[1])),
     (
         "the lowest bucket at scale 20",
-        _plain("exponential_histogram", scale=20, count=1, offset=-1075 * 2**20 - 1, counts=[1]),
+        _plain("exponential_histogram", scale=20, count=1, offset=-1074 * 2**20 - 1, counts=[1]),
     ),
     (
         "a histogram whose min is over its max",

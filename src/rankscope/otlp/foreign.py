@@ -29,9 +29,11 @@ from typing import Any
 
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
+from .metrics import exponential_state
+
 Row = tuple[Any, ...]
-MIN_SCALE, MAX_SCALE = -10, 20
-"""Scales of an OTLP ExponentialHistogram (the specification's range)."""
+MIN_SCALE = -10
+"""The coarsest scale of an OTLP ExponentialHistogram (the specification's range is [-10, 20])."""
 MAX_BOUNDS = 4096
 _NO_RECORDED_VALUE = pb.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
 _CUMULATIVE = pb.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -111,30 +113,5 @@ def _histogram(p: Any, max_buckets: int) -> Row | str:
 
 
 def _exponential(p: Any, max_buckets: int) -> Row | str:
-    scale = p.scale
-    if not MIN_SCALE <= scale <= MAX_SCALE:
-        return f"scale {scale} outside [{MIN_SCALE}, {MAX_SCALE}]"
-    # Bucket i holds (2**(i / 2**scale), 2**((i + 1) / 2**scale)]: finite doubles keep i in [low, high).
-    low, high = math.floor(-1075 * 2.0**scale) - 1, math.ceil(1024 * 2.0**scale)
-    buckets = []
-    for side in (p.positive, p.negative):
-        counts = side.bucket_counts
-        if len(counts) > max_buckets:
-            return f"{len(counts)} buckets (limit {max_buckets})"
-        if counts and not (low <= side.offset and side.offset + len(counts) <= high):
-            return f"bucket offset {side.offset} out of range at scale {scale}"
-        buckets.append({side.offset + i: n for i, n in enumerate(counts) if n})
-    total = p.zero_count + sum(buckets[0].values()) + sum(buckets[1].values())
-    if total > p.count:
-        return f"buckets hold {total} values but count is {p.count}"
-    state = {
-        "scale": scale,
-        "count": p.count,
-        "sum": p.sum,
-        "min": p.min if p.HasField("min") else math.nan,
-        "max": p.max if p.HasField("max") else math.nan,
-        "zero_count": p.zero_count,
-        "positive": buckets[0],
-        "negative": buckets[1],
-    }
-    return (state,)
+    state = exponential_state(p, MIN_SCALE, max_buckets, absent=math.nan)
+    return state if isinstance(state, str) else (state,)

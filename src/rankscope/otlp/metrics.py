@@ -25,6 +25,7 @@ custom         Gauge per numeric state field, field name in ``rankscope.state``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -273,34 +274,42 @@ def _last(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row 
 def _distribution(kind: str, p: Any, extra: Mapping[str, Any], max_buckets: int) -> Row | str:
     if kind != "exponential_histogram":
         return f"distribution travels as an ExponentialHistogram point, not {kind}"
-    if not DISTRIBUTION_SCALE <= p.scale <= MAX_SCALE:
-        return f"scale {p.scale} outside [{DISTRIBUTION_SCALE}, {MAX_SCALE}]"
-    # Bucket i holds (2**(i / 2**scale), 2**((i + 1) / 2**scale)]: finite doubles need
-    # -1074 * 2**scale - 1 <= i < 1024 * 2**scale (2**-1074 is the smallest double: its index is the lowest).
-    low, high = -1074 * 2**p.scale - 1, 1024 * 2**p.scale
+    state = exponential_state(p, DISTRIBUTION_SCALE, max_buckets, absent=0.0)
+    return state if isinstance(state, str) else ({"reduction_type": "distribution", **state},)
+
+
+def exponential_state(point: Any, min_scale: int, max_buckets: int, absent: float) -> dict[str, Any] | str:
+    """An ExponentialHistogram point's state (scale, count, sum, min, max, zero_count, positive and
+    negative buckets by index), or why it holds none: its scale in [``min_scale``, 20], bucket
+    indexes within the finite doubles, at most ``max_buckets`` a side, buckets adding up to no more
+    than its count. A missing min or max reads as ``absent``."""
+    scale = point.scale
+    if not min_scale <= scale <= MAX_SCALE:
+        return f"scale {scale} outside [{min_scale}, {MAX_SCALE}]"
+    # Bucket i holds (2**(i / 2**scale), 2**((i + 1) / 2**scale)]: finite doubles keep i in [low, high)
+    # (2**-1074 is the smallest double: its index is the lowest).
+    low, high = math.ceil(-1074 * 2.0**scale) - 1, math.ceil(1024 * 2.0**scale)
     buckets = []
-    for side in (p.positive, p.negative):
+    for side in (point.positive, point.negative):
         counts = side.bucket_counts
         if len(counts) > max_buckets:
             return f"{len(counts)} buckets (limit {max_buckets})"
         if counts and not (low <= side.offset and side.offset + len(counts) <= high):
-            return f"bucket offset {side.offset} out of range at scale {p.scale}"
+            return f"bucket offset {side.offset} out of range at scale {scale}"
         buckets.append({side.offset + i: n for i, n in enumerate(counts) if n})
-    total = p.zero_count + sum(buckets[0].values()) + sum(buckets[1].values())
-    if total > p.count:
-        return f"buckets hold {total} values but count is {p.count}"
-    state = {
-        "reduction_type": "distribution",
-        "scale": p.scale,
-        "count": p.count,
-        "sum": p.sum,
-        "min": p.min,
-        "max": p.max,
-        "zero_count": p.zero_count,
+    total = point.zero_count + sum(buckets[0].values()) + sum(buckets[1].values())
+    if total > point.count:
+        return f"buckets hold {total} values but count is {point.count}"
+    return {
+        "scale": scale,
+        "count": point.count,
+        "sum": point.sum,
+        "min": point.min if point.HasField("min") else absent,
+        "max": point.max if point.HasField("max") else absent,
+        "zero_count": point.zero_count,
         "positive": buckets[0],
         "negative": buckets[1],
     }
-    return (state,)
 
 
 READERS: dict[str, Reader] = {
