@@ -1,0 +1,146 @@
+"""Sample tables: which rows of a step to keep, exactly and mergeably across processes.
+
+A researcher asks "which rollouts had the best and the worst reward this step, across every
+generator?" or "show me a fair handful of this step's rows". Both answers merge exactly
+from per-process pre-selections, so a process never sends more than 2k rows per table per
+step, whatever it recorded:
+
+* ``rank_by`` a numeric field: the k rows with the highest value and the k with the lowest.
+  The global top k is the top k of the processes' top k's (likewise the bottom): exact. A NaN
+  ranks above everything at both ends (it is what one wants to see), ties go to the earlier row.
+* no ``rank_by``: a uniform random sample of k rows. Each row draws a priority uniform in
+  [0, 1); the k highest priorities of all rows are a uniform sample without replacement
+  (reservoir sampling by random keys, Efraimidis and Spirakis), and the k highest of the
+  processes' k highest are the k highest overall: mergeable, exactly.
+
+Rows are flat mappings of str to str, int, float or bool (``check_row``; long strings are cut
+with a visible mark). The SDK pre-selects (``TableSample``), a sink merges (``merge``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Row = dict[str, str | int | float | bool]
+MAX_TEXT_CHARS = 4096
+"""Characters of one string field; the rest is cut and marked (``…[N more characters]``)."""
+MAX_FIELDS = 64
+MAX_K = 1024
+
+
+def check_row(table: str, row: Any, max_chars: int = MAX_TEXT_CHARS) -> Row:
+    """``row`` as a checked flat row, or TypeError/ValueError naming ``table`` and the field."""
+    if not isinstance(table, str) or not table:
+        raise TypeError(f"record_sample: the table name must be a non-empty str, got {table!r}")
+    if not isinstance(row, Mapping):
+        raise TypeError(
+            f"record_sample({table!r}): row must be a mapping of str to str/int/float/bool, got {type(row).__name__}"
+        )
+    if len(row) > MAX_FIELDS:
+        raise ValueError(f"record_sample({table!r}): {len(row)} fields (limit {MAX_FIELDS})")
+    out: Row = {}
+    for key, value in row.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"record_sample({table!r}): field names must be non-empty str, got {key!r}")
+        if isinstance(value, str):
+            if len(value) > max_chars:
+                value = f"{value[:max_chars]}…[{len(value) - max_chars} more characters]"
+        elif not isinstance(value, (bool, int, float)):
+            kind = type(value).__name__
+            raise TypeError(f"record_sample({table!r}): field {key!r} is a {kind}; rows hold str, int, float or bool")
+        out[key] = value
+    return out
+
+
+def check_selection(table: str, rank_by: str | None, k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise ValueError(f"record_sample({table!r}): k must be an int in [1, {MAX_K}], got {k!r}")
+    if rank_by is not None and (not isinstance(rank_by, str) or not rank_by):
+        raise TypeError(f"record_sample({table!r}): rank_by must be a field name or None, got {rank_by!r}")
+
+
+@dataclass(order=True, slots=True)
+class Kept:
+    """A kept row: its ranking ``key`` (the ``rank_by`` value, or its random priority), the order it
+    came in (``seq``: ties go to the earlier row) and which end it was kept for."""
+
+    key: float
+    seq: int
+    side: str = field(compare=False)
+    row: Row = field(compare=False)
+
+
+def _order(value: float) -> tuple[int, float]:
+    """Ranking of a value at the top end: NaN above everything."""
+    return (1, 0.0) if value != value else (0, value)
+
+
+class TableSample:
+    """One table's pre-selection of one step in one process: at most 2k rows kept, whatever came."""
+
+    __slots__ = ("_bottom", "_count", "_rng", "_top", "k", "rank_by", "table")
+
+    def __init__(self, table: str, rank_by: str | None, k: int, rng: random.Random | None = None) -> None:
+        check_selection(table, rank_by, k)
+        self.table, self.rank_by, self.k = table, rank_by, k
+        self._rng = rng or random.Random()
+        self._top: list[tuple[tuple[int, float], int, Kept]] = []
+        """Min-heap of the k best rows at the top (their order, negated seq)."""
+        self._bottom: list[tuple[tuple[int, float], int, Kept]] = []
+        self._count = 0
+
+    @property
+    def recorded(self) -> int:
+        """Rows offered, kept or not."""
+        return self._count
+
+    def add(self, row: Row) -> None:
+        """Offer one checked row (``check_row``); raises ValueError if ``rank_by`` is not a number in it."""
+        seq = self._count
+        self._count += 1
+        if self.rank_by is None:
+            priority = self._rng.random()
+            _push(self._top, ((0, priority), -seq, Kept(priority, seq, "sample", row)), self.k)
+            return
+        value = row.get(self.rank_by)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(
+                f"record_sample({self.table!r}): rank_by field {self.rank_by!r} must be a number in the row"
+            )
+        value = float(value)
+        _push(self._top, (_order(value), -seq, Kept(value, seq, "top", row)), self.k)
+        low = (1, 0.0) if value != value else (0, -value)
+        _push(self._bottom, (low, -seq, Kept(value, seq, "bottom", row)), self.k)
+
+    def kept(self) -> list[Kept]:
+        """The kept rows: the top k (best first) then the bottom k (worst first), or the sample."""
+        top = [entry[2] for entry in sorted(self._top, reverse=True)]
+        bottom = [entry[2] for entry in sorted(self._bottom, reverse=True)]
+        return top + bottom
+
+
+def _push(heap: list[Any], entry: tuple[Any, ...], k: int) -> None:
+    if len(heap) < k:
+        heapq.heappush(heap, entry)
+    elif entry[:2] > heap[0][:2]:
+        heapq.heapreplace(heap, entry)
+
+
+def merge(kept: Iterable[Kept], rank_by: str | None, k: int) -> list[Kept]:
+    """The step's rows across processes from their pre-selections (``TableSample.kept``, each row
+    tagged with its process's order in ``seq``): the global top k and bottom k, or the k rows of
+    highest priority. Exact: the same rows as one ``TableSample`` over all rows would keep."""
+    rows = list(kept)
+    if rank_by is None:
+        return sorted((r for r in rows if r.side == "sample"), key=lambda r: (r.key, -r.seq), reverse=True)[:k]
+    top = sorted((r for r in rows if r.side == "top"), key=lambda r: (_order(r.key), -r.seq), reverse=True)[:k]
+    bottom = sorted(
+        (r for r in rows if r.side == "bottom"),
+        key=lambda r: ((1, 0.0) if r.key != r.key else (0, -r.key), -r.seq),
+        reverse=True,
+    )[:k]
+    return top + bottom
