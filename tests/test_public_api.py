@@ -28,6 +28,7 @@ PUBLIC = [
     "inject_env",
     "record_event",
     "record_metric",
+    "record_sample",
     "register_backend",
     "rl",
     "set_step",

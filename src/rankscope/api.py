@@ -1,14 +1,14 @@
 """The public calls, thin: each forwards to the stage that does the work.
 
-``record_metric`` is the metrics stage's hot path; ``init``/``flush``/``shutdown`` assemble,
-step and take down the runtime (``lifecycle``); ``trace``/``Tracer``/``set_step`` are the
+``record_metric`` is the metrics stage's hot path and ``record_sample`` its sample tables;
+``init``/``flush``/``shutdown`` assemble, step and take down the runtime (``lifecycle``); ``trace``/``Tracer``/``set_step`` are the
 tracing stage's. ``rankscope/__init__`` re-exports exactly these.
 """
 
 from __future__ import annotations
 
 from .lifecycle import current_step, dropped_points, flush, force_flush, get_resource, init, shutdown
-from .metrics.recording import record_metric
+from .metrics.recording import record_metric, record_sample
 from .tracing.tracer import Tracer, inject_env, record_event, set_step, trace
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "inject_env",
     "record_event",
     "record_metric",
+    "record_sample",
     "set_step",
     "shutdown",
     "trace",

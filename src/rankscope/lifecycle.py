@@ -12,6 +12,7 @@ the export queue.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import mmap
 import os
@@ -30,6 +31,7 @@ from .core import names as attr
 from .core import runtime as _slot
 from .core.errors import report_internal_error, warn
 from .core.identity import build_resource, process_label
+from .core.policy_version import policy_version_in_effect
 from .core.settings import Settings, resolve
 from .export.local_views import BackendSet
 from .export.senders import (
@@ -46,6 +48,7 @@ from .export.thread import ExportThread
 from .metrics import rates
 from .metrics.recorder import Recorder, StepBatch
 from .metrics.recording import bind_compile_check, run_flush_hooks
+from .metrics.samples import Provenance
 from .steps.clock import StepClock
 from .tracing.provider import install_tracer_provider
 from .tracing.tracer import TracingState
@@ -258,6 +261,12 @@ def init(
         return resource
 
 
+def _provenance(tracing: TracingState) -> Provenance:
+    """A recorded row's stamp: now, the active span (else the step's root) and the policy version."""
+    scope = tracing.scope()
+    return Provenance(time.time_ns(), scope.trace_id, scope.parent_id, policy_version_in_effect())
+
+
 def _start_runtime(
     resource: Resource,
     settings: Settings,
@@ -296,8 +305,13 @@ def _start_runtime(
     recorder.on_take = thread.submit  # periodic steps taken on the caller's thread
     if backend_set.streaming or thread.stream_to_sink:
         recorder.set_streams([lambda k, v, r, t: thread.stream(k, v, r, t, steps.current)])
+        recorder.row_streams = [lambda table, row, origin: thread.stream_row(table, row, origin, steps.current)]
     else:
         recorder.set_streams([])
+        recorder.row_streams = []
+    recorder.provenance = functools.partial(_provenance, tracing)
+    if settings.sample_seed is not None:  # reproducible, and different in every process
+        recorder.rng.seed(f"{settings.sample_seed}/{process_label(resource.attributes)}")
     return runtime
 
 

@@ -68,8 +68,54 @@ class LoggerBackend:
         """An ordinary OTel log record at a sink (``time``, ``severity``, ``body``, ``attributes``,
         ``trace_id``); ``kwargs`` name its process. Views that do not show logs ignore it."""
 
+    def log_samples(
+        self, table: str, rows: list[dict[str, Any]], global_step: int | None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """A sample table's kept rows of one step (``record_sample``), each a ``sample_entry`` dict:
+        the row under ``row`` plus its provenance. Global views get the experiment's selection,
+        per-rank views their process's, ``per_rank_no_reduce`` views every row as recorded."""
+
     def finish(self) -> Any:
         """Called once at shutdown, after the last batch."""
+
+
+def sample_entry(
+    table: str,
+    step: int | None,
+    side: str,
+    row: dict[str, Any],
+    *,
+    time_unix_nano: int,
+    trace_id: str | None,
+    span_id: str | None,
+    policy_version: int | None,
+    process: str | None,
+    role: str | None = None,
+    replica: str | None = None,
+    rank: int | None = None,
+) -> dict[str, Any]:
+    """What every backend gets for one sample row: the row and its provenance columns."""
+    return {
+        "table": table,
+        "step": step,
+        "side": side,
+        "row": row,
+        "role": role,
+        "replica": replica,
+        "rank": rank,
+        "process": process,
+        "policy_version": policy_version,
+        "trace_id": trace_id or None,
+        "span_id": span_id or None,
+        "time": time_unix_nano / 1e9,
+    }
+
+
+PROVENANCE_COLUMNS = (
+    *("step", "side", "role", "replica", "rank", "process"),
+    *("policy_version", "trace_id", "span_id", "time"),
+)
+"""The columns ``sample_entry`` adds to a row, in the order tables show them."""
 
 
 _BACKENDS: dict[str, type[LoggerBackend]] = {}

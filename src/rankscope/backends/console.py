@@ -62,6 +62,25 @@ class ConsoleBackend(LoggerBackend):
             sys.stdout.write(printable(f"[{who}] step {global_step} {record['severity']}: {record['body']}") + "\n")
             sys.stdout.flush()
 
+    def log_samples(
+        self, table: str, rows: list[dict[str, Any]], global_step: int | None, *args: Any, **kwargs: Any
+    ) -> None:
+        """A compact listing: one line per kept row, its end, who recorded it and its fields cut short."""
+        late = " (late update)" if kwargs.get("late") else ""
+        lines = [f"--- sample table {printable(table)} step {global_step}{late}: {len(rows)} rows ---"]
+        for entry in rows:
+            fields = ", ".join(f"{k}={_short(v)}" for k, v in entry["row"].items())
+            version = entry.get("policy_version")
+            lines.append(
+                printable(
+                    f"  {entry['side']:<6} {entry.get('process') or '?'}"
+                    + (f" v{version}" if version is not None else "")
+                    + f": {fields}"
+                )[:240]
+            )
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp or time.time()))
         rank = kwargs.get("rank", self.rank)  # the sink says whose value it is
@@ -70,3 +89,8 @@ class ConsoleBackend(LoggerBackend):
         who = printable(f"[{rank}] [{role}-{rank}/{size}]")
         sys.stdout.write(f"{who} {stamp} INFO {printable(metric.key)}: {format_value(metric.value)}\n")
         sys.stdout.flush()
+
+
+def _short(value: object, limit: int = 40) -> str:
+    text = repr(value) if isinstance(value, str) else format_value(value) if isinstance(value, float) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -68,5 +68,14 @@ class JsonlBackend(LoggerBackend):
         self._file.write(json.dumps(row, default=str) + "\n")
         self._file.flush()
 
+    def log_samples(
+        self, table: str, rows: list[dict[str, Any]], global_step: int | None, *args: Any, **kwargs: Any
+    ) -> None:
+        """One line per kept row: ``{"kind": "sample", "table", "step", "row", ...provenance}``."""
+        late = {"late": True} if kwargs.get("late") else {}
+        for entry in rows:
+            self._file.write(json.dumps({"kind": "sample", **entry, **late}, default=str) + "\n")
+        self._file.flush()
+
     def finish(self) -> None:
         self._file.close()

@@ -18,6 +18,10 @@ Ordinary OTel log records of the experiment go to a ``logs`` Table (step, time, 
 process, body, trace id), logged with the next step's values: at most ``max_log_rows`` rows
 (default 1,000) per table, the rest counted in its ``rankscope/log_rows_dropped`` value.
 
+Sample tables (``record_sample``) are W&B Tables named after the table, one per step: the
+provenance columns (step, side, role, replica, rank, process, policy version, trace and span
+id, time), then the row's fields.
+
 A ``wandb.init`` that fails (no API key and not offline, say) turns the backend off with one
 error naming the fix, instead of an error at every step: the job and the other views go on.
 """
@@ -30,7 +34,7 @@ import logging
 import re
 from typing import Any
 
-from .base import LoggerBackend, LoggingMode, Metric
+from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric
 
 STEP_METRIC = "step"
 _LOG_COLUMNS: list[str | int] = ["step", "time", "severity", "process", "body", "trace_id"]
@@ -165,6 +169,25 @@ class WandbBackend(LoggerBackend):
             for p, values in per_process.items()
         }
         return {p: values for p, values in chosen.items() if values}
+
+    def log_samples(
+        self, table: str, rows: list[dict[str, Any]], global_step: int | None, *args: Any, **kwargs: Any
+    ) -> None:
+        """One W&B Table per sample table and step: the provenance columns, then the row's fields."""
+        if self.run is None or not rows:
+            return
+        import wandb
+
+        fields: dict[str, None] = {}
+        for entry in rows:
+            fields.update(dict.fromkeys(entry["row"]))
+        names = [f"row.{f}" if f in PROVENANCE_COLUMNS else f for f in fields]
+        data = [[entry[c] for c in PROVENANCE_COLUMNS] + [entry["row"].get(f) for f in fields] for entry in rows]
+        columns: list[str | int] = [*PROVENANCE_COLUMNS, *names]
+        logged: dict[str, Any] = {table: wandb.Table(columns=columns, data=data, allow_mixed_types=True)}
+        if global_step is not None:
+            logged[STEP_METRIC] = global_step
+        self.run.log(logged)
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if self.run is None:

@@ -259,6 +259,14 @@ SETTINGS: tuple[Setting, ...] = (
         parse=parse_bool,
     ),
     Setting(
+        "sample_seed",
+        "RANKSCOPE_SAMPLE_SEED",
+        None,
+        "Seed of record_sample's random samples (tables without rank_by); each process mixes in its "
+        "identity. Unset: a fresh random seed.",
+        parse=_parse_positive_int,
+    ),
+    Setting(
         "shutdown_timeout",
         "RANKSCOPE_SHUTDOWN_TIMEOUT",
         2.0,
@@ -320,6 +328,7 @@ class Settings:
     auto_step: bool
     grad_norm: bool
     host_metrics: bool
+    sample_seed: int | None
     shutdown_timeout: float
 
     def __post_init__(self) -> None:

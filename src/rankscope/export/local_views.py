@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..backends.base import LoggerBackend, LoggingMode, Metric
+from ..backends.base import LoggerBackend, LoggingMode, Metric, sample_entry
 from ..metrics.recorder import StepBatch
 from ..metrics.reduce import reduced_items
+from ..metrics.samples import Kept, Provenance, Row
 
 
 class BackendSet:
@@ -69,6 +70,36 @@ class BackendSet:
     def log_stream(self, metric: Metric, step: int | None) -> None:
         for backend in self.streaming:
             self.call(backend.log_stream, metric, step)
+
+    def log_samples(self, batch: StepBatch) -> None:
+        """Per-rank views get this process's own selection of each table."""
+        if not self.reducing:
+            return
+        for table in batch.samples or ():
+            rows = [self._entry(table.table, kept, kept.side, batch.step) for kept in table.distinct()]
+            if rows:
+                for backend in self.reducing:
+                    self.call(backend.log_samples, table.table, rows, batch.step)
+
+    def log_row(self, table: str, row: Row, origin: Provenance, step: int | None) -> None:
+        """``per_rank_no_reduce`` views get every row as it is recorded."""
+        entry = [self._entry(table, Kept(0.0, 0, "stream", row, origin), "stream", step)]
+        for backend in self.streaming:
+            self.call(backend.log_samples, table, entry, step)
+
+    def _entry(self, table: str, kept: Kept, side: str, step: int | None) -> dict[str, Any]:
+        origin: Provenance = kept.origin
+        return sample_entry(
+            table,
+            step,
+            side,
+            kept.row,
+            time_unix_nano=origin.time_unix_nano,
+            trace_id=f"{origin.trace_id:032x}" if origin.trace_id else None,
+            span_id=f"{origin.span_id:016x}" if origin.span_id else None,
+            policy_version=origin.policy_version,
+            process=self._process_name,
+        )
 
     def finish(self) -> None:
         for backend in self.backends:

@@ -44,7 +44,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 # gRPC's fork handlers restart its threads in every forked child, and in our stress test (a parent
 # recording, flushing and exporting on two threads while it forks 16 children per run) those
@@ -186,24 +186,21 @@ def has_endpoint(endpoint: str | None) -> bool:
 
 
 class Senders:
-    """The metric and span senders and (when values are streamed) the log sender of one process."""
+    """The metric, span and log senders of one process."""
 
     def __init__(self, endpoint: str | None, protocol: str, stream: bool) -> None:
         _otel_sdk.report_problems()
         url = _url(endpoint)
         self._spans: Any = None
+        self._logs: Any = None
         self._endpoint, self._protocol, self._url, self._stream = endpoint, protocol, url, stream
         if protocol == "http/protobuf":
             base = None if url is None else url.rstrip("/").removesuffix("/v1/metrics")
             self._base = base
             http: _otel_sdk.Protocol = "http/protobuf"
             self.metrics: Any = _sender(http, "metrics", endpoint=None if base is None else f"{base}/v1/metrics")
-            self.logs: Any = (
-                _sender(http, "logs", endpoint=None if base is None else f"{base}/v1/logs") if stream else None
-            )
         else:
             self.metrics = _sender("grpc", "metrics", endpoint=url, **_grpc_options())
-            self.logs = _sender("grpc", "logs", endpoint=url, **_grpc_options()) if stream else None
 
     @property
     def target(self) -> str:
@@ -213,28 +210,30 @@ class Senders:
             or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "the OTLP endpoint")
         )
 
+    def _made(self, signal: Literal["logs", "spans"], path: str) -> Any:
+        if self._protocol == "http/protobuf":
+            return _sender("http/protobuf", signal, endpoint=None if self._base is None else f"{self._base}{path}")
+        return _sender("grpc", signal, endpoint=self._url, **_grpc_options())
+
     def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
         if self._spans is None:  # made on first use: most processes of a metrics-only job never trace
-            if self._protocol == "http/protobuf":
-                self._spans = _sender(
-                    "http/protobuf", "spans", endpoint=None if self._base is None else f"{self._base}/v1/traces"
-                )
-            else:
-                self._spans = _sender("grpc", "spans", endpoint=self._url, **_grpc_options())
+            self._spans = self._made("spans", "/v1/traces")
         return self._spans.send(request, timeout)  # type: ignore[no-any-return]
 
     def send(self, request: Any, timeout: float | None = None) -> Attempt:
         return self.metrics.send(request, timeout)  # type: ignore[no-any-return]
 
     def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
-        return SENT if self.logs is None else self.logs.send(request, timeout)
+        """Streamed values and sample rows (made on first use: most processes send neither)."""
+        if self._logs is None:
+            self._logs = self._made("logs", "/v1/logs")
+        return self._logs.send(request, timeout)  # type: ignore[no-any-return]
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         self.metrics.shutdown(timeout_millis=timeout_millis)
-        if self.logs is not None:
-            self.logs.shutdown()
-        if self._spans is not None:
-            self._spans.shutdown()
+        for sender in (self._logs, self._spans):
+            if sender is not None:
+                sender.shutdown()
 
 
 class EmbeddedSenders:
@@ -282,7 +281,7 @@ class EmbeddedSenders:
 
 _FRAGMENT = 32 * 1024
 _HEADER = struct.Struct("!IIHHc")  # sender pid, message id, fragment index, fragment count, kind
-METRICS, SPANS = b"m", b"s"
+METRICS, SPANS, LOGS = b"m", b"s", b"l"
 _HELLO, _ACK, _FLUSH = b"h", b"a", b"f"  # child: "I export through you", "flushed"; parent: "flush now"
 
 
@@ -331,7 +330,7 @@ class RelaySenders:
         return self._post(SPANS, request.SerializeToString(), timeout)
 
     def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
-        return SENT  # children stream nothing: their views are the parent's
+        return self._post(LOGS, request.SerializeToString(), timeout)
 
     def ack(self) -> None:
         self._post(_ACK, b"", 1.0)

@@ -56,15 +56,17 @@ from ..core import names as attr
 from ..core.errors import warn
 from ..metrics.recorder import Recorder, StepBatch
 from ..metrics.reduce import Reduce
+from ..metrics.samples import Kept, Provenance, Row
 from ..otlp.common import encode_resource
 from ..otlp.logs import encode_streams
 from ..otlp.markers import add_flush_marker, add_goodbye
 from ..otlp.metrics import PointAttributes, encode
+from ..otlp.samples import encode_rows
 from ..otlp.spans import encode_spans
 from ..tracing.spans import SpanBuffer
 from ._otel_sdk import SdkGauge
 from .local_views import BackendSet
-from .senders import SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
+from .senders import LOGS, SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
 
 _STREAM_QUEUE_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
@@ -78,6 +80,11 @@ _RETRY_MAX = 2.0
 (one small request per 2 s is less than a step-per-second process sends when all is well)."""
 _RETRY_AFTER_MAX = 30.0
 _MAX_RELAYED_SPAN_REQUESTS = 256
+_MAX_ROWS_PER_REQUEST = 512
+_MAX_ROW_CHARS_PER_REQUEST = 1 << 20
+"""Sample rows go out in requests of at most this many rows and characters of text (4 KiB
+strings, 64 fields: one row can be 256 KiB), under a receiver's 4 MiB message limit."""
+_MAX_HELD_ROWS = 65536
 _MIN_EXPORT_GAP = 0.1
 """Seconds between OTLP requests of one process: steps flushed faster than this share a
 request (a 20 ms training step would otherwise pay a gRPC call per step)."""
@@ -128,6 +135,14 @@ class _Stream:
 
 
 @dataclass(slots=True)
+class _Row:
+    table: str
+    row: Row
+    origin: Provenance
+    step: int | None
+
+
+@dataclass(slots=True)
 class _Relayed:
     kind: bytes
     payload: bytes
@@ -148,7 +163,9 @@ class _Stop:
     deadline: float
 
 
-_Message = _Step | _Stream | _Relayed | _Poll | _Sync | _Stop
+_Message = _Step | _Stream | _Row | _Relayed | _Poll | _Sync | _Stop
+SampleRow = tuple[str, str | None, int, Kept, int | None]
+"""(table, rank_by, k, kept row, step): a sample row waiting for the endpoint."""
 
 
 @dataclass(slots=True)
@@ -191,6 +208,12 @@ class ExportThread:
         self._on_error = on_error
         self.stream_to_sink = stream_to_sink and otlp is not None
         self._streams: list[tuple[Metric, int | None]] = []
+        self._rows: deque[SampleRow] = deque()
+        """Sample rows (each step's kept rows, streamed rows) not sent yet: they go before the
+        steps' flush markers, so a sink has a step's rows when the step is complete."""
+        self._relayed_logs: deque[Any] = deque()
+        self._streamed_rows = 0
+        self.rows_dropped = 0
         self._resource_pb = encode_resource(resource.attributes)
         self._scope = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version=__version__)
         self._point_attributes = PointAttributes()
@@ -241,6 +264,11 @@ class ExportThread:
     def stream(self, key: str, value: float, reduce: Reduce, when: float, step: int | None) -> None:
         if not self._put(_Stream(Metric(key, value, reduce, when), step)):
             self._drop(1, "the export queue is full")
+
+    def stream_row(self, table: str, row: Row, origin: Provenance, step: int | None) -> None:
+        """A recorded sample row, for ``per_rank_no_reduce`` views (every row, not a selection)."""
+        if not self._put(_Row(table, row, origin, step)):
+            self._drop_rows(1, "the export queue is full")
 
     def relay(self, kind: bytes, payload: bytes) -> None:
         """A forked child's serialized request (the fork relay's thread): exported like our own steps."""
@@ -305,7 +333,7 @@ class ExportThread:
 
     def _unsent_work(self) -> bool:
         """Requests or spans encoded or relayed but not sent yet (a failed attempt's, or a child's)."""
-        return bool(self._unsent or self._span_retry or self._relayed_spans)
+        return bool(self._unsent or self._span_retry or self._relayed_spans or self._rows or self._relayed_logs)
 
     def _run(self) -> None:
         try:
@@ -344,6 +372,13 @@ class ExportThread:
                             self._streams.append((metric, step))
                         else:
                             self._guarded(self.backends.log_stream, metric, step)
+                    case _Row(table, row, origin, step):
+                        if self.stream_to_sink:
+                            self._streamed_rows += 1
+                            kept = Kept(0.0, self._streamed_rows, "stream", row, origin)
+                            self._hold_rows([(table, None, 1, kept, step)])
+                        else:
+                            self._guarded(self.backends.log_row, table, row, origin, step)
                     case _Poll(done):
                         polls.append(done)
                         synced = True
@@ -406,6 +441,13 @@ class ExportThread:
             )
             self._span_retry = []
             self._relayed_spans.clear()
+            rows = len(self._rows) + sum(
+                len(sl.log_records) for r in self._relayed_logs for rl in r.resource_logs for sl in rl.scope_logs
+            )
+            if rows:
+                self._drop_rows(rows, "shutdown ended before the endpoint answered")
+            self._rows.clear()
+            self._relayed_logs.clear()
             self._report_drops(final=True)
         self._release_waiting()
         self._guarded(self.backends.finish)
@@ -419,6 +461,14 @@ class ExportThread:
 
     def _take_relayed(self, kind: bytes, payload: bytes) -> None:
         """A forked child's request joins ours: metrics count in the step bound, spans in a bounded line."""
+        if kind == LOGS:
+            logs = ExportLogsServiceRequest.FromString(payload)
+            if len(self._relayed_logs) >= _MAX_RELAYED_SPAN_REQUESTS:
+                n = sum(len(sl.log_records) for rl in logs.resource_logs for sl in rl.scope_logs)
+                self._drop_rows(n, "too many relayed rows wait")
+            else:
+                self._relayed_logs.append(logs)
+            return
         if kind == SPANS:
             request = ExportTraceServiceRequest.FromString(payload)
             if len(self._relayed_spans) >= _MAX_RELAYED_SPAN_REQUESTS:
@@ -468,6 +518,8 @@ class ExportThread:
             self.recorder.stream_device_values(batch, batch.device.values())
             batch.device = None
         self.backends.log_batch(batch)
+        if batch.samples:
+            self.backends.log_samples(batch)
 
     def _cycle(self, batches: list[StepBatch], deadline: float | None, goodbye: bool) -> None:
         """One export attempt: encode the new steps behind the held ones, then send spans, streamed
@@ -484,6 +536,8 @@ class ExportThread:
         failed = self._send_spans(deadline)  # before the flush markers: the sink sees a step's spans when it closes it
         if failed is None and self._streams:
             failed = self._send_streams(deadline)
+        if failed is None and (self._rows or self._relayed_logs):
+            failed = self._send_rows(deadline)  # a step's sample rows, acknowledged before its marker
         while failed is None and self._unsent:
             item = self._unsent[0]
             attempt = self._attempt(self.otlp.send, item.request, deadline)
@@ -562,6 +616,11 @@ class ExportThread:
         if request.resource_metrics:
             made.append(_Unsent(request, steps, points, held))
         self._unsent.extend(made)
+        for batch in batches:
+            if batch.samples:
+                self._hold_rows(
+                    [(t.table, t.rank_by, t.k, kept, batch.step) for t in batch.samples for kept in t.distinct()]
+                )
         self._goodbye_queued = self._goodbye_queued or goodbye
 
     def _encode_batch(self, batch: StepBatch, scope: Any) -> None:
@@ -627,6 +686,50 @@ class ExportThread:
             return attempt
         self._streams = []
         self._drop(len(streams), f"the OTLP endpoint refused streamed values ({attempt.detail})")
+        return None
+
+    def _hold_rows(self, rows: list[SampleRow]) -> None:
+        self._rows.extend(rows)
+        over = len(self._rows) - _MAX_HELD_ROWS
+        if over > 0:
+            for _ in range(over):
+                self._rows.popleft()
+            self._drop_rows(over, f"{_MAX_HELD_ROWS} sample rows already wait for the endpoint")
+
+    def _drop_rows(self, n: int, why: str) -> None:
+        first = not self.rows_dropped
+        self.rows_dropped += n
+        if first:
+            warn(f"rankscope: dropping sample rows because {why}; the job is unaffected ({n} so far)")
+
+    def _send_rows(self, deadline: float | None) -> Attempt | None:
+        """Send relayed and held sample rows in bounded requests, oldest first; a failed attempt
+        keeps the rest (and the metric requests behind them) for the next one."""
+        assert self.otlp is not None
+        while self._relayed_logs:
+            attempt = self._attempt(self.otlp.send_logs, self._relayed_logs[0], deadline)
+            if attempt.retry and not attempt.sent:
+                return attempt
+            request = self._relayed_logs.popleft()
+            if not attempt.sent:
+                n = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+                self._drop_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
+        while self._rows:
+            chunk: list[SampleRow] = []
+            chars = 0
+            for row in self._rows:
+                size = sum(len(v) for v in row[3].row.values() if isinstance(v, str)) + 16 * len(row[3].row)
+                if chunk and (len(chunk) >= _MAX_ROWS_PER_REQUEST or chars + size > _MAX_ROW_CHARS_PER_REQUEST):
+                    break
+                chunk.append(row)
+                chars += size
+            attempt = self._attempt(self.otlp.send_logs, encode_rows(chunk, self._resource_pb, self._scope), deadline)
+            if attempt.retry and not attempt.sent:
+                return attempt
+            for _ in chunk:
+                self._rows.popleft()
+            if not attempt.sent:
+                self._drop_rows(len(chunk), f"the OTLP endpoint refused them ({attempt.detail})")
         return None
 
     def _warn_unreachable(self, exc: Exception) -> None:

@@ -7,6 +7,7 @@ checks, device tensors, streaming) goes through ``Recorder.record``.
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import time
@@ -15,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .reduce import MetricAccumulator, Reduce
+from .samples import Provenance, Row, TableSample, check_row, check_selection
 from .values import check_key, to_number
 
 StreamSink = Callable[[str, float, Reduce, float], None]
+RowSink = Callable[[str, Row, Provenance], None]
 
 
 @dataclass(slots=True)
@@ -88,6 +91,8 @@ class StepBatch:
     """GPU-timed durations (avg key, max key, start mark, end mark, processor), read on the export thread."""
     held_points: int = 0
     """Points this step holds in the export queue's bound (set when it is queued)."""
+    samples: list[TableSample] | None = None
+    """Sample tables of the step (``record_sample``): each table's pre-selection of at most 2k rows."""
 
 
 class Recorder:
@@ -105,9 +110,14 @@ class Recorder:
         "_reduce_of",
         "_step_start",
         "_streams",
+        "_tables",
         "accs",
         "fast",
         "on_take",
+        "provenance",
+        "rng",
+        "row_streams",
+        "samples",
     )
 
     def __init__(self, streams: list[StreamSink]) -> None:
@@ -125,6 +135,15 @@ class Recorder:
         self._asked_at: float | None = None
         self.on_take: Callable[[StepBatch], None] | None = None
         """Where a periodic step taken on the caller's thread goes (the export thread's ``submit``)."""
+        self.samples: dict[str, TableSample] = {}
+        """The step's sample tables (``record_sample``)."""
+        self._tables: dict[str, tuple[str | None, int]] = {}
+        self.rng = random.Random()
+        """Reservoir priorities (seeded by ``RANKSCOPE_SAMPLE_SEED`` for reproducible samples)."""
+        self.provenance: Callable[[], Provenance] = _untraced
+        """Stamps a row where it is recorded (the runtime's tracing gives the active span)."""
+        self.row_streams: list[RowSink] = []
+        """Every recorded row goes here too (``per_rank_no_reduce`` views)."""
 
     def set_streams(self, streams: list[StreamSink]) -> None:
         self._streams = streams
@@ -135,6 +154,10 @@ class Recorder:
         leaves nothing behind (no empty accumulator is exported for a refused value)."""
         if self._asked_at is not None:  # the export thread asked for a periodic step
             self._serve_periodic()
+        if reduce is _SAMPLE:  # Forge's form: a row dict; ranked by its reward when it has one
+            rank_by, k = self._tables.get(key) or (_forge_rank_by(value), 8)
+            self.sample(key, value, rank_by, k)
+            return
         known = self._reduce_of.get(key)
         if known is reduce and (type(value) is float or type(value) is int) and not self._streams:
             # A known key's first value of the step (the fast path found no accumulator yet).
@@ -201,6 +224,27 @@ class Recorder:
         self._lower[key.lower()] = key
         self._reduce_of[key] = reduce
 
+    def sample(self, table: str, row: Any, rank_by: str | None, k: int) -> None:
+        """``record_sample``: check the row (raising at the call site) and offer it to the step's table."""
+        checked = check_row(table, row)
+        known = self._tables.get(table)
+        if known is None:
+            check_selection(table, rank_by, k)
+            self._tables[table] = (rank_by, k)
+        elif known != (rank_by, k):
+            raise ValueError(
+                f"record_sample({table!r}): recorded with rank_by={known[0]!r}, k={known[1]} before, "
+                f"now with rank_by={rank_by!r}, k={k}; one table has one selection"
+            )
+        origin = self.provenance()
+        with self._lock:
+            found = self.samples.get(table)
+            if found is None:
+                found = self.samples[table] = TableSample(table, rank_by, k, self.rng)
+            found.add(checked, origin)
+        for stream in self.row_streams:
+            stream(table, checked, origin)
+
     def defer(self, avg_key: str, max_key: str, start: Any, end: Any, processor: Any) -> None:
         """A GPU-timed duration: its value is ``elapsed_time`` of two CUDA events, read at export."""
         for key, reduce in ((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)):
@@ -263,17 +307,20 @@ class Recorder:
         if self._asked_at is not None:
             self._asked_at = None
             self.fast = not self._streams
-        accs, device, deferred = self.accs, self._device, self._deferred
+        accs, device, deferred, samples = self.accs, self._device, self._deferred, self.samples
         now = time.time_ns()
         start, self._step_start = self._step_start, now
         self.accs, self._device = {}, None
         if deferred:
             self._deferred = []
+        if samples:
+            self.samples = {}
         if device is not None:
             device.start()
-        if not accs and not deferred and step is None:
+        if not accs and not deferred and not samples and step is None:
             return None
-        return StepBatch(step, start, now, accs, device, deferred=deferred or None)
+        tables = list(samples.values()) if samples else None
+        return StepBatch(step, start, now, accs, device, deferred=deferred or None, samples=tables)
 
     def resolve_deferred(self, batch: StepBatch) -> None:
         """Wait for a batch's GPU-timed durations (export thread) and accumulate them."""
@@ -297,3 +344,15 @@ class Recorder:
             acc.append(value)
             for stream in self._streams:
                 stream(key, value, acc.reduction_type, when)
+
+
+_SAMPLE = Reduce.SAMPLE
+
+
+def _forge_rank_by(row: Any) -> str | None:
+    reward = row.get("reward") if isinstance(row, dict) else None
+    return "reward" if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
+
+
+def _untraced() -> Provenance:
+    return Provenance(time.time_ns())

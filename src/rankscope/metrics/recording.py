@@ -10,13 +10,14 @@ rates) land in the step they describe.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error
 from .recorder import Recorder
 from .reduce import Reduce
+from .samples import check_row, check_selection
 
 _MEAN = Reduce.MEAN
 
@@ -44,6 +45,27 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
     if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
         return
     r.record(key, value, reduce)
+
+
+def record_sample(table: str, row: Mapping[str, Any], *, rank_by: str | None = None, k: int = 8) -> None:
+    """Offer ``row`` to this step's sample table ``table``; the experiment keeps, exactly across
+    every process, the k rows with the highest and the k with the lowest ``rank_by`` value, or
+    (no ``rank_by``) a uniform random sample of k rows.
+
+    ``row`` maps field names to str, int, float or bool; strings longer than 4,096 characters
+    are cut and marked. Each kept row gets provenance columns (step, role, replica, rank,
+    policy version, trace and span id of the active span, record time). Raises ``TypeError``
+    or ``ValueError`` naming the table for a bad row, ``rank_by`` or ``k``.
+    """
+    r = _recorder
+    if r is None:
+        runtime = None if _disabled else _slot.get()
+        if runtime is None:  # off: the row is still checked, so a bad one fails the same way
+            check_selection(table, rank_by, k)
+            check_row(table, row)
+            return
+        r = runtime.recorder
+    r.sample(table, row, rank_by, k)
 
 
 _recorder: Recorder | None = None

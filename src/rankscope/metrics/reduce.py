@@ -40,6 +40,7 @@ class Reduce:
     COUNT: ClassVar[Reduce]
     LAST: ClassVar[Reduce]
     DISTRIBUTION: ClassVar[Reduce]
+    SAMPLE: ClassVar[Reduce]
 
     _registry: ClassVar[dict[str, Reduce]] = {}
     _plugins: ClassVar[dict[str, Any] | None] = None
@@ -482,6 +483,18 @@ for _name, _cls in (
     Reduce.register(_name, _cls)
 
 BUILTIN_REDUCES = frozenset(Reduce._registry)
+
+
+class _SampleRows(MetricAccumulator):
+    """``Reduce.SAMPLE`` (Forge's form of ``record_sample``): its rows go to a sample table and
+    never into an accumulator, so it is not a reduce type a metric point can carry."""
+
+    def append(self, value: float) -> None:
+        raise TypeError("Reduce.SAMPLE rows go to record_sample")
+
+
+Reduce.SAMPLE = Reduce("sample", _SampleRows)
+Reduce._registry["sample"] = Reduce.SAMPLE  # found by name (pickled across actors), after BUILTIN_REDUCES
 
 
 def reduced_items(key: str, value: Value) -> list[tuple[str, float]]:

@@ -20,9 +20,10 @@ with a visible mark). The SDK pre-selects (``TableSample``), a sink merges (``me
 from __future__ import annotations
 
 import heapq
+import numbers
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 Row = dict[str, str | int | float | bool]
@@ -30,6 +31,19 @@ MAX_TEXT_CHARS = 4096
 """Characters of one string field; the rest is cut and marked (``…[N more characters]``)."""
 MAX_FIELDS = 64
 MAX_K = 1024
+SIDES = ("top", "bottom", "both", "sample", "stream")
+"""Why a row travels: kept at the top, the bottom or both ends, in the random sample, or streamed
+(every row, for ``per_rank_no_reduce`` views)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What a row is stamped with where it is recorded (the sink adds step, role, replica, rank)."""
+
+    time_unix_nano: int
+    trace_id: int = 0
+    span_id: int = 0
+    policy_version: int | None = None
 
 
 def check_row(table: str, row: Any, max_chars: int = MAX_TEXT_CHARS) -> Row:
@@ -49,9 +63,18 @@ def check_row(table: str, row: Any, max_chars: int = MAX_TEXT_CHARS) -> Row:
         if isinstance(value, str):
             if len(value) > max_chars:
                 value = f"{value[:max_chars]}…[{len(value) - max_chars} more characters]"
-        elif not isinstance(value, (bool, int, float)):
-            kind = type(value).__name__
-            raise TypeError(f"record_sample({table!r}): field {key!r} is a {kind}; rows hold str, int, float or bool")
+        elif type(value) is not bool and type(value) is not float:
+            if isinstance(value, numbers.Integral):  # numpy ints too
+                value = int(value)
+                if not -(2**63) <= value < 2**63:
+                    raise ValueError(f"record_sample({table!r}): field {key!r} is outside int64; record a float")
+            elif isinstance(value, numbers.Real):
+                value = float(value)
+            else:
+                kind = type(value).__name__
+                raise TypeError(
+                    f"record_sample({table!r}): field {key!r} is a {kind}; rows hold str, int, float or bool"
+                )
         out[key] = value
     return out
 
@@ -72,6 +95,8 @@ class Kept:
     seq: int
     side: str = field(compare=False)
     row: Row = field(compare=False)
+    origin: Any = field(default=None, compare=False)
+    """Where the row came from (the SDK: its ``Provenance``; a sink: its process and provenance)."""
 
 
 def _order(value: float) -> tuple[int, float]:
@@ -98,29 +123,42 @@ class TableSample:
         """Rows offered, kept or not."""
         return self._count
 
-    def add(self, row: Row) -> None:
+    def add(self, row: Row, origin: Any = None) -> None:
         """Offer one checked row (``check_row``); raises ValueError if ``rank_by`` is not a number in it."""
         seq = self._count
-        self._count += 1
         if self.rank_by is None:
             priority = self._rng.random()
-            _push(self._top, ((0, priority), -seq, Kept(priority, seq, "sample", row)), self.k)
+            self._count += 1
+            _push(self._top, ((0, priority), -seq, Kept(priority, seq, "sample", row, origin)), self.k)
             return
         value = row.get(self.rank_by)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(
                 f"record_sample({self.table!r}): rank_by field {self.rank_by!r} must be a number in the row"
             )
+        self._count += 1
         value = float(value)
-        _push(self._top, (_order(value), -seq, Kept(value, seq, "top", row)), self.k)
+        _push(self._top, (_order(value), -seq, Kept(value, seq, "top", row, origin)), self.k)
         low = (1, 0.0) if value != value else (0, -value)
-        _push(self._bottom, (low, -seq, Kept(value, seq, "bottom", row)), self.k)
+        _push(self._bottom, (low, -seq, Kept(value, seq, "bottom", row, origin)), self.k)
 
     def kept(self) -> list[Kept]:
         """The kept rows: the top k (best first) then the bottom k (worst first), or the sample."""
         top = [entry[2] for entry in sorted(self._top, reverse=True)]
         bottom = [entry[2] for entry in sorted(self._bottom, reverse=True)]
         return top + bottom
+
+    def distinct(self) -> list[Kept]:
+        """``kept`` with a row kept at both ends sent once, as side ``both`` (what goes on the wire)."""
+        kept = self.kept()
+        ends: dict[int, Kept] = {}
+        for entry in kept:
+            found = ends.get(entry.seq)
+            if found is None:
+                ends[entry.seq] = entry
+            else:
+                found.side = "both"
+        return list(ends.values())
 
 
 def _push(heap: list[Any], entry: tuple[Any, ...], k: int) -> None:
@@ -130,6 +168,19 @@ def _push(heap: list[Any], entry: tuple[Any, ...], k: int) -> None:
         heapq.heapreplace(heap, entry)
 
 
+_TOP, _BOTTOM = frozenset(("top", "both")), frozenset(("bottom", "both"))
+
+
+def _ends(rows: list[Kept], k: int) -> tuple[list[Kept], list[Kept]]:
+    top = sorted((r for r in rows if r.side in _TOP), key=lambda r: (_order(r.key), -r.seq), reverse=True)[:k]
+    bottom = sorted(
+        (r for r in rows if r.side in _BOTTOM),
+        key=lambda r: ((1, 0.0) if r.key != r.key else (0, -r.key), -r.seq),
+        reverse=True,
+    )[:k]
+    return top, bottom
+
+
 def merge(kept: Iterable[Kept], rank_by: str | None, k: int) -> list[Kept]:
     """The step's rows across processes from their pre-selections (``TableSample.kept``, each row
     tagged with its process's order in ``seq``): the global top k and bottom k, or the k rows of
@@ -137,10 +188,21 @@ def merge(kept: Iterable[Kept], rank_by: str | None, k: int) -> list[Kept]:
     rows = list(kept)
     if rank_by is None:
         return sorted((r for r in rows if r.side == "sample"), key=lambda r: (r.key, -r.seq), reverse=True)[:k]
-    top = sorted((r for r in rows if r.side == "top"), key=lambda r: (_order(r.key), -r.seq), reverse=True)[:k]
-    bottom = sorted(
-        (r for r in rows if r.side == "bottom"),
-        key=lambda r: ((1, 0.0) if r.key != r.key else (0, -r.key), -r.seq),
-        reverse=True,
-    )[:k]
+    top, bottom = _ends(rows, k)
     return top + bottom
+
+
+def reselect(kept: Iterable[Kept], rank_by: str | None, k: int) -> list[Kept]:
+    """``merge``, each kept row once (side ``both`` when it is kept at both ends): a running
+    selection that more pre-selections can be merged into."""
+    rows = list(kept)
+    if rank_by is None:
+        return merge(rows, None, k)
+    top, bottom = _ends(rows, k)
+    high = {id(r) for r in top}
+    low = {id(r) for r in bottom}
+    out: list[Kept] = []
+    for r in top + [r for r in bottom if id(r) not in high]:
+        side = "both" if id(r) in high and id(r) in low else ("top" if id(r) in high else "bottom")
+        out.append(r if r.side == side else replace(r, side=side))
+    return out

@@ -48,7 +48,7 @@ import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backends.base import Metric
@@ -57,6 +57,7 @@ from ..core.identity import label_of
 from ..metrics.reduce import Reduce, reduced_items
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
 from .streams import Streams
+from .tables import SampleTable, entries, take
 from .traces import TraceStore
 from .validate import Limits, Refusals, ResourceBatch, StateRows
 
@@ -102,6 +103,8 @@ class _Step:
     seq: int = 0
     """Newest write-ahead-log record merged into this step (what a written view covers)."""
     late_points: int = 0
+    samples: dict[str, SampleTable] = field(default_factory=dict)
+    """Sample tables (``record_sample``): every process's rows merged into one selection each."""
 
 
 class StepView:
@@ -118,8 +121,11 @@ class StepView:
         parts: list[tuple[Process, StateRows]] | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
         labels: dict[str, str] | None = None,
+        samples: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
+        self.samples = samples or {}
+        """Each sample table's kept rows (``sample_entry`` dicts); a late update: tables that changed."""
         self.global_metrics = global_metrics
         self.labels = labels or {}
         """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
@@ -225,6 +231,8 @@ class Experiment:
         time_bucket_lag: float = 2.0,
         max_series: int = 256,
         max_logs_per_step: int = 1000,
+        max_sample_tables: int = 64,
+        max_sample_chars_per_step: int = 16 << 20,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.id = experiment_id
@@ -269,6 +277,10 @@ class Experiment:
         self._window_ends: list[int] = []
         """Steps whose window end is known, ascending, and those ends (ns, never going back)."""
         self.max_logs_per_step = max_logs_per_step
+        self.max_sample_tables = max_sample_tables
+        self.max_sample_chars_per_step = max_sample_chars_per_step
+        self.sample_rows = 0
+        """Sample rows taken (merged into their step's tables)."""
         self.log_records = 0
         """Ordinary OTel log records taken (written to the views)."""
         self._logs_per_step: dict[int, int] = {}
@@ -372,6 +384,14 @@ class Experiment:
                 self._refuse(refused, len(rows.keys), why)
                 continue
             parts.setdefault(step, ResourceBatch(batch.experiment, batch.resource)).states.append(rows)
+        for row in batch.samples:
+            step = row.step if row.step is not None else self.step_at(row.time_unix_nano)
+            if horizon is not None and step > horizon:
+                self._refuse(refused, 1, f"sample row: step {step} is more than {self.limits.step_window} ahead")
+                continue
+            if row.step is None:  # resolved here, so a write-ahead-log record always names its step
+                row = replace(row, step=step)
+            parts.setdefault(step, ResourceBatch(batch.experiment, batch.resource)).samples.append(row)
         for marker in batch.markers:
             if horizon is not None and marker.step > horizon:
                 self._refuse(refused, 1, f"flush marker: step {marker.step} is over {self.limits.step_window} ahead")
@@ -383,8 +403,8 @@ class Experiment:
         for step in sorted(parts):
             part = parts[step]
             part.states = self._admit(step, part.states, refused)
-            if part.states or part.markers:
-                taken += self._merge(process, step, part, log(step, part) if log is not None else seq, now)
+            if part.states or part.markers or part.samples:
+                taken += self._merge(process, step, part, log(step, part) if log is not None else seq, now, refused)
         if batch.goodbye:
             process.live = False
             self._version += 1
@@ -483,7 +503,7 @@ class Experiment:
                 kept.append(rows)
         return kept
 
-    def _merge(self, process: Process, step: int, part: ResourceBatch, seq: int, now: float) -> int:
+    def _merge(self, process: Process, step: int, part: ResourceBatch, seq: int, now: float, refused: Refusals) -> int:
         for marker in part.markers:
             self._marker(process, marker, now)
         late = step <= self.last_finalized
@@ -495,6 +515,12 @@ class Experiment:
             bucket = self._open.get(step) or self._open.setdefault(step, _Step(step, now))
         bucket.seq = max(bucket.seq, seq)
         taken = 0
+        if part.samples:  # counted apart from points (``sample_rows``)
+            self.sample_rows += len(part.samples)
+            limits = (self.max_sample_tables, self.max_sample_chars_per_step)
+            for n, why in take(bucket.samples, process, part.samples, *limits):
+                self._refuse(refused, n, why)
+                self.sample_rows -= n
         for rows in part.states:
             merge_rows(bucket.merged, rows.reduce, rows.keys, rows.rows, process.rank, process.label)
             if not process.merged:  # a merge is many processes: no per-process value
@@ -671,8 +697,9 @@ class Experiment:
         if late:  # a process seen in an earlier view of the step would get a partial value: left out
             parts = [(process, rows) for process, rows in parts if process not in bucket.viewed]
         bucket.viewed |= senders
+        samples = entries(bucket.samples, bucket.step, changed_only=late)
         return StepView(
-            self.id, bucket.step, bucket.seq, global_metrics, missing, late, parts, self._merge_error, labels
+            self.id, bucket.step, bucket.seq, global_metrics, missing, late, parts, self._merge_error, labels, samples
         )
 
     def _merge_error(self, where: str, exc: BaseException) -> None:

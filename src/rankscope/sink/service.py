@@ -31,6 +31,7 @@ from typing import Any
 from ..backends.base import Metric
 from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
+from ..otlp.samples import SampleRow
 from .bodies import OverloadedError
 from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
@@ -302,7 +303,9 @@ class Sink:
             log_ = tenant.log
 
             def logger(step: int, part: ResourceBatch) -> int:
-                return log_.append(step, encode_record(batch.digest, part.resource, part.states, part.markers))
+                return log_.append(
+                    step, encode_record(batch.digest, part.resource, part.states, part.markers, part.samples)
+                )
 
         try:
             experiment.apply(batch, refused, logger)
@@ -317,25 +320,41 @@ class Sink:
         tenant.dirty = True
 
     def export_logs(self, request: Any) -> Result:
+        """Streamed values and ordinary log records go to the views at once; sample rows are merged
+        into their steps like points (logged first, so an acknowledged row survives a crash)."""
         with self._admitted():
             refused = Refusals()
             total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+            waits: dict[ExperimentLog, int] = {}
             for batch in logs_batches(request, self.config.limits, refused):
-                tenant = self._tenant(batch.experiment, refused, len(batch.streams) + len(batch.logs))
+                tenant = self._tenant(
+                    batch.experiment, refused, len(batch.streams) + len(batch.logs) + len(batch.samples)
+                )
                 if tenant is None:
                     continue
+                streamed = [row for row in batch.samples if row.side == "stream"]
+                if streamed:
+                    batch.samples = [row for row in batch.samples if row.side != "stream"]
                 with tenant.lock:
                     process = tenant.experiment.stream_process(batch, refused)
                     if process is None:
                         continue
                     records = tenant.experiment.logs(batch, refused) if batch.logs else []
+                    if batch.samples:
+                        self._apply(tenant, batch, refused)
+                        if tenant.log is not None and tenant.log.seq > tenant.log.durable:
+                            waits[tenant.log] = tenant.log.seq
                     writer = self._writer(tenant)
                 stamp = time.time()
                 for key, value, step in batch.streams:
                     writer.stream(process, Metric(key, value, Reduce.MEAN, stamp), step)
                 for step, record in records:
                     writer.log(process, record, step)
+                for row in streamed:
+                    writer.row(process, row)
             self._count(refused)
+            if waits and self.wal is not None and not self.wal.wait(waits):
+                raise OverloadedError("the sink could not make the data durable; retry")
             return Result.of(total, refused)
 
     def export_traces(self, request: Any) -> Result:
@@ -447,6 +466,7 @@ class Sink:
                 "plain_stale_points": e.streams.stale,
                 "plain_streams_forgotten": e.streams.forgotten,
                 "log_records": e.log_records,
+                "sample_rows": e.sample_rows,
                 "time_bucketed": e.bucketed,
                 "internal_errors": e.internal_errors + tenant.errors,
                 "last_error": tenant.last_error,
@@ -572,10 +592,11 @@ class Sink:
             records = 0
             for seq, _step, payload in tenant.log.replay():
                 try:
-                    digest, resource, states, markers = decode_record(payload)
+                    digest, resource, states, markers, samples = decode_record(payload)
                     batch = ResourceBatch(experiment_id, resource, digest=digest)
                     batch.states = [StateRows(*rows) for rows in states]
                     batch.markers = [Marker(*m) for m in markers]
+                    batch.samples = [SampleRow(*row) for row in samples]
                     tenant.experiment.apply(batch, Refusals(), seq=seq)
                     tenant.experiment.seen[digest] = None
                 except Exception as exc:

@@ -41,6 +41,7 @@ from ..otlp.logs import decode_record, decode_stream, is_stream
 from ..otlp.markers import Marker, decode_marker
 from ..otlp.metrics import MAX_BUCKETS, READERS, SUM_SQ, Reader, Row, check_custom_state, decode_custom_field
 from ..otlp.raw import decode_attribute, decode_attributes, resource_metrics
+from ..otlp.samples import SampleRow, decode_row, is_sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,8 @@ class ResourceBatch:
     """Those of them taken, checked (``otlp.foreign``); ``sink.streams`` makes them step rows."""
     logs: list[LogRecord] = field(default_factory=list)
     """Ordinary OTel log records, checked."""
+    samples: list[SampleRow] = field(default_factory=list)
+    """Sample-table rows (``record_sample``), checked; streamed ones (side ``stream``) included."""
     refused: int = 0
     """Points of this batch refused at the edge (the experiment's status counts them)."""
     digest: bytes = b""
@@ -136,7 +139,7 @@ class ResourceBatch:
 
     @property
     def point_count(self) -> int:
-        return sum(len(s.keys) for s in self.states) + len(self.plain)
+        return sum(len(s.keys) for s in self.states) + len(self.plain) + len(self.samples)
 
 
 def clean_text(text: str, limit: int) -> str | None:
@@ -389,6 +392,8 @@ def _clean_name(name: str, kind: str, limits: Limits) -> bool:
 def _group(batch: ResourceBatch, group: _Group) -> StateRows | str:
     """The batch's rows of (reduce, step), or why that reduce type is refused."""
     reduce, step = group
+    if reduce == "sample":
+        return "Reduce.SAMPLE rows travel as log records (record_sample), not as metric points"
     if reduce not in BUILTIN_REDUCES:
         try:
             Reduce.get(reduce)
@@ -420,6 +425,15 @@ def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[Re
         batch = ResourceBatch(*checked)
         for record in records:
             a = attributes(record.attributes)
+            if is_sample(a):
+                row = decode_row(record, a, limits.max_attribute_chars)
+                if isinstance(row, str):
+                    refused.add(1, row)
+                elif clean_text(row.table, limits.max_name_chars) is None:
+                    refused.add(1, "sample row: bad table name")
+                else:
+                    batch.samples.append(row)
+                continue
             if is_stream(a):
                 decoded = decode_stream(a)
                 if isinstance(decoded, str):
@@ -436,4 +450,6 @@ def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[Re
                 refused.add(1, "log record: severity text with control characters")
             else:
                 batch.logs.append(LogRecord(when, severity, body, kept, step, trace_id))
+        if batch.samples:  # merged like points: a client's retry is recognized, not merged twice
+            batch.digest = hashlib.blake2b(rl.SerializeToString(), digest_size=16).digest()
         yield batch

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..backends.base import LoggerBackend, LoggingMode, Metric, get_backend_class
 from .experiment import Process, StepView
+from .tables import entry
 
 log = logging.getLogger("rankscope.sink")
 
@@ -110,6 +111,10 @@ class ViewWriter:
     def stream(self, process: Process, metric: Metric, step: int | None) -> None:
         self._put(("stream", process, metric, step))
 
+    def row(self, process: Process, row: Any) -> None:
+        """A streamed sample row (``otlp.samples.SampleRow``, every row a process recorded)."""
+        self._put(("row", process, row))
+
     def log(self, process: Process, record: Any, step: int) -> None:
         """An ordinary OTel log record (``validate.LogRecord``) of ``process``, in ``step``."""
         self._put(("log", process, record, step))
@@ -186,6 +191,11 @@ class ViewWriter:
                     _, process, metric, step = item
                     for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
                         self._call(view, view.backend.log_stream, metric, step, **_identity(process))
+                elif kind == "row":
+                    _, process, row = item
+                    rows = [entry(row.table, row.step, "stream", (process, row))]
+                    for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
+                        self._call(view, view.backend.log_samples, row.table, rows, row.step, **_identity(process))
                 elif kind == "log":
                     _, process, record, step = item
                     row = {
@@ -231,6 +241,8 @@ class ViewWriter:
                 and not view.late
             ):
                 target.written_step = max(target.written_step, view.step)
+            for table, rows in view.samples.items():
+                self._call(target, target.backend.log_samples, table, rows, view.step, late=view.late)
         for target in self._live(LoggingMode.PER_RANK_REDUCE):
             ok = True
             for process, metrics in view.per_process.items():

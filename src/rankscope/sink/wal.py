@@ -4,7 +4,7 @@ Layout: ``STATE_DIR/lock`` (one sink per directory), and per experiment a direct
 by ``safe_component(experiment id)`` holding ``meta.json`` (the original id),
 ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
 
-A record is one process's checked points of one step (``Experiment.apply`` resolves the
+A record is one process's checked points (and sample rows) of one step (``Experiment.apply`` resolves the
 step first): a header (payload length, sequence number, step, CRC-32) and a marshalled
 payload. The ingest path appends records, merges them, and before answering the client
 waits until they are on disk; one syncer thread fsyncs every log with pending appends at
@@ -30,7 +30,8 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -267,11 +268,14 @@ class WriteAheadLog:
         self._lock_file.close()
 
 
-_RECORD_VERSION = 2
+_RECORD_VERSION = 3
 
 
-def encode_record(digest: bytes, resource: dict[str, Any], states: list[Any], markers: list[Any]) -> bytes:
-    """A record's payload: the checked rows (``validate.StateRows``) and markers of one step."""
+def encode_record(
+    digest: bytes, resource: dict[str, Any], states: list[Any], markers: list[Any], samples: Sequence[Any] = ()
+) -> bytes:
+    """A record's payload: the checked rows (``validate.StateRows``), markers and sample rows
+    (``otlp.samples.SampleRow``) of one step."""
     return marshal.dumps(
         (
             _RECORD_VERSION,
@@ -279,12 +283,14 @@ def encode_record(digest: bytes, resource: dict[str, Any], states: list[Any], ma
             resource,
             [(s.reduce, s.step, s.keys, s.rows) for s in states],
             [(m.step, m.expected, m.driven, m.time_unix_nano) for m in markers],
+            [astuple(row) for row in samples],
         )
     )
 
 
-def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], list[Any]]:
-    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven[, time])]) of a payload."""
+def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], list[Any], list[Any]]:
+    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven[, time])], [sample row
+    fields]) of a payload."""
     record = marshal.loads(payload)
     if len(record) == 4:  # version 1 (before rows): one (key, reduce, step, state) per point
         digest, resource, points, markers = record
@@ -293,9 +299,12 @@ def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], lis
             keys, rows = grouped.setdefault((reduce, step), ([], []))
             keys.append(key)
             rows.append(row_of(reduce, state) if reduce in FIELDS else (state,))
-        return digest, resource, [(r, s, keys, rows) for (r, s), (keys, rows) in grouped.items()], markers
-    _, digest, resource, states, markers = record
-    return digest, resource, states, markers
+        return digest, resource, [(r, s, keys, rows) for (r, s), (keys, rows) in grouped.items()], markers, []
+    if len(record) == 5:  # version 2 (before sample rows)
+        _, digest, resource, states, markers = record
+        return digest, resource, states, markers, []
+    _, digest, resource, states, markers, samples = record
+    return digest, resource, states, markers, samples
 
 
 def default_state_dir() -> Path:
