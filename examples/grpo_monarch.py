@@ -11,6 +11,13 @@ the console) and every step is one trace: controller → generator → trainer.
 
 Weights reach the generators every ``--sync-every`` steps, so ``generator/policy_staleness``
 climbs between syncs and drops to 0 after each one.
+
+Samples and lineage: each generator offers every rollout to the ``rollouts`` sample table
+(``rs.record_sample``, ranked by reward), so the run's table holds the best and worst two
+rollouts of each step across both replicas, each row naming its generator, policy version
+and trace. Each rollout carries the ``Lineage`` of the generation that made it through the
+replay buffer, and the trainer's ``rs.rl.consume(batch)`` links its ``Trainer.train_step``
+span to those ``Generator.generate`` spans (Jaeger shows the links, Perfetto draws arrows).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class Trainer(Actor):
 
     @endpoint
     async def train_step(self, batch: list[dict]) -> int:
+        rs.rl.consume(batch)  # this span links to the generations of its batch; token-weighted staleness
         sequences = torch.tensor([s["tokens"] for s in batch])
         advantages = torch.tensor([s["advantage"] for s in batch])
         loss = -(advantages * log_probs(self.policy, sequences)).mean()
@@ -110,16 +118,17 @@ class Generator(Actor):
                     tokens = torch.cat([tokens, torch.multinomial(probs, 1)], 1)
             rewards = (tokens[:, 1:] == TARGET).float().mean(-1)
             advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-6)  # GRPO: relative to the group
-            samples += [
-                {"tokens": t.tolist(), "reward": float(r), "advantage": float(a)}
-                for t, r, a in zip(tokens, rewards, advantages, strict=True)
-            ]
-            rs.rl.generation(
+            lineage = rs.rl.generation(  # this generation's span, policy version and tokens
                 tokens=GROUP * LENGTH,
                 latency_s=time.perf_counter() - start,
                 sequence_lengths=[LENGTH] * GROUP,
                 queue_depth=waiting,
             )
+            for t, r, a in zip(tokens.tolist(), rewards.tolist(), advantages.tolist(), strict=True):
+                samples.append({"tokens": t, "reward": r, "advantage": a, "lineage": lineage})
+                completion = " ".join(map(str, t[1:]))
+                row = {"prompt": prompt, "completion": completion, "reward": r, "advantage": a}
+                rs.record_sample("rollouts", row, rank_by="reward", k=2)  # best and worst 2, both replicas
             rs.record_metric("reward/mean", rewards.mean())
         return samples
 

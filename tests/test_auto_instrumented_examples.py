@@ -19,7 +19,7 @@ from rankscope.catalog import CATALOG
 
 from .conftest import ROOT
 from .test_trace_steps import stored_spans
-from .wandb_file import by_step, run_files
+from .wandb_file import by_step, run_files, wandb_tables
 
 BIN = Path(sys.executable).parent
 
@@ -173,3 +173,29 @@ def test_toy_grpo_fills_one_wandb_run_with_every_role_and_a_cross_actor_trace(
             assert span["trace_id"] == generator["trace_id"] == controller["trace_id"]
             assert generator["attributes"]["rankscope.actor.coords"] in ("procs=0", "procs=1")
     assert chains and set(chains) == {("controller", "Generator.sync_weights", "Generator", "Trainer")}, chains
+
+    # Samples: each step's rollouts table holds the best and worst 2 rollouts of both replicas,
+    # each row naming its generator, the policy version it was generated with and its trace.
+    tables = wandb_tables(path, "rollouts")
+    assert sorted(tables) == list(range(6))
+    for step, kept in tables.items():
+        assert [r["side"] for r in kept] == ["top", "top", "bottom", "bottom"], kept
+        top, bottom = [r["reward"] for r in kept[:2]], [r["reward"] for r in kept[2:]]
+        assert top == sorted(top, reverse=True) and bottom == sorted(bottom) and min(top) >= max(bottom)
+        for row in kept:
+            assert row["role"] == "Generator" and row["rank"] in (0, 1), row  # which generator: replica and rank
+            assert row["process"] == f"Generator_{row['replica']}_r{row['rank']}"
+            assert row["policy_version"] == 3 * (step // 3)  # weights pulled every 3 steps
+            assert row["trace_id"] == next(s["trace_id"] for s in spans if s["step"] == step)
+            assert row["prompt"] in (0, 1, 2) and len(row["completion"].split()) == 6
+    assert {row["rank"] for kept in tables.values() for row in kept} == {0, 1}  # both replicas' rollouts
+    # Lineage: each Trainer.train_step span links to the Generator.generate spans of its batch.
+    generate = {s["span_id"]: s for s in spans if s["name"] == "Generator.generate"}
+    train = [s for s in spans if s["name"] == "Trainer.train_step"]
+    assert len(train) == 6
+    for span in train:
+        linked = [generate.get(link["span_id"]) for link in span["links"]]
+        assert linked and all(linked), span["links"]  # every link names a stored generation span
+        assert {g["rank"] for g in linked} == {0, 1}  # the batch mixes both replicas' rollouts
+        assert all(g["step"] <= span["step"] for g in linked)
+    assert [rows[step]["rl/staleness_tokens_weighted"] for step in range(6)] == [0, 1, 2, 0, 1, 2]

@@ -95,3 +95,15 @@ def by_step(paths: list[Path]) -> dict[int, dict[str, Any]]:
             if "step" in row:
                 found.setdefault(int(row["step"]), {}).update(row)
     return found
+
+
+def wandb_tables(path: Path, table: str) -> dict[int, list[dict[str, Any]]]:
+    """Each step's logged W&B Table ``table`` (rows as dicts), read back from the run's media files."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    for row in history(path):
+        if f"{table}/path" in row:  # W&B flattens the logged Table's reference
+            assert row[f"{table}/_type"] == "table-file"
+            media = next(path.parent.rglob(Path(row[f"{table}/path"]).name))
+            data = json.loads(media.read_text())
+            found[int(row["step"])] = [dict(zip(data["columns"], values, strict=True)) for values in data["data"]]
+    return found

@@ -1,8 +1,8 @@
 """The public calls, thin: each forwards to the stage that does the work.
 
 ``record_metric`` is the metrics stage's hot path and ``record_sample`` its sample tables;
-``init``/``flush``/``shutdown`` assemble, step and take down the runtime (``lifecycle``); ``trace``/``Tracer``/``set_step`` are the
-tracing stage's. ``rankscope/__init__`` re-exports exactly these.
+``init``/``flush``/``shutdown`` assemble, step and take down the runtime (``lifecycle``);
+``trace``/``Tracer``/``set_step`` are the tracing stage's. ``rankscope/__init__`` re-exports exactly these.
 """
 
 from __future__ import annotations

@@ -74,6 +74,15 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("generator/queue_depth", "{request}", _MAX, "generator", _RL, "requests waiting in a replica's queue"),
     MetricSpec("generator/policy_staleness", "1", _MAX, "generator", _RL, "newest policy version - version used"),
     MetricSpec("generator/weight_pull_s", _S, _MAX, "generator", _RL, "time to pull weights from the trainer"),
+    MetricSpec(
+        "rl/staleness_tokens_weighted",
+        "1",
+        _MEAN,
+        "trainer",
+        _RL,
+        "policy versions behind of the samples trained on, weighted by their tokens (`rs.rl.consume`)",
+    ),
+    MetricSpec("rl/lineage_links_dropped", "{link}", _SUM, "trainer", _RL, "span links over the cap, not added"),
     # replay buffer
     MetricSpec("replay_buffer/size", "{sample}", _MAX, "replay_buffer", _RL, "samples held"),
     MetricSpec("replay_buffer/writes", "{sample}", _SUM, "replay_buffer", _RL, "samples written"),

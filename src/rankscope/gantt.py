@@ -5,11 +5,13 @@ per line. Output (https://ui.perfetto.dev, chrome://tracing): one process track 
 (``process_name`` metadata; pids numbered in rank order within each role and replica, in the
 order roles first appear: ``group × 1,000,000 + rank + 1``, so the tracks sort by rank), a CPU thread and a GPU thread
 (``timer="gpu"`` spans, CUDA-event times), complete ``X`` events in microseconds, instant
-events for zero-length spans (``record_event``), and flow arrows from a caller's span to
-the spans a Monarch endpoint call made in another process.
+events for zero-length spans (``record_event``), flow arrows from a caller's span to
+the spans a Monarch endpoint call made in another process, and flow arrows along OTel span
+links (``rs.rl.consume``: from each generation span to the trainer step that trained on it).
 
-Events are written as they are read; memory holds only the process table, so a
-1,000-rank run streams through.
+Events are written as they are read; memory holds the process table and, for links, where
+the last ``_LINKED_SPANS`` spans were (a link to an older span is drawn from nowhere: skipped),
+so a 1,000-rank run streams through.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import re
 import urllib.parse
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,7 @@ TIMER = "rankscope.timer"
 _THREADS = {"cpu": (1, "cpu"), "gpu": (2, "gpu (CUDA events)")}
 _RANK_IN_LABEL = re.compile(r"_r(\d+)$")
 _GROUP_PIDS = 1_000_000
+_LINKED_SPANS = 200_000
 
 
 @dataclass
@@ -66,6 +70,11 @@ class TraceEventWriter:
         self._tracks = _Tracks()
         self._flows = 0
         self.spans = 0
+        self.links = 0
+        self._where: OrderedDict[str, tuple[int, int, float]] = OrderedDict()
+        """span id -> (pid, tid, start) of recent spans: where a link's arrow starts."""
+        self._waiting: dict[str, list[tuple[int, int, float]]] = {}
+        """Links to spans not read yet: (pid, tid, start) of the linking span, by linked span id."""
         out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
 
     def _event(self, event: dict[str, Any]) -> None:
@@ -114,6 +123,7 @@ class TraceEventWriter:
             event.update(ph="i", s="t", ts=ts, args=args)
         self._event(event)
         self.spans += 1
+        self._link(row, pid, tid, ts)
         caller = attributes.get(CALLER)
         if isinstance(caller, str) and caller != label:  # a Monarch call from another process: an arrow
             self._flows += 1
@@ -122,6 +132,30 @@ class TraceEventWriter:
             flow = {"name": "call", "cat": "monarch", "id": self._flows}
             self._event({**flow, "ph": "s", "pid": source, "tid": 1, "ts": ts})
             self._event({**flow, "ph": "f", "bp": "e", "pid": pid, "tid": tid, "ts": ts})
+
+    def _link(self, row: dict[str, Any], pid: int, tid: int, ts: float) -> None:
+        """Arrows from linked spans to this one, and to this one from spans that linked it earlier."""
+        span_id = str(row.get("span_id") or "")
+        if span_id:
+            self._where[span_id] = (pid, tid, ts)
+            if len(self._where) > _LINKED_SPANS:
+                self._where.popitem(last=False)
+            for target in self._waiting.pop(span_id, ()):
+                self._arrow((pid, tid, ts), target)
+        for link in row.get("links") or ():
+            linked = str(link.get("span_id") or "") if isinstance(link, dict) else ""
+            source = self._where.get(linked)
+            if source is not None:
+                self._arrow(source, (pid, tid, ts))
+            elif linked and len(self._waiting) < _LINKED_SPANS:
+                self._waiting.setdefault(linked, []).append((pid, tid, ts))
+
+    def _arrow(self, source: tuple[int, int, float], target: tuple[int, int, float]) -> None:
+        self._flows += 1
+        self.links += 1
+        flow = {"name": "link", "cat": "lineage", "id": self._flows}
+        self._event({**flow, "ph": "s", "pid": source[0], "tid": source[1], "ts": source[2]})
+        self._event({**flow, "ph": "f", "bp": "e", "pid": target[0], "tid": target[1], "ts": target[2]})
 
     def close(self) -> None:
         self._out.write("\n]}\n")

@@ -224,6 +224,18 @@ class Recorder:
         self._lower[key.lower()] = key
         self._reduce_of[key] = reduce
 
+    def record_weighted(self, key: str, value: float, weight: int) -> None:
+        """A MEAN value that counts ``weight`` times: ``key``'s step value is the weighted mean."""
+        known = self._reduce_of.get(key)
+        if known is None:
+            self._register(key, Reduce.MEAN)
+        elif known is not Reduce.MEAN:
+            raise ValueError(f"record_metric({key!r}): recorded with {known!r} before, now as a weighted MEAN")
+        acc = self.accs.get(key)
+        if acc is None:
+            acc = self.accs[key] = Reduce.MEAN.accumulator_class(Reduce.MEAN)
+        acc.append_weighted(float(value), weight)  # type: ignore[attr-defined]
+
     def sample(self, table: str, row: Any, rank_by: str | None, k: int) -> None:
         """``record_sample``: check the row (raising at the call site) and offer it to the step's table."""
         checked = check_row(table, row)

@@ -68,6 +68,13 @@ def record_sample(table: str, row: Mapping[str, Any], *, rank_by: str | None = N
     r.sample(table, row, rank_by, k)
 
 
+def record_weighted_mean(key: str, value: float, weight: int) -> None:
+    """``key`` (MEAN) weighted: the step's value is sum(value * weight) / sum(weight), across processes."""
+    runtime = None if _disabled else _slot.get()
+    if runtime is not None and weight > 0:
+        runtime.recorder.record_weighted(key, value, weight)
+
+
 _recorder: Recorder | None = None
 _disabled = False
 

@@ -144,6 +144,11 @@ class MeanAccumulator(MetricAccumulator):
         self.sum += value
         self.count += 1
 
+    def append_weighted(self, value: float, weight: int) -> None:
+        """``value`` counted ``weight`` times (a token-weighted mean stays exact across processes)."""
+        self.sum += value * weight
+        self.count += weight
+
     def get_state(self) -> dict[str, Any]:
         return {"reduction_type": self.reduction_type.value, "sum": self.sum, "count": self.count}
 

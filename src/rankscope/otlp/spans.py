@@ -74,6 +74,10 @@ def encode_spans(records: Iterable[SpanLike], resource: Any, scope: Any) -> Expo
             for name, when, attrs in r.events:
                 event = span.events.add(name=name, time_unix_nano=when)
                 event.attributes.extend(key_value(k, _value(v)) for k, v in attrs.items())
+        links = getattr(r, "links", None)  # rankscope's spans; an OTel SDK span's links are not carried
+        if links:
+            for trace_id, span_id in links:
+                span.links.add(trace_id=trace_id.to_bytes(16, "big"), span_id=span_id.to_bytes(8, "big"))
         if r.error is not None:
             span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
             span.status.message = r.error

@@ -25,7 +25,7 @@ import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,6 +36,8 @@ from ..otlp.common import attributes
 
 log = logging.getLogger("rankscope.sink")
 MAX_PHASES_PER_STEP = 64
+MAX_LINKS = 128
+"""Links kept per span (rankscope's SDK sends at most this many; a client's beyond are not kept)."""
 ROOT_NAME = "step"
 
 
@@ -51,6 +53,8 @@ class StoredSpan:
     process: Any  # experiment.Process
     attributes: dict[str, Any]
     error: str | None
+    links: list[dict[str, str]] = field(default_factory=list)
+    """OTel span links (``trace_id``, ``span_id``): e.g. a trainer step to the generations it trained on."""
 
     def row(self) -> dict[str, Any]:
         """The JSONL form (``rankscope gantt`` reads it; one span per line)."""
@@ -72,6 +76,7 @@ class StoredSpan:
             "pid": p.pid,
             "attributes": self.attributes,
             "error": self.error,
+            "links": self.links,
         }
 
 
@@ -184,6 +189,11 @@ class TraceStore:
                 if step is not None:
                     steps_of.setdefault(trace_id, step)
                 error = span.status.message or "error" if span.status.code == 2 else None
+                links = [
+                    {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()}
+                    for link in span.links[:MAX_LINKS]
+                    if len(link.trace_id) == 16 and len(link.span_id) == 8
+                ]
                 decoded.append(
                     StoredSpan(
                         trace_id,
@@ -196,6 +206,7 @@ class TraceStore:
                         process,
                         a,
                         error,
+                        links,
                     )
                 )
         accepted = 0

@@ -48,6 +48,7 @@ class SpanRecord:
         "error",
         "events",
         "kind",
+        "links",
         "name",
         "parent_id",
         "span_id",
@@ -77,6 +78,8 @@ class SpanRecord:
         self.events: list[tuple[str, int, dict[str, Any]]] | None = None
         self.error: str | None = None
         self.kind = int(_KIND_INTERNAL)
+        self.links: list[tuple[int, int]] | None = None
+        """(trace id, span id) of spans this one follows from (OTel span links)."""
 
     def fail(self, error: BaseException, when: int) -> None:
         """Status error plus an OTel ``exception`` event for ``error``."""

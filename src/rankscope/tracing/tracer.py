@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import random
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -51,16 +52,26 @@ CALLER = "rankscope.caller"
 
 
 class Scope:
-    """Where new spans go: trace id, parent span id, sampled, step (and a remote caller's label)."""
+    """Where new spans go: trace id, parent span id, sampled, step (and a remote caller's label),
+    and the recorded span itself when this process records it (``span``: links are added to it)."""
 
-    __slots__ = ("caller", "parent_id", "sampled", "step", "trace_id")
+    __slots__ = ("caller", "parent_id", "sampled", "span", "step", "trace_id")
 
-    def __init__(self, trace_id: int, parent_id: int, sampled: bool, step: int, caller: str | None = None) -> None:
+    def __init__(
+        self,
+        trace_id: int,
+        parent_id: int,
+        sampled: bool,
+        step: int,
+        caller: str | None = None,
+        span: SpanRecord | None = None,
+    ) -> None:
         self.trace_id = trace_id
         self.parent_id = parent_id
         self.sampled = sampled
         self.step = step
         self.caller = caller
+        self.span = span
 
 
 _current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("rankscope_scope", default=None)
@@ -288,7 +299,7 @@ class Tracer:
                 span_id = span.span_id
             else:
                 span_id = random_id(64) or 1
-            self._scope = Scope(scope.trace_id, span_id, scope.sampled, scope.step, None)
+            self._scope = Scope(scope.trace_id, span_id, scope.sampled, scope.step, None, self._span)
             self._token = enter_scope(self._scope, remote=False)
             if self.timer == "gpu":
                 self._gpu = state.gpu()
@@ -475,6 +486,40 @@ def close_span(span: SpanRecord, end_ns: int | None = None, error: BaseException
     runtime = _slot.current
     if runtime is not None:
         runtime.tracing.processor.on_end(span)
+
+
+LINKS_DROPPED = "rankscope.links.dropped"
+"""Span attribute: links beyond the cap that were not added (``link_active_span``)."""
+
+
+def link_active_span(contexts: list[tuple[int, int]], limit: int, name: str = "rl/consume") -> int:
+    """Add OTel links to ``contexts`` (trace id, span id) to the span active here, or, outside any
+    recorded span, to a zero-length ``name`` span under the step root. At most ``limit`` links
+    per span: beyond it a uniform random choice is kept and the rest counted (returned, and in
+    the span's ``rankscope.links.dropped``). Nothing happens when the step is not sampled."""
+    mine = _current.get()
+    span = None
+    if mine is not None and otel_trace.get_current_span().get_span_context().span_id == mine.parent_id:
+        span = mine.span  # else a user's own OTel span is current: not ours to change
+    opened = None
+    if span is None:
+        span = opened = open_span(name)
+        if span is None:
+            return 0
+    have = span.links or []
+    known = set(have)
+    fresh = [c for c in dict.fromkeys(contexts) if c not in known and c[0] and c[1]]
+    room = max(0, limit - len(have))
+    chosen = fresh if len(fresh) <= room else random.sample(fresh, room)
+    dropped = len(fresh) - len(chosen)
+    span.links = have + chosen
+    if dropped:
+        attributes = span.attributes if span.attributes is not None else {}
+        attributes[LINKS_DROPPED] = int(attributes.get(LINKS_DROPPED, 0)) + dropped
+        span.attributes = attributes
+    if opened is not None:
+        close_span(opened)
+    return dropped
 
 
 def current_gpu_timer() -> CudaTimingProcessor | None:

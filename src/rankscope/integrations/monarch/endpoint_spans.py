@@ -100,5 +100,5 @@ def start_server_span(carried: Any, actor: str, endpoint: str) -> ServerCall:
             ACTOR_ENDPOINT: endpoint,
             ACTOR_COORDS: _mesh_coords(),
         }
-    tokens = enter_scope(Scope(carried.trace_id, span_id, carried.sampled, carried.step), remote=False)
+    tokens = enter_scope(Scope(carried.trace_id, span_id, carried.sampled, carried.step, span=span), remote=False)
     return ServerCall(span, tokens, start, endpoint_keys(actor, endpoint))
