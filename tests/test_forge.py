@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -61,3 +62,31 @@ def test_actors_per_rank_no_reduce_streams_every_value(tmp_path: Path, mode: str
     assert len(lines) == 8
     assert sorted(float(v) for _, _, v in lines) == [0.0] * 4 + [1.0] * 4
     assert all(rank == inner == str(int(float(v))) for rank, inner, v in lines)
+
+
+def test_forge_sample_rows_become_a_sample_table_ranked_by_reward(tmp_path: Path) -> None:
+    """Forge's ``record_metric(key, row, Reduce.SAMPLE)``: rows with a reward keep the 8 best and
+    8 worst (``record_sample(key, row, rank_by="reward")``), each once, with provenance."""
+    out = tmp_path / "rank.jsonl"
+    code = f"""
+import asyncio
+from rankscope.forge import Reduce, get_or_create_metric_logger, record_metric
+
+async def main():
+    logger = await get_or_create_metric_logger()
+    await logger.init_backends.call_one({{"jsonl": {{"logging_mode": "per_rank_reduce", "path": {str(out)!r}}}}})
+    for i in range(20):
+        record_metric("rollout/sample", {{"reward": i / 20, "prompt": "Q", "response": "A" * i}}, Reduce.SAMPLE)
+    await logger.flush.call_one(global_step=0)
+    await logger.shutdown.call_one()
+
+asyncio.run(main())
+"""
+    result = run_python(code, {"RANKSCOPE_RUNTIME_DIR": str(tmp_path)}, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    kept = [r for r in rows if r["kind"] == "sample"]
+    assert {r["table"] for r in kept} == {"rollout/sample"} and {r["step"] for r in kept} == {0}
+    assert [r["row"]["reward"] for r in kept if r["side"] == "top"] == [i / 20 for i in range(19, 11, -1)]
+    assert [r["row"]["reward"] for r in kept if r["side"] == "bottom"] == [i / 20 for i in range(8)]
+    assert all(r["time"] > 0 and r["trace_id"] for r in kept)

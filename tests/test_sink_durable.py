@@ -3,7 +3,9 @@
 Four real SDK processes (``RANK`` 0..3 of one experiment, OTLP/gRPC to a ``rankscope sink``
 process with a state directory) each record 1 per step as SUM and flush 30 steps. The sink is
 killed with SIGKILL at a seeded random moment and restarted on the same ports; the SDK holds its
-steps while the sink is down and sends them when it answers again. The ranks run at different
+steps while the sink is down and sends them when it answers again. Each rank also offers a
+sample row per step (``rank_by`` its rank, k=1): the rows are merged across ranks like points
+and must survive the kill too. The ranks run at different
 paces, so at any moment the sink holds acknowledged steps that are not yet written (they wait for
 the slowest rank): those live only in the write-ahead log. Every step must be in the
 final view exactly once: a step merged twice would read 8, a lost one 3.
@@ -32,8 +34,10 @@ RANKS = 4
 JOB = """
 import os, time, rankscope as rs
 pace = 0.05 * (1 + int(os.environ["RANK"]))  # rank 0 runs ahead: its steps are acknowledged, not yet written
+rank = int(os.environ["RANK"])
 for step in range(%d):
     rs.record_metric("ones", 1, rs.Reduce.SUM)
+    rs.record_sample("ranks", {"r": rank, "s": step}, rank_by="r", k=1)
     rs.flush(step)
     time.sleep(pace)
 rs.shutdown()  # waits (bounded) for every held step to be answered
@@ -84,7 +88,7 @@ def test_sigkill_during_a_four_process_run_loses_and_duplicates_nothing(tmp_path
             assert "dropped 0" in stdout, (stdout, stderr[-3000:])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if {r["step"] for r in _rows(out) if r["key"] == "ones"} >= set(range(STEPS)):
+            if {r["step"] for r in _rows(out) if r.get("key") == "ones"} >= set(range(STEPS)):
                 break
             time.sleep(0.1)
     finally:
@@ -96,10 +100,15 @@ def test_sigkill_during_a_four_process_run_loses_and_duplicates_nothing(tmp_path
     rows = _rows(out)
     last: dict[int, float] = {}
     for row in rows:  # a view may write a step twice if the kill fell between its write and the checkpoint
-        if row["key"] == "ones":
+        if row.get("key") == "ones":
             last[row["step"]] = row["value"]
     assert last == dict.fromkeys(range(STEPS), float(RANKS))
-    missing = {r["step"]: r["value"] for r in rows if r["key"] == "rankscope/missing_processes"}
+    kept: dict[tuple[int, str], tuple[int, int]] = {}
+    for row in rows:
+        if row["kind"] == "sample":
+            kept[(row["step"], row["side"])] = (row["row"]["r"], row["row"]["s"])
+    assert kept == {(step, side): (r, step) for step in range(STEPS) for side, r in (("top", 3), ("bottom", 0))}
+    missing = {r["step"]: r["value"] for r in rows if r.get("key") == "rankscope/missing_processes"}
     assert all(v == 0.0 for v in missing.values()), missing
 
 

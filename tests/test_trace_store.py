@@ -118,3 +118,33 @@ def test_a_span_file_cut_mid_line_by_a_crash_goes_on_on_a_new_line(tmp_path) -> 
     assert [json.loads(line)["name"] for line in file.rows(None, None, None)] == ["whole", "after"]
     assert [json.loads(line)["name"] for line in file.rows(1, 1, None)] == ["after"]
     file.close()
+
+
+def test_span_links_become_perfetto_flow_arrows_from_each_linked_span_whichever_comes_first(tmp_path) -> None:
+    """A trainer step linked to two generations (``rs.rl.consume``): one arrow from each
+    generation's track to the trainer's, also when the linking span is read first."""
+
+    def span(name: str, span_id: str, role: str, rank: int, start: int, links: tuple[str, ...] = ()) -> dict:
+        return {
+            "name": name,
+            "span_id": span_id,
+            "start_ns": start,
+            "end_ns": start + 1000,
+            "rank": rank,
+            "role": role,
+            "process": f"{role}_r{rank}",
+            "links": [{"trace_id": "1" * 32, "span_id": s} for s in links],
+        }
+
+    generations = [span("generate", f"{i:016x}", "generator", i, 1000 * i) for i in (1, 2)]
+    train = span("train_step", "f" * 16, "trainer", 0, 5000, tuple(f"{i:016x}" for i in (1, 2, 9)))
+    for order in (generations + [train], [train, *generations]):
+        out = tmp_path / "trace.json"
+        writer = gantt.write(order, out)
+        events = json.loads(out.read_text())["traceEvents"]
+        pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+        starts = {e["id"]: e for e in events if e.get("cat") == "lineage" and e["ph"] == "s"}
+        ends = {e["id"]: e for e in events if e.get("cat") == "lineage" and e["ph"] == "f"}
+        assert writer.links == 2 and starts.keys() == ends.keys()  # the link to an unknown span draws nothing
+        assert sorted(starts[i]["pid"] for i in starts) == [pids["generator_r1"], pids["generator_r2"]]
+        assert {ends[i]["pid"] for i in ends} == {pids["trainer_r0"]} and {ends[i]["ts"] for i in ends} == {5.0}

@@ -72,9 +72,11 @@ class JsonlBackend(LoggerBackend):
         self, table: str, rows: list[dict[str, Any]], global_step: int | None, *args: Any, **kwargs: Any
     ) -> None:
         """One line per kept row: ``{"kind": "sample", "table", "step", "row", ...provenance}``."""
-        late = {"late": True} if kwargs.get("late") else {}
+        extra: dict[str, Any] = {"late": True} if kwargs.get("late") else {}
+        if "experiment" in self.identity:  # not the view's role/rank: the row's own provenance says whose it is
+            extra["experiment"] = self.identity["experiment"]
         for entry in rows:
-            self._file.write(json.dumps({"kind": "sample", **entry, **late}, default=str) + "\n")
+            self._file.write(json.dumps({"kind": "sample", **entry, **extra}, default=str) + "\n")
         self._file.flush()
 
     def finish(self) -> None:

@@ -92,6 +92,10 @@ class SinkConfig:
     """Series (attribute sets) per plain OTel metric name; more fold into an overflow series."""
     max_logs_per_step: int = 1000
     """Ordinary OTel log records an experiment's views take per step."""
+    max_sample_tables: int = 64
+    """Sample tables one step of an experiment may hold (``record_sample``)."""
+    max_sample_chars_per_step: int = 16 << 20
+    """Characters the kept sample rows of one step may hold (text, plus 16 per field)."""
     grpc_workers: int = 8
     limits: Limits = field(default_factory=Limits)
     max_experiments: int = 4096
@@ -336,6 +340,8 @@ class Sink:
                 if streamed:
                     batch.samples = [row for row in batch.samples if row.side != "stream"]
                 with tenant.lock:
+                    tenant.experiment.refused += batch.refused  # refused at the edge
+                    batch.refused = 0
                     process = tenant.experiment.stream_process(batch, refused)
                     if process is None:
                         continue
@@ -569,6 +575,8 @@ class Sink:
             time_bucket_lag=c.time_bucket_lag,
             max_series=c.max_series,
             max_logs_per_step=c.max_logs_per_step,
+            max_sample_tables=c.max_sample_tables,
+            max_sample_chars_per_step=c.max_sample_chars_per_step,
         )
         log_ = self.wal.open(experiment_id) if self.wal is not None else None
         if log_ is not None:

@@ -412,8 +412,9 @@ def _count(metric: Any) -> int:
 
 
 def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[ResourceBatch]:
-    """Check an ``ExportLogsServiceRequest``: streamed values (``per_rank_no_reduce``) and ordinary
-    OTel log records (bodies and attributes cut to bounded sizes, ``otlp.logs.decode_record``)."""
+    """Check an ``ExportLogsServiceRequest``: sample-table rows (``otlp.samples.decode_row``),
+    streamed values (``per_rank_no_reduce``) and ordinary OTel log records (bodies and attributes
+    cut to bounded sizes, ``otlp.logs.decode_record``)."""
     for rl in request.resource_logs:
         records = [r for sl in rl.scope_logs for r in sl.log_records]
         if not records:
@@ -428,28 +429,34 @@ def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[Re
             if is_sample(a):
                 row = decode_row(record, a, limits.max_attribute_chars)
                 if isinstance(row, str):
-                    refused.add(1, row)
+                    _refuse(batch, refused, row)
                 elif clean_text(row.table, limits.max_name_chars) is None:
-                    refused.add(1, "sample row: bad table name")
+                    _refuse(batch, refused, "sample row: bad table name")
                 else:
                     batch.samples.append(row)
                 continue
             if is_stream(a):
                 decoded = decode_stream(a)
                 if isinstance(decoded, str):
-                    refused.add(1, decoded)
+                    _refuse(batch, refused, decoded)
                 elif clean_text(decoded[0], limits.max_name_chars) is None:
-                    refused.add(1, "streamed value with a bad key")
+                    _refuse(batch, refused, "streamed value with a bad key")
                 else:
                     batch.streams.append(decoded)
                 continue
             when, severity, body, kept, step, trace_id = decode_record(record, a)
             if isinstance(step, str):
-                refused.add(1, f"log record: {step}")
+                _refuse(batch, refused, f"log record: {step}")
             elif not severity.isprintable():
-                refused.add(1, "log record: severity text with control characters")
+                _refuse(batch, refused, "log record: severity text with control characters")
             else:
                 batch.logs.append(LogRecord(when, severity, body, kept, step, trace_id))
         if batch.samples:  # merged like points: a client's retry is recognized, not merged twice
             batch.digest = hashlib.blake2b(rl.SerializeToString(), digest_size=16).digest()
         yield batch
+
+
+def _refuse(batch: ResourceBatch, refused: Refusals, why: str) -> None:
+    """One record of ``batch`` refused: answered in the request, counted for its experiment."""
+    refused.add(1, why)
+    batch.refused += 1
