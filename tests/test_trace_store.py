@@ -138,7 +138,7 @@ def test_span_links_become_perfetto_flow_arrows_from_each_linked_span_whichever_
 
     generations = [span("generate", f"{i:016x}", "generator", i, 1000 * i) for i in (1, 2)]
     train = span("train_step", "f" * 16, "trainer", 0, 5000, tuple(f"{i:016x}" for i in (1, 2, 9)))
-    for order in (generations + [train], [train, *generations]):
+    for order in ([*generations, train], [train, *generations]):
         out = tmp_path / "trace.json"
         writer = gantt.write(order, out)
         events = json.loads(out.read_text())["traceEvents"]
