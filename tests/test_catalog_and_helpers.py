@@ -33,6 +33,7 @@ def test_catalog_units_are_ucum_and_names_are_unique() -> None:
         "{oom}",
         "{request}",
         "{sample}",
+        "{link}",
     }
     assert unit_of("comm/all_gather_into_tensor/bytes") == "By"
     assert unit_of("endpoint/Trainer.train_step/latency_s") == "s"
