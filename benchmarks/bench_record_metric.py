@@ -3,7 +3,9 @@
 Prints ns/call (median over interleaved child processes) for: rankscope record_metric on a
 float, on an int, on a CPU tensor, on a CUDA tensor (when there is a GPU); disabled; and the
 OTel SDK's Histogram.record and Counter.add with the same attributes rankscope stamps; then
-the ratios the brief budgets. Every figure comes from fresh child processes, run in
+the ratios the brief budgets. Also ``record_sample`` of a five-field rollout row (ranked, and
+a random sample) next to what a plain OTel program would do with the row: ``Logger.emit``
+through the SDK's batch processor. Every figure comes from fresh child processes, run in
 interleaved rounds, so a slow moment of the machine hits every row alike.
 
 ``--before DIR`` also measures the rankscope rows with another checkout's ``src`` (e.g. a
@@ -56,6 +58,29 @@ counter = meter.create_counter("count")
 attrs = {"rankscope.step": 0}
 """
 
+SAMPLE_SETUP = """
+import itertools, random, rankscope as rs
+rs.init(experiment="bench", role="bench")
+rows = itertools.cycle([
+    {"prompt": "q" * 40, "completion": "a" * 200, "reward": random.random(), "tokens": 128, "ok": True}
+    for _ in range(1024)
+])
+"""
+
+OTEL_LOG_SETUP = """
+import itertools, random
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, InMemoryLogRecordExporter
+provider = LoggerProvider()
+provider.add_log_record_processor(BatchLogRecordProcessor(InMemoryLogRecordExporter()))
+logger = provider.get_logger("bench")
+rows = itertools.cycle([
+    {"prompt": "q" * 40, "completion": "a" * 200, "reward": random.random(), "tokens": 128, "ok": True}
+    for _ in range(1024)
+])
+attrs = {"rankscope.sample.table": "rollouts"}
+"""
+
 Row = tuple[str, str, str, dict[str, str], bool]
 ROWS: list[Row] = [  # (name, setup, statement, extra environment, a rankscope row)
     ("rankscope record_metric(float)", RANKSCOPE_SETUP, 'rs.record_metric("loss", x)', {}, True),
@@ -70,6 +95,15 @@ ROWS: list[Row] = [  # (name, setup, statement, extra environment, a rankscope r
     ),
     ("OTel SDK Histogram.record", OTEL_SETUP, "hist.record(1.5, attrs)", {}, False),
     ("OTel SDK Counter.add", OTEL_SETUP, "counter.add(1, attrs)", {}, False),
+    (
+        "rankscope record_sample(row, rank_by, k=8)",
+        SAMPLE_SETUP,
+        'rs.record_sample("rollouts", next(rows), rank_by="reward")',
+        {},
+        True,
+    ),
+    ("rankscope record_sample(row, random, k=8)", SAMPLE_SETUP, 'rs.record_sample("picks", next(rows))', {}, True),
+    ("OTel SDK Logger.emit(row)", OTEL_LOG_SETUP, "logger.emit(body=next(rows), attributes=attrs)", {}, False),
 ]
 CUDA_ROW: Row = ("rankscope record_metric(CUDA tensor)", RANKSCOPE_SETUP, 'rs.record_metric("gt", g)', {}, True)
 
@@ -133,6 +167,9 @@ def main() -> None:
     off = median[("rankscope record_metric, RANKSCOPE_DISABLE=1", "after")]
     hist = median[("OTel SDK Histogram.record", "after")]
     print(f"ratio Histogram.record / record_metric(float): {hist / rs_float:.1f}x (budget >= 4x)")
+    emit = median[("OTel SDK Logger.emit(row)", "after")]
+    ranked = median[("rankscope record_sample(row, rank_by, k=8)", "after")]
+    print(f"ratio Logger.emit(row) / record_sample(row, rank_by): {emit / ranked:.1f}x (no budget)")
     budgets = [
         f"float <= 500 ns: {'OK' if rs_float <= 500 else 'OVER'}",
         f"disabled <= 150 ns: {'OK' if off <= 150 else 'OVER'}",

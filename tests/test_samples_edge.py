@@ -158,3 +158,30 @@ def test_a_bad_row_raises_at_the_call_site_naming_the_table(disable: bool) -> No
                 rs.record_sample("rollouts", {"reward": 1.0}, k=2)
     finally:
         rs.shutdown()
+
+
+def test_a_per_rank_no_reduce_view_gets_every_row_as_recorded(tmp_path: Path) -> None:
+    """Streaming views see every row (kind ``stream``), a per-rank view the process's selection."""
+    stream, rank = tmp_path / "stream.jsonl", tmp_path / "rank.jsonl"
+    views = {
+        "jsonl": {"logging_mode": "per_rank_no_reduce", "path": str(stream)},
+        "mine": {"backend": "jsonl", "logging_mode": "per_rank_reduce", "path": str(rank)},
+    }
+    rs.init(experiment="every-row", backends=views)
+    try:
+        for i in range(10):
+            rs.record_sample("t", {"reward": float(i)}, rank_by="reward", k=2)
+        rs.flush(0)
+    finally:
+        rs.shutdown()
+    streamed = [json.loads(line) for line in stream.read_text().splitlines()]
+    assert [(r["side"], r["row"]["reward"], r["step"]) for r in streamed] == [
+        ("stream", float(i), None) for i in range(10)
+    ]
+    kept = [json.loads(line) for line in rank.read_text().splitlines() if '"sample"' in line]
+    assert [(r["side"], r["row"]["reward"]) for r in kept] == [
+        ("top", 9.0),
+        ("top", 8.0),
+        ("bottom", 0.0),
+        ("bottom", 1.0),
+    ]
