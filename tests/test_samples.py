@@ -20,7 +20,8 @@ def test_a_bad_row_raises_naming_the_table_and_a_long_string_is_cut_and_marked()
     with pytest.raises(TypeError, match="field names must be non-empty str"):
         check_row("rollouts", {3: "x"})
     row = check_row("rollouts", {"text": "x" * 5000, "reward": 1.5, "ok": True})
-    assert row["text"] == "x" * 4096 + "…[904 more characters]" and row["reward"] == 1.5 and row["ok"] is True
+    assert row["text"] == "x" * 4073 + "…[927 more characters]" and row["reward"] == 1.5 and row["ok"] is True
+    assert len(row["text"]) <= 4096 and check_row("rollouts", row) == row  # a sink does not cut it again
     with pytest.raises(ValueError, match=r"rank_by field 'reward' must be a number"):
         TableSample("rollouts", "reward", 2).add({"reward": "high"})
     with pytest.raises(ValueError, match="k must be an int"):

@@ -84,8 +84,8 @@ def test_a_corpus_of_lying_rows_is_refused_with_reasons_and_good_rows_beside_the
     sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, grace=30)
     with grpc.insecure_channel(sink.endpoint) as channel:
         logs = lgrpc.LogsServiceStub(channel)
-        for name, bad, why in REFUSED:
-            good = record({"reward": 5.0, "text": name}, **{wire.KEY: 5.0, wire.SEQ: 1})
+        for i, (name, bad, why) in enumerate(REFUSED):
+            good = record({"reward": 5.0, "text": name}, **{wire.KEY: 5.0, wire.SEQ: 100 + i})
             answer = logs.Export(request([bad, good], "hostile"), timeout=10).partial_success
             assert answer.rejected_log_records == 1 and why in answer.error_message, (name, answer)
         long = record({"reward": 2.0, "text": "x" * 10_000}, **{wire.KEY: 2.0, wire.SEQ: 2, wire.SIDE: "both"})
@@ -105,7 +105,7 @@ def test_a_corpus_of_lying_rows_is_refused_with_reasons_and_good_rows_beside_the
     assert [r["row"]["reward"] for r in kept if r["side"] == "top"] == [5.0, 5.0]  # every good row is 5.0 or less
     assert [r["row"]["text"] for r in rows if r["kind"] == "sample" and r["experiment"] == "honest"] == ["honest"]
     (cut,) = [r for r in kept if r["side"] == "bottom"]  # the lowest reward (2.0), its text cut and marked
-    assert cut["row"]["text"] == "x" * 4096 + "…[5904 more characters]"
+    assert cut["row"]["text"] == "x" * 4072 + "…[5928 more characters]"
 
 
 def test_a_steps_tables_and_the_characters_they_hold_are_bounded(make_sink) -> None:
@@ -126,7 +126,14 @@ def test_a_steps_tables_and_the_characters_they_hold_are_bounded(make_sink) -> N
 @given(
     tags=st.dictionaries(
         st.sampled_from([wire.TABLE, wire.SIDE, wire.KEY, wire.SEQ, wire.K, wire.RANK_BY, attr.STEP, "other"]),
-        st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(), st.text(max_size=8)),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(-(2**63), 2**63 - 1),
+            st.floats(),
+            st.text(max_size=8),
+            st.sampled_from(["top", "bottom", "both", "sample", "stream"]),
+        ),
     ),
     body=st.dictionaries(
         st.text(max_size=6),
@@ -185,3 +192,24 @@ def test_a_per_rank_no_reduce_view_gets_every_row_as_recorded(tmp_path: Path) ->
         ("bottom", 0.0),
         ("bottom", 1.0),
     ]
+
+
+def test_a_retried_request_with_other_bytes_does_not_keep_a_row_twice(make_sink, tmp_path: Path) -> None:
+    """A client whose retry carries its earlier rows plus new ones (so another digest): each row
+    is kept once, and the top 2 stay exact. A streamed row with a junk key is taken, not raised on."""
+    path = tmp_path / "view.jsonl"
+    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, grace=30)
+
+    def row(reward: float, seq: int) -> LogRecord:
+        return record({"reward": reward}, **{wire.KEY: reward, wire.SEQ: seq})
+
+    with grpc.insecure_channel(sink.endpoint) as channel:
+        logs = lgrpc.LogsServiceStub(channel)
+        for rows in ([row(9.0, 0), row(5.0, 1)], [row(9.0, 0), row(5.0, 1), row(7.0, 2)]):
+            assert logs.Export(request(rows, "retried"), timeout=10).partial_success.rejected_log_records == 0
+        streamed = record({"reward": 1.0}, **{wire.SIDE: "stream", wire.KEY: "abc", wire.RANK_BY: None})
+        assert logs.Export(request([streamed], "retried"), timeout=10).partial_success.rejected_log_records == 0
+    sink.finalize("retried")
+    assert sink.wait_written("retried")
+    kept = [json.loads(line) for line in path.read_text().splitlines() if '"sample"' in line]
+    assert [(r["side"], r["row"]["reward"]) for r in kept] == [("top", 9.0), ("top", 7.0)]

@@ -184,7 +184,8 @@ class WandbBackend(LoggerBackend):
         names = [f"row.{f}" if f in PROVENANCE_COLUMNS else f for f in fields]
         data = [[entry[c] for c in PROVENANCE_COLUMNS] + [entry["row"].get(f) for f in fields] for entry in rows]
         columns: list[str | int] = [*PROVENANCE_COLUMNS, *names]
-        logged: dict[str, Any] = {table: wandb.Table(columns=columns, data=data, allow_mixed_types=True)}
+        name = table if table != STEP_METRIC else f"samples/{table}"  # the step axis keeps its name
+        logged: dict[str, Any] = {name: wandb.Table(columns=columns, data=data, allow_mixed_types=True)}
         if global_step is not None:
             logged[STEP_METRIC] = global_step
         self.run.log(logged)

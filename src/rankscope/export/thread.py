@@ -209,8 +209,14 @@ class ExportThread:
         self.stream_to_sink = stream_to_sink and otlp is not None
         self._streams: list[tuple[Metric, int | None]] = []
         self._rows: deque[SampleRow] = deque()
-        """Sample rows (each step's kept rows, streamed rows) not sent yet: they go before the
-        steps' flush markers, so a sink has a step's rows when the step is complete."""
+        """Each step's kept sample rows not encoded yet: they go before the steps' flush markers,
+        so a sink has a step's rows when the step is complete."""
+        self._streamed: deque[SampleRow] = deque()
+        """Every recorded row, for a sink's ``per_rank_no_reduce`` views (bounded apart, so they
+        never push out the selections)."""
+        self._row_requests: deque[tuple[Any, int]] = deque()
+        """Encoded row requests (and their row counts) not sent yet: a retry resends the same
+        bytes, so a sink recognizes a request it already took."""
         self._relayed_logs: deque[Any] = deque()
         self._streamed_rows = 0
         self.rows_dropped = 0
@@ -333,7 +339,15 @@ class ExportThread:
 
     def _unsent_work(self) -> bool:
         """Requests or spans encoded or relayed but not sent yet (a failed attempt's, or a child's)."""
-        return bool(self._unsent or self._span_retry or self._relayed_spans or self._rows or self._relayed_logs)
+        return bool(
+            self._unsent
+            or self._span_retry
+            or self._relayed_spans
+            or self._rows
+            or self._streamed
+            or self._row_requests
+            or self._relayed_logs
+        )
 
     def _run(self) -> None:
         try:
@@ -376,7 +390,7 @@ class ExportThread:
                         if self.stream_to_sink:
                             self._streamed_rows += 1
                             kept = Kept(0.0, self._streamed_rows, "stream", row, origin)
-                            self._hold_rows([(table, None, 1, kept, step)])
+                            self._hold_rows(self._streamed, [(table, None, 1, kept, step)])
                         else:
                             self._guarded(self.backends.log_row, table, row, origin, step)
                     case _Poll(done):
@@ -441,12 +455,13 @@ class ExportThread:
             )
             self._span_retry = []
             self._relayed_spans.clear()
-            rows = len(self._rows) + sum(
-                len(sl.log_records) for r in self._relayed_logs for rl in r.resource_logs for sl in rl.scope_logs
-            )
+            rows = len(self._rows) + len(self._streamed) + sum(n for _, n in self._row_requests)
+            rows += sum(_records(r) for r in self._relayed_logs)
             if rows:
                 self._drop_rows(rows, "shutdown ended before the endpoint answered")
             self._rows.clear()
+            self._streamed.clear()
+            self._row_requests.clear()
             self._relayed_logs.clear()
             self._report_drops(final=True)
         self._release_waiting()
@@ -464,8 +479,7 @@ class ExportThread:
         if kind == LOGS:
             logs = ExportLogsServiceRequest.FromString(payload)
             if len(self._relayed_logs) >= _MAX_RELAYED_SPAN_REQUESTS:
-                n = sum(len(sl.log_records) for rl in logs.resource_logs for sl in rl.scope_logs)
-                self._drop_rows(n, "too many relayed rows wait")
+                self._drop_rows(_records(logs), "too many relayed rows wait")
             else:
                 self._relayed_logs.append(logs)
             return
@@ -532,11 +546,14 @@ class ExportThread:
         except Exception:
             self._release(len(batches), sum(b.held_points for b in batches))
             self._drop(sum(len(b.accs) for b in batches), "a step could not be encoded")
+            self._drop_rows(
+                sum(len(t.distinct()) for b in batches for t in b.samples or ()), "a step could not be encoded"
+            )
             raise
         failed = self._send_spans(deadline)  # before the flush markers: the sink sees a step's spans when it closes it
         if failed is None and self._streams:
             failed = self._send_streams(deadline)
-        if failed is None and (self._rows or self._relayed_logs):
+        if failed is None and (self._rows or self._streamed or self._row_requests or self._relayed_logs):
             failed = self._send_rows(deadline)  # a step's sample rows, acknowledged before its marker
         while failed is None and self._unsent:
             item = self._unsent[0]
@@ -618,9 +635,8 @@ class ExportThread:
         self._unsent.extend(made)
         for batch in batches:
             if batch.samples:
-                self._hold_rows(
-                    [(t.table, t.rank_by, t.k, kept, batch.step) for t in batch.samples for kept in t.distinct()]
-                )
+                rows = [(t.table, t.rank_by, t.k, kept, batch.step) for t in batch.samples for kept in t.distinct()]
+                self._hold_rows(self._rows, rows)
         self._goodbye_queued = self._goodbye_queued or goodbye
 
     def _encode_batch(self, batch: StepBatch, scope: Any) -> None:
@@ -688,23 +704,50 @@ class ExportThread:
         self._drop(len(streams), f"the OTLP endpoint refused streamed values ({attempt.detail})")
         return None
 
-    def _hold_rows(self, rows: list[SampleRow]) -> None:
-        self._rows.extend(rows)
-        over = len(self._rows) - _MAX_HELD_ROWS
+    def _hold_rows(self, held: deque[SampleRow], rows: list[SampleRow]) -> None:
+        held.extend(rows)
+        over = len(held) - _MAX_HELD_ROWS
         if over > 0:
             for _ in range(over):
-                self._rows.popleft()
+                held.popleft()
             self._drop_rows(over, f"{_MAX_HELD_ROWS} sample rows already wait for the endpoint")
 
     def _drop_rows(self, n: int, why: str) -> None:
+        """Rows lost: counted with the dropped points (``rs.dropped_points``, the metric), warned once."""
+        if n <= 0:
+            return
         first = not self.rows_dropped
         self.rows_dropped += n
+        with self._lock:
+            self.dropped_total += n
+            self._dropped_unreported += n
         if first:
-            warn(f"rankscope: dropping sample rows because {why}; the job is unaffected ({n} so far)")
+            warn(f"rankscope: dropping sample rows because {why}; the job is unaffected (counted as dropped points)")
+
+    def _next_row_request(self) -> bool:
+        """Encode the next chunk of held rows (selections first) into ``_row_requests``."""
+        held = self._rows or self._streamed
+        if not held:
+            return False
+        chunk: list[SampleRow] = []
+        chars = 0
+        while held and len(chunk) < _MAX_ROWS_PER_REQUEST:
+            row = held[0][3].row
+            size = sum(len(v) for v in row.values() if isinstance(v, str)) + 16 * len(row)
+            if chunk and chars + size > _MAX_ROW_CHARS_PER_REQUEST:
+                break
+            chunk.append(held.popleft())
+            chars += size
+        try:
+            self._row_requests.append((encode_rows(chunk, self._resource_pb, self._scope), len(chunk)))
+        except Exception:  # a bug, not the endpoint: these rows are lost, counted, the rest go on
+            self._drop_rows(len(chunk), "they could not be encoded")
+            raise
+        return True
 
     def _send_rows(self, deadline: float | None) -> Attempt | None:
         """Send relayed and held sample rows in bounded requests, oldest first; a failed attempt
-        keeps the rest (and the metric requests behind them) for the next one."""
+        keeps its request (and the metric requests behind it) for the next one."""
         assert self.otlp is not None
         while self._relayed_logs:
             attempt = self._attempt(self.otlp.send_logs, self._relayed_logs[0], deadline)
@@ -712,24 +755,15 @@ class ExportThread:
                 return attempt
             request = self._relayed_logs.popleft()
             if not attempt.sent:
-                n = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
-                self._drop_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
-        while self._rows:
-            chunk: list[SampleRow] = []
-            chars = 0
-            for row in self._rows:
-                size = sum(len(v) for v in row[3].row.values() if isinstance(v, str)) + 16 * len(row[3].row)
-                if chunk and (len(chunk) >= _MAX_ROWS_PER_REQUEST or chars + size > _MAX_ROW_CHARS_PER_REQUEST):
-                    break
-                chunk.append(row)
-                chars += size
-            attempt = self._attempt(self.otlp.send_logs, encode_rows(chunk, self._resource_pb, self._scope), deadline)
+                self._drop_rows(_records(request), f"the OTLP endpoint refused them ({attempt.detail})")
+        while self._row_requests or self._next_row_request():
+            request, n = self._row_requests[0]
+            attempt = self._attempt(self.otlp.send_logs, request, deadline)
             if attempt.retry and not attempt.sent:
                 return attempt
-            for _ in chunk:
-                self._rows.popleft()
+            self._row_requests.popleft()
             if not attempt.sent:
-                self._drop_rows(len(chunk), f"the OTLP endpoint refused them ({attempt.detail})")
+                self._drop_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
         return None
 
     def _warn_unreachable(self, exc: Exception) -> None:
@@ -753,3 +787,7 @@ class ExportThread:
             else:
                 state = "before export recovered"
             warn(f"rankscope: {n} metric points were dropped {state} ({self.dropped_total} in total)")
+
+
+def _records(request: Any) -> int:
+    return sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .reduce import MetricAccumulator, Reduce
-from .samples import Provenance, Row, TableSample, check_row, check_selection
+from .samples import MAX_TABLES, Provenance, Row, TableSample, check_row, check_selection
 from .values import check_key, to_number
 
 StreamSink = Callable[[str, float, Reduce, float], None]
@@ -226,6 +226,8 @@ class Recorder:
 
     def record_weighted(self, key: str, value: float, weight: int) -> None:
         """A MEAN value that counts ``weight`` times: ``key``'s step value is the weighted mean."""
+        if self._asked_at is not None:  # the export thread asked for a periodic step
+            self._serve_periodic()
         known = self._reduce_of.get(key)
         if known is None:
             self._register(key, Reduce.MEAN)
@@ -239,17 +241,17 @@ class Recorder:
     def sample(self, table: str, row: Any, rank_by: str | None, k: int) -> None:
         """``record_sample``: check the row (raising at the call site) and offer it to the step's table."""
         checked = check_row(table, row)
-        known = self._tables.get(table)
-        if known is None:
-            check_selection(table, rank_by, k)
-            self._tables[table] = (rank_by, k)
-        elif known != (rank_by, k):
-            raise ValueError(
-                f"record_sample({table!r}): recorded with rank_by={known[0]!r}, k={known[1]} before, "
-                f"now with rank_by={rank_by!r}, k={k}; one table has one selection"
-            )
+        check_selection(table, rank_by, k)
         origin = self.provenance()
-        with self._lock:
+        with self._lock:  # two threads registering one table see one selection
+            if table not in self._tables and len(self._tables) >= MAX_TABLES:
+                raise ValueError(f"record_sample({table!r}): this process has {MAX_TABLES} sample tables (limit)")
+            known = self._tables.setdefault(table, (rank_by, k))
+            if known != (rank_by, k):
+                raise ValueError(
+                    f"record_sample({table!r}): recorded with rank_by={known[0]!r}, k={known[1]} before, "
+                    f"now with rank_by={rank_by!r}, k={k}; one table has one selection"
+                )
             found = self.samples.get(table)
             if found is None:
                 found = self.samples[table] = TableSample(table, rank_by, k, self.rng)

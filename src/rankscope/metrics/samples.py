@@ -28,9 +28,11 @@ from typing import Any
 
 Row = dict[str, str | int | float | bool]
 MAX_TEXT_CHARS = 4096
-"""Characters of one string field; the rest is cut and marked (``…[N more characters]``)."""
+"""Characters of one string field, a cut one's mark (``…[N more characters]``) included."""
 MAX_FIELDS = 64
 MAX_K = 1024
+MAX_TABLES = 64
+"""Sample tables one process may name (a sink's step holds as many, ``SinkConfig.max_sample_tables``)."""
 SIDES = ("top", "bottom", "both", "sample", "stream")
 """Why a row travels: kept at the top, the bottom or both ends, in the random sample, or streamed
 (every row, for ``per_rank_no_reduce`` views)."""
@@ -61,8 +63,9 @@ def check_row(table: str, row: Any, max_chars: int = MAX_TEXT_CHARS) -> Row:
         if not isinstance(key, str) or not key:
             raise TypeError(f"record_sample({table!r}): field names must be non-empty str, got {key!r}")
         if isinstance(value, str):
-            if len(value) > max_chars:
-                value = f"{value[:max_chars]}…[{len(value) - max_chars} more characters]"
+            if len(value) > max_chars:  # the mark included, it still fits (a sink does not cut it again)
+                keep = max(0, max_chars - len(f"…[{len(value)} more characters]"))
+                value = f"{value[:keep]}…[{len(value) - keep} more characters]"
         elif type(value) is not bool and type(value) is not float:
             if isinstance(value, numbers.Integral):  # numpy ints too
                 value = int(value)

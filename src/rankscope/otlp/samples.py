@@ -123,14 +123,18 @@ def decode_row(record: Any, a: dict[str, Any], max_chars: int) -> SampleRow | st
     rank_by = a.get(RANK_BY)
     if rank_by is not None and (not isinstance(rank_by, str) or not rank_by):
         return f"sample row of {table[:64]!r}: bad {RANK_BY}"
-    key = a.get(KEY, 0.0)
+    key = a.get(KEY, 0.0) if side != "stream" else 0.0  # a streamed row is not ranked
     seq = a.get(SEQ, 0)
-    if side != "stream" and (isinstance(key, bool) or not isinstance(key, (int, float))):
+    if isinstance(key, bool) or not isinstance(key, (int, float)):
         return f"sample row of {table[:64]!r}: {KEY} must be a number"
     if side == "sample" and not 0.0 <= key < 1.0:
         return f"sample row of {table[:64]!r}: a random priority must be in [0, 1)"
     if side in ("top", "bottom", "both") and rank_by is None:
         return f"sample row of {table[:64]!r}: side {side} without {RANK_BY}"
+    if side == "sample" and rank_by is not None:
+        return f"sample row of {table[:64]!r}: a random-sample row with {RANK_BY}"
+    if rank_by is not None and (len(rank_by) > MAX_FIELD_NAME_CHARS or not rank_by.isprintable()):
+        return f"sample row of {table[:64]!r}: {RANK_BY} is too long or has control characters"
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= INT64_MAX:
         return f"sample row of {table[:64]!r}: {SEQ} must be a non-negative int"
     step = decode_step(a.get(attr.STEP))

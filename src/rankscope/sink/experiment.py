@@ -516,11 +516,7 @@ class Experiment:
         bucket.seq = max(bucket.seq, seq)
         taken = 0
         if part.samples:  # counted apart from points (``sample_rows``)
-            self.sample_rows += len(part.samples)
-            limits = (self.max_sample_tables, self.max_sample_chars_per_step)
-            for n, why in take(bucket.samples, process, part.samples, *limits):
-                self._refuse(refused, n, why)
-                self.sample_rows -= n
+            self._samples(process, bucket, part.samples, late, refused)
         for rows in part.states:
             merge_rows(bucket.merged, rows.reduce, rows.keys, rows.rows, process.rank, process.label)
             if not process.merged:  # a merge is many processes: no per-process value
@@ -531,12 +527,34 @@ class Experiment:
             self.late_points += taken
         return taken
 
-    def stream_process(self, batch: ResourceBatch, refused: Refusals) -> Process | None:
-        """The process of streamed values and log records, counted as activity."""
+    def _samples(self, process: Process, bucket: _Step, rows: list[Any], late: bool, refused: Refusals) -> None:
+        """Merge sample rows into their step's tables. Late ones count against the step's late
+        points, and go only into a step still retained: a table rebuilt from late rows alone
+        would be written as if it were that step's selection."""
+        if late:
+            if bucket.step not in self._done:
+                self._refuse(refused, len(rows), f"sample rows: step {bucket.step} is no longer retained")
+                return
+            room = self.max_late_points_per_step - bucket.late_points
+            if room < len(rows):
+                why = f"sample rows: step {bucket.step} has {self.max_late_points_per_step} late points (limit)"
+                self._refuse(refused, len(rows) - max(0, room), why)
+                rows = rows[: max(0, room)]
+            bucket.late_points += len(rows)
+        self.sample_rows += len(rows)
+        limits = (self.max_sample_tables, self.max_sample_chars_per_step)
+        for n, why in take(bucket.samples, process, rows, *limits):
+            self._refuse(refused, n, why)
+            self.sample_rows -= n
+
+    def stream_process(self, batch: ResourceBatch, refused: Refusals, streamed: int = 0) -> Process | None:
+        """The process of streamed values, log records and sample rows (``streamed``: streamed rows
+        taken out of ``batch.samples``), counted as activity."""
         self.last_activity = self.clock()
         process = self.process_for(batch.resource)
         if process is None:
-            self._refuse(refused, len(batch.streams) + len(batch.logs), f"{self.max_processes} processes (limit)")
+            n = len(batch.streams) + len(batch.logs) + len(batch.samples) + streamed
+            self._refuse(refused, n, f"{self.max_processes} processes (limit)")
         return process
 
     def logs(self, batch: ResourceBatch, refused: Refusals) -> list[tuple[int, Any]]:

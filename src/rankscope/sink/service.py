@@ -342,7 +342,7 @@ class Sink:
                 with tenant.lock:
                     tenant.experiment.refused += batch.refused  # refused at the edge
                     batch.refused = 0
-                    process = tenant.experiment.stream_process(batch, refused)
+                    process = tenant.experiment.stream_process(batch, refused, len(streamed))
                     if process is None:
                         continue
                     records = tenant.experiment.logs(batch, refused) if batch.logs else []

@@ -36,7 +36,11 @@ class SampleTable:
 def take(
     tables: dict[str, SampleTable], process: Any, rows: Iterable[SampleRow], max_tables: int, max_chars: int
 ) -> list[tuple[int, str]]:
-    """Merge ``process``'s rows into a step's ``tables``; returns (count, why) of what was refused."""
+    """Merge ``process``'s rows into a step's ``tables``; returns (count, why) of what was refused.
+
+    A row this table already keeps from the same process (same ``seq``: a client's retry) is not
+    kept twice; one it evicted before would be evicted again. The character bound applies to what
+    the merge keeps, so a better row displaces a worse one instead of being refused."""
     refused: list[tuple[int, str]] = []
     groups: dict[str, list[SampleRow]] = {}
     for row in rows:
@@ -53,21 +57,19 @@ def take(
         if len(fits) < len(group):
             why = f"sample table {name[:64]!r} selects by rank_by={table.rank_by!r}, k={table.k}, not as these rows"
             refused.append((len(group) - len(fits), why))
-        incoming = sum(row_chars(r.row) for r in fits)
-        if fits and held + incoming > max_chars:
-            why = f"sample table {name[:64]!r}: the step's rows hold {max_chars} characters (limit)"
-            refused.append((len(fits), why))
-            fits = []
-        if not fits:
-            if not table.kept and not table.changed:
-                del tables[name]
-            continue
-        new = [Kept(r.key, r.seq, r.side, r.row, (process, r)) for r in fits]
-        before = table.chars
-        table.kept = reselect(table.kept + new, table.rank_by, table.k)
-        table.chars = sum(row_chars(k.row) for k in table.kept)
-        table.changed = True
-        held += table.chars - before
+        kept_here = {(k.origin[0].id, k.seq) for k in table.kept}
+        new = [Kept(r.key, r.seq, r.side, r.row, (process, r)) for r in fits if (process.id, r.seq) not in kept_here]
+        if new:
+            chosen = reselect(table.kept + new, table.rank_by, table.k)
+            chars = sum(row_chars(k.row) for k in chosen)
+            if held - table.chars + chars > max_chars:
+                why = f"sample table {name[:64]!r}: the step's rows hold {max_chars} characters (limit)"
+                refused.append((len(new), why))
+            else:
+                held += chars - table.chars
+                table.kept, table.chars, table.changed = chosen, chars, True
+        if not table.kept and not table.changed:
+            del tables[name]
     return refused
 
 
