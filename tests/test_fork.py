@@ -29,6 +29,7 @@ class Items(torch.utils.data.Dataset):
     def __getitem__(self, i):  # runs in a DataLoader worker
         rs.record_metric("data/item", float(i), rs.Reduce.SUM)
         rs.record_metric("data/items", 1, rs.Reduce.SUM)
+        rs.record_sample("items", {"i": i}, rank_by="i", k=2)  # relayed through the parent as log records
         return torch.tensor([float(i)])
 
 rs.init(experiment=sys.argv[1], role="trainer")  # endpoint: RANKSCOPE_ENDPOINT
@@ -79,7 +80,7 @@ def test_dataloader_workers_values_reach_the_experiment_view(
     assert fields["dropped"] == 0
     sink.stop()  # finalizes and writes every open step
 
-    rows = [r for r in _read(tmp_path / "global.jsonl") if not r.get("late")]
+    rows = [r for r in _read(tmp_path / "global.jsonl") if not r.get("late") and r["kind"] != "sample"]
     steps = {r["step"] for r in rows}
     assert steps == set(range(fields["last_step"] + 1))
     total = {key: sum(r["value"] for r in rows if r["key"] == key) for key in ("data/item", "data/items")}
@@ -93,6 +94,9 @@ def test_dataloader_workers_values_reach_the_experiment_view(
     assert all(w.startswith("trainer_r0_") for w in workers), workers
     assert {r["process"] for r in per_rank if r["key"] == "loss"} == {"trainer_r0"}
     assert sum(r["value"] for r in per_rank if r["key"] == "data/items") == 128.0
+    samples = [r for r in _read(tmp_path / "global.jsonl") if r["kind"] == "sample" and r["table"] == "items"]
+    assert {0, 63} <= {r["row"]["i"] for r in samples}  # the workers' rows reached the experiment's table
+    assert all(r["process"].startswith("trainer_r0_") for r in samples), samples
 
 
 FORK_STRESS_JOB = """
