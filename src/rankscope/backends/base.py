@@ -75,6 +75,10 @@ class LoggerBackend:
         the row under ``row`` plus its provenance. Global views get the experiment's selection,
         per-rank views their process's, ``per_rank_no_reduce`` views every row as recorded."""
 
+    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> Any:
+        """What a sink's detectors found in a step (``type``: nonfinite, straggler, slow_step,
+        missing, capture; the rest names where). Global views only."""
+
     def finish(self) -> Any:
         """Called once at shutdown, after the last batch."""
 

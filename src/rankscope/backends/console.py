@@ -81,6 +81,10 @@ class ConsoleBackend(LoggerBackend):
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
 
+    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        sys.stdout.write(printable(f"!!! step {global_step} {describe(record)}") + "\n")
+        sys.stdout.flush()
+
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp or time.time()))
         rank = kwargs.get("rank", self.rank)  # the sink says whose value it is
@@ -94,3 +98,19 @@ class ConsoleBackend(LoggerBackend):
 def _short(value: object, limit: int = 40) -> str:
     text = repr(value) if isinstance(value, str) else format_value(value) if isinstance(value, float) else str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line for an anomaly record, for people."""
+    kind, who = record.get("type"), record.get("process") or "?"
+    if kind == "nonfinite":
+        return f"non-finite value: {record.get('key')} from {who} ({record.get('count')} in the step)"
+    if kind == "straggler":
+        return f"straggler: {who} in {record.get('phase')} ({record.get('ratio')}x the median)"
+    if kind == "slow_step":
+        return f"slow step: {record.get('seconds', 0):.3f}s ({record.get('factor')}x the median)"
+    if kind == "missing":
+        return f"missing: {', '.join(map(str, record.get('processes', [])))}"
+    if kind == "capture":
+        return f"capture {record.get('capture')}: {who}: {record.get('path') or record.get('state')}"
+    return str(record)

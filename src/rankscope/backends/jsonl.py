@@ -79,5 +79,13 @@ class JsonlBackend(LoggerBackend):
             self._file.write(json.dumps({"kind": "sample", **entry, **extra}, default=str) + "\n")
         self._file.flush()
 
+    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        """``{"kind": "anomaly", "type": ..., "step": ..., ...}``."""
+        row = {"kind": "anomaly", **record}
+        if "experiment" in self.identity:
+            row["experiment"] = self.identity["experiment"]
+        self._file.write(json.dumps(row, default=str) + "\n")
+        self._file.flush()
+
     def finish(self) -> None:
         self._file.close()

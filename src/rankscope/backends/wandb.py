@@ -38,6 +38,7 @@ from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric
 
 STEP_METRIC = "step"
 _LOG_COLUMNS: list[str | int] = ["step", "time", "severity", "process", "body", "trace_id"]
+_ANOMALY_COLUMNS: list[str | int] = ["step", "type", "process", "what"]
 
 
 def run_id_for(experiment: str) -> str:
@@ -80,6 +81,7 @@ class WandbBackend(LoggerBackend):
         self.max_log_rows = int(c.get("max_log_rows", 1000))
         self._log_rows: list[list[Any]] = []
         self._log_rows_dropped = 0
+        self._anomaly_rows: list[list[Any]] = []
         try:
             run = wandb.init(
                 id=c.get("id") or run_id_for(experiment),
@@ -126,6 +128,11 @@ class WandbBackend(LoggerBackend):
             row[STEP_METRIC] = global_step
         if kwargs.get("late"):
             row["rankscope/late_update"] = 1.0
+        if self._anomaly_rows:
+            import wandb
+
+            row["anomalies"] = wandb.Table(columns=_ANOMALY_COLUMNS, data=self._anomaly_rows)  # type: ignore[assignment]
+            self._anomaly_rows = []
         if self._log_rows:
             import wandb
 
@@ -190,6 +197,21 @@ class WandbBackend(LoggerBackend):
             logged[STEP_METRIC] = global_step
         self.run.log(logged)
 
+    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        """A W&B alert (offline runs keep none) and a row of the ``anomalies`` table logged with the
+        step's values (at most ``max_log_rows`` per step, like the logs table)."""
+        if self.run is None:
+            return
+        from .console import describe
+
+        text = f"step {global_step}: {describe(record)}"
+        try:
+            self.run.alert(title=f"rankscope: {record.get('type')}", text=text[:1000], level="WARN")
+        except Exception as exc:  # an alert is a courtesy: the record is in the table either way
+            logging.getLogger("rankscope").debug("W&B alert failed: %r", exc)
+        if len(self._anomaly_rows) < self.max_log_rows:
+            self._anomaly_rows.append([global_step, str(record.get("type")), str(record.get("process") or ""), text])
+
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if self.run is None:
             return
@@ -201,6 +223,6 @@ class WandbBackend(LoggerBackend):
 
     def finish(self) -> None:
         if self.run is not None:
-            if self._log_rows:
+            if self._log_rows or self._anomaly_rows:
                 self.log_batch([], None)
             self.run.finish()

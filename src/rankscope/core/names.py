@@ -47,6 +47,8 @@ STREAM_VALUE = "rankscope.value"
 MISSING_PROCESSES = "rankscope/missing_processes"
 LATE_POINTS = "rankscope/late_points"
 INTERNAL_ERRORS = "rankscope/internal_errors"
+NONFINITE_VALUES = "rankscope/nonfinite_values"
+"""Process states of the step holding a NaN or infinite value (one per process and key)."""
 BUCKET_TIME = "rankscope/time"
 """A time-bucketed step's start (Unix seconds): the x-axis of an experiment whose processes do not step."""
 

@@ -45,6 +45,8 @@ states fail to merge (a third-party reduce type) is left out of the view and cou
 from __future__ import annotations
 
 import bisect
+import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -55,11 +57,14 @@ from ..backends.base import Metric
 from ..core import names as attr
 from ..core.identity import label_of
 from ..metrics.reduce import Reduce, reduced_items
+from .anomalies import Detectors, Watch
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
 from .streams import Streams
 from .tables import SampleTable, entries, take
 from .traces import TraceStore
 from .validate import Limits, Refusals, ResourceBatch, StateRows
+
+log = logging.getLogger("rankscope.sink")
 
 
 @dataclass(slots=True, eq=False)
@@ -122,8 +127,11 @@ class StepView:
         on_error: Callable[[str, BaseException], None] | None = None,
         labels: dict[str, str] | None = None,
         samples: dict[str, list[dict[str, Any]]] | None = None,
+        anomalies: list[dict[str, Any]] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
+        self.anomalies = anomalies or []
+        """What the detectors found in this step (``sink.anomalies``)."""
         self.samples = samples or {}
         """Each sample table's kept rows (``sample_entry`` dicts); a late update: tables that changed."""
         self.global_metrics = global_metrics
@@ -233,6 +241,7 @@ class Experiment:
         max_logs_per_step: int = 1000,
         max_sample_tables: int = 64,
         max_sample_chars_per_step: int = 16 << 20,
+        detectors: Detectors | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.id = experiment_id
@@ -281,6 +290,8 @@ class Experiment:
         self.max_sample_chars_per_step = max_sample_chars_per_step
         self.sample_rows = 0
         """Sample rows taken (merged into their step's tables)."""
+        self.watch = Watch(detectors)
+        """Per-step anomaly detectors and what they found (``sink.anomalies``)."""
         self.log_records = 0
         """Ordinary OTel log records taken (written to the views)."""
         self._logs_per_step: dict[int, int] = {}
@@ -692,16 +703,34 @@ class Experiment:
         stamp = time.time()
         global_metrics: list[Metric] = []
         labels: dict[str, str] = {}
+        bad: set[str] = set()
         for key, state in bucket.merged.items():
             reduce = reduce_of(state[0])
             items = reduced_values(key, state, self._merge_error)
             global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in items)
+            if any(not math.isfinite(v) for _, v in items):
+                bad.add(key)
             if items and (reduce is Reduce.MAX or reduce is Reduce.MIN):
                 metric, label = _extreme_rank(key, reduce, state, stamp)
                 global_metrics.append(metric)
                 labels[metric.key] = label
+        anomalies: list[dict[str, Any]] = []
         if not late:
-            global_metrics.extend(self.traces.stragglers(bucket.step))
+            phases = self.traces.phases(bucket.step)
+            global_metrics.extend(self.traces.stragglers(bucket.step, phases))
+            nonfinite = self._nonfinite(bucket, bad) if bad else []
+            global_metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
+            anomalies = self.watch.step(
+                bucket.step, nonfinite=nonfinite, phases=phases, duration=self._duration(bucket.step), missing=missing
+            )
+            if self.watch.first_nonfinite is not None and any(a.get("first") for a in anomalies):
+                log.warning(
+                    "rankscope sink: experiment %s: first non-finite value: %s at step %d from %s",
+                    self.id[:64],
+                    self.watch.first_nonfinite["key"][:128],
+                    bucket.step,
+                    self.watch.first_nonfinite["process"],
+                )
             global_metrics.append(Metric(attr.MISSING_PROCESSES, float(len(missing)), Reduce.MAX, stamp))
             if self.late_points:
                 global_metrics.append(Metric(attr.LATE_POINTS, float(self.late_points), Reduce.MAX, stamp))
@@ -717,8 +746,42 @@ class Experiment:
         bucket.viewed |= senders
         samples = entries(bucket.samples, bucket.step, changed_only=late)
         return StepView(
-            self.id, bucket.step, bucket.seq, global_metrics, missing, late, parts, self._merge_error, labels, samples
+            self.id,
+            bucket.step,
+            bucket.seq,
+            global_metrics,
+            missing,
+            late,
+            parts,
+            self._merge_error,
+            labels,
+            samples,
+            anomalies,
         )
+
+    def _nonfinite(self, bucket: _Step, keys: set[str]) -> list[tuple[str, Process | None]]:
+        """(key, process) of each process state of ``keys`` whose value is NaN or infinite, in
+        the order they came; a key merged upstream (no process state here) names no process."""
+        found: list[tuple[str, Process | None]] = []
+        named: set[str] = set()
+        for process, rows in bucket.parts:
+            for i, key in enumerate(rows.keys):
+                if key not in keys:
+                    continue
+                alone: dict[str, Running] = {}
+                merge_rows(alone, rows.reduce, [key], [rows.rows[i]], process.rank, process.label)
+                if any(not math.isfinite(v) for _, v in reduced_values(key, alone[key], None)):
+                    found.append((key, process))
+                    named.add(key)
+        found.extend((key, None) for key in sorted(keys - named))
+        return found
+
+    def _duration(self, step: int) -> float | None:
+        """Seconds between the end of ``step``'s window and the previous step's (None if unknown)."""
+        i = bisect.bisect_left(self._window_steps, step)
+        if i == 0 or i >= len(self._window_steps) or self._window_steps[i] != step:
+            return None
+        return (self._window_ends[i] - self._window_ends[i - 1]) / 1e9
 
     def _merge_error(self, where: str, exc: BaseException) -> None:
         self.internal_errors += 1

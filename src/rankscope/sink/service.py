@@ -32,6 +32,7 @@ from ..backends.base import Metric
 from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
 from ..otlp.samples import SampleRow
+from .anomalies import Detectors
 from .bodies import OverloadedError
 from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
@@ -96,6 +97,8 @@ class SinkConfig:
     """Sample tables one step of an experiment may hold (``record_sample``)."""
     max_sample_chars_per_step: int = 16 << 20
     """Characters the kept sample rows of one step may hold (text, plus 16 per field)."""
+    detectors: Detectors = field(default_factory=Detectors)
+    """Per-step anomaly detectors' thresholds (``sink.anomalies``)."""
     grpc_workers: int = 8
     limits: Limits = field(default_factory=Limits)
     max_experiments: int = 4096
@@ -473,6 +476,7 @@ class Sink:
                 "plain_streams_forgotten": e.streams.forgotten,
                 "log_records": e.log_records,
                 "sample_rows": e.sample_rows,
+                **e.watch.status(),
                 "time_bucketed": e.bucketed,
                 "internal_errors": e.internal_errors + tenant.errors,
                 "last_error": tenant.last_error,
@@ -577,6 +581,7 @@ class Sink:
             max_logs_per_step=c.max_logs_per_step,
             max_sample_tables=c.max_sample_tables,
             max_sample_chars_per_step=c.max_sample_chars_per_step,
+            detectors=c.detectors,
         )
         log_ = self.wal.open(experiment_id) if self.wal is not None else None
         if log_ is not None:

@@ -260,33 +260,56 @@ class TraceStore:
             out.extend(s for s in self._steps[step] if ranks is None or s.process.rank in ranks)
         return out
 
-    def stragglers(self, step: int) -> list[Metric]:
-        """The step's straggler view (see the module docstring)."""
+    def phases(self, step: int) -> list[Phase]:
+        """Each span name traced by at least two processes in ``step``: who was slowest and fastest."""
         per_phase: dict[str, dict[Any, float]] = {}
         for span in self._steps.get(step, ()):
             if span.end_ns <= span.start_ns or (span.name == ROOT_NAME and not span.parent_span_id):
                 continue
             by_process = per_phase.setdefault(span.name, {})
             by_process[span.process] = by_process.get(span.process, 0.0) + (span.end_ns - span.start_ns) / 1e9
-        stamp = time.time()
-        out: list[Metric] = []
-        for phase in sorted(per_phase)[:MAX_PHASES_PER_STEP]:
-            by_process = per_phase[phase]
+        out: list[Phase] = []
+        for name in sorted(per_phase)[:MAX_PHASES_PER_STEP]:
+            by_process = per_phase[name]
             if len(by_process) < 2:
                 continue
             ordered = sorted(by_process.items(), key=lambda kv: kv[1])
             (fastest, low), (slowest, high) = ordered[0], ordered[-1]
-            median = statistics.median(v for _, v in ordered)
-            prefix = f"straggler/{phase}"
+            out.append(Phase(name, slowest, fastest, high, low, statistics.median(v for _, v in ordered)))
+        return out
+
+    def stragglers(self, step: int, phases: list[Phase] | None = None) -> list[Metric]:
+        """The step's straggler view (see the module docstring)."""
+        stamp = time.time()
+        out: list[Metric] = []
+        for phase in self.phases(step) if phases is None else phases:
+            prefix = f"straggler/{phase.name}"
             out.extend(
                 (
-                    Metric(f"{prefix}/max_over_median", high / median if median > 0 else 1.0, Reduce.MAX, stamp),
-                    Metric(f"{prefix}/slowest_rank", float(slowest.rank), Reduce.MAX, stamp),
-                    Metric(f"{prefix}/fastest_rank", float(fastest.rank), Reduce.MAX, stamp),
-                    Metric(f"{prefix}/spread_s", high - low, Reduce.MAX, stamp),
+                    Metric(f"{prefix}/max_over_median", phase.ratio, Reduce.MAX, stamp),
+                    Metric(f"{prefix}/slowest_rank", float(phase.slowest.rank), Reduce.MAX, stamp),
+                    Metric(f"{prefix}/fastest_rank", float(phase.fastest.rank), Reduce.MAX, stamp),
+                    Metric(f"{prefix}/spread_s", phase.high - phase.low, Reduce.MAX, stamp),
                 )
             )
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One traced phase of one step across processes: total seconds per process, summarized."""
+
+    name: str
+    slowest: Any  # experiment.Process
+    fastest: Any
+    high: float
+    low: float
+    median: float
+
+    @property
+    def ratio(self) -> float:
+        """Slowest over median (1.0 when the median is 0)."""
+        return self.high / self.median if self.median > 0 else 1.0
 
 
 def rows(spans: Iterable[StoredSpan]) -> Iterator[dict[str, Any]]:

@@ -111,6 +111,10 @@ class ViewWriter:
     def stream(self, process: Process, metric: Metric, step: int | None) -> None:
         self._put(("stream", process, metric, step))
 
+    def anomaly(self, record: dict[str, Any], step: int | None) -> None:
+        """An anomaly record outside a step's view (a capture's files, say): global views."""
+        self._put(("anomaly", record, step))
+
     def row(self, process: Process, row: Any) -> None:
         """A streamed sample row (``otlp.samples.SampleRow``, every row a process recorded)."""
         self._put(("row", process, row))
@@ -191,6 +195,9 @@ class ViewWriter:
                     _, process, metric, step = item
                     for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
                         self._call(view, view.backend.log_stream, metric, step, **_identity(process))
+                elif kind == "anomaly":
+                    for view in self._live(LoggingMode.GLOBAL_REDUCE):
+                        self._call(view, view.backend.log_anomaly, item[1], item[2])
                 elif kind == "row":
                     _, process, row = item
                     rows = [entry(row.table, row.step, "stream", (process, row))]
@@ -228,6 +235,8 @@ class ViewWriter:
                 view.missing,
             )
         for target in self._live(LoggingMode.GLOBAL_REDUCE):
+            for record in view.anomalies:  # before the step's values: W&B logs them in the step's row
+                self._call(target, target.backend.log_anomaly, record, view.step)
             if (
                 self._call(
                     target,
