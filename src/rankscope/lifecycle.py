@@ -33,6 +33,7 @@ from .core.errors import report_internal_error, warn
 from .core.identity import build_resource, process_label
 from .core.policy_version import policy_version_in_effect
 from .core.settings import Settings, resolve
+from .export.captures import Captures
 from .export.local_views import BackendSet
 from .export.senders import (
     EmbeddedSenders,
@@ -51,7 +52,7 @@ from .metrics.recording import bind_compile_check, run_flush_hooks
 from .metrics.samples import Provenance
 from .steps.clock import StepClock
 from .tracing.provider import install_tracer_provider
-from .tracing.tracer import TracingState
+from .tracing.tracer import TracingState, record_event
 
 _lock = threading.RLock()
 
@@ -88,6 +89,9 @@ class Runtime:
             steps.auto = steps.auto_pending = False
         bind_compile_check()
         run_flush_hooks()
+        captures = self.thread.captures
+        if captures is not None:  # a profiler capture starts, steps or stops here (idle: one check)
+            captures.at_flush(step)
         batch = self.recorder.take(step)
         steps.close(step)
         if steps.controller:
@@ -261,6 +265,14 @@ def init(
         return resource
 
 
+def _capture_event(name: str, attributes: dict[str, Any]) -> None:
+    """A capture's mark in the step's trace (a zero-length span: every rank's timeline shows it)."""
+    try:
+        record_event(name, **attributes)
+    except Exception as exc:
+        report_internal_error("capture event", exc)
+
+
 def _provenance(tracing: TracingState) -> Provenance:
     """A recorded row's stamp: now, the active span (else the step's root) and the policy version."""
     scope = tracing.scope()
@@ -289,11 +301,20 @@ def _start_runtime(
         max_spans=settings.max_queued_spans,
         on_error=report_internal_error,
     )
+    a = resource.attributes
+    process_id = str(a.get(attr.SERVICE_INSTANCE_ID) or a.get(attr.PROCESS_PID) or "?")
+    captures = Captures(
+        lambda: getattr(senders, "control_url", None) or settings.sink_control,
+        str(a[attr.EXPERIMENT_ID]),
+        process_id,
+        on_event=_capture_event,
+    )
     thread = ExportThread(
         resource=resource,
         recorder=recorder,
         backends=backend_set,
         otlp=senders,
+        captures=captures,
         stream_to_sink=stream_to_sink,
         export_interval=settings.export_interval,
         max_queued_steps=settings.max_queued_steps,

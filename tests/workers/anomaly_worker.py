@@ -2,6 +2,7 @@
 
 ``nan STEPS``: rank 2 records NaN as ``loss`` at step 3 (every other value is finite).
 ``straggler STEPS``: rank 1 sleeps 0.3 s inside the ``fwd`` phase from step 5 on.
+``steady STEPS``: every rank alike, 0.1 s a step (a job to capture from a shell).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def main(mode: str, steps: int) -> None:
             time.sleep(0.01)
             if mode == "straggler" and rank == 1 and step >= 5:
                 time.sleep(0.3)
+            if mode == "steady":
+                time.sleep(0.1)
             t.step("fwd")
             time.sleep(0.01)
             t.step("bwd")

@@ -32,6 +32,7 @@ import fnmatch
 import hashlib
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric
@@ -209,6 +210,12 @@ class WandbBackend(LoggerBackend):
             self.run.alert(title=f"rankscope: {record.get('type')}", text=text[:1000], level="WARN")
         except Exception as exc:  # an alert is a courtesy: the record is in the table either way
             logging.getLogger("rankscope").debug("W&B alert failed: %r", exc)
+        path = record.get("path") if record.get("type") == "capture" else None
+        if path:  # a captured profiler trace: one of the run's files
+            try:
+                self.run.save(str(path), base_path=str(Path(path).parents[3]), policy="now")
+            except Exception as exc:
+                logging.getLogger("rankscope").warning("rankscope: W&B did not take capture file %s (%r)", path, exc)
         if len(self._anomaly_rows) < self.max_log_rows:
             self._anomaly_rows.append([global_step, str(record.get("type")), str(record.get("process") or ""), text])
 

@@ -65,6 +65,7 @@ from ..otlp.samples import encode_rows
 from ..otlp.spans import encode_spans
 from ..tracing.spans import SpanBuffer
 from ._otel_sdk import SdkGauge
+from .captures import Captures
 from .local_views import BackendSet
 from .senders import LOGS, SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
 
@@ -194,8 +195,11 @@ class ExportThread:
         on_error: Callable[[str, BaseException], None],
         stream_to_sink: bool = False,
         spans: SpanBuffer | None = None,
+        captures: Captures | None = None,
     ) -> None:
         self.resource = resource
+        self.captures = captures
+        """Profiler captures the sink asks of this process (polled and uploaded here)."""
         self.spans = spans if spans is not None else SpanBuffer(1)
         self._spans_dropped_reported = 0
         self._spans_warned = False
@@ -410,6 +414,8 @@ class ExportThread:
                         deadline = stop_at
             if deadline is not None:
                 break
+            if self.captures is not None:
+                self._guarded(self.captures.service)
             now = time.monotonic()
             if not items and not pending and not self._failures and self._periodic():
                 # A process that never flushes. While the endpoint is down its values keep

@@ -93,9 +93,13 @@ class Watch:
         if d.missing and missing:
             found.append({"type": MISSING, "step": step, "processes": missing[:64], "count": len(missing)})
         for record in found:
-            self.counts[record["type"]] += 1
-            self.recent.append(record)
+            self.note(record)
         return found
+
+    def note(self, record: dict[str, Any]) -> None:
+        """Keep a record (the step's detections, or a capture's file) for the status route."""
+        self.counts[record["type"]] += 1
+        self.recent.append(record)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -57,7 +57,8 @@ from ..backends.base import Metric
 from ..core import names as attr
 from ..core.identity import label_of
 from ..metrics.reduce import Reduce, reduced_items
-from .anomalies import Detectors, Watch
+from .anomalies import STRAGGLER, Detectors, Watch
+from .captures import CaptureBook
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
 from .streams import Streams
 from .tables import SampleTable, entries, take
@@ -242,6 +243,8 @@ class Experiment:
         max_sample_tables: int = 64,
         max_sample_chars_per_step: int = 16 << 20,
         detectors: Detectors | None = None,
+        captures: CaptureBook | None = None,
+        auto_capture_steps: int = 2,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.id = experiment_id
@@ -292,6 +295,9 @@ class Experiment:
         """Sample rows taken (merged into their step's tables)."""
         self.watch = Watch(detectors)
         """Per-step anomaly detectors and what they found (``sink.anomalies``)."""
+        self.captures = captures if captures is not None else CaptureBook(clock)
+        """Profiler captures asked of this experiment's processes (``sink.captures``)."""
+        self.auto_capture_steps = auto_capture_steps
         self.log_records = 0
         """Ordinary OTel log records taken (written to the views)."""
         self._logs_per_step: dict[int, int] = {}
@@ -723,6 +729,7 @@ class Experiment:
             anomalies = self.watch.step(
                 bucket.step, nonfinite=nonfinite, phases=phases, duration=self._duration(bucket.step), missing=missing
             )
+            self._capture_stragglers(anomalies, phases)
             if self.watch.first_nonfinite is not None and any(a.get("first") for a in anomalies):
                 log.warning(
                     "rankscope sink: experiment %s: first non-finite value: %s at step %d from %s",
@@ -758,6 +765,20 @@ class Experiment:
             samples,
             anomalies,
         )
+
+    def _capture_stragglers(self, anomalies: list[dict[str, Any]], phases: list[Any]) -> None:
+        """A straggler's process is asked to profile its next steps (rate-limited: ``CaptureBook``)."""
+        if self.auto_capture_steps <= 0:
+            return
+        slowest = {phase.name: phase.slowest for phase in phases}
+        for record in anomalies:
+            if record["type"] != STRAGGLER:
+                continue
+            process = slowest[record["phase"]]
+            reason = f"straggler at step {record['step']}: {process.label} in {record['phase']}"
+            asked = self.captures.ask(reason, self.auto_capture_steps, processes=frozenset({process.id}), auto=True)
+            if not isinstance(asked, str):
+                record["capture"] = asked.id
 
     def _nonfinite(self, bucket: _Step, keys: set[str]) -> list[tuple[str, Process | None]]:
         """(key, process) of each process state of ``keys`` whose value is NaN or infinite, in

@@ -5,7 +5,10 @@ Routes: ``POST /v1/metrics|traces|logs`` (OTLP, protobuf or JSON, optionally gzi
 clients and people: ``POST /rankscope/v1/config`` (an experiment's views),
 ``GET /rankscope/v1/status[?experiment=ID]`` and
 ``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]`` (stored spans as
-JSONL, streamed; what ``rankscope gantt --sink`` reads).
+JSONL, streamed; what ``rankscope gantt --sink`` reads), and captures (``sink.captures``):
+``POST /rankscope/v1/captures`` (``{"experiment", "steps", "ranks", "reason"}``: ask for one),
+``GET /rankscope/v1/captures?experiment=ID&process=PID`` (a process polls for its requests) and
+``PUT /rankscope/v1/captures/file?experiment=ID&capture=C&process=PID`` (its trace, gzip).
 
 Facing a network: connections that send nothing are closed after
 ``idle_connection_timeout`` (aiohttp's keep-alive timer starts when the connection opens),
@@ -69,6 +72,8 @@ class _Routes:
                 return await self._post(request)
             if request.method == "GET":
                 return await self._get(request)
+            if request.method == "PUT" and request.path == "/rankscope/v1/captures/file":
+                return await self._capture_file(request)
             raise HttpError(405, f"{request.method} is not served here")
         except HttpError as error:
             return _error(request, error)
@@ -97,6 +102,8 @@ class _Routes:
         body = await self._body(request)
         if request.path == "/rankscope/v1/config":
             return await self._config(body)
+        if request.path == "/rankscope/v1/captures":
+            return await self._capture(body)
         decoded = await self._call(
             decode_body,
             request.path,
@@ -151,7 +158,41 @@ class _Routes:
         if request.path == "/rankscope/v1/spans":
             self._auth(request)
             return await self._spans(request)
+        if request.path == "/rankscope/v1/captures":
+            self._auth(request)
+            query = parse_qs(request.query_string)
+            experiment, process = query.get("experiment", [""])[0], query.get("process", [""])[0]
+            return web.json_response(await self._call(self.sink.pending_captures, experiment, process))
         raise HttpError(404, f"nothing at {request.path[:200]!r}")
+
+    async def _capture(self, body: bytes) -> web.Response:
+        try:
+            payload = json.loads(body)
+            experiment, steps = payload["experiment"], payload.get("steps", 2)
+            ranks = payload.get("ranks")
+            reason = str(payload.get("reason") or "asked")
+            if not isinstance(experiment, str) or isinstance(steps, bool) or not isinstance(steps, int):
+                raise TypeError("experiment must be a string and steps an int")
+            if ranks is not None and not (isinstance(ranks, list) and all(type(r) is int for r in ranks)):
+                raise TypeError("ranks must be a list of ints")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HttpError(400, f"bad capture request: {exc}") from None
+        chosen = None if ranks is None else frozenset(ranks)
+        answer = await self._call(self.sink.capture, experiment, reason, steps, chosen)
+        if isinstance(answer, str):
+            raise HttpError(404 if answer.startswith("no experiment") else 429, answer)
+        return web.json_response(answer)
+
+    async def _capture_file(self, request: web.BaseRequest) -> web.Response:
+        self._auth(request)
+        query = parse_qs(request.query_string)
+        experiment, capture, process = (query.get(k, [""])[0] for k in ("experiment", "capture", "process"))
+        body = await self._body(request)
+        try:
+            path = await self._call(self.sink.store_capture, experiment, capture, process, body)
+        except LookupError as exc:
+            raise HttpError(404, str(exc)) from None
+        return web.json_response({"path": path})
 
     async def _spans(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)

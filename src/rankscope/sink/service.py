@@ -34,6 +34,7 @@ from ..metrics.reduce import Reduce
 from ..otlp.samples import SampleRow
 from .anomalies import Detectors
 from .bodies import OverloadedError
+from .captures import CaptureBook
 from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
 from .http_server import start_http
@@ -99,6 +100,12 @@ class SinkConfig:
     """Characters the kept sample rows of one step may hold (text, plus 16 per field)."""
     detectors: Detectors = field(default_factory=Detectors)
     """Per-step anomaly detectors' thresholds (``sink.anomalies``)."""
+    artifacts_dir: Path = Path("rankscope_artifacts")
+    """Where captured profiler traces are written (``ARTIFACTS/<experiment>/captures/<id>/``)."""
+    auto_capture_steps: int = 2
+    """Steps a straggler's process profiles when a detector names it (0: detectors never capture)."""
+    capture_interval: float = 300.0
+    """Seconds between two detector-asked captures of one experiment (a flapping detector)."""
     grpc_workers: int = 8
     limits: Limits = field(default_factory=Limits)
     max_experiments: int = 4096
@@ -437,6 +444,65 @@ class Sink:
 
     # -- control (HTTP routes used by embedded clients) ------------------------------------
 
+    # -- captures (``sink.captures``) ----------------------------------------------------
+
+    def capture(
+        self, experiment_id: str, reason: str, steps: int, ranks: frozenset[int] | None = None
+    ) -> dict[str, Any] | str:
+        """Ask an experiment's processes (``ranks``; None: all) to profile their next ``steps``
+        steps; returns the capture, or why not (unknown experiment, rate limit)."""
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return f"no experiment {experiment_id[:200]!r}"
+        with tenant.lock:
+            asked = tenant.experiment.captures.ask(reason, steps, ranks=ranks)
+        return asked if isinstance(asked, str) else asked.status()
+
+    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
+        """The capture requests a process has not picked up yet (it polls for them)."""
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return []
+        with tenant.lock:
+            process = tenant.experiment.processes.get(process_id)
+            return [] if process is None else tenant.experiment.captures.pending(process)
+
+    def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
+        """Write a process's trace of a capture it picked up; returns its path. Raises
+        ``LookupError`` for a capture, process or experiment that does not ask for this file."""
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            raise LookupError(f"no experiment {experiment_id[:200]!r}")
+        with tenant.lock:
+            experiment = tenant.experiment
+            process = experiment.processes.get(process_id)
+            if process is None:
+                raise LookupError(f"no process {process_id[:64]!r} in this experiment")
+            path = experiment.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process)
+            if isinstance(path, str):
+                raise LookupError(path)
+            capture = experiment.captures.captures[capture_id]
+            capture.files[process.label] = str(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        record = {
+            "type": "capture",
+            "capture": capture_id,
+            "reason": capture.reason,
+            "steps": capture.steps,
+            "process": process.label,
+            "role": process.role,
+            "replica": process.replica,
+            "rank": process.rank,
+            "path": str(path.resolve()),
+            "bytes": len(data),
+        }
+        with tenant.lock:
+            experiment.watch.note(record)
+            step = experiment.last_finalized if experiment.last_finalized >= 0 else None
+            self._writer(tenant).anomaly(record, step)
+        return str(path)
+
     def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
         """An experiment's processes say which views they want (used when the sink has none)."""
         if self.config.backends is not None:
@@ -477,6 +543,7 @@ class Sink:
                 "log_records": e.log_records,
                 "sample_rows": e.sample_rows,
                 **e.watch.status(),
+                "captures": e.captures.status(),
                 "time_bucketed": e.bucketed,
                 "internal_errors": e.internal_errors + tenant.errors,
                 "last_error": tenant.last_error,
@@ -582,6 +649,8 @@ class Sink:
             max_sample_tables=c.max_sample_tables,
             max_sample_chars_per_step=c.max_sample_chars_per_step,
             detectors=c.detectors,
+            captures=CaptureBook(self.clock, auto_interval=c.capture_interval),
+            auto_capture_steps=c.auto_capture_steps,
         )
         log_ = self.wal.open(experiment_id) if self.wal is not None else None
         if log_ is not None:

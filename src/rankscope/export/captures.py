@@ -1,0 +1,181 @@
+"""A process's side of capture on anomaly: poll the sink, profile the asked steps, upload the trace.
+
+The export thread calls ``service()`` once per loop: at most every ``poll_interval`` seconds it
+asks the sink's control route for requests addressed to this process (one small GET; nothing
+when no sink control URL is known: an external Collector or endpoint without
+``RANKSCOPE_SINK_CONTROL``), sends captures this process asked for (``rs.capture``), and
+uploads finished traces. The caller's thread only meets it at ``flush`` (``at_flush``): an
+attribute check when idle; with a request waiting, ``torch.profiler`` starts there (CPU, and
+CUDA where present) and stops after the asked number of steps, each marked as a
+``rankscope.step N`` range in the trace, and the capture as a ``rankscope.capture`` event in the
+step's trace. The Chrome trace is written, gzipped and uploaded on the export thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import random
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("rankscope")
+
+
+class Captures:
+    """One process's capture requests, its running profiler and its finished traces."""
+
+    def __init__(
+        self,
+        control: Callable[[], str | None],
+        experiment: str,
+        process_id: str,
+        *,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        poll_interval: float = 2.0,
+    ) -> None:
+        self._control = control
+        self.experiment = experiment
+        self.process_id = process_id
+        self.poll_interval = poll_interval
+        self._on_event = on_event
+        self._next_poll = 0.0
+        self._asked: deque[dict[str, Any]] = deque()
+        """Requests picked up from the sink, waiting for the next flush (caller's thread takes them)."""
+        self._ours: deque[dict[str, Any]] = deque()
+        """Captures this process asks for (``rs.capture``), posted on the export thread."""
+        self._finished: deque[tuple[str, Any]] = deque()
+        """(capture id, stopped profiler) whose trace the export thread writes and uploads."""
+        self._running: tuple[str, Any, Any, int] | None = None
+        """(capture id, profiler, the open step range, steps left) while profiling."""
+        self.uploaded: list[str] = []
+        self._lock = threading.Lock()
+
+    # -- caller's thread -----------------------------------------------------------------
+
+    def at_flush(self, step: int) -> None:
+        """At the flush of ``step``: mark the running profiler's step, stop it when done, or start a
+        waiting one (it then profiles steps ``step + 1`` to ``step + N``, each a ``rankscope.step N``
+        range in the trace)."""
+        running = self._running
+        if running is None and not self._asked:
+            return
+        try:
+            if running is not None:
+                capture_id, profiler, marks, left = running
+                marks.__exit__(None, None, None)
+                profiler.step()
+                if left > 1:
+                    self._running = (capture_id, profiler, _mark(step + 1), left - 1)
+                    return
+                profiler.stop()
+                self._running = None
+                self._finished.append((capture_id, profiler))
+                if self._on_event is not None:
+                    self._on_event("rankscope.capture", {"rankscope.capture.id": capture_id})
+                return
+            request = self._asked.popleft()
+            profiler = _start_profiler()
+            self._running = (str(request["id"]), profiler, _mark(step + 1), int(request["steps"]))
+        except Exception as exc:  # a profiler that will not start or stop: this capture is lost, the job goes on
+            self._running = None
+            log.warning("rankscope: profiler capture failed (%s: %s)", type(exc).__name__, exc)
+
+    def ask(self, reason: str, steps: int, ranks: list[int] | None) -> None:
+        """``rs.capture``: ask the sink for a capture (sent on the export thread)."""
+        self._ours.append({"experiment": self.experiment, "reason": reason, "steps": steps, "ranks": ranks})
+
+    # -- export thread -------------------------------------------------------------------
+
+    def service(self) -> None:
+        """Post our requests, poll for requests to us, upload finished traces (export thread)."""
+        control = self._control()
+        if control is None:
+            if self._ours:
+                self._ours.clear()
+                log.warning("rankscope: rs.capture needs a sink control URL (RANKSCOPE_SINK_CONTROL); not sent")
+            return
+        while self._ours:
+            body = self._ours.popleft()
+            answer = _request(control, "POST", "/rankscope/v1/captures", {}, json.dumps(body).encode())
+            if answer is None or "id" not in answer:
+                log.warning("rankscope: the sink did not take the capture request (%s)", answer)
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + self.poll_interval * random.uniform(0.8, 1.2)
+            query = {"experiment": self.experiment, "process": self.process_id}
+            found = _request(control, "GET", "/rankscope/v1/captures", query)
+            if isinstance(found, list):
+                self._asked.extend(r for r in found if isinstance(r, dict) and "id" in r and "steps" in r)
+        while self._finished:
+            capture_id, profiler = self._finished.popleft()
+            self._upload(control, capture_id, profiler)
+
+    def _upload(self, control: str, capture_id: str, profiler: Any) -> None:
+        handle, name = tempfile.mkstemp(suffix=".pt.trace.json")
+        os.close(handle)
+        try:
+            profiler.export_chrome_trace(name)
+            with open(name, "rb") as raw:
+                data = gzip.compress(raw.read(), compresslevel=6)
+            query = {"experiment": self.experiment, "capture": capture_id, "process": self.process_id}
+            answer = _request(control, "PUT", "/rankscope/v1/captures/file", query, data, timeout=60.0)
+            if answer is not None and "path" in answer:
+                self.uploaded.append(str(answer["path"]))
+            else:
+                log.warning("rankscope: the sink did not take capture %s (%s)", capture_id, answer)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("rankscope: capture %s could not be written or sent (%s)", capture_id, why)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
+def _mark(step: int) -> Any:
+    from torch.profiler import record_function
+
+    marks = record_function(f"rankscope.step {step}")
+    marks.__enter__()
+    return marks
+
+
+def _start_profiler() -> Any:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    profiler = profile(activities=activities)
+    profiler.start()
+    return profiler
+
+
+def _request(
+    control: str, method: str, path: str, query: dict[str, str], body: bytes | None = None, timeout: float = 2.0
+) -> Any:
+    """One call to the sink's control routes; its JSON answer, or None (logged at debug) on trouble."""
+    url = f"{control.rstrip('/')}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    request = urllib.request.Request(url, data=body, method=method)
+    token = os.environ.get("RANKSCOPE_SINK_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # the sink's reason (a rate limit, an unknown capture)
+        return {"error": f"{exc.code}: {exc.read()[:300].decode(errors='replace')}"}
+    except Exception as exc:
+        log.debug("rankscope: %s %s failed: %r", method, path, exc)
+        return None

@@ -1,0 +1,141 @@
+"""Capture on anomaly: which processes are asked to profile their next steps, and their files.
+
+A capture is asked for by a detector (a straggler: that process only), by a process
+(``rs.capture(reason)``) or by a person (``rankscope capture``). Processes poll for requests
+on their export thread (``GET /rankscope/v1/captures``), run ``torch.profiler`` for the asked
+number of steps and upload the Chrome trace (``PUT``), which is written under the sink's
+artifact directory (``ARTIFACTS/<experiment>/captures/<id>/<process>.pt.trace.json.gz``: names
+made safe, never paths) and announced to the views as a ``capture`` anomaly record.
+
+Bounded and rate-limited: detector captures at most one per ``auto_interval`` seconds per
+experiment, any capture at most one per ``min_interval`` seconds, at most ``MAX_OPEN`` open
+ones per experiment, a file at most ``max_file_bytes``; a flapping detector cannot profile forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.paths import safe_component
+
+MAX_OPEN = 8
+MAX_STEPS = 64
+_IDS = itertools.count(1)
+
+
+@dataclass(slots=True)
+class Capture:
+    id: str
+    reason: str
+    steps: int
+    ranks: frozenset[int] | None
+    """Ranks asked (None: every process), or"""
+    processes: frozenset[str] | None
+    """process ids asked (a detector names the very process)."""
+    asked_at: float
+    taken: set[str] = field(default_factory=set)
+    """Processes that picked the request up."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Process label -> path of its uploaded trace."""
+
+    def wants(self, process: Any) -> bool:
+        if self.processes is not None:
+            return process.id in self.processes
+        return self.ranks is None or process.rank in self.ranks
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "reason": self.reason,
+            "steps": self.steps,
+            "ranks": sorted(self.ranks) if self.ranks is not None else None,
+            "taken": len(self.taken),
+            "files": dict(self.files),
+        }
+
+
+class CaptureBook:
+    """One experiment's captures. Not thread-safe: the experiment's lock guards it."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        min_interval: float = 5.0,
+        auto_interval: float = 300.0,
+        open_for: float = 600.0,
+    ) -> None:
+        self.clock = clock
+        self.min_interval = min_interval
+        self.auto_interval = auto_interval
+        self.open_for = open_for
+        self.captures: OrderedDict[str, Capture] = OrderedDict()
+        self.refused = 0
+        self._last: float | None = None
+        self._last_auto: float | None = None
+
+    def ask(
+        self,
+        reason: str,
+        steps: int,
+        *,
+        ranks: frozenset[int] | None = None,
+        processes: frozenset[str] | None = None,
+        auto: bool = False,
+    ) -> Capture | str:
+        """A new capture, or why not (rate limits, too many open)."""
+        now = self.clock()
+        self._expire(now)
+        if not 1 <= steps <= MAX_STEPS:
+            return f"steps must be in [1, {MAX_STEPS}]"
+        if auto and self._last_auto is not None and now - self._last_auto < self.auto_interval:
+            self.refused += 1
+            return f"a detector asked for a capture less than {self.auto_interval:.0f}s ago"
+        if self._last is not None and now - self._last < self.min_interval:
+            self.refused += 1
+            return f"a capture was asked for less than {self.min_interval:.0f}s ago"
+        if len(self.captures) >= MAX_OPEN:
+            self.refused += 1
+            return f"{MAX_OPEN} captures are open"
+        capture = Capture(f"c{next(_IDS)}-{int(time.time())}", reason[:200], steps, ranks, processes, now)
+        self.captures[capture.id] = capture
+        self._last = now
+        if auto:
+            self._last_auto = now
+        return capture
+
+    def pending(self, process: Any) -> list[dict[str, Any]]:
+        """Requests for ``process`` it has not picked up yet (marked taken now)."""
+        self._expire(self.clock())
+        out = []
+        for capture in self.captures.values():
+            if process.id not in capture.taken and capture.wants(process):
+                capture.taken.add(process.id)
+                out.append({"id": capture.id, "steps": capture.steps, "reason": capture.reason})
+        return out
+
+    def path_for(self, root: Path, experiment: str, capture_id: str, process: Any) -> Path | str:
+        """Where ``process``'s file of ``capture_id`` goes, or why it is not taken."""
+        capture = self.captures.get(capture_id)
+        if capture is None or process.id not in capture.taken:
+            return f"no open capture {capture_id[:64]!r} for this process"
+        if process.label in capture.files:
+            return "this process's file of that capture is in already"
+        name = f"{safe_component(process.label)}.pt.trace.json.gz"
+        return root / safe_component(experiment) / "captures" / safe_component(capture.id) / name
+
+    def _expire(self, now: float) -> None:
+        while self.captures:
+            first = next(iter(self.captures.values()))
+            if now - first.asked_at < self.open_for:
+                break
+            self.captures.popitem(last=False)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [c.status() for c in self.captures.values()]
