@@ -119,3 +119,13 @@ def test_rankscope_capture_profiles_exactly_the_asked_ranks_and_steps(make_sink,
         "trainer_r0.pt.trace.json.gz",
         "trainer_r2.pt.trace.json.gz",
     ]
+
+
+def test_a_process_asks_for_a_capture_of_itself(make_sink, tmp_path: Path) -> None:
+    sink = make_sink(grace=30, artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0)
+    control = f"http://127.0.0.1:{sink.http_port}"
+    env = clean_env(RANKSCOPE_EXPERIMENT="self", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_SINK_CONTROL=control)
+    _torchrun("self", 60, env, tmp_path)
+    (capture,) = sink.status("self")["captures"]
+    assert capture["reason"] == "rank 3 wants a look" and capture["ranks"] == [3] and capture["steps"] == 1
+    assert list(capture["files"]) == ["trainer_r3"] and _trace_steps(capture["files"]["trainer_r3"]) == 1

@@ -19,6 +19,7 @@ PUBLIC = [
     "Reduce",
     "Tracer",
     "__version__",
+    "capture",
     "current_step",
     "dropped_points",
     "flush",

@@ -8,6 +8,7 @@ from . import rl, throughput
 from ._version import __version__
 from .api import (
     Tracer,
+    capture,
     current_step,
     dropped_points,
     flush,
@@ -36,6 +37,7 @@ __all__ = [
     "Reduce",
     "Tracer",
     "__version__",
+    "capture",
     "current_step",
     "dropped_points",
     "flush",

@@ -7,12 +7,13 @@
 
 from __future__ import annotations
 
-from .lifecycle import current_step, dropped_points, flush, force_flush, get_resource, init, shutdown
+from .lifecycle import capture, current_step, dropped_points, flush, force_flush, get_resource, init, shutdown
 from .metrics.recording import record_metric, record_sample
 from .tracing.tracer import Tracer, inject_env, record_event, set_step, trace
 
 __all__ = [
     "Tracer",
+    "capture",
     "current_step",
     "dropped_points",
     "flush",

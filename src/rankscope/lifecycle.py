@@ -550,6 +550,22 @@ def dropped_points() -> int:
 _dropped_before_shutdown = 0
 
 
+def capture(reason: str, *, steps: int = 2, ranks: list[int] | None = None) -> None:
+    """Ask the experiment's processes (``ranks``; None: every one) to run ``torch.profiler`` for
+    their next ``steps`` steps and send the Chrome traces to the sink (``rankscope capture`` from a
+    shell does the same). Returns at once: the request goes out on the export thread. Needs a sink
+    control URL (the embedded sink, ``rankscope run``, or ``RANKSCOPE_SINK_CONTROL``)."""
+    if not isinstance(reason, str):
+        raise TypeError(f"capture: reason must be a str, got {reason!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 64:
+        raise ValueError(f"capture: steps must be an int in [1, 64], got {steps!r}")
+    if ranks is not None and not all(type(r) is int and r >= 0 for r in ranks):
+        raise ValueError(f"capture: ranks must be non-negative ints, got {ranks!r}")
+    runtime = _slot.get()
+    if runtime is not None and runtime.thread.captures is not None:
+        runtime.thread.captures.ask(reason, steps, None if ranks is None else list(ranks))
+
+
 # -- processes made by fork ---------------------------------------------------------------
 #
 # A forked child (a torch DataLoader worker, a multiprocessing worker) is a new process with a

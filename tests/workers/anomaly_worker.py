@@ -3,6 +3,7 @@
 ``nan STEPS``: rank 2 records NaN as ``loss`` at step 3 (every other value is finite).
 ``straggler STEPS``: rank 1 sleeps 0.3 s inside the ``fwd`` phase from step 5 on.
 ``steady STEPS``: every rank alike, 0.1 s a step (a job to capture from a shell).
+``self STEPS``: steady, and rank 3 asks for a one-step capture of itself at step 3 (``rs.capture``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ def main(mode: str, steps: int) -> None:
             time.sleep(0.01)
             if mode == "straggler" and rank == 1 and step >= 5:
                 time.sleep(0.3)
-            if mode == "steady":
+            if mode in ("steady", "self"):
                 time.sleep(0.1)
+            if mode == "self" and rank == 3 and step == 3:
+                rs.capture("rank 3 wants a look", steps=1, ranks=[3])
             t.step("fwd")
             time.sleep(0.01)
             t.step("bwd")
