@@ -244,6 +244,14 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _top(args: argparse.Namespace) -> int:
+    from . import top
+
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+    token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
+    return top.run(args.sink, args.experiment, keys, max(0.1, min(args.interval, 1.0)), token, args.once)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .sink.wal import default_state_dir
 
@@ -319,6 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the files, then print them")
     c.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
     c.set_defaults(fn=_capture)
+    t = commands.add_parser("top", help="a live terminal view of a running sink (q quits)")
+    t.add_argument("--sink", default="http://127.0.0.1:4318", help="the sink's HTTP URL (default %(default)s)")
+    t.add_argument("--experiment", help="experiment id (default: the one furthest along)")
+    t.add_argument("--keys", help="keys to chart, comma-separated (default: the first six of the last step)")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    t.add_argument("--once", action="store_true", help="print one screen and exit")
+    t.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
+    t.set_defaults(fn=_top)
     args = parser.parse_args(argv)
     try:
         return int(args.fn(args))

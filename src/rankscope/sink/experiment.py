@@ -129,8 +129,11 @@ class StepView:
         labels: dict[str, str] | None = None,
         samples: dict[str, list[dict[str, Any]]] | None = None,
         anomalies: list[dict[str, Any]] | None = None,
+        heat: dict[str, dict[str, float]] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
+        self.heat = heat or {}
+        """Seconds per phase per process label (at most ``HEAT_PROCESSES`` of them): ``rankscope top``."""
         self.anomalies = anomalies or []
         """What the detectors found in this step (``sink.anomalies``)."""
         self.samples = samples or {}
@@ -201,6 +204,16 @@ def _extreme_rank(key: str, reduce: Reduce, state: Running, stamp: float) -> tup
         label = f"rank {rank}"
     name = f"{key}/argmax_rank" if reduce is Reduce.MAX else f"{key}/argmin_rank"
     return Metric(name, float(rank), Reduce.MAX, stamp), label
+
+
+HEAT_PROCESSES = 64
+
+
+def _heat(times: dict[str, dict[Process, float]]) -> dict[str, dict[str, float]]:
+    """A rank x phase map of one step for people: the processes of the lowest ranks, by label."""
+    shown = sorted({p for by in times.values() for p in by}, key=lambda p: (p.role, p.replica or "", p.rank))
+    keep = set(shown[:HEAT_PROCESSES])
+    return {phase: {p.label: round(s, 6) for p, s in by.items() if p in keep} for phase, by in times.items()}
 
 
 MAX_CLOCK_SKEW_NS = 60 * 10**9
@@ -721,8 +734,11 @@ class Experiment:
                 global_metrics.append(metric)
                 labels[metric.key] = label
         anomalies: list[dict[str, Any]] = []
+        heat: dict[str, dict[str, float]] = {}
         if not late:
-            phases = self.traces.phases(bucket.step)
+            times = self.traces.phase_times(bucket.step)
+            phases = self.traces.phases(bucket.step, times)
+            heat = _heat(times)
             global_metrics.extend(self.traces.stragglers(bucket.step, phases))
             nonfinite = self._nonfinite(bucket, bad) if bad else []
             global_metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
@@ -764,6 +780,7 @@ class Experiment:
             labels,
             samples,
             anomalies,
+            heat,
         )
 
     def _capture_stragglers(self, anomalies: list[dict[str, Any]], phases: list[Any]) -> None:

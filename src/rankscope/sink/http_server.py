@@ -5,7 +5,9 @@ Routes: ``POST /v1/metrics|traces|logs`` (OTLP, protobuf or JSON, optionally gzi
 clients and people: ``POST /rankscope/v1/config`` (an experiment's views),
 ``GET /rankscope/v1/status[?experiment=ID]`` and
 ``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]`` (stored spans as
-JSONL, streamed; what ``rankscope gantt --sink`` reads), and captures (``sink.captures``):
+JSONL, streamed; what ``rankscope gantt --sink`` reads),
+``GET /rankscope/v1/recent?experiment=ID`` (the last 64 finalized steps: values, missing,
+anomalies, rank x phase seconds; what ``rankscope top`` reads), and captures (``sink.captures``):
 ``POST /rankscope/v1/captures`` (``{"experiment", "steps", "ranks", "reason"}``: ask for one),
 ``GET /rankscope/v1/captures?experiment=ID&process=PID`` (a process polls for its requests) and
 ``PUT /rankscope/v1/captures/file?experiment=ID&capture=C&process=PID`` (its trace, gzip).
@@ -158,6 +160,13 @@ class _Routes:
         if request.path == "/rankscope/v1/spans":
             self._auth(request)
             return await self._spans(request)
+        if request.path == "/rankscope/v1/recent":
+            self._auth(request)
+            experiment = parse_qs(request.query_string).get("experiment", [""])[0]
+            found = await self._call(self.sink.recent, experiment)
+            if found is None:
+                raise HttpError(404, f"no experiment {experiment[:200]!r}")
+            return web.json_response(found)
         if request.path == "/rankscope/v1/captures":
             self._auth(request)
             query = parse_qs(request.query_string)

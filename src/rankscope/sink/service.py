@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +148,28 @@ class Tenant:
         self.dirty = False
         self.errors = 0
         self.last_error: str | None = None
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_STEPS)
+        """The last finalized steps, for people watching live (``/rankscope/v1/recent``)."""
+
+
+RECENT_STEPS = 64
+RECENT_KEYS = 256
+
+
+def _recent(view: StepView) -> dict[str, Any]:
+    values: dict[str, float] = {}
+    for metric in view.global_metrics:
+        if len(values) >= RECENT_KEYS:
+            break
+        values[metric.key] = metric.value
+    return {
+        "step": view.step,
+        "time": time.time(),
+        "values": values,
+        "missing": view.missing[:64],
+        "anomalies": view.anomalies[:16],
+        "phases": view.heat,
+    }
 
 
 class Sink:
@@ -444,6 +466,14 @@ class Sink:
 
     # -- control (HTTP routes used by embedded clients) ------------------------------------
 
+    def recent(self, experiment_id: str) -> list[dict[str, Any]] | None:
+        """The experiment's last finalized steps (values, missing, anomalies, rank x phase seconds)."""
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return None
+        with tenant.lock:
+            return list(tenant.recent)
+
     # -- captures (``sink.captures``) ----------------------------------------------------
 
     def capture(
@@ -722,6 +752,8 @@ class Sink:
                     writer = self._writer(tenant)
                     for view in views:
                         writer.step(view)
+                        if not view.late:
+                            tenant.recent.append(_recent(view))
         except Exception as exc:  # a bug: logged once, counted, this experiment only
             self._tenant_error(tenant, "finalizing", exc)
 

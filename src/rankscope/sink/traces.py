@@ -260,17 +260,20 @@ class TraceStore:
             out.extend(s for s in self._steps[step] if ranks is None or s.process.rank in ranks)
         return out
 
-    def phases(self, step: int) -> list[Phase]:
-        """Each span name traced by at least two processes in ``step``: who was slowest and fastest."""
+    def phase_times(self, step: int) -> dict[str, dict[Any, float]]:
+        """Seconds each process spent in each span name of ``step`` (the root span left out)."""
         per_phase: dict[str, dict[Any, float]] = {}
         for span in self._steps.get(step, ()):
             if span.end_ns <= span.start_ns or (span.name == ROOT_NAME and not span.parent_span_id):
                 continue
             by_process = per_phase.setdefault(span.name, {})
             by_process[span.process] = by_process.get(span.process, 0.0) + (span.end_ns - span.start_ns) / 1e9
+        return {name: per_phase[name] for name in sorted(per_phase)[:MAX_PHASES_PER_STEP]}
+
+    def phases(self, step: int, times: dict[str, dict[Any, float]] | None = None) -> list[Phase]:
+        """Each span name traced by at least two processes in ``step``: who was slowest and fastest."""
         out: list[Phase] = []
-        for name in sorted(per_phase)[:MAX_PHASES_PER_STEP]:
-            by_process = per_phase[name]
+        for name, by_process in (self.phase_times(step) if times is None else times).items():
             if len(by_process) < 2:
                 continue
             ordered = sorted(by_process.items(), key=lambda kv: kv[1])

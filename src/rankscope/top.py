@@ -1,0 +1,194 @@
+"""``rankscope top``: a live terminal view of a running sink, read over its HTTP routes.
+
+    rankscope top --sink http://127.0.0.1:4318 [--experiment ID] [--keys loss,grad_norm]
+
+Every ``--interval`` seconds (default 1) it reads ``/rankscope/v1/status`` and
+``/rankscope/v1/recent`` and redraws: the experiments, the chosen one's last finalized step, its
+lag and step rate, chosen keys with sparklines over the last steps, a rank x phase map of the
+last step's span seconds (the slowest cell of each phase marked), stragglers, missing processes,
+refused points, anomalies and captures. Plain text in any terminal (rich), so it works over SSH;
+``q`` quits (so does Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import select
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+SPARKS = "▁▂▃▄▅▆▇█"
+MAX_ROWS = 16
+MAX_PHASES = 8
+
+
+def sparkline(values: list[float]) -> str:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "·" * len(values)
+    low, high = min(finite), max(finite)
+    span = high - low or 1.0
+    return "".join(SPARKS[int((v - low) / span * (len(SPARKS) - 1))] if math.isfinite(v) else "!" for v in values)
+
+
+def _get(url: str, path: str, query: dict[str, str], token: str | None) -> Any:
+    full = f"{url.rstrip('/')}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    request = urllib.request.Request(full, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=2.0) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+def snapshot(url: str, experiment: str | None, token: str | None = None) -> dict[str, Any]:
+    """What one screen shows: the sink's experiments, and the chosen one's status and recent steps."""
+    overview = _get(url, "/rankscope/v1/status", {}, token)
+    if overview is None:
+        return {"error": f"no answer from {url}"}
+    listed = overview.get("experiment_list", [])
+    if experiment is None and listed:
+        experiment = max(listed, key=lambda e: e.get("last_finalized_step", -1))["id"]
+    found: dict[str, Any] = {"experiments": listed, "experiment": experiment}
+    if experiment is not None:
+        found["status"] = _get(url, "/rankscope/v1/status", {"experiment": experiment}, token) or {}
+        found["recent"] = _get(url, "/rankscope/v1/recent", {"experiment": experiment}, token) or []
+    return found
+
+
+def _fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = None) -> Group:
+    """The screen for one snapshot (a pure function: the tests and ``--once`` print it)."""
+    now = time.time() if now is None else now
+    if "error" in snap:
+        return Group(Text(f"rankscope top: {snap['error']}", style="bold red"))
+    parts: list[Any] = []
+    experiments = Table(title="experiments", expand=False)
+    for column in ("experiment", "processes", "last step"):
+        experiments.add_column(column)
+    for e in snap["experiments"][:MAX_ROWS]:
+        chosen = "bold" if e.get("id") == snap["experiment"] else ""
+        experiments.add_row(
+            Text(str(e.get("id")), style=chosen), str(e.get("processes")), str(e.get("last_finalized_step"))
+        )
+    parts.append(experiments)
+    status, recent = snap.get("status") or {}, snap.get("recent") or []
+    if not recent:
+        parts.append(Text(f"{snap['experiment']}: no finalized step yet"))
+        return Group(*parts)
+    last = recent[-1]
+    window = recent[-10:]
+    elapsed = window[-1]["time"] - window[0]["time"]
+    rate = (window[-1]["step"] - window[0]["step"]) / elapsed if elapsed > 0 else 0.0
+    header = (
+        f"{snap['experiment']}  step {last['step']}  lag {max(0.0, now - last['time']):.1f}s  "
+        f"{rate:.2f} steps/s  processes {status.get('processes', '?')}  "
+        f"refused {status.get('refused_points', 0)}  missing {len(last.get('missing', []))}"
+    )
+    parts.append(Text(header, style="bold"))
+    shown = keys or [k for k in last["values"] if not k.startswith(("rankscope/", "straggler/"))][:6]
+    values = Table(title="keys", expand=False)
+    for column in ("key", "last", "min", "max", f"last {len(recent)} steps"):
+        values.add_column(column)
+    for key in shown:
+        series = [r["values"].get(key, math.nan) for r in recent]
+        finite = [v for v in series if math.isfinite(v)] or [math.nan]
+        values.add_row(key, _fmt(series[-1]), _fmt(min(finite)), _fmt(max(finite)), sparkline(series))
+    parts.append(values)
+    phases = list(last.get("phases", {}))[:MAX_PHASES]
+    if phases:
+        heat = Table(title=f"seconds per phase, step {last['step']} (* slowest)", expand=False)
+        heat.add_column("process")
+        for phase in phases:
+            heat.add_column(phase[-24:])
+        labels = sorted({p for phase in phases for p in last["phases"][phase]})
+        slowest = {phase: max(last["phases"][phase].items(), key=lambda kv: kv[1])[0] for phase in phases}
+        for label in labels[:MAX_ROWS]:
+            cells = []
+            for phase in phases:
+                seconds = last["phases"][phase].get(label)
+                mark = "*" if slowest[phase] == label else " "
+                cells.append(
+                    Text(f"{seconds:.3f}{mark}" if seconds is not None else "-", style="red" if mark == "*" else "")
+                )
+            heat.add_row(label, *cells)
+        parts.append(heat)
+    stragglers = [a for a in last.get("anomalies", []) if a.get("type") == "straggler"]
+    for a in stragglers:
+        parts.append(
+            Text(f"straggler: {a.get('process')} in {a.get('phase')} ({a.get('ratio')}x the median)", style="red")
+        )
+    if last.get("missing"):
+        parts.append(Text(f"missing: {', '.join(last['missing'][:16])}", style="yellow"))
+    first = status.get("first_nonfinite")
+    if first:
+        parts.append(
+            Text(f"first non-finite: {first['key']} at step {first['step']} from {first['process']}", style="red")
+        )
+    anomalies = status.get("anomalies", [])[-5:]
+    if anomalies:
+        parts.append(Text("anomalies: " + "; ".join(f"{a['type']}@{a.get('step')}" for a in anomalies)))
+    for c in status.get("captures", [])[-3:]:
+        parts.append(Text(f"capture {c['id']}: {c['reason']} ({len(c['files'])}/{c['taken']} files)"))
+    return Group(*parts)
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Any]:
+    """Single keys from the terminal without Enter (cbreak), restored on the way out."""
+    if not sys.stdin.isatty():
+        yield None
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield fd
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _quit_pressed(fd: int | None, timeout: float) -> bool:
+    if fd is None:
+        time.sleep(timeout)
+        return False
+    ready, _, _ = select.select([fd], [], [], timeout)
+    return bool(ready) and os.read(fd, 32).lower().startswith(b"q")
+
+
+def run(
+    url: str, experiment: str | None, keys: list[str] | None, interval: float, token: str | None, once: bool
+) -> int:
+    console = Console()
+    if once:
+        console.print(render(snapshot(url, experiment, token), keys))
+        return 0
+    with _keys() as fd, Live(console=console, auto_refresh=False, transient=False) as live:
+        try:
+            while True:
+                live.update(render(snapshot(url, experiment, token), keys), refresh=True)
+                if _quit_pressed(fd, interval):
+                    return 0
+        except KeyboardInterrupt:
+            return 0
