@@ -111,6 +111,7 @@ NOT_IN_THE_TOY = {
     "optimizer/closure_s": "the toy's optimizer.step() takes no closure",
     "dataloader/": "the trainer reads batches from the replay buffer",
     "cuda/": "CPU only",
+    "gpu/": "CPU only (NVML)",
     "host/": "opt-in (RANKSCOPE_HOST_METRICS)",
     "throughput/mfu": "no peak FLOPs for a CPU",
     "checkpoint/load": "the toy only saves",

@@ -34,6 +34,11 @@ def test_catalog_units_are_ucum_and_names_are_unique() -> None:
         "{request}",
         "{sample}",
         "{link}",
+        "%",
+        "W",
+        "Cel",
+        "MHz",
+        "{error}",
     }
     assert unit_of("comm/all_gather_into_tensor/bytes") == "By"
     assert unit_of("endpoint/Trainer.train_step/latency_s") == "s"

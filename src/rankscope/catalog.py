@@ -30,7 +30,7 @@ class MetricSpec:
 
 _S, _SUM, _MEAN, _MAX, _DIST = "s", Reduce.SUM, Reduce.MEAN, Reduce.MAX, Reduce.DISTRIBUTION
 _OPT, _DL, _COMM = "torch_optimizer", "torch_dataloader", "torch_distributed"
-_CKPT, _MEM = "torch_checkpoint", "torch_memory"
+_CKPT, _MEM, _NVML = "torch_checkpoint", "torch_memory", "nvml"
 _TP, _RL, _MON, _TE = "rs.throughput", "rs.rl", "monarch", "torchelastic"
 
 CATALOG: tuple[MetricSpec, ...] = (
@@ -52,6 +52,15 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("checkpoint/save_bytes", "By", _SUM, "trainer", _CKPT, "bytes written"),
     MetricSpec("checkpoint/load_s", _S, _MAX, "trainer", _CKPT, "torch.load / torch.distributed.checkpoint.load time"),
     MetricSpec("checkpoint/load_bytes", "By", _SUM, "trainer", _CKPT, "bytes read"),
+    MetricSpec("gpu/utilization", "%", Reduce.MIN, "any", _NVML, "GPU busy time (NVML), the idlest rank"),
+    MetricSpec("gpu/memory_bandwidth_utilization", "%", Reduce.MIN, "any", _NVML, "memory busy time (NVML)"),
+    MetricSpec("gpu/power_w", "W", _MAX, "any", _NVML, "board power draw (NVML)"),
+    MetricSpec("gpu/temperature_c", "Cel", _MAX, "any", _NVML, "GPU temperature (NVML)"),
+    MetricSpec("gpu/sm_clock_mhz", "MHz", Reduce.MIN, "any", _NVML, "SM clock (NVML), the most throttled rank"),
+    MetricSpec("gpu/throttled", "1", _MAX, "any", _NVML, "1 when a clock-throttle reason other than idle is on"),
+    MetricSpec("gpu/throttle_reasons", "1", _MAX, "any", _NVML, "NVML clock-throttle reason bitmask"),
+    MetricSpec("gpu/ecc_errors", "{error}", _MAX, "any", _NVML, "volatile uncorrected ECC errors (NVML)"),
+    MetricSpec("gpu/xid_errors", "{error}", _SUM, "any", _NVML, "critical Xid events since the last flush"),
     MetricSpec("cuda/memory_allocated_bytes", "By", _MAX, "any", _MEM, "allocated by tensors, at flush (CUDA)"),
     MetricSpec("cuda/memory_reserved_bytes", "By", _MAX, "any", _MEM, "reserved by the caching allocator (CUDA)"),
     MetricSpec("cuda/memory_peak_bytes", "By", _MAX, "any", _MEM, "high-water mark of allocated memory (CUDA)"),

@@ -259,6 +259,14 @@ SETTINGS: tuple[Setting, ...] = (
         parse=parse_bool,
     ),
     Setting(
+        "memory_history",
+        "RANKSCOPE_MEMORY_HISTORY",
+        None,
+        "CUDA allocator events to keep in a ring (torch.cuda.memory history); on a CUDA OOM the "
+        "process saves a memory snapshot (rankscope_artifacts/oom/). Unset: off.",
+        parse=_parse_positive_int,
+    ),
+    Setting(
         "sample_seed",
         "RANKSCOPE_SAMPLE_SEED",
         None,
@@ -328,6 +336,7 @@ class Settings:
     auto_step: bool
     grad_norm: bool
     host_metrics: bool
+    memory_history: int | None
     sample_seed: int | None
     shutdown_timeout: float
 

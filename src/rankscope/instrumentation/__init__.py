@@ -8,6 +8,7 @@ turns it off:
 - ``CollectivesInstrumentor`` (``torch_distributed``): collective duration, bytes, op, group size
 - ``CheckpointInstrumentor`` (``torch_checkpoint``): torch.save/load and DCP spans with bytes
 - ``MemoryInstrumentor`` (``torch_memory``): CUDA memory (and host RSS/CPU) at each flush
+- ``GpuHealthInstrumentor`` (``nvml``): NVML utilization, power, temperature, clocks, throttling, errors
 - ``MonarchInstrumentor`` (``monarch``): server spans and per-endpoint metrics for actors
 - ``TorchElasticInstrumentor`` (``torchelastic``): torchelastic metrics into rankscope
 """
@@ -15,6 +16,7 @@ turns it off:
 from .checkpoint import CheckpointInstrumentor
 from .dataloader import DataLoaderInstrumentor
 from .distributed import CollectivesInstrumentor
+from .gpu_health import GpuHealthInstrumentor
 from .memory import MemoryInstrumentor
 from .monarch import MonarchInstrumentor
 from .optimizer import OptimizerInstrumentor
@@ -28,6 +30,7 @@ INSTRUMENTORS = {
     "torch_memory": MemoryInstrumentor,
     "monarch": MonarchInstrumentor,
     "torchelastic": TorchElasticInstrumentor,
+    "nvml": GpuHealthInstrumentor,
 }
 """Entry-point name -> instrumentor class (the same names as in pyproject.toml)."""
 
@@ -36,6 +39,7 @@ __all__ = [
     "CheckpointInstrumentor",
     "CollectivesInstrumentor",
     "DataLoaderInstrumentor",
+    "GpuHealthInstrumentor",
     "MemoryInstrumentor",
     "MonarchInstrumentor",
     "OptimizerInstrumentor",

@@ -4,6 +4,12 @@
 host-side counters (no device sync); ``cuda/alloc_retries`` and ``cuda/ooms`` are the
 increase since the previous flush. With ``host=True`` (``RANKSCOPE_HOST_METRICS``):
 ``host/rss_bytes`` and ``host/cpu_utilization`` (process CPU seconds per wall second).
+
+With ``RANKSCOPE_MEMORY_HISTORY=N`` the allocator keeps its last N events
+(``torch.cuda.memory._record_memory_history``, armed at the first flush after CUDA is up), and
+a CUDA out-of-memory error makes the process save a memory snapshot to
+``rankscope_artifacts/oom/<process>-<pid>-<time>.pickle`` (open it at pytorch.org/memory_viz),
+named in a warning. Off by default: recording allocator history costs on every allocation.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class MemoryInstrumentor(ModuleInstrumentor):
 
     def _apply(self, module: ModuleType) -> None:
         host = self.options.get("host")
-        self._sampler = _Sampler(resolve("host_metrics") if host is None else bool(host))
+        self._sampler = _Sampler(resolve("host_metrics") if host is None else bool(host), resolve("memory_history"))
         add_flush_hook(self._sampler.sample)
 
     def _revert(self) -> None:
@@ -37,8 +43,10 @@ class MemoryInstrumentor(ModuleInstrumentor):
 
 
 class _Sampler:
-    def __init__(self, host: bool) -> None:
+    def __init__(self, host: bool, history: int | None = None) -> None:
         self.host = host
+        self.history = history
+        self.armed = False
         self.retries: dict[int, int] = {}
         self.ooms: dict[int, int] = {}
         self.cpu = (time.perf_counter(), _cpu_seconds())
@@ -46,6 +54,9 @@ class _Sampler:
     def sample(self) -> None:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():  # never initialize CUDA for telemetry
+            if self.history and not self.armed:
+                self.armed = True
+                _arm_oom_snapshots(torch, self.history)
             device = torch.cuda.current_device()
             stats = torch.cuda.memory_stats(device)
             record_metric("cuda/memory_allocated_bytes", stats.get("allocated_bytes.all.current", 0), _MAX)
@@ -77,3 +88,32 @@ def _rss_bytes() -> int:
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # peak, in KiB on Linux
+
+
+def _arm_oom_snapshots(torch: ModuleType, entries: int) -> None:
+    """Keep the allocator's last ``entries`` events; on an OOM, dump them (see the module docstring)."""
+    from pathlib import Path
+
+    from ..core.errors import warn
+    from ..core.identity import process_label
+    from ..core.paths import safe_component
+    from ..lifecycle import get_resource
+
+    try:
+        torch.cuda.memory._record_memory_history(max_entries=entries)
+    except Exception as exc:
+        warn(f"rankscope: CUDA memory history is unavailable ({exc!r})")
+        return
+
+    def on_oom(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+        resource = get_resource()
+        label = process_label(resource.attributes) if resource is not None else "process"
+        path = Path("rankscope_artifacts") / "oom" / f"{safe_component(label)}-{os.getpid()}-{int(time.time())}.pickle"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(path))
+            warn(f"rankscope: CUDA out of memory on device {device}; memory snapshot: {path}")
+        except Exception as exc:
+            warn(f"rankscope: CUDA out of memory; the snapshot failed ({exc!r})")
+
+    torch._C._cuda_attach_out_of_memory_observer(on_oom)
