@@ -55,7 +55,8 @@ def _trace_steps(path: str) -> int:
     return len({e["name"] for e in events if str(e.get("name", "")).startswith("rankscope.step ")})
 
 
-def test_a_straggler_is_named_and_profiled_on_its_rank_only(make_sink, tmp_path: Path) -> None:
+def test_a_straggler_is_named_and_profiled_on_its_rank_only(make_sink, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's process-wide settings are made once, from the env
     path = tmp_path / "global.jsonl"
     views = {
         "jsonl": {"logging_mode": "global_reduce", "path": str(path)},

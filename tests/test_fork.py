@@ -80,7 +80,7 @@ def test_dataloader_workers_values_reach_the_experiment_view(
     assert fields["dropped"] == 0
     sink.stop()  # finalizes and writes every open step
 
-    rows = [r for r in _read(tmp_path / "global.jsonl") if not r.get("late") and r["kind"] != "sample"]
+    rows = [r for r in _read(tmp_path / "global.jsonl") if not r.get("late") and r["kind"] == "global_reduce"]
     steps = {r["step"] for r in rows}
     assert steps == set(range(fields["last_step"] + 1))
     total = {key: sum(r["value"] for r in rows if r["key"] == key) for key in ("data/item", "data/items")}

@@ -296,7 +296,7 @@ def test_path_hostile_ids_and_roles_create_files_only_under_the_configured_direc
             target = rank_rows if (cwd / "rankscope_logs") in path.parents else global_rows
             assert target.setdefault(rows[0]["experiment"], rows) is rows, f"two files for {rows[0]['experiment']!r}"
     for experiment, role, replica in accepted:
-        assert any(r["key"] == "loss" and r["value"] == 1.5 for r in global_rows[experiment]), experiment
+        assert any(r.get("key") == "loss" and r["value"] == 1.5 for r in global_rows[experiment]), experiment
         row = next(r for r in rank_rows[experiment] if r["key"] == "loss")
         assert (row["role"], row.get("replica")) == (role, replica)
     assert len([p for p in created if p.name.startswith("run-") and p.suffix == ".wandb"]) >= 1

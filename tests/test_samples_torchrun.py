@@ -43,7 +43,10 @@ def _wandb_tables(root: Path, table: str) -> dict[int, dict[str, Any]]:
     return found
 
 
-def test_four_ranks_keep_exactly_the_top_and_bottom_two_rows_with_provenance(make_sink, tmp_path: Path) -> None:
+def test_four_ranks_keep_exactly_the_top_and_bottom_two_rows_with_provenance(
+    make_sink, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's process-wide settings are made once, from the env
     steps, experiment = 3, "samples-ranked"
     jsonl = tmp_path / "global.jsonl"
     views = {

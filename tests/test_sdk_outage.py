@@ -145,7 +145,11 @@ def test_only_the_steps_that_overflow_the_queue_are_dropped_and_counted(
     _wait_written(sink, "overflow", 22)
     rows = _rows(tmp_path, "overflow")
     # The SDK's count of what it dropped has no step: it lands by its time, in the first step it lost.
-    assert rows.pop(5) == {"rankscope.dropped_points": 15.0 * (KEYS + 1), "rankscope/missing_processes": 0.0}
+    assert rows.pop(5) == {
+        "rankscope.dropped_points": 15.0 * (KEYS + 1),
+        "rankscope/missing_processes": 0.0,
+        "rankscope/nonfinite_values": 0.0,
+    }
     assert sorted(rows) == [0, 1, 2, 3, 4, 20, 21, 22]
     assert all(rows[s]["steps"] == 1.0 and rows[s]["k0"] == float(s) for s in rows)
     assert rs.dropped_points() == 15 * (KEYS + 1)

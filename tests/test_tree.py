@@ -57,7 +57,8 @@ def global_view(tmp: Path, experiment: str) -> dict[int, dict[str, float]]:
     """{step: {key: value}}, a late update's row replacing the first one."""
     found: dict[int, dict[str, float]] = {}
     for row in rows(tmp, "global", experiment):
-        found.setdefault(row["step"], {})[row["key"]] = row["value"]
+        if row["kind"] == "global_reduce":  # not the anomaly records beside them
+            found.setdefault(row["step"], {})[row["key"]] = row["value"]
     return found
 
 

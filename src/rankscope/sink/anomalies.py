@@ -30,6 +30,8 @@ class Detectors:
     slow_step_factor: float = 3.0
     """A step whose window is this many times the median of the last ``slow_step_history`` steps."""
     slow_step_history: int = 16
+    slow_step_min_s: float = 0.5
+    """...and at least this many seconds over that median (a 50 ms step's jitter is not news)."""
     nonfinite: bool = True
     missing: bool = True
 
@@ -79,7 +81,7 @@ class Watch:
             history = list(self._durations)
             if len(history) >= self._durations.maxlen:  # type: ignore[operator]
                 median = statistics.median(history)
-                if median > 0 and duration >= d.slow_step_factor * median:
+                if median > 0 and duration >= d.slow_step_factor * median and duration - median >= d.slow_step_min_s:
                     found.append(
                         {
                             "type": SLOW_STEP,

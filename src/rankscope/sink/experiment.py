@@ -671,7 +671,10 @@ class Experiment:
                 self._checked = (step, self._version, self._absent(step))
             absent = self._checked[2]
             bucket = self._open[step]
-            if absent and not force and now - bucket.opened < self.grace:
+            # A step holding only sample rows (sent before their process's flush marker) waits
+            # for a marker like a step with an absent process, up to the grace period.
+            rows_only = not bucket.reporters and not bucket.merged and bool(bucket.samples)
+            if (absent or rows_only) and not force and now - bucket.opened < self.grace:
                 break
             if self._epoch is not None and not force and now < self._bucket_due(step):
                 break
