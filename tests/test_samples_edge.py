@@ -213,3 +213,24 @@ def test_a_retried_request_with_other_bytes_does_not_keep_a_row_twice(make_sink,
     assert sink.wait_written("retried")
     kept = [json.loads(line) for line in path.read_text().splitlines() if '"sample"' in line]
     assert [(r["side"], r["row"]["reward"]) for r in kept] == [("top", 9.0), ("top", 7.0)]
+
+
+def test_a_step_holding_only_sample_rows_waits_for_its_flush_marker() -> None:
+    """Rows go out before their process's marker: the step must not finalize on the rows alone
+    (it did, with one rank's rows, before the other ranks' markers said there were four)."""
+    from rankscope.otlp.markers import Marker
+    from rankscope.sink.experiment import Experiment
+    from rankscope.sink.validate import Refusals, ResourceBatch
+
+    now = [0.0]
+    experiment = Experiment("rows-first", grace=10.0, clock=lambda: now[0])
+    resource = {attr.EXPERIMENT_ID: "rows-first", attr.SERVICE_INSTANCE_ID: "p0", attr.RANK: 0, attr.WORLD_SIZE: 2}
+    row = wire.SampleRow("t", "reward", 2, "top", 1.0, 0, {"reward": 1.0}, 0, 1, "", "", None)
+    experiment.apply(ResourceBatch("rows-first", resource, samples=[row]), Refusals())
+    assert experiment.ready() == []  # rows only: wait for a marker
+    experiment.apply(ResourceBatch("rows-first", resource, markers=[Marker(0, 0, False, 1)]), Refusals())
+    assert experiment.ready() == []  # rank 1 of 2 has not closed step 0
+    now[0] = 11.0
+    (view,) = experiment.ready()  # the grace ran out: rank 1 is named missing, the rows are kept
+    assert view.missing == ["trainer_r1"] or view.missing == ["unknown_r1"]
+    assert [r["row"]["reward"] for r in view.samples["t"]] == [1.0]
