@@ -303,12 +303,14 @@ def _start_runtime(
     )
     a = resource.attributes
     process_id = str(a.get(attr.SERVICE_INSTANCE_ID) or a.get(attr.PROCESS_PID) or "?")
-    captures = Captures(
-        lambda: getattr(senders, "control_url", None) or settings.sink_control,
-        str(a[attr.EXPERIMENT_ID]),
-        process_id,
-        on_event=_capture_event,
-    )
+    captures = None
+    if not isinstance(senders, RelaySenders):  # forked children (DataLoader workers) are not profiled
+        captures = Captures(
+            lambda: getattr(senders, "control_url", None) or settings.sink_control,
+            str(a[attr.EXPERIMENT_ID]),
+            process_id,
+            on_event=_capture_event,
+        )
     thread = ExportThread(
         resource=resource,
         recorder=recorder,
@@ -488,6 +490,8 @@ def _shutdown_locked(drain_unflushed: bool = True) -> None:
     _slot.install(None, off=_slot.disabled)
     if runtime is None:
         return
+    if runtime.thread.captures is not None:
+        runtime.thread.captures.abort()  # a profiler still running stops here, its capture dropped
     runtime.tracing.shutdown()  # GPU-timed spans still pending go to the buffer first
     if drain_unflushed:
         batch = runtime.recorder.take(None)

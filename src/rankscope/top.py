@@ -2,7 +2,7 @@
 
     rankscope top --sink http://127.0.0.1:4318 [--experiment ID] [--keys loss,grad_norm]
 
-Every ``--interval`` seconds (default 1) it reads ``/rankscope/v1/status`` and
+Every ``--interval`` seconds (default 1, at most 1) it reads ``/rankscope/v1/status`` and
 ``/rankscope/v1/recent`` and redraws: the experiments, the chosen one's last finalized step, its
 lag and step rate, chosen keys with sparklines over the last steps, a rank x phase map of the
 last step's span seconds (the slowest cell of each phase marked), stragglers, missing processes,
@@ -13,6 +13,7 @@ refused points, anomalies and captures. Plain text in any terminal (rich), so it
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -50,22 +51,24 @@ def _get(url: str, path: str, query: dict[str, str], token: str | None) -> Any:
     try:
         with urllib.request.urlopen(request, timeout=2.0) as response:
             return json.loads(response.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):  # a sink gone mid-answer too
         return None
 
 
 def snapshot(url: str, experiment: str | None, token: str | None = None) -> dict[str, Any]:
     """What one screen shows: the sink's experiments, and the chosen one's status and recent steps."""
     overview = _get(url, "/rankscope/v1/status", {}, token)
-    if overview is None:
+    if not isinstance(overview, dict):
         return {"error": f"no answer from {url}"}
     listed = overview.get("experiment_list", [])
     if experiment is None and listed:
         experiment = max(listed, key=lambda e: e.get("last_finalized_step", -1))["id"]
     found: dict[str, Any] = {"experiments": listed, "experiment": experiment}
     if experiment is not None:
-        found["status"] = _get(url, "/rankscope/v1/status", {"experiment": experiment}, token) or {}
-        found["recent"] = _get(url, "/rankscope/v1/recent", {"experiment": experiment}, token) or []
+        status = _get(url, "/rankscope/v1/status", {"experiment": experiment}, token)
+        recent = _get(url, "/rankscope/v1/recent", {"experiment": experiment}, token)
+        found["status"] = status if isinstance(status, dict) else {}
+        found["recent"] = [r for r in recent if isinstance(r, dict) and "step" in r] if isinstance(recent, list) else []
     return found
 
 
@@ -96,24 +99,25 @@ def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = Non
         return Group(*parts)
     last = recent[-1]
     window = recent[-10:]
-    elapsed = window[-1]["time"] - window[0]["time"]
+    elapsed = float(window[-1].get("time", 0)) - float(window[0].get("time", 0))
     rate = (window[-1]["step"] - window[0]["step"]) / elapsed if elapsed > 0 else 0.0
     header = (
-        f"{snap['experiment']}  step {last['step']}  lag {max(0.0, now - last['time']):.1f}s  "
+        f"{snap['experiment']}  step {last['step']}  lag {max(0.0, now - float(last.get('time', now))):.1f}s  "
         f"{rate:.2f} steps/s  processes {status.get('processes', '?')}  "
         f"refused {status.get('refused_points', 0)}  missing {len(last.get('missing', []))}"
     )
     parts.append(Text(header, style="bold"))
-    shown = keys or [k for k in last["values"] if not k.startswith(("rankscope/", "straggler/"))][:6]
+    last_values = last.get("values") or {}
+    shown = keys or [k for k in last_values if not k.startswith(("rankscope/", "straggler/"))][:6]
     values = Table(title="keys", expand=False)
     for column in ("key", "last", "min", "max", f"last {len(recent)} steps"):
         values.add_column(column)
     for key in shown:
-        series = [r["values"].get(key, math.nan) for r in recent]
+        series = [float((r.get("values") or {}).get(key, math.nan)) for r in recent]
         finite = [v for v in series if math.isfinite(v)] or [math.nan]
         values.add_row(key, _fmt(series[-1]), _fmt(min(finite)), _fmt(max(finite)), sparkline(series))
     parts.append(values)
-    phases = list(last.get("phases", {}))[:MAX_PHASES]
+    phases = [name for name, cells in (last.get("phases") or {}).items() if cells][:MAX_PHASES]
     if phases:
         heat = Table(title=f"seconds per phase, step {last['step']} (* slowest)", expand=False)
         heat.add_column("process")

@@ -1,14 +1,17 @@
 """A process's side of capture on anomaly: poll the sink, profile the asked steps, upload the trace.
 
 The export thread calls ``service()`` once per loop: at most every ``poll_interval`` seconds it
-asks the sink's control route for requests addressed to this process (one small GET; nothing
-when no sink control URL is known: an external Collector or endpoint without
-``RANKSCOPE_SINK_CONTROL``), sends captures this process asked for (``rs.capture``), and
-uploads finished traces. The caller's thread only meets it at ``flush`` (``at_flush``): an
-attribute check when idle; with a request waiting, ``torch.profiler`` starts there (CPU, and
-CUDA where present) and stops after the asked number of steps, each marked as a
-``rankscope.step N`` range in the trace, and the capture as a ``rankscope.capture`` event in the
-step's trace. The Chrome trace is written, gzipped and uploaded on the export thread.
+asks the sink's control route for requests addressed to this process (one small GET with a
+0.5 s deadline, every 30 s while the sink does not answer; nothing when no sink control URL is
+known: an external Collector or endpoint without ``RANKSCOPE_SINK_CONTROL``) and sends captures
+this process asked for (``rs.capture``). The caller's thread meets it at ``flush``
+(``at_flush``): an attribute check when idle; with a request waiting, ``torch.profiler`` starts
+there (CPU, and CUDA where present) and stops after the asked number of steps (stopping parses
+the recorded events: it can take a moment on the caller's thread), each step marked as a
+``rankscope.step N`` range in the trace and the capture as a ``rankscope.capture`` event in the
+step's trace. The Chrome trace is written, gzipped and uploaded on a thread of its own. A
+profiler still running at shutdown is stopped and its capture dropped; forked children are
+never profiled.
 """
 
 from __future__ import annotations
@@ -86,10 +89,22 @@ class Captures:
                 return
             request = self._asked.popleft()
             profiler = _start_profiler()
+            self._running = (str(request["id"]), profiler, None, int(request["steps"]))  # abort() can stop it
             self._running = (str(request["id"]), profiler, _mark(step + 1), int(request["steps"]))
         except Exception as exc:  # a profiler that will not start or stop: this capture is lost, the job goes on
-            self._running = None
+            self.abort()
             log.warning("rankscope: profiler capture failed (%s: %s)", type(exc).__name__, exc)
+
+    def abort(self) -> None:
+        """Stop a running profiler and drop its capture (an error, or shutdown mid-capture)."""
+        running, self._running = self._running, None
+        if running is None:
+            return
+        with contextlib.suppress(Exception):
+            if running[2] is not None:
+                running[2].__exit__(None, None, None)
+        with contextlib.suppress(Exception):
+            running[1].stop()
 
     def ask(self, reason: str, steps: int, ranks: list[int] | None) -> None:
         """``rs.capture``: ask the sink for a capture (sent on the export thread)."""
@@ -112,14 +127,18 @@ class Captures:
                 log.warning("rankscope: the sink did not take the capture request (%s)", answer)
         now = time.monotonic()
         if now >= self._next_poll:
-            self._next_poll = now + self.poll_interval * random.uniform(0.8, 1.2)
             query = {"experiment": self.experiment, "process": self.process_id}
-            found = _request(control, "GET", "/rankscope/v1/captures", query)
+            found = _request(control, "GET", "/rankscope/v1/captures", query, timeout=0.5)
             if isinstance(found, list):
                 self._asked.extend(r for r in found if isinstance(r, dict) and "id" in r and "steps" in r)
-        while self._finished:
+            wait = self.poll_interval if isinstance(found, list) else 30.0  # an unreachable sink: rarely
+            self._next_poll = now + wait * random.uniform(0.8, 1.2)
+        while self._finished:  # written and sent on a thread of their own: never stall the export
             capture_id, profiler = self._finished.popleft()
-            self._upload(control, capture_id, profiler)
+            uploader = threading.Thread(
+                target=self._upload, args=(control, capture_id, profiler), name="rankscope-capture", daemon=True
+            )
+            uploader.start()
 
     def _upload(self, control: str, capture_id: str, profiler: Any) -> None:
         handle, name = tempfile.mkstemp(suffix=".pt.trace.json")

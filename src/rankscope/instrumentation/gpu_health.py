@@ -13,8 +13,9 @@ names the rank that holds the extreme (``{key}/argmax_rank``, ``argmin_rank``):
   Xid events since the previous flush).
 
 No NVML library, no GPU, or a query the device does not support: that metric (or all of them)
-is silently absent. The device is ``torch.cuda.current_device()`` once CUDA is initialized, else
-``LOCAL_RANK`` (CUDA is never initialized for telemetry).
+is silently absent. The device is the caller's ``torch.cuda.current_device()``, found by UUID
+once CUDA is initialized (so ``CUDA_VISIBLE_DEVICES`` is honoured), until then ``LOCAL_RANK``'s
+NVML index (CUDA is never initialized for telemetry).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class NvmlSampler:
         self._stopped = False
         self._handle: Any = None
         self._events: Any = None
+        self._uuid: str | None = None
+        """The caller's device UUID ("" when torch has none), None until CUDA is up."""
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="rankscope-nvml", daemon=True)
 
     @classmethod
@@ -90,10 +94,26 @@ class NvmlSampler:
 
     def at_flush(self) -> None:
         """Caller's thread: record the last sample, ask for the next one."""
-        for key, value in self.latest.items():
+        if self._uuid is None:
+            self._find_device()
+        with self._lock:
+            latest, self.latest = self.latest, {}
+        for key, value in latest.items():
             record_metric(key, value, REDUCES[key])
-        self.latest = {}
         self._wake.set()
+
+    def _find_device(self) -> None:
+        """The caller's CUDA device (current-device is per thread), by UUID: right under any
+        ``CUDA_VISIBLE_DEVICES``. Until CUDA is up, the sampler uses ``LOCAL_RANK``."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        try:
+            uuid = torch.cuda.get_device_properties(torch.cuda.current_device()).uuid
+        except Exception:
+            uuid = None
+        self._uuid = f"GPU-{uuid}" if uuid else ""
+        self._handle = None  # the sampler looks the device up again
 
     def stop(self) -> None:
         self._stopped = True
@@ -101,11 +121,11 @@ class NvmlSampler:
 
     def _device(self) -> Any:
         if self._handle is None:
-            torch = sys.modules.get("torch")
-            index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else None
-            if index is None:
+            if self._uuid:
+                self._handle = self.nvml.nvmlDeviceGetHandleByUUID(self._uuid)
+            else:
                 index = int(os.environ.get("LOCAL_RANK", "0") or 0)
-            self._handle = self.nvml.nvmlDeviceGetHandleByIndex(index % max(1, self.nvml.nvmlDeviceGetCount()))
+                self._handle = self.nvml.nvmlDeviceGetHandleByIndex(index % max(1, self.nvml.nvmlDeviceGetCount()))
             try:
                 self._events = self.nvml.nvmlEventSetCreate()
                 self.nvml.nvmlDeviceRegisterEvents(self._handle, self.nvml.nvmlEventTypeXidCriticalError, self._events)
@@ -120,9 +140,11 @@ class NvmlSampler:
             if self._stopped:
                 return
             try:
-                self.latest = self.sample(self._device())
+                sample = self.sample(self._device())
             except Exception:  # a device gone or NVML broken: no sample this flush
-                self.latest = {}
+                sample = {}
+            with self._lock:
+                self.latest = sample
 
     def sample(self, handle: Any) -> dict[str, float]:
         """Every metric the device answers; an unsupported query is left out."""

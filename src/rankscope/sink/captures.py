@@ -8,8 +8,10 @@ artifact directory (``ARTIFACTS/<experiment>/captures/<id>/<process>.pt.trace.js
 made safe, never paths) and announced to the views as a ``capture`` anomaly record.
 
 Bounded and rate-limited: detector captures at most one per ``auto_interval`` seconds per
-experiment, any capture at most one per ``min_interval`` seconds, at most ``MAX_OPEN`` open
-ones per experiment, a file at most ``max_file_bytes``; a flapping detector cannot profile forever.
+experiment, any capture at most one per ``min_interval`` seconds, at most ``MAX_OPEN`` asked in
+the last ``open_for`` seconds (a capture is open that long, finished or not), a file at most the
+sink's ``max_body_bytes``, and an experiment's files at most ``max_bytes`` in all (then uploads
+are refused, with the reason); a flapping detector cannot profile forever.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..core.paths import safe_component
 
 MAX_OPEN = 8
 MAX_STEPS = 64
+MAX_RANKS = 16_384
 _IDS = itertools.count(1)
 
 
@@ -54,7 +57,8 @@ class Capture:
             "id": self.id,
             "reason": self.reason,
             "steps": self.steps,
-            "ranks": sorted(self.ranks) if self.ranks is not None else None,
+            "ranks": sorted(self.ranks)[:64] if self.ranks is not None else None,
+            "rank_count": None if self.ranks is None else len(self.ranks),
             "taken": len(self.taken),
             "files": dict(self.files),
         }
@@ -70,11 +74,15 @@ class CaptureBook:
         min_interval: float = 5.0,
         auto_interval: float = 300.0,
         open_for: float = 600.0,
+        max_bytes: int = 4 << 30,
     ) -> None:
         self.clock = clock
         self.min_interval = min_interval
         self.auto_interval = auto_interval
         self.open_for = open_for
+        self.max_bytes = max_bytes
+        """Bytes this experiment's capture files may hold on disk, in all."""
+        self.bytes = 0
         self.captures: OrderedDict[str, Capture] = OrderedDict()
         self.refused = 0
         self._last: float | None = None
@@ -94,6 +102,8 @@ class CaptureBook:
         self._expire(now)
         if not 1 <= steps <= MAX_STEPS:
             return f"steps must be in [1, {MAX_STEPS}]"
+        if ranks is not None and len(ranks) > MAX_RANKS:
+            return f"at most {MAX_RANKS} ranks"
         if auto and self._last_auto is not None and now - self._last_auto < self.auto_interval:
             self.refused += 1
             return f"a detector asked for a capture less than {self.auto_interval:.0f}s ago"
@@ -120,15 +130,25 @@ class CaptureBook:
                 out.append({"id": capture.id, "steps": capture.steps, "reason": capture.reason})
         return out
 
-    def path_for(self, root: Path, experiment: str, capture_id: str, process: Any) -> Path | str:
-        """Where ``process``'s file of ``capture_id`` goes, or why it is not taken."""
+    def path_for(self, root: Path, experiment: str, capture_id: str, process: Any, size: int) -> Path | str:
+        """Where ``process``'s file of ``capture_id`` (``size`` bytes) would go, or why it is not taken."""
         capture = self.captures.get(capture_id)
         if capture is None or process.id not in capture.taken:
             return f"no open capture {capture_id[:64]!r} for this process"
         if process.label in capture.files:
             return "this process's file of that capture is in already"
+        if self.bytes + size > self.max_bytes:
+            return f"this experiment's capture files hold {self.max_bytes} bytes (limit)"
         name = f"{safe_component(process.label)}.pt.trace.json.gz"
         return root / safe_component(experiment) / "captures" / safe_component(capture.id) / name
+
+    def stored(self, capture_id: str, process: Any, path: Path, size: int) -> Capture | None:
+        """A file was written: it counts now (a failed write leaves nothing behind)."""
+        capture = self.captures.get(capture_id)
+        if capture is not None:
+            capture.files[process.label] = str(path)
+        self.bytes += size
+        return capture
 
     def _expire(self, now: float) -> None:
         while self.captures:

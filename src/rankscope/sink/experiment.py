@@ -213,7 +213,8 @@ def _heat(times: dict[str, dict[Process, float]]) -> dict[str, dict[str, float]]
     """A rank x phase map of one step for people: the processes of the lowest ranks, by label."""
     shown = sorted({p for by in times.values() for p in by}, key=lambda p: (p.role, p.replica or "", p.rank))
     keep = set(shown[:HEAT_PROCESSES])
-    return {phase: {p.label: round(s, 6) for p, s in by.items() if p in keep} for phase, by in times.items()}
+    heat = {phase: {p.label: round(s, 6) for p, s in by.items() if p in keep} for phase, by in times.items()}
+    return {phase: cells for phase, cells in heat.items() if cells}
 
 
 MAX_CLOCK_SKEW_NS = 60 * 10**9
@@ -751,7 +752,7 @@ class Experiment:
             self._capture_stragglers(anomalies, phases)
             if self.watch.first_nonfinite is not None and any(a.get("first") for a in anomalies):
                 log.warning(
-                    "rankscope sink: experiment %s: first non-finite value: %s at step %d from %s",
+                    "rankscope sink: experiment %r: first non-finite value: %r at step %d from %r",
                     self.id[:64],
                     self.watch.first_nonfinite["key"][:128],
                     bucket.step,

@@ -196,11 +196,16 @@ class _Routes:
         self._auth(request)
         query = parse_qs(request.query_string)
         experiment, capture, process = (query.get(k, [""])[0] for k in ("experiment", "capture", "process"))
-        body = await self._body(request)
-        try:
+        if request.content_length is None:
+            raise HttpError(411, "a capture file needs a Content-Length")
+        try:  # before the body is read: a file nobody asked for costs nothing
+            await self._call(self.sink.capture_target, experiment, capture, process, request.content_length)
+            body = await self._body(request)
             path = await self._call(self.sink.store_capture, experiment, capture, process, body)
         except LookupError as exc:
             raise HttpError(404, str(exc)) from None
+        except OverloadedError as exc:
+            raise HttpError(429, str(exc), exc.retry_after) from None
         return web.json_response({"path": path})
 
     async def _spans(self, request: web.BaseRequest) -> web.StreamResponse:

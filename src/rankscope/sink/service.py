@@ -497,8 +497,8 @@ class Sink:
             process = tenant.experiment.processes.get(process_id)
             return [] if process is None else tenant.experiment.captures.pending(process)
 
-    def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
-        """Write a process's trace of a capture it picked up; returns its path. Raises
+    def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
+        """Where a process's trace of a capture goes, checked before its body is read. Raises
         ``LookupError`` for a capture, process or experiment that does not ask for this file."""
         tenant = self.tenants.get(experiment_id)
         if tenant is None:
@@ -508,30 +508,41 @@ class Sink:
             process = experiment.processes.get(process_id)
             if process is None:
                 raise LookupError(f"no process {process_id[:64]!r} in this experiment")
-            path = experiment.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process)
-            if isinstance(path, str):
-                raise LookupError(path)
-            capture = experiment.captures.captures[capture_id]
-            capture.files[process.label] = str(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        record = {
-            "type": "capture",
-            "capture": capture_id,
-            "reason": capture.reason,
-            "steps": capture.steps,
-            "process": process.label,
-            "role": process.role,
-            "replica": process.replica,
-            "rank": process.rank,
-            "path": str(path.resolve()),
-            "bytes": len(data),
-        }
-        with tenant.lock:
-            experiment.watch.note(record)
-            step = experiment.last_finalized if experiment.last_finalized >= 0 else None
-            self._writer(tenant).anomaly(record, step)
-        return str(path)
+            path = experiment.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process, size)
+        if isinstance(path, str):
+            raise LookupError(path)
+        return path
+
+    def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
+        """Write a process's trace of a capture it picked up (checked again: ``capture_target``),
+        then announce it; returns its path."""
+        with self._admitted():  # uploads count against max_in_flight like exports
+            path = self.capture_target(experiment_id, capture_id, process_id, len(data))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".part")
+            partial.write_bytes(data)
+            partial.replace(path)  # a reader never sees half a file
+            tenant = self.tenants[experiment_id]
+            with tenant.lock:
+                experiment = tenant.experiment
+                process = experiment.processes[process_id]
+                capture = experiment.captures.stored(capture_id, process, path, len(data))
+                record = {
+                    "type": "capture",
+                    "capture": capture_id,
+                    "reason": capture.reason if capture is not None else "",
+                    "steps": capture.steps if capture is not None else None,
+                    "process": process.label,
+                    "role": process.role,
+                    "replica": process.replica,
+                    "rank": process.rank,
+                    "path": str(path.resolve()),
+                    "bytes": len(data),
+                }
+                experiment.watch.note(record)
+                step = experiment.last_finalized if experiment.last_finalized >= 0 else None
+                self._writer(tenant).anomaly(record, step)
+            return str(path)
 
     def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
         """An experiment's processes say which views they want (used when the sink has none)."""
@@ -753,6 +764,8 @@ class Sink:
                     for view in views:
                         writer.step(view)
                         if not view.late:
+                            if tenant.recent:  # the rank x phase map of the last step only
+                                tenant.recent[-1].pop("phases", None)
                             tenant.recent.append(_recent(view))
         except Exception as exc:  # a bug: logged once, counted, this experiment only
             self._tenant_error(tenant, "finalizing", exc)
