@@ -86,7 +86,8 @@ def test_a_straggler_is_named_and_profiled_on_its_rank_only(make_sink, tmp_path:
     assert capture["capture"] in asked and (capture["process"], capture["rank"]) == ("trainer_r1", 1)
     assert Path(capture["path"]).is_file() and _trace_steps(capture["path"]) == 2
     assert len(list((tmp_path / "artifacts").rglob("*.gz"))) == 1  # that rank only
-    assert [s for s in spans if s.name == "rankscope.capture" and s.process.rank == 1]  # marked in its trace
+    (event,) = [s for s in spans if s.name == "rankscope.capture" and s.process.rank == 1]  # marked in its trace
+    assert (tmp_path / "artifacts" / event.attributes["rankscope.capture.file"]) == Path(capture["path"])
     assert list(tmp_path.glob("wandb/*/files/**/trainer_r1.pt.trace.json.gz"))  # one of the W&B run's files
 
 

@@ -310,6 +310,7 @@ def _start_runtime(
             str(a[attr.EXPERIMENT_ID]),
             process_id,
             on_event=_capture_event,
+            label=process_label(a),
         )
     thread = ExportThread(
         resource=resource,

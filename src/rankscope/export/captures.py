@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..core.paths import safe_component
+
 log = logging.getLogger("rankscope")
 
 
@@ -46,10 +48,14 @@ class Captures:
         *,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         poll_interval: float = 2.0,
+        label: str = "process",
     ) -> None:
         self._control = control
         self.experiment = experiment
         self.process_id = process_id
+        self.experiment_dir = safe_component(experiment)
+        self.file_name = f"{safe_component(label)}.pt.trace.json.gz"
+        """The sink's name for this process's trace (``sink.captures``): the capture event names it."""
         self.poll_interval = poll_interval
         self._on_event = on_event
         self._next_poll = 0.0
@@ -84,8 +90,11 @@ class Captures:
                 profiler.stop()
                 self._running = None
                 self._finished.append((capture_id, profiler))
-                if self._on_event is not None:
-                    self._on_event("rankscope.capture", {"rankscope.capture.id": capture_id})
+                if self._on_event is not None:  # where the sink puts the file, under its artifact directory
+                    where = f"{self.experiment_dir}/captures/{safe_component(capture_id)}/{self.file_name}"
+                    self._on_event(
+                        "rankscope.capture", {"rankscope.capture.id": capture_id, "rankscope.capture.file": where}
+                    )
                 return
             request = self._asked.popleft()
             profiler = _start_profiler()
