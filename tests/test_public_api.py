@@ -36,6 +36,7 @@ PUBLIC = [
     "shutdown",
     "throughput",
     "trace",
+    "write_report",
 ]
 
 

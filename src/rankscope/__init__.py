@@ -22,6 +22,7 @@ from .api import (
     set_step,
     shutdown,
     trace,
+    write_report,
 )
 from .backends.base import LoggerBackend, LoggingMode, Metric, register_backend
 from .metrics.reduce import DISTRIBUTION_RELATIVE_ERROR, MetricAccumulator, Reduce
@@ -54,4 +55,5 @@ __all__ = [
     "shutdown",
     "throughput",
     "trace",
+    "write_report",
 ]

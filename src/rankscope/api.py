@@ -7,7 +7,17 @@
 
 from __future__ import annotations
 
-from .lifecycle import capture, current_step, dropped_points, flush, force_flush, get_resource, init, shutdown
+from .lifecycle import (
+    capture,
+    current_step,
+    dropped_points,
+    flush,
+    force_flush,
+    get_resource,
+    init,
+    shutdown,
+    write_report,
+)
 from .metrics.recording import record_metric, record_sample
 from .tracing.tracer import Tracer, inject_env, record_event, set_step, trace
 
@@ -27,4 +37,5 @@ __all__ = [
     "set_step",
     "shutdown",
     "trace",
+    "write_report",
 ]

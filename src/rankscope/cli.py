@@ -45,6 +45,7 @@ def _sink_config(args: argparse.Namespace) -> Any:
         spans_dir=Path(args.spans_dir) if args.spans_dir else None,
         max_span_file_bytes=args.max_span_file_bytes,
         time_bucket=args.time_bucket,
+        report=args.report,
     )
 
 
@@ -128,6 +129,12 @@ def _run(args: argparse.Namespace) -> int:
             + (f" ({capped} spans past the span file's cap are not in it)" if capped else ""),
             file=sys.stderr,
         )
+    if args.report:
+        answer = sink.report(experiment)
+        if isinstance(answer, str):
+            print(f"rankscope run: no report: {answer}", file=sys.stderr)
+        for path in [] if isinstance(answer, str) else answer:
+            print(f"rankscope run: report -> {path}", file=sys.stderr)
     sink.stop()
     if spans_tmp is not None:
         spans_tmp.cleanup()
@@ -185,6 +192,68 @@ def _gantt(args: argparse.Namespace) -> int:
         "(open in https://ui.perfetto.dev)",
         file=sys.stderr,
     )
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Write an experiment's report page: from its report data file, or by asking its sink."""
+    if bool(args.data) == bool(args.sink):
+        print("rankscope report: give the report data (report.jsonl), or --sink URL --experiment ID", file=sys.stderr)
+        return 2
+    if args.sink:
+        return _report_from_sink(args)
+    from .report import page, summary
+    from .sink.traces import parse_ranks
+
+    data = Path(args.data)
+    data = data / "report.jsonl" if data.is_dir() else data
+    try:
+        found = summary.read(data)
+        if args.spans:
+            steps = parse_ranks(args.steps) if args.steps else None
+            _add_gantt(found, args.spans, steps)
+        out = page.write(found, Path(args.output) if args.output else data.with_suffix(".html"))
+    except (OSError, ValueError) as exc:
+        print(f"rankscope report: {exc}", file=sys.stderr)
+        return 1
+    size = out.stat().st_size / 1e6
+    print(f"rankscope report: {found.steps} steps of {found.experiment!r} -> {out} ({size:.1f} MB)", file=sys.stderr)
+    return 0
+
+
+def _add_gantt(found: Any, files: list[str], steps: set[int] | None) -> None:
+    """The Gantt of chosen steps (default: the last three) from JSONL span files."""
+    from . import gantt
+    from .report.summary import gantt_spans, span_seconds
+
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for row in gantt.read_jsonl(files):
+        step = row.get("step")
+        if isinstance(step, int) and (steps is None or step in steps):
+            by_step.setdefault(step, []).append(row)
+    chosen = sorted(by_step)[-3:] if steps is None else sorted(by_step)[:8]
+    for step in chosen:
+        bars, more = gantt_spans(by_step[step])
+        ms = span_seconds(bars)
+        found.add({"kind": "gantt", "why": f"step {step}", "step": step, "ms": ms, "spans": bars, "more": more})
+
+
+def _report_from_sink(args: argparse.Namespace) -> int:
+    from .export.senders import request_report
+
+    experiment = args.experiment or resolve("experiment")
+    if not experiment:
+        print("rankscope report: --sink needs --experiment (or RANKSCOPE_EXPERIMENT)", file=sys.stderr)
+        return 2
+    if args.token:
+        os.environ["RANKSCOPE_SINK_TOKEN"] = args.token
+    try:
+        paths = request_report(args.sink, experiment, timeout=90.0)
+    except (OSError, RuntimeError) as exc:
+        print(f"rankscope report: {args.sink}: {exc}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
     return 0
 
 
@@ -299,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
             default=1.0,
             help="seconds per step of an experiment none of whose processes steps (default 1)",
         )
+        p.add_argument(
+            "--report",
+            action="store_true",
+            help="every experiment also gets the report view: one HTML page, "
+            "rankscope_logs/EXPERIMENT/report.html" + (", written when the command ends" if name == "run" else ""),
+        )
         if name == "run":
             p.add_argument("--gantt", help="after the command, write its spans as a Perfetto file here")
             p.add_argument(
@@ -318,6 +393,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--gzip", action="store_true", help="gzip the output whatever its name")
     g.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
     g.set_defaults(fn=_gantt)
+    r = commands.add_parser("report", help="write an experiment's report: one self-contained HTML page")
+    r.add_argument("data", nargs="?", help="the report view's data file (report.jsonl) or its directory")
+    r.add_argument("-o", "--output", help="the page (default: report.html beside the data file)")
+    r.add_argument("--spans", nargs="+", help="JSONL span files: add the Gantt of --steps (default: the last 3)")
+    r.add_argument("--steps", help="steps for the Gantt from --spans: 5 or 3,7 or 2-4")
+    r.add_argument("--sink", help="instead: ask this sink (HTTP URL) to write the experiment's page now")
+    r.add_argument("--experiment", help="experiment id for --sink (default RANKSCOPE_EXPERIMENT)")
+    r.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
+    r.set_defaults(fn=_report)
     c = commands.add_parser("capture", help="profile the next steps of a running experiment's processes")
     c.add_argument("--sink", default="http://127.0.0.1:4318", help="the sink's HTTP URL (default %(default)s)")
     c.add_argument("--experiment", help="experiment id (default RANKSCOPE_EXPERIMENT)")

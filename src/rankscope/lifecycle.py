@@ -43,6 +43,7 @@ from .export.senders import (
     fork_pair,
     has_endpoint,
     post_config,
+    request_report,
     sink_status,
 )
 from .export.thread import ExportThread
@@ -569,6 +570,34 @@ def capture(reason: str, *, steps: int = 2, ranks: list[int] | None = None) -> N
     runtime = _slot.get()
     if runtime is not None and runtime.thread.captures is not None:
         runtime.thread.captures.ask(reason, steps, None if ranks is None else list(ranks))
+
+
+def write_report(timeout: float = 60.0) -> str | None:
+    """Have this experiment's sink write its report page now and return the page's path.
+
+    First waits until what this process flushed has reached the sink; the page then holds every
+    step the sink finalized. Needs a sink control URL (the embedded sink, ``rankscope run``, or
+    ``RANKSCOPE_SINK_CONTROL``) and the ``report`` view among the experiment's views (or a sink
+    run with ``--report``). Otherwise, or when the sink cannot be reached, warns and returns None:
+    a report never stops the job."""
+    runtime = _slot.get()
+    if runtime is None:
+        return None
+    force_flush(min(timeout, runtime.shutdown_timeout))
+    control = getattr(runtime.thread.otlp, "control_url", None)
+    if control is None:
+        warn(
+            "rankscope: write_report needs this experiment's sink (the embedded sink of a multi-process job, "
+            "rankscope run, or RANKSCOPE_SINK_CONTROL); a lone process writes its report view at shutdown"
+        )
+        return None
+    experiment = str(runtime.resource.attributes[attr.EXPERIMENT_ID])
+    try:
+        paths = request_report(control, experiment, timeout)
+    except (OSError, RuntimeError) as exc:
+        warn(f"rankscope: no report: {exc}")
+        return None
+    return paths[0] if paths else None
 
 
 # -- processes made by fork ---------------------------------------------------------------

@@ -79,6 +79,11 @@ class LoggerBackend:
         """What a sink's detectors found in a step (``type``: nonfinite, straggler, slow_step,
         missing, capture; the rest names where). Global views only."""
 
+    def report(self, status: dict[str, Any] | None = None) -> str | None:
+        """Write this view's page now and return its path (the ``report`` view; ``status`` is
+        the sink's status of the experiment). Views that write as they go return None."""
+        return None
+
     def finish(self) -> Any:
         """Called once at shutdown, after the last batch."""
 

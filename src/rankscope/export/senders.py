@@ -40,6 +40,7 @@ import selectors
 import socket
 import struct
 import threading
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -504,3 +505,28 @@ def post_config(control_url: str, experiment: str, backends: Mapping[str, Any], 
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return str(json.loads(response.read()).get("result"))
+
+
+def request_report(control_url: str, experiment: str, timeout: float = 60.0) -> list[str]:
+    """Ask a rankscope sink to write the experiment's report page now; where it wrote.
+
+    Raises ``RuntimeError`` with the sink's reason (no report view, no such experiment) or
+    ``OSError`` when the sink cannot be reached."""
+    request = urllib.request.Request(
+        control_url.rstrip("/") + "/rankscope/v1/report",
+        data=json.dumps({"experiment": experiment}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    token = os.environ.get("RANKSCOPE_SINK_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return [str(p) for p in json.loads(response.read()).get("reports", [])]
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read()).get("message", "")
+        except ValueError:
+            reason = ""
+        raise RuntimeError(f"the sink answered {exc.code}: {reason or exc.reason}") from None

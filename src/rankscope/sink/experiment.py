@@ -130,10 +130,16 @@ class StepView:
         samples: dict[str, list[dict[str, Any]]] | None = None,
         anomalies: list[dict[str, Any]] | None = None,
         heat: dict[str, dict[str, float]] | None = None,
+        phase_times: dict[str, dict[Process, float]] | None = None,
+        spans: list[Any] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
         self.heat = heat or {}
         """Seconds per phase per process label (at most ``HEAT_PROCESSES`` of them): ``rankscope top``."""
+        self.phase_times = phase_times or {}
+        """Seconds per phase per process, every process: the report's heat map."""
+        self.spans = spans or []
+        """The step's stored spans (``traces.StoredSpan``) when it was finalized: the report's Gantt."""
         self.anomalies = anomalies or []
         """What the detectors found in this step (``sink.anomalies``)."""
         self.samples = samples or {}
@@ -739,7 +745,10 @@ class Experiment:
                 labels[metric.key] = label
         anomalies: list[dict[str, Any]] = []
         heat: dict[str, dict[str, float]] = {}
+        times: dict[str, dict[Process, float]] = {}
+        spans: list[Any] = []
         if not late:
+            spans = list(self.traces.spans(bucket.step))
             times = self.traces.phase_times(bucket.step)
             phases = self.traces.phases(bucket.step, times)
             heat = _heat(times)
@@ -785,6 +794,8 @@ class Experiment:
             samples,
             anomalies,
             heat,
+            times,
+            spans,
         )
 
     def _capture_stragglers(self, anomalies: list[dict[str, Any]], phases: list[Any]) -> None:

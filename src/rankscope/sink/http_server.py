@@ -10,7 +10,8 @@ JSONL, streamed; what ``rankscope gantt --sink`` reads),
 anomalies, rank x phase seconds; what ``rankscope top`` reads), and captures (``sink.captures``):
 ``POST /rankscope/v1/captures`` (``{"experiment", "steps", "ranks", "reason"}``: ask for one),
 ``GET /rankscope/v1/captures?experiment=ID&process=PID`` (a process polls for its requests) and
-``PUT /rankscope/v1/captures/file?experiment=ID&capture=C&process=PID`` (its trace, gzip).
+``PUT /rankscope/v1/captures/file?experiment=ID&capture=C&process=PID`` (its trace, gzip), and
+``POST /rankscope/v1/report`` (``{"experiment"}``: write its report page now, answer where).
 
 Facing a network: connections that send nothing are closed after
 ``idle_connection_timeout`` (aiohttp's keep-alive timer starts when the connection opens),
@@ -67,6 +68,7 @@ class _Routes:
     def __init__(self, sink: Sink, pool: ThreadPoolExecutor) -> None:
         self.sink = sink
         self.pool = pool
+        self._report_lock = threading.Lock()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -106,6 +108,8 @@ class _Routes:
             return await self._config(body)
         if request.path == "/rankscope/v1/captures":
             return await self._capture(body)
+        if request.path == "/rankscope/v1/report":
+            return await self._report(body)
         decoded = await self._call(
             decode_body,
             request.path,
@@ -173,6 +177,24 @@ class _Routes:
             experiment, process = query.get("experiment", [""])[0], query.get("process", [""])[0]
             return web.json_response(await self._call(self.sink.pending_captures, experiment, process))
         raise HttpError(404, f"nothing at {request.path[:200]!r}")
+
+    async def _report(self, body: bytes) -> web.Response:
+        try:
+            payload = json.loads(body)
+            experiment = payload["experiment"]
+            if not isinstance(experiment, str):
+                raise TypeError("experiment must be a string")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HttpError(400, f"bad report request: {exc}") from None
+        if not self._report_lock.acquire(blocking=False):  # pages are written one at a time
+            raise HttpError(429, "a report is being written; ask again in a few seconds", 2)
+        try:  # its own thread: waiting on the views never holds the pool that decodes data
+            answer = await asyncio.to_thread(self.sink.report, experiment, 60.0)
+        finally:
+            self._report_lock.release()
+        if isinstance(answer, str):
+            raise HttpError(404 if answer.startswith("no experiment") else 409, answer)
+        return web.json_response({"experiment": experiment, "reports": answer})
 
     async def _capture(self, body: bytes) -> web.Response:
         try:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Metric
+from ..backends.base import LoggerBackend, Metric
 from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
 from ..otlp.samples import SampleRow
@@ -69,6 +69,8 @@ class SinkConfig:
     http_port: int | None = 4318
     backends: Mapping[str, Mapping[str, Any]] | None = None
     """Views for every experiment; None: each experiment's posted config, else console."""
+    report: bool = False
+    """Every experiment also gets the ``report`` view (its HTML page), whatever its other views."""
     grace: float = 10.0
     token: str | None = None
     state_dir: Path | None = None
@@ -242,6 +244,7 @@ class Sink:
             self._finalize(tenant, force=True)
         for tenant in tenants:  # all experiments' views finish side by side
             if tenant.writer is not None:
+                tenant.writer.report(self._status_of(tenant), None)  # the page, with the final counts
                 tenant.writer.request_close(timeout)
         deadline = time.monotonic() + timeout
         for tenant in tenants:
@@ -562,14 +565,15 @@ class Sink:
 
     def status(self, experiment_id: str) -> dict[str, Any] | None:
         tenant = self.tenants.get(experiment_id)
-        if tenant is None:
-            return None
+        return None if tenant is None else self._status_of(tenant)
+
+    def _status_of(self, tenant: Tenant) -> dict[str, Any]:
         with tenant.lock:
             e = tenant.experiment
             views = tenant.writer.status() if tenant.writer is not None else {}
             written = [v["last_written_step"] for v in views.values() if not v["disabled"]]
             return {
-                "experiment": experiment_id,
+                "experiment": e.id,
                 "last_finalized_step": e.last_finalized,
                 "processes": sum(not p.merged for p in e.processes.values()),
                 "merge_upstreams": sum(p.merged for p in e.processes.values()),
@@ -640,6 +644,28 @@ class Sink:
             tenants = [t for k, t in self.tenants.items() if experiment_id is None or k == experiment_id]
         for tenant in tenants:
             self._finalize(tenant, force=True)
+
+    def report(self, experiment_id: str, timeout: float = 60.0) -> list[str] | str:
+        """Write the experiment's report page now, after every step finalized so far, and return
+        where; a string says why not (no such experiment, no report view, too slow)."""
+        tenant = self.tenants.get(experiment_id)
+        if tenant is None:
+            return f"no experiment {experiment_id[:200]!r}"
+        deadline = time.monotonic() + timeout
+        self.wait_written(experiment_id, timeout)
+        status = self.status(experiment_id)
+        with tenant.lock:
+            writer = self._writer(tenant)
+        paths = writer.report(status, max(0.0, deadline - time.monotonic()))
+        if paths:
+            return paths
+        if not any(type(v.backend).report is not LoggerBackend.report for v in writer.views if not v.disabled):
+            names = [v.name for v in writer.views if not v.disabled]
+            return (
+                f"experiment {experiment_id[:200]!r} has no report view (its views: {', '.join(names) or 'none'}); "
+                'add {"report": {}} to its backends, or run the sink with --report'
+            )
+        return f"the report of {experiment_id[:200]!r} was not written within {timeout:.0f}s (see the status route)"
 
     def local_pids(self, host: str) -> set[int]:
         """Pids of this machine's client processes (the embedded sink exits when they have)."""
@@ -737,6 +763,8 @@ class Sink:
         if tenant.writer is None:
             experiment_id = tenant.experiment.id
             config = self.config.backends or self.posted_backends.get(experiment_id) or DEFAULT_BACKENDS
+            if self.config.report and not any(str(v.get("backend", k)) == "report" for k, v in config.items()):
+                config = {**config, "report": {"logging_mode": "global_reduce"}}
             log_ = tenant.log
             experiment = tenant.experiment
 
@@ -794,6 +822,7 @@ class Sink:
             while len(self._tombstones) > 100_000:
                 self._tombstones.popitem(last=False)
         if tenant.writer is not None:
+            tenant.writer.report(self._status_of(tenant), None)
             tenant.writer.request_close(self.config.stop_timeout)
         if tenant.log is not None:
             tenant.log.close()

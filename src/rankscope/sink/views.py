@@ -4,7 +4,10 @@ ingest or another experiment.
 The sink calls the same ``LoggerBackend`` interface the SDK does; extra keyword arguments
 say whose values they are: ``per_process`` (global views: every process's values),
 ``process_name``/``process`` (per-process views and streams), ``late`` (a late update),
-``labels`` (global views: the process a value names, e.g. who holds ``{key}/argmax_rank``).
+``labels`` (global views: the process a value names, e.g. who holds ``{key}/argmax_rank``),
+and for global views ``missing`` (labels of processes the step went without), ``phase_times``
+(phase → process → seconds) and ``spans`` (a callable giving the step's spans in their JSONL
+form: a view that wants them pays for them).
 """
 
 from __future__ import annotations
@@ -123,6 +126,15 @@ class ViewWriter:
         """An ordinary OTel log record (``validate.LogRecord``) of ``process``, in ``step``."""
         self._put(("log", process, record, step))
 
+    def report(self, status: dict[str, Any] | None, timeout: float | None) -> list[str]:
+        """Have the views that write a page (the report view) write it after what is queued; with
+        a ``timeout``, wait and return where they wrote (else return at once)."""
+        done: tuple[threading.Event, list[str]] = (threading.Event(), [])
+        self._put(("report", status, done))
+        if timeout is None or not done[0].wait(timeout):
+            return []
+        return done[1]
+
     def close(self, timeout: float) -> None:
         self.request_close(timeout)
         self.join(timeout)
@@ -164,6 +176,17 @@ class ViewWriter:
                 self._on_error(f"view {view.name!r} of {self.experiment[:64]!r} ({fn.__name__})", exc)
             return False
 
+    def _answer(self, view: _View, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` called as ``_call`` calls it; its answer, None if it failed."""
+        answer: list[Any] = []
+
+        def call() -> None:
+            answer.append(fn(*args))
+
+        call.__name__ = fn.__name__
+        self._call(view, call)
+        return answer[0] if answer else None
+
     def _run(self) -> None:
         try:
             for view in self.views:
@@ -189,6 +212,14 @@ class ViewWriter:
                     break
                 if kind == "sync":
                     item[1].set()
+                elif kind == "report":
+                    _, status, (done, paths) = item
+                    for view in self.views:
+                        if not view.disabled:
+                            found = self._answer(view, view.backend.report, status)
+                            if found:
+                                paths.append(found)
+                    done.set()
                 elif kind == "step":
                     self._write_step(item[1])
                 elif kind == "stream":
@@ -246,6 +277,9 @@ class ViewWriter:
                     per_process=view.per_process,
                     late=view.late,
                     labels=view.labels,
+                    missing=view.missing,
+                    phase_times=view.phase_times,
+                    spans=lambda: [span.row() for span in view.spans],
                 )
                 and not view.late
             ):

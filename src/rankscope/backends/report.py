@@ -1,0 +1,127 @@
+"""The report view: one self-contained HTML page per experiment (``rankscope.report``).
+
+Config: ``path`` (default ``rankscope_logs/{experiment}/report.html``; the names put into
+it become safe components, as for JSONL) and ``max_spread_processes`` (default 4,096: past
+it a step's spread is not computed, the page shows the global value only). Mode
+``global_reduce`` (the default here): at a sink it gets every process's values of each step
+(the spread), the step's phase times (the heat map) and spans (the Gantt of chosen steps).
+
+Each step becomes events appended to ``report.jsonl`` beside the page (``report.summary``),
+so ``rankscope report`` can rebuild the page from the file. The page is written when the
+sink is asked for it (``rankscope report --sink``, ``rs.write_report()``, ``rankscope run
+--report``) and when the view finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from ..report import page
+from ..report.summary import Summary, gantt_spans, heat_of, span_seconds, spread_of
+from .base import LoggerBackend, LoggingMode, Metric
+from .jsonl import _component
+
+_STATUS_FIELDS = (
+    *("points", "late_points", "refused_points", "foreign_points", "series_overflow", "log_records"),
+    *("sample_rows", "spans_stored", "spans_dropped", "internal_errors", "processes", "last_finalized_step"),
+)
+
+
+class ReportBackend(LoggerBackend):
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
+        config = {"logging_mode": LoggingMode.GLOBAL_REDUCE.value, **(logger_backend_config or {})}
+        super().__init__(config)
+        self.max_spread_processes = int(self.logger_backend_config.get("max_spread_processes", 4096))
+        self.summary = Summary()
+        self._dirty = False
+        self._slowest_ms = -1.0
+        self._last_gantt: dict[str, Any] | None = None
+        self._straggler_step: int | None = None
+        self._straggler_kept = False
+
+    def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        super().init(process_name)
+        experiment = str(kwargs.get("experiment") or process_name or "experiment")
+        template = self.logger_backend_config.get("path", "rankscope_logs/{experiment}/report.html")
+        fields = {"experiment": _component(experiment), "process": _component(str(process_name))}
+        self.path = Path(str(template).format(pid=os.getpid(), **fields))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.data_path = self.path.with_suffix(".jsonl")
+        self.location = str(self.path.resolve())
+        self._file: IO[str] = self.data_path.open("a", encoding="utf-8")
+        self._event({"kind": "experiment", "id": experiment})
+
+    def _event(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, default=str)
+        self._file.write(line + "\n")
+        self.summary.add(json.loads(line))  # exactly what ``rankscope report`` reads back from the file
+        self._dirty = True
+
+    def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if global_step is None:
+            return
+        late = bool(kwargs.get("late"))
+        per_process: Mapping[Any, list[Metric]] = kwargs.get("per_process") or {}
+        event: dict[str, Any] = {"kind": "step", "step": global_step, "values": {m.key: m.value for m in metrics}}
+        if late:
+            event["late"] = True
+        elif per_process and len(per_process) <= self.max_spread_processes:
+            event["spread"] = spread_of(per_process)
+        if kwargs.get("missing") and not late:
+            event["missing"] = list(kwargs["missing"])
+        heat = heat_of(kwargs.get("phase_times") or {}) if not late else None
+        if heat:
+            event["heat"] = heat
+        self._event(event)
+        spans: Callable[[], list[dict[str, Any]]] | None = kwargs.get("spans")
+        if spans is not None and not late:
+            self._gantt(global_step, spans())
+        self._file.flush()
+
+    def _gantt(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Keep the last step's bars in memory; write the slowest and first straggler steps' now."""
+        if not rows:
+            return
+        bars, more = gantt_spans(rows)
+        ms = span_seconds(bars)
+        chosen = {"kind": "gantt", "step": step, "ms": ms, "spans": bars, "more": more}
+        self._last_gantt = {**chosen, "why": "last step"}
+        if self._slowest_ms < 0:  # the first step warms up (imports, allocations): not news
+            self._slowest_ms = 0.0
+        elif ms > self._slowest_ms:
+            self._slowest_ms = ms
+            self._event({**chosen, "why": "slowest step"})
+        if self._straggler_step == step and not self._straggler_kept:
+            self._straggler_kept = True
+            self._event({**chosen, "why": "first straggler"})
+
+    def log_samples(
+        self, table: str, rows: list[dict[str, Any]], global_step: int | None, *args: Any, **kwargs: Any
+    ) -> None:
+        self._event({"kind": "samples", "table": table, "step": global_step, "rows": rows, "late": kwargs.get("late")})
+
+    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if record.get("type") == "straggler" and self._straggler_step is None:
+            self._straggler_step = global_step
+        self._event({**record, "kind": "anomaly"})
+
+    def report(self, status: dict[str, Any] | None = None) -> str:
+        """Write the page now (with the sink's ``status`` of the experiment) and return its path."""
+        if status:
+            self._event({"kind": "status", **{k: status[k] for k in _STATUS_FIELDS if k in status}})
+        if self._last_gantt is not None:
+            self._event(self._last_gantt)
+            self._last_gantt = None
+        self._file.flush()
+        page.write(self.summary, self.path)
+        self._dirty = False
+        return self.location or str(self.path)
+
+    def finish(self) -> None:
+        if self._dirty:
+            self.report()
+        self._file.close()

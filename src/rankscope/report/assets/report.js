@@ -1,0 +1,311 @@
+// rankscope report: builds the page from the JSON in #rankscope-data with plotly.js (inlined).
+// Names come from clients: they reach the DOM as text only, and plotly as escaped text.
+"use strict";
+(function () {
+  const D = JSON.parse(document.getElementById("rankscope-data").textContent);
+  const app = document.getElementById("app");
+  const PAGE = 64; // Gantt rows per page
+  const EAGER = 60; // charts drawn at once; past this they are drawn when scrolled into view
+  const config = { displaylogo: false, responsive: true };
+
+  // -- DOM helpers: text only
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") node.className = v;
+      else node.setAttribute(k, v);
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+  function esc(text) { // plotly parses a little HTML in its strings: give it entities
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+  function fmt(v) {
+    if (v === null || v === undefined) return "–";
+    if (typeof v !== "number") return String(v);
+    const a = Math.abs(v);
+    return a !== 0 && (a < 1e-3 || a >= 1e6) ? v.toExponential(3) : String(Math.round(v * 1e4) / 1e4);
+  }
+  function table(columns, rows) {
+    const t = el("table", {}, el("tr", {}, ...columns.map((c) => el("th", {}, c))));
+    for (const row of rows) t.append(el("tr", {}, ...row.map((v) => el("td", {}, typeof v === "object" && v !== null ? JSON.stringify(v) : fmt(v)))));
+    return t;
+  }
+  function fact(label, value, bad) {
+    return el("div", { class: bad ? "fact bad" : "fact" }, el("b", {}, String(value)), label);
+  }
+
+  // -- lazy charts
+  const pending = new Map();
+  let drawn = 0;
+  const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      if (e.isIntersecting && pending.has(e.target)) {
+        const draw = pending.get(e.target);
+        pending.delete(e.target);
+        observer.unobserve(e.target);
+        draw();
+      }
+    }
+  }, { rootMargin: "400px" }) : null;
+  function chart(node, draw) {
+    if (drawn < EAGER || !observer) { drawn += 1; draw(); } else { pending.set(node, draw); observer.observe(node); }
+  }
+  function charted() { document.body.dataset.charts = String(document.querySelectorAll(".js-plotly-plot").length); }
+
+  // -- header
+  const roles = D.roles.map((r) => `${r.role}: ${r.processes} process${r.processes === 1 ? "" : "es"}`);
+  const header = el("header", {},
+    el("h1", {}, "rankscope report"),
+    el("div", { class: "id" }, D.experiment || "(unnamed experiment)"),
+    el("div", { class: "note" },
+      D.steps ? `steps ${D.first_step}–${D.last_step} (${D.steps} finalized)` : "no finalized step",
+      roles.length ? " · " + roles.join(" · ") : "", ` · generated ${D.generated}`));
+  app.replaceChildren(header);
+
+  const nav = el("nav", {});
+  app.append(nav);
+  function section(id, title) {
+    nav.append(el("a", { href: "#" + id }, title));
+    const s = el("section", { id });
+    s.append(el("h2", {}, title));
+    app.append(s);
+    return s;
+  }
+
+  // -- the facts: stragglers first, then what went missing or was lost
+  const facts = el("div", { class: "facts" });
+  const st = D.status || {};
+  const counts = D.anomaly_counts || {};
+  facts.append(fact("stragglers named", counts.straggler || 0, !!counts.straggler));
+  facts.append(fact("steps missing processes", D.missing.length, D.missing.length > 0));
+  facts.append(fact("late updates", D.late_updates, D.late_updates > 0));
+  facts.append(fact("refused points", st.refused_points || 0, (st.refused_points || 0) > 0));
+  facts.append(fact("spans dropped", st.spans_dropped || 0, (st.spans_dropped || 0) > 0));
+  facts.append(fact("non-finite steps", counts.nonfinite || 0, !!counts.nonfinite));
+  app.append(facts);
+  for (const s of D.stragglers.slice(0, 5)) {
+    app.append(el("div", { class: "alert straggler" },
+      `straggler: ${s.process} in ${s.phase} — named at ${s.steps} step${s.steps === 1 ? "" : "s"} from step ${s.first}, ` +
+      `worst at step ${s.worst}: ${fmt(s.seconds)} s, ${fmt(s.ratio)}× the median`));
+  }
+
+  // -- metrics: one section per role, each key with its cross-process spread
+  function seriesChart(node, key, points, holders, role) {
+    const x = points.map((p) => p[0]);
+    const traces = [];
+    const hasBand = points.some((p) => p[3] !== null && p[4] !== null);
+    if (hasBand) {
+      const maxBy = holders.map((h) => esc(h[1] || "?")), minBy = holders.map((h) => esc(h[0] || "?"));
+      traces.push({ x, y: points.map((p) => p[4]), name: "max", mode: "lines", line: { width: 0 }, customdata: maxBy,
+        hovertemplate: "max %{y:.4g} (%{customdata})<extra></extra>", showlegend: false });
+      traces.push({ x, y: points.map((p) => p[3]), name: "min–max", mode: "lines", line: { width: 0 }, fill: "tonexty",
+        fillcolor: "rgba(27,95,180,0.18)", customdata: minBy, hovertemplate: "min %{y:.4g} (%{customdata})<extra></extra>" });
+      traces.push({ x, y: points.map((p) => p[2]), name: "median", mode: "lines", line: { dash: "dot", width: 1, color: "#1b5fb4" },
+        hovertemplate: "median %{y:.4g}<extra></extra>" });
+    }
+    traces.push({ x, y: points.map((p) => p[1]), name: "global", mode: points.length < 60 ? "lines+markers" : "lines",
+      line: { color: "#d9482b", width: 2 }, hovertemplate: "global %{y:.4g}<extra></extra>" });
+    const layout = { title: { text: esc(key), font: { size: 13 }, x: 0.01 }, height: 260, margin: { l: 55, r: 10, t: 32, b: 32 },
+      hovermode: "x unified", xaxis: { title: { text: "step" }, tickformat: "d" }, legend: { orientation: "h", y: -0.25 }, showlegend: hasBand };
+    Plotly.newPlot(node, traces, layout, config).then(charted);
+  }
+  function keyCharts(container, keys, role) {
+    const grid = el("div", { class: "grid" });
+    container.append(grid);
+    for (const k of keys) {
+      const node = el("div", { class: "chart", "data-key": k.key, "data-role": role });
+      grid.append(node);
+      chart(node, () => seriesChart(node, k.key, k.points, k.holders, role));
+    }
+  }
+  if (D.roles.length || D.globals.length) {
+    const metrics = section("metrics", "Metrics");
+    metrics.append(el("p", { class: "note" },
+      "Each chart: the global value (red), and across the role's processes the min–max band (hover names who holds each) and the median." +
+      (D.stride > 1 ? ` Long run: every ${D.stride}th step is drawn, and the last.` : "")));
+    const filter = el("input", { type: "search", placeholder: "filter keys" });
+    metrics.append(el("div", { class: "controls" }, filter));
+    filter.addEventListener("input", () => {
+      const q = filter.value.toLowerCase();
+      for (const node of metrics.querySelectorAll(".chart")) node.style.display = node.dataset.key.toLowerCase().includes(q) ? "" : "none";
+    });
+    for (const r of D.roles) {
+      metrics.append(el("h3", { class: "role" }, `${r.role} (${r.processes} process${r.processes === 1 ? "" : "es"})`));
+      keyCharts(metrics, r.keys, r.role);
+    }
+    if (D.globals.length) {
+      metrics.append(el("h3", {}, "global only (no per-process values: merged upstream, or too many processes)"));
+      keyCharts(metrics, D.globals, "");
+    }
+    if (D.series_not_shown) metrics.append(el("p", { class: "note" }, `${D.series_not_shown} more series are not shown (limit).`));
+  }
+
+  // -- phases: rank x phase seconds per step, with a step slider
+  if (D.heat.length) {
+    const phases = section("phases", "Phases");
+    phases.append(el("p", { class: "note" }, "Seconds each process spent in each traced phase of a step." +
+      (D.heat.some((h) => h.band > 1) ? " Many processes: each row is a band of consecutive ranks, showing its slowest." : "")));
+    const slider = el("input", { type: "range", min: "0", max: String(D.heat.length - 1), value: String(D.heat.length - 1) });
+    const label = el("span", {});
+    phases.append(el("div", { class: "controls" }, "step", slider, label));
+    const node = el("div", { class: "wide", id: "heatmap" });
+    phases.append(node);
+    const draw = () => {
+      const h = D.heat[Number(slider.value)];
+      label.textContent = `step ${h.step}`;
+      const trace = { type: "heatmap", z: h.z, x: h.phases.map(esc), y: h.rows.map(esc), colorscale: "YlOrRd", reversescale: true,
+        colorbar: { title: { text: "s" } }, hovertemplate: "%{y} · %{x}: %{z:.4g} s<extra></extra>" };
+      const layout = { height: Math.min(900, 120 + 18 * h.rows.length), margin: { l: 170, r: 20, t: 20, b: 90 },
+        yaxis: { autorange: "reversed", automargin: true, type: "category" }, xaxis: { type: "category" } };
+      Plotly.react(node, [trace], layout, config).then(charted);
+    };
+    slider.addEventListener("input", draw);
+    draw();
+    const ratios = D.meta.filter((m) => m.key.startsWith("straggler/") && m.key.endsWith("/max_over_median"));
+    if (ratios.length) {
+      phases.append(el("h3", {}, "slowest / median per phase"));
+      keyCharts(phases, ratios, "");
+    }
+  }
+
+  // -- the Gantt of chosen steps
+  const palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac"];
+  const names = [...new Set(D.gantt.flatMap((g) => g.spans.map((s) => s.n)))].sort();
+  function colorOf(name) { return palette[names.indexOf(name) % palette.length]; } // one color per span name on every chart
+  function depthOf(spans) {
+    const byId = new Map(spans.map((s) => [s.i, s]));
+    const depth = new Map();
+    const get = (s, n) => {
+      if (depth.has(s.i)) return depth.get(s.i);
+      const parent = s.u && byId.get(s.u);
+      const d = parent && n < 16 ? get(parent, n + 1) + 1 : 0;
+      depth.set(s.i, d);
+      return d;
+    };
+    return (s) => get(s, 0);
+  }
+  function ganttChart(node, g, processes) {
+    const shown = new Set(processes);
+    const spans = g.spans.filter((s) => shown.has(s.p));
+    const depth = depthOf(g.spans);
+    const byName = new Map();
+    for (const s of spans) {
+      if (!byName.has(s.n)) byName.set(s.n, []);
+      byName.get(s.n).push(s);
+    }
+    const traces = [];
+    const parentsFirst = [...byName].sort((a, b) => Math.min(...a[1].map(depth)) - Math.min(...b[1].map(depth)));
+    for (const [name, list] of parentsFirst) {
+      const color = colorOf(name);
+      const bars = list.filter((s) => s.d > 0), points = list.filter((s) => s.d <= 0);
+      if (bars.length) traces.push({ type: "bar", orientation: "h", name: esc(name), y: bars.map((s) => esc(s.p)), x: bars.map((s) => s.d),
+        base: bars.map((s) => s.s), width: bars.map((s) => Math.max(0.25, 0.8 - 0.18 * depth(s))), marker: { color },
+        hovertemplate: `${esc(name)} · %{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>` });
+      if (points.length) traces.push({ type: "scatter", mode: "markers", name: esc(name), y: points.map((s) => esc(s.p)),
+        x: points.map((s) => s.s), marker: { symbol: "diamond", size: 9, color } });
+    }
+    const where = new Map(g.spans.map((s) => [s.i, s]));
+    const arrows = [];
+    for (const s of spans) {
+      for (const linked of s.l || []) {
+        const from = where.get(linked);
+        if (from && shown.has(from.p) && arrows.length < 300) arrows.push([from, s, "#7a3db8"]);
+      }
+      if (s.c && s.c !== s.p && shown.has(s.c) && arrows.length < 300) arrows.push([{ p: s.c, s: s.s, d: 0 }, s, "#2b8a3e"]);
+    }
+    const annotations = arrows.map(([from, to, color]) => ({ x: to.s, y: esc(to.p), ax: from.s + from.d, ay: esc(from.p),
+      xref: "x", yref: "y", axref: "x", ayref: "y", showarrow: true, arrowhead: 2, arrowsize: 1, arrowwidth: 1.3, arrowcolor: color, text: "" }));
+    const layout = { barmode: "overlay", height: 140 + 22 * processes.length, margin: { l: 170, r: 20, t: 20, b: 40 },
+      xaxis: { title: { text: "ms from the step's first span" } }, yaxis: { type: "category", autorange: "reversed", automargin: true,
+        categoryorder: "array", categoryarray: processes.map(esc) }, annotations, legend: { orientation: "h", y: -0.12 } };
+    Plotly.react(node, traces, layout, config).then(charted);
+  }
+  if (D.gantt.length) {
+    const gantt = section("gantt", "Step Gantt");
+    gantt.append(el("p", { class: "note" }, "Every process's spans in a chosen step: nesting by bar height; arrows: span links " +
+      "(purple, e.g. a trainer step to the generations it trained on) and calls across processes (green)."));
+    const order = ["first straggler", "slowest step", "last step"];
+    const chosen = [...D.gantt].sort((a, b) => (order.indexOf(a.why) + 9) % 9 - (order.indexOf(b.why) + 9) % 9);
+    for (const g of chosen) {
+      gantt.append(el("h3", {}, `step ${g.step} — ${g.why} (${fmt(g.ms)} ms, ${g.spans.length} spans)`));
+      if (g.more) gantt.append(el("p", { class: "note" }, `${g.more} more spans of this step are not kept (limit).`));
+      const rank = new Map();
+      const busy = new Map();
+      for (const s of g.spans) {
+        rank.set(s.p, [s.o, s.r === null ? 1e12 : s.r, s.p]);
+        busy.set(s.p, Math.max(busy.get(s.p) || 0, s.s + s.d));
+      }
+      const all = [...rank.keys()].sort((a, b) => {
+        const x = rank.get(a), y = rank.get(b);
+        return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] - y[1] || (x[2] < y[2] ? -1 : 1);
+      });
+      const node = el("div", { class: "wide gantt", "data-step": String(g.step) });
+      if (all.length > PAGE) {
+        const pick = el("select", {});
+        pick.append(el("option", { value: "slowest" }, `the ${PAGE} that finished last`));
+        for (let i = 0; i < all.length; i += PAGE) pick.append(el("option", { value: String(i) }, `${all[i]} … ${all[Math.min(all.length, i + PAGE) - 1]}`));
+        const pageOf = () => pick.value === "slowest"
+          ? [...all].sort((a, b) => busy.get(b) - busy.get(a)).slice(0, PAGE).sort((a, b) => all.indexOf(a) - all.indexOf(b))
+          : all.slice(Number(pick.value), Number(pick.value) + PAGE);
+        pick.addEventListener("change", () => ganttChart(node, g, pageOf()));
+        gantt.append(el("div", { class: "controls" }, `${all.length} processes, ${PAGE} at a time:`, pick));
+        gantt.append(node);
+        chart(node, () => ganttChart(node, g, pageOf()));
+      } else {
+        gantt.append(node);
+        chart(node, () => ganttChart(node, g, all));
+      }
+    }
+  }
+
+  // -- health: anomalies, missing processes, late data, what the sink refused
+  const health = section("health", "Health");
+  const anomalies = D.anomalies;
+  health.append(el("h3", {}, `anomalies (${Object.entries(counts).map(([k, v]) => `${k}: ${v}`).join(", ") || "none"})`));
+  if (anomalies.length) {
+    const rows = anomalies.map((a) => {
+      const rest = Object.fromEntries(Object.entries(a).filter(([k]) => !["type", "step", "process", "phase", "key"].includes(k)));
+      return [a.type, a.step, a.process || "", a.phase || a.key || "", rest];
+    });
+    health.append(table(["type", "step", "process", "phase or key", "details"], rows));
+  }
+  health.append(el("h3", {}, `missing processes (${D.missing.length} steps)`));
+  if (D.missing.length) health.append(table(["step", "missing", "processes"], D.missing.map((m) => [m.step, m.count, m.processes.join(", ")])));
+  health.append(el("h3", {}, `late data (${D.late_updates} late updates)`));
+  if (D.late.length) health.append(table(["step", "late updates"], D.late.map((l) => [l.step, l.updates])));
+  const statusRows = Object.entries(st).map(([k, v]) => [k, v]);
+  health.append(el("h3", {}, "the sink's counts"));
+  if (statusRows.length) health.append(table(["count", "value"], statusRows));
+  else health.append(el("p", { class: "note" }, "not asked of the sink (a page rebuilt from the file alone)"));
+  const meta = D.meta.filter((m) => m.key.startsWith("rankscope/"));
+  if (meta.length) keyCharts(health, meta, "");
+  if (D.skipped_events) health.append(el("p", { class: "note" }, `${D.skipped_events} malformed lines of the report data were skipped.`));
+
+  // -- samples
+  if (D.samples.length) {
+    const samples = section("samples", "Samples");
+    for (const t of D.samples) {
+      samples.append(el("h3", {}, t.table));
+      const pick = el("select", {});
+      t.steps.forEach((s, i) => pick.append(el("option", { value: String(i) }, `step ${s.step}${s.late ? " (late)" : ""}`)));
+      pick.value = String(t.steps.length - 1);
+      const holder = el("div", {});
+      const draw = () => {
+        const s = t.steps[Number(pick.value)];
+        const cols = [...new Set(s.rows.flatMap((r) => Object.keys(r.row)))];
+        holder.replaceChildren(table([...cols, "side", "process", "policy version", "trace"],
+          s.rows.map((r) => [...cols.map((c) => r.row[c]), r.side, r.process, r.policy_version, r.trace_id])));
+      };
+      pick.addEventListener("change", draw);
+      samples.append(el("div", { class: "controls" }, "step", pick), holder);
+      draw();
+    }
+  }
+  charted();
+  document.body.dataset.ready = "1";
+})();

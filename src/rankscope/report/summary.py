@@ -1,0 +1,463 @@
+"""An experiment's report as data: what the ``report`` view saw, bounded, one JSON line per event.
+
+The report view (``backends.report``) turns each step into *events* (``step_event`` and the
+others below), appends them to ``report.jsonl`` and adds them to a ``Summary``;
+``rankscope report FILE`` rebuilds the same ``Summary`` from that file (``read``), so a report
+made after a crash shows what the live one would have.
+
+What keeps a 1,000-rank, 100,000-step experiment a page a browser opens:
+
+* spread, not values: per role and key, each step keeps the global value, the min and max
+  with the process holding each, and the median across that role's processes;
+* series of at most ``MAX_POINTS`` points: past that, the stride doubles (every other point
+  is dropped, later steps are kept at the new stride); the last step is always shown;
+* at most ``HEAT_ROWS`` heat-map rows per step: more processes are binned into bands of
+  consecutive ranks, each band showing its slowest;
+* the Gantt of a few chosen steps only (the first straggler step, the slowest, the last), at
+  most ``MAX_GANTT_SPANS`` spans each; more processes are paged in the page (64 at a time);
+* the last ``SAMPLE_STEPS`` steps of each sample table, the first and last anomalies.
+
+Events come from files a client's names reached: everything here takes what it knows and
+skips the rest (``add`` never raises on a malformed event).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_POINTS = 2000
+MAX_SERIES = 1000
+HEAT_ROWS = 128
+HEAT_STEPS = 100
+MAX_PHASES = 32
+MAX_GANTT_SPANS = 20_000
+SAMPLE_STEPS = 8
+MAX_TABLES = 16
+MAX_ANOMALIES = 250
+MAX_LISTED = 500
+_TEXT = 500
+"""Characters of a sample cell or name kept for the page."""
+
+META_PREFIXES = ("rankscope/", "straggler/")
+DERIVED_SUFFIXES = ("/argmax_rank", "/argmin_rank")
+
+
+def number(value: Any) -> float | None:
+    """A finite float, else None (a gap in a chart; the anomalies name non-finite values)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= _TEXT else text[: _TEXT - 1] + "…"
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# -- events: what the view writes, computed from the sink's step -----------------------------
+
+
+def spread_of(per_process: Mapping[Any, Iterable[Any]]) -> dict[str, dict[str, list[Any]]]:
+    """Role → key → ``[min, min's label, max, max's label, median, processes]`` over each
+    process's value of the step (finite values only; ``processes`` counts them all)."""
+    by_role: dict[str, dict[str, list[tuple[float, str]]]] = {}
+    for process, metrics in per_process.items():
+        keys = by_role.setdefault(str(process.role), {})
+        for metric in metrics:
+            keys.setdefault(metric.key, []).append((metric.value, process.label))
+    out: dict[str, dict[str, list[Any]]] = {}
+    for role, keys in by_role.items():
+        role_out = out[role] = {}
+        for key, pairs in keys.items():
+            finite = [(v, label) for v, label in pairs if math.isfinite(v)]
+            if not finite:
+                role_out[key] = [None, None, None, None, None, len(pairs)]
+                continue
+            low = min(finite, key=lambda p: p[0])
+            high = max(finite, key=lambda p: p[0])
+            median = statistics.median(v for v, _ in finite)
+            role_out[key] = [low[0], low[1], high[0], high[1], median, len(pairs)]
+    return out
+
+
+def heat_of(phase_times: Mapping[str, Mapping[Any, float]]) -> dict[str, Any] | None:
+    """Seconds per phase per process, as ``{"rows", "phases", "z"}``: rows are process labels
+    in (role, replica, rank) order, or bands of consecutive ranks when there are more than
+    ``HEAT_ROWS`` (each band's slowest); the ``MAX_PHASES`` phases with the most time."""
+    if not phase_times:
+        return None
+    total = {phase: sum(by.values()) for phase, by in phase_times.items()}
+    phases = sorted(total, key=lambda p: -total[p])[:MAX_PHASES]
+    phases.sort()
+    processes = sorted(
+        {p for by in phase_times.values() for p in by}, key=lambda p: (p.role, str(p.replica or ""), p.rank)
+    )
+    if not processes:
+        return None
+    size = -(-len(processes) // HEAT_ROWS)
+    rows: list[str] = []
+    z: list[list[float | None]] = []
+    for start in range(0, len(processes), size):
+        band = processes[start : start + size]
+        rows.append(band[0].label if len(band) == 1 else f"{band[0].label}…r{band[-1].rank}")
+        line: list[float | None] = []
+        for phase in phases:
+            by = phase_times[phase]
+            seconds = [by[p] for p in band if p in by]
+            line.append(round(max(seconds), 6) if seconds else None)
+        z.append(line)
+    return {"rows": rows, "phases": phases, "z": z, "band": size}
+
+
+def gantt_spans(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Span rows (the JSONL form) as compact bars in ms from the earliest start, at most
+    ``MAX_GANTT_SPANS`` (the rest counted): ``p`` process, ``r`` rank, ``o`` role, ``n`` name,
+    ``s`` start, ``d`` duration, ``i`` span id, ``u`` parent, ``l`` linked span ids, ``c`` caller."""
+    kept: list[dict[str, Any]] = []
+    more = 0
+    for row in rows:
+        if len(kept) >= MAX_GANTT_SPANS:
+            more += 1
+            continue
+        start, end = _int(row.get("start_ns")), _int(row.get("end_ns"))
+        if start is None or end is None:
+            continue
+        found = row.get("attributes")
+        attributes: dict[str, Any] = found if isinstance(found, dict) else {}
+        links = [str(x.get("span_id")) for x in row.get("links") or () if isinstance(x, dict) and x.get("span_id")]
+        bar: dict[str, Any] = {
+            "p": _text(row.get("process") or f"{row.get('role')}_r{row.get('rank')}"),
+            "r": _int(row.get("rank")),
+            "o": _text(row.get("role") or ""),
+            "n": _text(row.get("name") or "?"),
+            "s": start,
+            "d": max(0, end - start),
+            "i": str(row.get("span_id") or ""),
+            "u": str(row.get("parent_span_id") or ""),
+        }
+        if links:
+            bar["l"] = links[:16]
+        caller = attributes.get("rankscope.caller")
+        if isinstance(caller, str):
+            bar["c"] = _text(caller)
+        kept.append(bar)
+    if kept:
+        zero = min(b["s"] for b in kept)
+        for bar in kept:
+            bar["s"] = round((bar["s"] - zero) / 1e6, 3)
+            bar["d"] = round(bar["d"] / 1e6, 3)
+    return kept, more
+
+
+def span_seconds(spans: list[dict[str, Any]]) -> float:
+    """Wall-clock ms of a step's bars, first start to last end."""
+    return max((b["s"] + b["d"] for b in spans), default=0.0)
+
+
+# -- the summary ------------------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    """One role's key over steps: ``[step, global, median, min, max]`` points, holders apart."""
+
+    points: list[list[Any]] = field(default_factory=list)
+    holders: list[list[Any]] = field(default_factory=list)
+    """``[min's label, max's label]`` per point."""
+    last: list[Any] | None = None
+    last_holders: list[Any] | None = None
+
+
+class Summary:
+    """Everything the page shows, bounded (module docstring). ``add`` takes one event."""
+
+    def __init__(self) -> None:
+        self.experiment: str | None = None
+        self.stride = 1
+        self.steps = 0
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.processes: dict[str, int] = {}
+        """Role → how many processes reported the largest step."""
+        self.series: dict[tuple[str, str], Series] = {}
+        self.globals: dict[str, Series] = {}
+        """Keys with no process values (merged upstream, or past the view's spread limit): global only."""
+        self.meta: dict[str, Series] = {}
+        """``rankscope/*`` and ``straggler/*`` keys: the health and phase sections."""
+        self.series_not_shown = 0
+        self.heat: dict[int, dict[str, Any]] = {}
+        self.heat_stride = 1
+        self.last_heat: tuple[int, dict[str, Any]] | None = None
+        self.gantt: dict[str, dict[str, Any]] = {}
+        """Why (``last``, ``slowest``, ``straggler``, ``asked N``) → ``{"step", "ms", "spans", "more"}``."""
+        self.samples: dict[str, deque[dict[str, Any]]] = {}
+        self.tables_not_shown = 0
+        self.anomalies_first: list[dict[str, Any]] = []
+        self.anomalies_last: deque[dict[str, Any]] = deque(maxlen=MAX_ANOMALIES)
+        self.anomaly_counts: dict[str, int] = {}
+        self.missing: deque[dict[str, Any]] = deque(maxlen=MAX_LISTED)
+        self.late: dict[int, int] = {}
+        self.late_updates = 0
+        self.status: dict[str, Any] = {}
+        self.skipped_events = 0
+
+    # -- events in
+
+    def add(self, event: Any) -> None:
+        """One event (a line of ``report.jsonl``); a malformed one is counted and skipped."""
+        handler: Callable[[dict[str, Any]], None] | None = None
+        if isinstance(event, dict):
+            handler = {
+                "experiment": self._experiment,
+                "step": self._step,
+                "samples": self._samples,
+                "anomaly": self._anomaly,
+                "gantt": self._gantt,
+                "status": self._status,
+            }.get(str(event.get("kind")))
+        if handler is None:
+            self.skipped_events += 1
+            return
+        try:
+            handler(event)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+            self.skipped_events += 1
+
+    def _experiment(self, event: dict[str, Any]) -> None:
+        self.experiment = _text(event["id"])
+
+    def _status(self, event: dict[str, Any]) -> None:
+        self.status = {str(k)[:64]: v for k, v in event.items() if k != "kind" and isinstance(v, (int, float, str))}
+
+    def _step(self, event: dict[str, Any]) -> None:
+        step = _int(event["step"])
+        if step is None:
+            raise ValueError("step")
+        values: dict[str, Any] = event.get("values") or {}
+        spread: dict[str, dict[str, list[Any]]] = event.get("spread") or {}
+        if event.get("late"):
+            self.late[step] = self.late.get(step, 0) + 1
+            self.late_updates += 1
+            if len(self.late) > MAX_LISTED:
+                self.late.pop(min(self.late))
+            self._late_values(step, values)
+            return
+        self.steps += 1
+        self.first_step = step if self.first_step is None else min(self.first_step, step)
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        if event.get("missing"):
+            names = [_text(m) for m in event["missing"][:16]]
+            self.missing.append({"step": step, "count": len(event["missing"]), "processes": names})
+        shown = set()
+        for role, keys in spread.items():
+            self.processes[_text(role)] = max((int(c[5]) for c in keys.values()), default=0)
+            for key, cell in keys.items():
+                shown.add(key)
+                if key in values and not key.startswith(META_PREFIXES):
+                    self._point(self.series, (_text(role), _text(key)), step, values.get(key), cell)
+        for key, value in values.items():
+            if key.endswith(DERIVED_SUFFIXES):
+                continue
+            if key.startswith(META_PREFIXES):
+                self._point(self.meta, key, step, value, None)
+            elif key not in shown:
+                self._point(self.globals, _text(key), step, value, None)
+        if event.get("heat"):
+            self._heat(step, event["heat"])
+        if len(self.series) + len(self.globals) > MAX_SERIES:
+            self._trim()
+
+    def _point(self, table: dict[Any, Series], name: Any, step: int, value: Any, cell: list[Any] | None) -> None:
+        series = table.get(name)
+        if series is None:
+            if len(self.series) + len(self.globals) >= MAX_SERIES and table is not self.meta:
+                self.series_not_shown += 1
+                return
+            series = table[name] = Series()
+        low, low_by, high, high_by, median = cell[:5] if cell else (None, None, None, None, None)
+        point = [step, number(value), number(median), number(low), number(high)]
+        holders = [_text(low_by) if low_by else None, _text(high_by) if high_by else None]
+        series.last, series.last_holders = point, holders
+        if step % self.stride == 0:
+            series.points.append(point)
+            series.holders.append(holders)
+            if len(series.points) > MAX_POINTS:
+                self._coarsen()
+
+    def _coarsen(self) -> None:
+        """Double the stride: every series keeps the points on it."""
+        self.stride *= 2
+        for table in (self.series, self.globals, self.meta):
+            for series in table.values():
+                keep = [i for i, p in enumerate(series.points) if p[0] % self.stride == 0]
+                series.points = [series.points[i] for i in keep]
+                series.holders = [series.holders[i] for i in keep]
+
+    def _trim(self) -> None:
+        while len(self.series) + len(self.globals) > MAX_SERIES:
+            table = self.globals if self.globals else self.series
+            table.pop(next(reversed(table)))  # type: ignore[call-overload]
+            self.series_not_shown += 1
+
+    def _late_values(self, step: int, values: dict[str, Any]) -> None:
+        """A late update rewrites the step's global values where a point for it is kept."""
+        named = [(role_key[1], s) for role_key, s in self.series.items()] + list(self.globals.items())
+        for key, series in named:
+            if key not in values:
+                continue
+            for point in (p for p in series.points if p[0] == step):
+                point[1] = number(values[key])
+            if series.last is not None and series.last[0] == step:
+                series.last[1] = number(values[key])
+
+    def _heat(self, step: int, heat: dict[str, Any]) -> None:
+        rows = [_text(r) for r in heat["rows"]][: HEAT_ROWS + 1]
+        phases = [_text(p) for p in heat["phases"]][:MAX_PHASES]
+        z = [[number(v) for v in line[: len(phases)]] for line in heat["z"][: len(rows)]]
+        entry = {"rows": rows, "phases": phases, "z": z, "band": _int(heat.get("band")) or 1}
+        self.last_heat = (step, entry)
+        if step % self.heat_stride == 0:
+            self.heat[step] = entry
+            while len(self.heat) > HEAT_STEPS:
+                self.heat_stride *= 2
+                self.heat = {s: e for s, e in self.heat.items() if s % self.heat_stride == 0}
+
+    def _gantt(self, event: dict[str, Any]) -> None:
+        why, step = _text(event["why"])[:64], _int(event["step"])
+        spans = event["spans"]
+        if step is None or not isinstance(spans, list):
+            raise ValueError("gantt")
+        if why not in self.gantt and len(self.gantt) >= 8:
+            return
+        self.gantt[why] = {"step": step, "ms": number(event.get("ms")), "spans": spans, "more": event.get("more", 0)}
+
+    def _samples(self, event: dict[str, Any]) -> None:
+        table, step = _text(event["table"])[:128], _int(event.get("step"))
+        if table not in self.samples:
+            if len(self.samples) >= MAX_TABLES:
+                self.tables_not_shown += 1
+                return
+            self.samples[table] = deque(maxlen=SAMPLE_STEPS)
+        rows = [_sample_row(r) for r in event["rows"] if isinstance(r, dict)][:64]
+        kept = self.samples[table]
+        if kept and kept[-1]["step"] == step:  # a late update of the same step replaces it
+            kept.pop()
+        kept.append({"step": step, "late": bool(event.get("late")), "rows": rows})
+
+    def _anomaly(self, event: dict[str, Any]) -> None:
+        kind = _text(event.get("type", "?"))[:64]
+        self.anomaly_counts[kind] = self.anomaly_counts.get(kind, 0) + 1
+        clean = {str(k)[:64]: _cell(v) for k, v in list(event.items())[:32] if k != "kind"}
+        if len(self.anomalies_first) < MAX_ANOMALIES:
+            self.anomalies_first.append(clean)
+        else:
+            self.anomalies_last.append(clean)
+
+    # -- the page's data
+
+    def stragglers(self) -> list[dict[str, Any]]:
+        """Each (process, phase) named a straggler, with how often and its first and worst step."""
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for record in self.anomalies():
+            if record.get("type") != "straggler":
+                continue
+            who = (str(record.get("process")), str(record.get("phase")))
+            ratio = number(record.get("ratio")) or 0.0
+            seen = found.setdefault(who, {"process": who[0], "phase": who[1], "steps": 0, "first": record.get("step")})
+            seen["steps"] += 1
+            if ratio >= seen.get("ratio", 0.0):
+                seen.update(ratio=ratio, worst=record.get("step"), seconds=number(record.get("seconds")))
+        return sorted(found.values(), key=lambda s: (-s["steps"], s["process"]))
+
+    def anomalies(self) -> list[dict[str, Any]]:
+        return self.anomalies_first + list(self.anomalies_last)
+
+    def data(self) -> dict[str, Any]:
+        """The page's data (``report.page`` embeds it as JSON): plain lists and dicts, no NaN."""
+        roles: dict[str, list[dict[str, Any]]] = {}
+        for (role, key), series in sorted(self.series.items()):
+            roles.setdefault(role, []).append(_series_data(key, series))
+        return {
+            "experiment": self.experiment,
+            "steps": self.steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "stride": self.stride,
+            "roles": [
+                {"role": role, "processes": self.processes.get(role, 0), "keys": keys}
+                for role, keys in sorted(roles.items())
+            ],
+            "globals": [_series_data(key, s) for key, s in sorted(self.globals.items())],
+            "meta": [_series_data(key, s) for key, s in sorted(self.meta.items())],
+            "series_not_shown": self.series_not_shown,
+            "heat": self._heat_data(),
+            "gantt": [{"why": why, **g} for why, g in self.gantt.items()],
+            "stragglers": self.stragglers(),
+            "anomalies": self.anomalies(),
+            "anomaly_counts": self.anomaly_counts,
+            "missing": list(self.missing),
+            "late": [{"step": s, "updates": n} for s, n in sorted(self.late.items())],
+            "late_updates": self.late_updates,
+            "samples": [{"table": t, "steps": list(kept)} for t, kept in self.samples.items()],
+            "tables_not_shown": self.tables_not_shown,
+            "status": self.status,
+            "skipped_events": self.skipped_events,
+        }
+
+    def _heat_data(self) -> list[dict[str, Any]]:
+        heat = dict(self.heat)
+        if self.last_heat is not None:
+            heat[self.last_heat[0]] = self.last_heat[1]
+        return [{"step": step, **entry} for step, entry in sorted(heat.items())]
+
+
+def _series_data(key: str, series: Series) -> dict[str, Any]:
+    points, holders = list(series.points), list(series.holders)
+    if series.last is not None and (not points or points[-1][0] != series.last[0]):
+        points.append(series.last)
+        holders.append(series.last_holders or [None, None])
+    return {"key": key, "points": points, "holders": holders}
+
+
+def _sample_row(entry: dict[str, Any]) -> dict[str, Any]:
+    found = entry.get("row")
+    row: dict[str, Any] = found if isinstance(found, dict) else {}
+    cells = {str(k)[:64]: _cell(v) for k, v in list(row.items())[:32]}
+    who = {k: _cell(entry.get(k)) for k in ("side", "process", "policy_version", "trace_id")}
+    return {"row": cells, **who}
+
+
+def _cell(value: Any) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value if math.isfinite(value) else str(value)
+    return _text(value)
+
+
+def read(path: Path) -> Summary:
+    """The summary of a ``report.jsonl`` (bad lines, a line cut by a crash: skipped and counted)."""
+    summary = Summary()
+    for event in _events(path):
+        summary.add(event)
+    return summary
+
+
+def _events(path: Path) -> Iterator[Any]:
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                yield None
