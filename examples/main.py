@@ -48,7 +48,9 @@ def generator(experiment: str, steps: int, rollouts: mp.Queue) -> None:
                 length = rng.randint(16, 256)
                 rs.record_metric("generator/reward", reward)
                 rs.record_metric("generator/response_tokens", length, rs.Reduce.DISTRIBUTION)
-                rs.record_sample("rollouts", {"prompt": f"q{step}-{i}", "reward": reward, "tokens": length}, rank_by="reward", k=2)
+                rs.record_sample(
+                    "rollouts", {"prompt": f"q{step}-{i}", "reward": reward, "tokens": length}, rank_by="reward", k=2
+                )
                 batch.append((reward, rs.rl.lineage(tokens=length)))
             t.step("score")
         rollouts.put(batch)
@@ -93,7 +95,9 @@ def train(args: argparse.Namespace) -> None:
             t.step("backward")
             optimizer.step()
         rs.record_metric("trainer/loss", loss.detach())
-        rs.record_metric("trainer/grad_norm", torch.nn.utils.get_total_norm([p.grad for p in policy.parameters()]), rs.Reduce.MAX)
+        rs.record_metric(
+            "trainer/grad_norm", torch.nn.utils.get_total_norm([p.grad for p in policy.parameters()]), rs.Reduce.MAX
+        )
         rs.record_metric("trainer/samples", 256, rs.Reduce.SUM)
         rs.flush(step)
     if rank != 0:

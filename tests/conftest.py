@@ -129,6 +129,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from .pipeline import build_binaries
 
         session.config.stash[PIPELINE_BINARIES] = build_binaries()
+    if any(item.nodeid.split("::")[0].endswith("test_report.py") for item in session.items):
+        from .browser import ensure_browser  # apt-get install chromium chromium-driver, once per machine
+
+        session.config.stash[BROWSER_MISSING] = ensure_browser()
+
+
+BROWSER_MISSING = pytest.StashKey[str | None]()
+
+
+@pytest.fixture(scope="session")
+def browser_ready(request: pytest.FixtureRequest) -> None:
+    """Chromium is there (installed by ``conftest.pytest_collection_finish``), or the test fails saying why."""
+    missing = request.config.stash.get(BROWSER_MISSING, "the browser was not looked for")
+    if missing:
+        pytest.fail(f"headless Chromium is needed to look at the report: {missing}")
 
 
 @pytest.fixture(scope="session")

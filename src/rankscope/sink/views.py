@@ -260,10 +260,11 @@ class ViewWriter:
     def _write_step(self, view: StepView) -> None:
         if view.missing and not view.late:
             log.warning(
-                "rankscope sink: experiment %s step %d finalized without %s",
+                "rankscope sink: experiment %s step %d finalized without %s (%d missing)",
                 view.experiment[:64],
                 view.step,
-                view.missing,
+                ", ".join(view.missing[:16]) + (", ..." if len(view.missing) > 16 else ""),
+                len(view.missing),
             )
         for target in self._live(LoggingMode.GLOBAL_REDUCE):
             for record in view.anomalies:  # before the step's values: W&B logs them in the step's row

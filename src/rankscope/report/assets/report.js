@@ -160,8 +160,8 @@
       label.textContent = `step ${h.step}`;
       const trace = { type: "heatmap", z: h.z, x: h.phases.map(esc), y: h.rows.map(esc), colorscale: "YlOrRd", reversescale: true,
         colorbar: { title: { text: "s" } }, hovertemplate: "%{y} · %{x}: %{z:.4g} s<extra></extra>" };
-      const layout = { height: Math.min(900, 120 + 18 * h.rows.length), margin: { l: 170, r: 20, t: 20, b: 90 },
-        yaxis: { autorange: "reversed", automargin: true, type: "category" }, xaxis: { type: "category" } };
+      const layout = { height: 120 + 15 * h.rows.length, margin: { l: 170, r: 20, t: 20, b: 90 },
+        yaxis: { autorange: "reversed", automargin: true, type: "category", dtick: 1, tickfont: { size: 10 } }, xaxis: { type: "category" } };
       Plotly.react(node, [trace], layout, config).then(charted);
     };
     slider.addEventListener("input", draw);
