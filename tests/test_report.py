@@ -280,27 +280,45 @@ def test_any_line_of_the_data_file_is_taken_or_skipped(events: list[Any]) -> Non
     page.data_json(found.data())  # the page's JSON: no NaN, serializable, whatever came in
 
 
-def test_long_runs_and_wide_steps_are_bounded() -> None:
+def test_long_runs_floods_and_wide_steps_are_bounded() -> None:
     found = summary.Summary()
+    cell = {"loss": [0, "a", 1, "b", 0.5, 2]}
     for step in range(10_000):
-        found.add(
-            {
-                "kind": "step",
-                "step": step,
-                "values": {"loss": float(step)},
-                "spread": {"t": {"loss": [0, "a", 1, "b", 0.5, 2]}},
-            }
-        )
-    (series,) = found.series.values()
-    assert len(series.points) <= summary.MAX_POINTS and found.stride == 8
-    assert [p[0] for p in series.points][:3] == [0, 8, 16]
-    assert found.data()["roles"][0]["keys"][0]["points"][-1][0] == 9999  # the last step is always drawn
+        values: dict[str, Any] = {"loss": float(step), f"straggler/phase{step}/max_over_median": 2.0}
+        if step % 99 == 0:
+            values["eval"] = 1.0  # a sparse series keeps its own points
+        found.add({"kind": "step", "step": step, "values": values, "spread": {"t": {**cell, "eval": cell["loss"]}}})
+    loss, evals = found.series[("t", "loss")], found.series[("t", "eval")]
+    assert len(loss.points) <= summary.MAX_POINTS and loss.stride == 16
+    assert [p[0] for p in loss.points][:3] == [0, 16, 32]
+    assert [p[0] for p in evals.points] == list(range(0, 10_000, 99))
+    assert found.data()["roles"][0]["keys"][1]["points"][-1][0] == 9999  # the last step is always drawn
+    assert len(found.meta) == summary.MAX_META_SERIES  # client-chosen span names: a bounded number of charts
+    assert found.series_not_shown == 10_000 - summary.MAX_META_SERIES
     bars = [
         {"process": f"p{i}", "name": "x", "start_ns": i, "end_ns": i + 10**6}
         for i in range(summary.MAX_GANTT_SPANS + 5)
     ]
     kept, more = summary.gantt_spans(bars)
     assert len(kept) == summary.MAX_GANTT_SPANS and more == 5
+
+
+def test_a_reopened_report_view_keeps_the_pages_history(tmp_path) -> None:
+    """An idle experiment's views are closed and reopened on new data (or the sink restarts): the
+    page still shows every step, as ``rankscope report FILE`` would."""
+    from rankscope.backends.base import Metric
+    from rankscope.backends.report import ReportBackend
+
+    config = {"path": str(tmp_path / "{experiment}" / "report.html")}
+    for steps in (range(3), range(3, 5)):
+        view = ReportBackend(config)
+        view.init("global", experiment="again")
+        for step in steps:
+            view.log_batch([Metric("loss", float(step), Reduce.MEAN)], step)
+        view.finish()
+    assert view.summary.steps == 5
+    assert [p[0] for p in view.summary.globals["loss"].points] == [0, 1, 2, 3, 4]
+    assert summary.read(tmp_path / "again" / "report.jsonl").data()["globals"] == view.summary.data()["globals"]
 
 
 def test_the_page_rebuilt_from_the_file_is_the_live_one_and_the_route_says_why_not(make_sink, tmp_path, capsys) -> None:

@@ -149,7 +149,7 @@ def test_a_rank_that_never_reports_is_named_missing_through_the_tree(binaries, t
     # Named once, as on the direct path (then not waited for again until it reports), though
     # the sink saw only merged states and the others' flush markers.
     assert view[0]["rankscope/missing_processes"] == 1.0
-    assert "step 0 finalized without trainer_r2 (1 missing)" in sink.text()
+    assert "step 0 finalized without 'trainer_r2' (1 missing)" in sink.text()
     for step in range(steps):
         assert view[step]["trainer/samples"] == 8.0 * 3  # the three that reported, exactly
 

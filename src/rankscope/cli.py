@@ -207,12 +207,19 @@ def _report(args: argparse.Namespace) -> int:
 
     data = Path(args.data)
     data = data / "report.jsonl" if data.is_dir() else data
+    out_path = Path(args.output) if args.output else data.with_suffix(".html")
+    if out_path.resolve() == data.resolve():
+        print(f"rankscope report: {data} would be written over; give the report.jsonl beside it", file=sys.stderr)
+        return 2
     try:
         found = summary.read(data)
+        if found.experiment is None and not found.steps:
+            print(f"rankscope report: {data} holds no report data (the report view's report.jsonl)", file=sys.stderr)
+            return 1
         if args.spans:
             steps = parse_ranks(args.steps) if args.steps else None
             _add_gantt(found, args.spans, steps)
-        out = page.write(found, Path(args.output) if args.output else data.with_suffix(".html"))
+        out = page.write(found, out_path)
     except (OSError, ValueError) as exc:
         print(f"rankscope report: {exc}", file=sys.stderr)
         return 1

@@ -572,7 +572,7 @@ def capture(reason: str, *, steps: int = 2, ranks: list[int] | None = None) -> N
         runtime.thread.captures.ask(reason, steps, None if ranks is None else list(ranks))
 
 
-def write_report(timeout: float = 60.0) -> str | None:
+def write_report(timeout: float = 75.0) -> str | None:
     """Have this experiment's sink write its report page now and return the page's path.
 
     First waits until what this process flushed has reached the sink; the page then holds every

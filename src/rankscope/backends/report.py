@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..report import page
-from ..report.summary import Summary, gantt_spans, heat_of, span_seconds, spread_of
+from ..report.summary import Summary, gantt_spans, heat_of, read, span_seconds, spread_of
 from .base import LoggerBackend, LoggingMode, Metric
 from .jsonl import _component
 
@@ -40,6 +40,7 @@ class ReportBackend(LoggerBackend):
         self._dirty = False
         self._slowest_ms = -1.0
         self._last_gantt: dict[str, Any] | None = None
+        self._slowest_gantt: dict[str, Any] | None = None
         self._straggler_step: int | None = None
         self._straggler_kept = False
 
@@ -52,6 +53,8 @@ class ReportBackend(LoggerBackend):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.data_path = self.path.with_suffix(".jsonl")
         self.location = str(self.path.resolve())
+        if self.data_path.exists():  # reopened (an idle experiment, a restarted sink): the page keeps its history
+            self.summary = read(self.data_path)
         self._file: IO[str] = self.data_path.open("a", encoding="utf-8")
         self._event({"kind": "experiment", "id": experiment})
 
@@ -83,7 +86,8 @@ class ReportBackend(LoggerBackend):
         self._file.flush()
 
     def _gantt(self, step: int, rows: list[dict[str, Any]]) -> None:
-        """Keep the last step's bars in memory; write the slowest and first straggler steps' now."""
+        """Keep the last and the slowest step's bars in memory (written with the page); write the
+        first straggler step's now (once)."""
         if not rows:
             return
         bars, more = gantt_spans(rows)
@@ -94,7 +98,7 @@ class ReportBackend(LoggerBackend):
             self._slowest_ms = 0.0
         elif ms > self._slowest_ms:
             self._slowest_ms = ms
-            self._event({**chosen, "why": "slowest step"})
+            self._slowest_gantt = {**chosen, "why": "slowest step"}
         if self._straggler_step == step and not self._straggler_kept:
             self._straggler_kept = True
             self._event({**chosen, "why": "first straggler"})
@@ -113,9 +117,10 @@ class ReportBackend(LoggerBackend):
         """Write the page now (with the sink's ``status`` of the experiment) and return its path."""
         if status:
             self._event({"kind": "status", **{k: status[k] for k in _STATUS_FIELDS if k in status}})
-        if self._last_gantt is not None:
-            self._event(self._last_gantt)
-            self._last_gantt = None
+        for chosen in (self._slowest_gantt, self._last_gantt):
+            if chosen is not None:
+                self._event(chosen)
+        self._slowest_gantt = self._last_gantt = None
         self._file.flush()
         page.write(self.summary, self.path)
         self._dirty = False

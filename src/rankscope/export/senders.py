@@ -40,6 +40,7 @@ import selectors
 import socket
 import struct
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -507,26 +508,34 @@ def post_config(control_url: str, experiment: str, backends: Mapping[str, Any], 
         return str(json.loads(response.read()).get("result"))
 
 
-def request_report(control_url: str, experiment: str, timeout: float = 60.0) -> list[str]:
+def request_report(control_url: str, experiment: str, timeout: float = 75.0) -> list[str]:
     """Ask a rankscope sink to write the experiment's report page now; where it wrote.
 
-    Raises ``RuntimeError`` with the sink's reason (no report view, no such experiment) or
-    ``OSError`` when the sink cannot be reached."""
-    request = urllib.request.Request(
-        control_url.rstrip("/") + "/rankscope/v1/report",
-        data=json.dumps({"experiment": experiment}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    token = os.environ.get("RANKSCOPE_SINK_TOKEN")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return [str(p) for p in json.loads(response.read()).get("reports", [])]
-    except urllib.error.HTTPError as exc:
+    The sink waits up to 60 s for the experiment's views; while another request for the same
+    page is being answered (429), this one asks again until ``timeout``. Raises ``RuntimeError``
+    with the sink's reason (no report view, no such experiment) or ``OSError`` when the sink
+    cannot be reached."""
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(
+            control_url.rstrip("/") + "/rankscope/v1/report",
+            data=json.dumps({"experiment": experiment}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        token = os.environ.get("RANKSCOPE_SINK_TOKEN")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
-            reason = json.loads(exc.read()).get("message", "")
-        except ValueError:
-            reason = ""
-        raise RuntimeError(f"the sink answered {exc.code}: {reason or exc.reason}") from None
+            with urllib.request.urlopen(request, timeout=max(1.0, deadline - time.monotonic())) as response:
+                return [str(p) for p in json.loads(response.read()).get("reports", [])]
+        except urllib.error.HTTPError as exc:
+            try:
+                reason = json.loads(exc.read()).get("message", "")
+            except ValueError:
+                reason = ""
+            wait = float(exc.headers.get("Retry-After") or 2)
+            if exc.code == 429 and time.monotonic() + wait < deadline:
+                time.sleep(wait)
+                continue
+            raise RuntimeError(f"the sink answered {exc.code}: {reason or exc.reason}") from None

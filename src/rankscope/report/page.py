@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from functools import cache
 from importlib import resources
@@ -62,7 +63,12 @@ def render(summary: Summary) -> str:
 def write(summary: Summary, path: Path) -> Path:
     """Write the page atomically (a reader never sees half a page)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(render(summary), encoding="utf-8")
-    os.replace(tmp, path)
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(render(summary))
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
     return path

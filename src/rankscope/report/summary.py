@@ -9,8 +9,9 @@ What keeps a 1,000-rank, 100,000-step experiment a page a browser opens:
 
 * spread, not values: per role and key, each step keeps the global value, the min and max
   with the process holding each, and the median across that role's processes;
-* series of at most ``MAX_POINTS`` points: past that, the stride doubles (every other point
-  is dropped, later steps are kept at the new stride); the last step is always shown;
+* at most ``MAX_SERIES`` series (and ``MAX_META_SERIES`` of ``rankscope/*``, ``straggler/*``) of
+  at most ``MAX_POINTS`` points: past that, the series' stride doubles (every other point it
+  kept is dropped, later points are kept at the new stride); its last point is always shown;
 * at most ``HEAT_ROWS`` heat-map rows per step: more processes are binned into bands of
   consecutive ranks, each band showing its slowest;
 * the Gantt of a few chosen steps only (the first straggler step, the slowest, the last), at
@@ -32,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MAX_POINTS = 2000
-MAX_SERIES = 1000
+MAX_POINTS = 1000
+MAX_SERIES = 500
+MAX_META_SERIES = 200
 HEAT_ROWS = 128
 HEAT_STEPS = 100
 MAX_PHASES = 32
@@ -177,6 +179,19 @@ class Series:
     """``[min's label, max's label]`` per point."""
     last: list[Any] | None = None
     last_holders: list[Any] | None = None
+    seen: int = 0
+    stride: int = 1
+    """Every ``stride``-th point this series got is kept (its own: a sparse series keeps its points)."""
+
+    def add(self, point: list[Any], holders: list[Any]) -> None:
+        self.last, self.last_holders = point, holders
+        if self.seen % self.stride == 0:
+            self.points.append(point)
+            self.holders.append(holders)
+            if len(self.points) > MAX_POINTS:
+                self.stride *= 2
+                self.points, self.holders = self.points[::2], self.holders[::2]
+        self.seen += 1
 
 
 class Summary:
@@ -184,7 +199,6 @@ class Summary:
 
     def __init__(self) -> None:
         self.experiment: str | None = None
-        self.stride = 1
         self.steps = 0
         self.first_step: int | None = None
         self.last_step: int | None = None
@@ -196,8 +210,11 @@ class Summary:
         self.meta: dict[str, Series] = {}
         """``rankscope/*`` and ``straggler/*`` keys: the health and phase sections."""
         self.series_not_shown = 0
+        self._refused: set[Any] = set()
+        self._labels: dict[str, str] = {}
         self.heat: dict[int, dict[str, Any]] = {}
         self.heat_stride = 1
+        self._heat_seen = 0
         self.last_heat: tuple[int, dict[str, Any]] | None = None
         self.gantt: dict[str, dict[str, Any]] = {}
         """Why (``last``, ``slowest``, ``straggler``, ``asked N``) → ``{"step", "ms", "spans", "more"}``."""
@@ -231,14 +248,15 @@ class Summary:
             return
         try:
             handler(event)
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError):
             self.skipped_events += 1
 
     def _experiment(self, event: dict[str, Any]) -> None:
         self.experiment = _text(event["id"])
 
     def _status(self, event: dict[str, Any]) -> None:
-        self.status = {str(k)[:64]: v for k, v in event.items() if k != "kind" and isinstance(v, (int, float, str))}
+        fields = list(event.items())[:64]
+        self.status = {str(k)[:64]: _cell(v) for k, v in fields if k != "kind" and isinstance(v, (int, float, str))}
 
     def _step(self, event: dict[str, Any]) -> None:
         step = _int(event["step"])
@@ -275,40 +293,31 @@ class Summary:
                 self._point(self.globals, _text(key), step, value, None)
         if event.get("heat"):
             self._heat(step, event["heat"])
-        if len(self.series) + len(self.globals) > MAX_SERIES:
-            self._trim()
 
     def _point(self, table: dict[Any, Series], name: Any, step: int, value: Any, cell: list[Any] | None) -> None:
         series = table.get(name)
         if series is None:
-            if len(self.series) + len(self.globals) >= MAX_SERIES and table is not self.meta:
-                self.series_not_shown += 1
+            full = (
+                len(self.meta) >= MAX_META_SERIES
+                if table is self.meta
+                else len(self.series) + len(self.globals) >= MAX_SERIES
+            )
+            if full:
+                if len(self._refused) < 100_000 and name not in self._refused:
+                    self._refused.add(name)
+                    self.series_not_shown += 1
                 return
             series = table[name] = Series()
         low, low_by, high, high_by, median = cell[:5] if cell else (None, None, None, None, None)
         point = [step, number(value), number(median), number(low), number(high)]
-        holders = [_text(low_by) if low_by else None, _text(high_by) if high_by else None]
-        series.last, series.last_holders = point, holders
-        if step % self.stride == 0:
-            series.points.append(point)
-            series.holders.append(holders)
-            if len(series.points) > MAX_POINTS:
-                self._coarsen()
+        series.add(point, [self._label(low_by), self._label(high_by)])
 
-    def _coarsen(self) -> None:
-        """Double the stride: every series keeps the points on it."""
-        self.stride *= 2
-        for table in (self.series, self.globals, self.meta):
-            for series in table.values():
-                keep = [i for i, p in enumerate(series.points) if p[0] % self.stride == 0]
-                series.points = [series.points[i] for i in keep]
-                series.holders = [series.holders[i] for i in keep]
-
-    def _trim(self) -> None:
-        while len(self.series) + len(self.globals) > MAX_SERIES:
-            table = self.globals if self.globals else self.series
-            table.pop(next(reversed(table)))  # type: ignore[call-overload]
-            self.series_not_shown += 1
+    def _label(self, label: Any) -> str | None:
+        """One copy of each process label, however many points name it."""
+        if not label:
+            return None
+        text = _text(label)
+        return self._labels.setdefault(text, text) if len(self._labels) < 100_000 else text
 
     def _late_values(self, step: int, values: dict[str, Any]) -> None:
         """A late update rewrites the step's global values where a point for it is kept."""
@@ -327,11 +336,12 @@ class Summary:
         z = [[number(v) for v in line[: len(phases)]] for line in heat["z"][: len(rows)]]
         entry = {"rows": rows, "phases": phases, "z": z, "band": _int(heat.get("band")) or 1}
         self.last_heat = (step, entry)
-        if step % self.heat_stride == 0:
+        if self._heat_seen % self.heat_stride == 0:
             self.heat[step] = entry
-            while len(self.heat) > HEAT_STEPS:
+            if len(self.heat) > HEAT_STEPS:
                 self.heat_stride *= 2
-                self.heat = {s: e for s, e in self.heat.items() if s % self.heat_stride == 0}
+                self.heat = dict(list(self.heat.items())[::2])
+        self._heat_seen += 1
 
     def _gantt(self, event: dict[str, Any]) -> None:
         why, step = _text(event["why"])[:64], _int(event["step"])
@@ -340,7 +350,9 @@ class Summary:
             raise ValueError("gantt")
         if why not in self.gantt and len(self.gantt) >= 8:
             return
-        self.gantt[why] = {"step": step, "ms": number(event.get("ms")), "spans": spans, "more": event.get("more", 0)}
+        bars = [_bar(b) for b in spans[:MAX_GANTT_SPANS] if isinstance(b, dict)]
+        more = _int(event.get("more")) or 0
+        self.gantt[why] = {"step": step, "ms": number(event.get("ms")), "spans": [b for b in bars if b], "more": more}
 
     def _samples(self, event: dict[str, Any]) -> None:
         table, step = _text(event["table"])[:128], _int(event.get("step"))
@@ -393,7 +405,7 @@ class Summary:
             "steps": self.steps,
             "first_step": self.first_step,
             "last_step": self.last_step,
-            "stride": self.stride,
+            "stride": max((s.stride for t in (self.series, self.globals) for s in t.values()), default=1),
             "roles": [
                 {"role": role, "processes": self.processes.get(role, 0), "keys": keys}
                 for role, keys in sorted(roles.items())
@@ -428,6 +440,20 @@ def _series_data(key: str, series: Series) -> dict[str, Any]:
         points.append(series.last)
         holders.append(series.last_holders or [None, None])
     return {"key": key, "points": points, "holders": holders}
+
+
+def _bar(bar: dict[str, Any]) -> dict[str, Any] | None:
+    """A Gantt bar from the file, as ``gantt_spans`` made it (anything else: None)."""
+    start, duration = number(bar.get("s")), number(bar.get("d"))
+    if start is None or duration is None:
+        return None
+    out: dict[str, Any] = {k: _text(bar.get(k) or "") for k in ("p", "o", "n", "i", "u")}
+    out.update(r=_int(bar.get("r")), s=start, d=duration)
+    if isinstance(bar.get("l"), list):
+        out["l"] = [_text(x) for x in bar["l"][:16]]
+    if isinstance(bar.get("c"), str):
+        out["c"] = _text(bar["c"])
+    return out
 
 
 def _sample_row(entry: dict[str, Any]) -> dict[str, Any]:

@@ -223,6 +223,9 @@ def _heat(times: dict[str, dict[Process, float]]) -> dict[str, dict[str, float]]
     return {phase: cells for phase, cells in heat.items() if cells}
 
 
+MAX_VIEW_SPANS = 20_000
+"""Spans a step's view carries at most, when a view asks for them (``Experiment.keep_spans``)."""
+
 MAX_CLOCK_SKEW_NS = 60 * 10**9
 """How far ahead of the sink's clock a sender's timestamp may be before it is taken as now."""
 
@@ -284,6 +287,8 @@ class Experiment:
         self._done: OrderedDict[int, _Step] = OrderedDict()
         self.last_finalized = -1
         self.attempt = 0
+        self.keep_spans = False
+        """Whether step views carry their spans (set by the sink when a view draws a Gantt)."""
         self.late_points = 0
         self._abandoned: set[tuple[tuple[str, str | None, int], int]] = set()
         self._late: dict[int, _Step] = {}
@@ -748,7 +753,8 @@ class Experiment:
         times: dict[str, dict[Process, float]] = {}
         spans: list[Any] = []
         if not late:
-            spans = list(self.traces.spans(bucket.step))
+            if self.keep_spans:  # a view draws a Gantt (the report): the step's spans ride with its view
+                spans = self.traces.spans(bucket.step)[:MAX_VIEW_SPANS]
             times = self.traces.phase_times(bucket.step)
             phases = self.traces.phases(bucket.step, times)
             heat = _heat(times)

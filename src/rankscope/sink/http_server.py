@@ -41,6 +41,8 @@ from .traces import parse_ranks
 if TYPE_CHECKING:
     from .service import Sink
 
+REPORT_TIMEOUT = 60.0
+"""Seconds the report route waits for an experiment's views (``request_report`` waits longer)."""
 _GRPC_CODES = {400: 3, 401: 16, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
 _REJECTED_FIELD = {"metrics": "rejected_data_points", "traces": "rejected_spans", "logs": "rejected_log_records"}
 
@@ -69,6 +71,7 @@ class _Routes:
         self.sink = sink
         self.pool = pool
         self._report_lock = threading.Lock()
+        self._reporting: set[str] = set()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -186,12 +189,17 @@ class _Routes:
                 raise TypeError("experiment must be a string")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad report request: {exc}") from None
-        if not self._report_lock.acquire(blocking=False):  # pages are written one at a time
-            raise HttpError(429, "a report is being written; ask again in a few seconds", 2)
+        with self._report_lock:  # one page at a time per experiment; others' pages go on
+            busy = experiment in self._reporting or len(self._reporting) >= 8
+            if not busy:
+                self._reporting.add(experiment)
+        if busy:
+            raise HttpError(429, "this experiment's report (or 8 others) is being written; ask again", 2)
         try:  # its own thread: waiting on the views never holds the pool that decodes data
-            answer = await asyncio.to_thread(self.sink.report, experiment, 60.0)
+            answer = await asyncio.to_thread(self.sink.report, experiment, REPORT_TIMEOUT)
         finally:
-            self._report_lock.release()
+            with self._report_lock:
+                self._reporting.discard(experiment)
         if isinstance(answer, str):
             raise HttpError(404 if answer.startswith("no experiment") else 409, answer)
         return web.json_response({"experiment": experiment, "reports": answer})

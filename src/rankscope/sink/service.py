@@ -654,8 +654,9 @@ class Sink:
         deadline = time.monotonic() + timeout
         self.wait_written(experiment_id, timeout)
         status = self.status(experiment_id)
-        with tenant.lock:
-            writer = self._writer(tenant)
+        writer = tenant.writer
+        if writer is None or writer.closed.is_set():  # never open its views with a config it did not choose
+            return f"no step of experiment {experiment_id[:200]!r} is finalized yet: no view is open"
         paths = writer.report(status, max(0.0, deadline - time.monotonic()))
         if paths:
             return paths
@@ -779,6 +780,7 @@ class Sink:
                 on_written=written,
                 start_thread=lambda name, run: self._spawn(name, run),
             )
+            experiment.keep_spans = any(type(v.backend).report is not LoggerBackend.report for v in tenant.writer.views)
         return tenant.writer
 
     def _finalize(self, tenant: Tenant, force: bool = False) -> None:

@@ -263,7 +263,7 @@ class ViewWriter:
                 "rankscope sink: experiment %s step %d finalized without %s (%d missing)",
                 view.experiment[:64],
                 view.step,
-                ", ".join(view.missing[:16]) + (", ..." if len(view.missing) > 16 else ""),
+                ", ".join(repr(m) for m in view.missing[:16]) + (", ..." if len(view.missing) > 16 else ""),
                 len(view.missing),
             )
         for target in self._live(LoggingMode.GLOBAL_REDUCE):

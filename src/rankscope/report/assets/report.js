@@ -127,7 +127,7 @@
     const metrics = section("metrics", "Metrics");
     metrics.append(el("p", { class: "note" },
       "Each chart: the global value (red), and across the role's processes the min–max band (hover names who holds each) and the median." +
-      (D.stride > 1 ? ` Long run: every ${D.stride}th step is drawn, and the last.` : "")));
+      (D.stride > 1 ? ` Long run: a series keeps every 2nd, 4th, … point it got (at most every ${D.stride}th), and its last.` : "")));
     const filter = el("input", { type: "search", placeholder: "filter keys" });
     metrics.append(el("div", { class: "controls" }, filter));
     filter.addEventListener("input", () => {
@@ -175,8 +175,12 @@
 
   // -- the Gantt of chosen steps
   const palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac"];
-  const names = [...new Set(D.gantt.flatMap((g) => g.spans.map((s) => s.n)))].sort();
-  function colorOf(name) { return palette[names.indexOf(name) % palette.length]; } // one color per span name on every chart
+  const MAX_NAMES = 24; // legend entries (plotly traces) per Gantt; rarer span names are drawn as "other"
+  const nameCount = new Map();
+  for (const g of D.gantt) for (const s of g.spans) nameCount.set(s.n, (nameCount.get(s.n) || 0) + 1);
+  const named = new Map([...nameCount].sort((a, b) => b[1] - a[1]).slice(0, MAX_NAMES).map(([n], i) => [n, i]));
+  function nameOf(name) { return named.has(name) ? name : "other"; }
+  function colorOf(name) { return named.has(name) ? palette[named.get(name) % palette.length] : "#999999"; } // one color per span name everywhere
   function depthOf(spans) {
     const byId = new Map(spans.map((s) => [s.i, s]));
     const depth = new Map();
@@ -195,17 +199,19 @@
     const depth = depthOf(g.spans);
     const byName = new Map();
     for (const s of spans) {
-      if (!byName.has(s.n)) byName.set(s.n, []);
-      byName.get(s.n).push(s);
+      const name = nameOf(s.n);
+      if (!byName.has(name)) byName.set(name, []);
+      byName.get(name).push(s);
     }
     const traces = [];
-    const parentsFirst = [...byName].sort((a, b) => Math.min(...a[1].map(depth)) - Math.min(...b[1].map(depth)));
+    const shallowest = (list) => list.reduce((m, s) => Math.min(m, depth(s)), Infinity);
+    const parentsFirst = [...byName].sort((a, b) => shallowest(a[1]) - shallowest(b[1]));
     for (const [name, list] of parentsFirst) {
       const color = colorOf(name);
       const bars = list.filter((s) => s.d > 0), points = list.filter((s) => s.d <= 0);
       if (bars.length) traces.push({ type: "bar", orientation: "h", name: esc(name), y: bars.map((s) => esc(s.p)), x: bars.map((s) => s.d),
         base: bars.map((s) => s.s), width: bars.map((s) => Math.max(0.25, 0.8 - 0.18 * depth(s))), marker: { color },
-        hovertemplate: `${esc(name)} · %{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>` });
+        customdata: bars.map((s) => esc(s.n)), hovertemplate: "%{customdata} · %{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>" });
       if (points.length) traces.push({ type: "scatter", mode: "markers", name: esc(name), y: points.map((s) => esc(s.p)),
         x: points.map((s) => s.s), marker: { symbol: "diamond", size: 9, color } });
     }
