@@ -89,6 +89,13 @@ def svg_text(driver: Any) -> list[str]:
     return list(driver.execute_script("return [...document.querySelectorAll('svg text')].map(t => t.textContent)"))
 
 
+def texts(driver: Any, selector: str) -> list[str]:
+    """The text a reader sees in each element matching ``selector``."""
+    return list(
+        driver.execute_script("return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)", selector)
+    )
+
+
 def screenshot(driver: Any, name: str) -> Path:
     """The whole page as a PNG under ``ARTIFACTS`` (kept after the test)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

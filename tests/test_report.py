@@ -80,10 +80,8 @@ def test_the_main_example_prints_the_view_names_the_straggler_and_its_report_sho
         assert browser.errors(driver) == []
         charts = int(driver.execute_script("return document.querySelectorAll('.js-plotly-plot').length"))
         drawn = browser.svg_text(driver)
-        alerts = driver.execute_script(
-            "return [...document.querySelectorAll('.alert.straggler')].map(a => a.innerText)"
-        )
-        roles = driver.execute_script("return [...document.querySelectorAll('h3.role')].map(h => h.innerText)")
+        alerts = browser.texts(driver, ".alert.straggler")
+        roles = browser.texts(driver, "h3.role")
         shot = browser.screenshot(driver, "report-main-example")
     print(f"main example: {took:.1f}s; its report drew {charts} charts in {seconds:.1f}s; screenshot {shot}")
     assert charts >= 12
@@ -192,9 +190,7 @@ def test_a_1024_process_report_renders_in_time_and_stays_small(browser_ready: No
         seconds = browser.open_report(driver, report, timeout=RENDER_LIMIT_S)
         assert browser.errors(driver) == []
         drawn = browser.svg_text(driver)
-        alerts = driver.execute_script(
-            "return [...document.querySelectorAll('.alert.straggler')].map(a => a.innerText)"
-        )
+        alerts = browser.texts(driver, ".alert.straggler")
         pages = driver.execute_script("return document.querySelectorAll('#gantt select')[0].options.length")
         shot = browser.screenshot(driver, "report-1024-processes")
     print(f"1,024 processes: page {size / 1e6:.1f} MB written in {written:.1f}s, drawn in {seconds:.1f}s; {shot}")
@@ -246,7 +242,7 @@ def test_names_a_client_chose_reach_the_page_as_text(browser_ready: None, tmp_pa
             "return window.owned === undefined && document.querySelectorAll('img').length === 0"
         )
         assert driver.execute_script("return document.title").startswith("rankscope report: </script>")
-        texts = driver.execute_script("return [...document.querySelectorAll('td, h3, .alert')].map(e => e.innerText)")
+        texts = browser.texts(driver, "td, h3, .alert")
     assert any(HOSTILE in t for t in texts)
 
 
