@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
+import uuid
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -63,12 +63,12 @@ def render(summary: Summary) -> str:
 def write(summary: Summary, path: Path) -> Path:
     """Write the page atomically (a reader never sees half a page)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # unique; the umask's mode, like any page
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
+        with tmp.open("x", encoding="utf-8") as out:
             out.write(render(summary))
-        os.replace(name, path)
+        os.replace(tmp, path)
     except BaseException:
-        Path(name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
