@@ -337,3 +337,28 @@ def test_nfkc_lookalikes_of_dot_dot_are_not_dot_dot() -> None:
     for name in ("\uff0e\uff0e", "\u2024\u2024", "\ufe52\ufe52", "\u2025"):
         assert unicodedata.normalize("NFKC", name) == ".."
         assert_safe(safe_component(name))
+
+
+def test_a_shared_sink_holds_posted_view_paths_to_its_working_directory(make_sink, tmp_path: Path) -> None:
+    """A client's posted config chooses views, not where on the sink's disk they write; the sink of
+    one job (embedded, ``rankscope run``) takes its own job's paths as given."""
+    from rankscope.export.senders import post_config
+
+    shared = make_sink()
+    control = f"http://127.0.0.1:{shared.http_port}"
+    for options, why in (
+        ({"path": "/etc/cron.d/x"}, "relative path without '..'"),
+        ({"path": "logs/../../x.jsonl"}, "relative path without '..'"),
+        ({"logdir": "~/x"}, "relative path without '..'"),
+        ({"dir": 7}, "must be a non-empty string"),
+        ({"path": "x/{experiment.__class__}.jsonl"}, "may only use"),
+        ({"path": "x/{0}.jsonl"}, "may only use"),
+        ({"path": "x/{experiment"}, "not a format string"),
+    ):
+        answer = post_config(control, "e", {"jsonl": {"logging_mode": "global_reduce", **options}})
+        assert answer.startswith("refused: view 'jsonl'") and why in answer, (options, answer)
+    kept = {"jsonl": {"logging_mode": "global_reduce", "path": "logs/{experiment}/{rank:03d}.jsonl"}}
+    assert post_config(control, "e", kept) == "ok"
+    own = make_sink(trust_posted_paths=True)
+    absolute = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "x.jsonl")}}
+    assert post_config(f"http://127.0.0.1:{own.http_port}", "e", absolute) == "ok"

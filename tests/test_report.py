@@ -344,6 +344,7 @@ def test_the_page_rebuilt_from_the_file_is_the_live_one_and_the_route_says_why_n
         return found
 
     assert data(again) == data(live) and data(live)["steps"] == 4
+    assert sink.experiments["r"].keep_spans  # from its first step: a view draws a Gantt
     assert cli(["report", "--sink", control, "--experiment", "r"]) == 0
     assert capsys.readouterr().out.strip() == path
 
@@ -352,3 +353,4 @@ def test_the_page_rebuilt_from_the_file_is_the_live_one_and_the_route_says_why_n
         mgrpc.MetricsServiceStub(channel).Export(_metrics("p", range(2), 0, 2), timeout=10)
     with pytest.raises(RuntimeError, match=r"409: experiment 'p' has no report view \(its views: jsonl\)"):
         request_report(f"http://127.0.0.1:{plain.http_port}", "p")
+    assert not plain.experiments["p"].keep_spans  # no Gantt view: step views do not hold spans

@@ -46,6 +46,7 @@ def _sink_config(args: argparse.Namespace) -> Any:
         max_span_file_bytes=args.max_span_file_bytes,
         time_bucket=args.time_bucket,
         report=args.report,
+        trust_posted_paths=args.command == "run" or args.trust_posted_paths,
     )
 
 
@@ -381,6 +382,12 @@ def main(argv: list[str] | None = None) -> int:
             help="every experiment also gets the report view: one HTML page, "
             "rankscope_logs/EXPERIMENT/report.html" + (", written when the command ends" if name == "run" else ""),
         )
+        if name == "sink":
+            p.add_argument(
+                "--trust-posted-paths",
+                action="store_true",
+                help="use the paths in the views clients post as given (default: relative, without '..')",
+            )
         if name == "run":
             p.add_argument("--gantt", help="after the command, write its spans as a Perfetto file here")
             p.add_argument(

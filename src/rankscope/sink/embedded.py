@@ -110,7 +110,8 @@ def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2) -> N
     from ..core.settings import resolve
     from .service import Sink, SinkConfig
 
-    sink = Sink(SinkConfig(grpc_port=0, http_port=0, grace=resolve("sink_grace"))).start()
+    config = SinkConfig(grpc_port=0, http_port=0, grace=resolve("sink_grace"), trust_posted_paths=True)
+    sink = Sink(config).start()
     payload = {
         "experiment": experiment,
         "pid": os.getpid(),

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import LoggerBackend, Metric
+from ..backends.base import LoggerBackend, Metric, get_backend_class
 from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
 from ..otlp.samples import SampleRow
@@ -45,6 +45,7 @@ from .validate import (
     Refusals,
     ResourceBatch,
     StateRows,
+    check_posted_views,
     check_resource,
     logs_batches,
     metrics_batches,
@@ -71,6 +72,10 @@ class SinkConfig:
     """Views for every experiment; None: each experiment's posted config, else console."""
     report: bool = False
     """Every experiment also gets the ``report`` view (its HTML page), whatever its other views."""
+    trust_posted_paths: bool = False
+    """Whether a posted view config's paths are used as given: the sink of one job (embedded,
+    ``rankscope run``) takes its own job's. A shared sink holds them to relative paths without
+    ``..`` (``validate.check_posted_views``)."""
     grace: float = 10.0
     token: str | None = None
     state_dir: Path | None = None
@@ -551,6 +556,9 @@ class Sink:
         """An experiment's processes say which views they want (used when the sink has none)."""
         if self.config.backends is not None:
             return "ignored: this sink's views are fixed by its configuration"
+        why = None if self.config.trust_posted_paths else check_posted_views(backends)
+        if why is not None:
+            return f"refused: {why}"
         with self._lock:
             known = self.posted_backends.get(experiment_id)
             tenant = self.tenants.get(experiment_id)
@@ -558,6 +566,8 @@ class Sink:
                 if len(self.posted_backends) >= self.config.max_experiments:
                     return "ignored: this sink holds too many experiments"
                 self.posted_backends[experiment_id] = {k: dict(v) for k, v in backends.items()}
+                if tenant is not None:
+                    tenant.experiment.keep_spans = self._draws_gantt(experiment_id)
                 return "ok"
             if known == backends:
                 return "ok"
@@ -720,12 +730,28 @@ class Sink:
             captures=CaptureBook(self.clock, auto_interval=c.capture_interval),
             auto_capture_steps=c.auto_capture_steps,
         )
+        experiment.keep_spans = self._draws_gantt(experiment_id)
         log_ = self.wal.open(experiment_id) if self.wal is not None else None
         if log_ is not None:
             experiment.last_finalized, experiment.attempt = log_.last_finalized, log_.attempt
         elif experiment_id in self._tombstones:  # evicted before: steps go on where they were
             experiment.last_finalized, experiment.attempt = self._tombstones.pop(experiment_id)
         return Tenant(experiment, log_)
+
+    def _draws_gantt(self, experiment_id: str) -> bool:
+        """Whether the views this experiment will get include one that draws a Gantt (the report):
+        then its step views carry their spans, from the first step."""
+        if self.config.report:
+            return True
+        config = self.config.backends or self.posted_backends.get(experiment_id) or DEFAULT_BACKENDS
+        for name, options in config.items():
+            try:
+                found = get_backend_class(str(options.get("backend", name)))
+            except Exception:  # a bad config: ViewWriter names it when it opens the views
+                continue
+            if found.report is not LoggerBackend.report:
+                return True
+        return False
 
     def _span_file(self, experiment_id: str) -> SpanFile | None:
         if self.config.spans_dir is None:

@@ -460,3 +460,37 @@ def _refuse(batch: ResourceBatch, refused: Refusals, why: str) -> None:
     """One record of ``batch`` refused: answered in the request, counted for its experiment."""
     refused.add(1, why)
     batch.refused += 1
+
+
+_PATH_OPTIONS = ("path", "logdir", "dir")
+_PATH_FIELDS = frozenset({"experiment", "process", "role", "replica", "rank", "pid"})
+
+
+def check_posted_views(backends: Mapping[str, Any]) -> str | None:
+    """Why a client's posted view config is refused, or None. The sink's own ``--backends`` are
+    the operator's; a posted one is a client's, so where it writes is held to the working
+    directory: each path option (``path``, ``logdir``, ``dir``) is a relative path without
+    ``..`` whose only format fields are the plain names the views fill in (``{experiment}``,
+    ``{rank:03d}``: no attribute or index lookups, which ``str.format`` would run)."""
+    import string
+    from pathlib import PurePath
+
+    if len(backends) > 16:
+        return "at most 16 views"
+    for name, options in backends.items():
+        for option in _PATH_OPTIONS:
+            if option not in options:
+                continue
+            value = options[option]
+            if not isinstance(value, str) or not value or len(value) > 1024 or "\0" in value:
+                return f"view {str(name)[:64]!r}: {option} must be a non-empty string"
+            where = PurePath(value)
+            if where.is_absolute() or ".." in where.parts or value.startswith("~"):
+                return f"view {str(name)[:64]!r}: {option} must be a relative path without '..' (it is the client's)"
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+            except ValueError as exc:
+                return f"view {str(name)[:64]!r}: {option} is not a format string: {exc}"
+            if any(f not in _PATH_FIELDS for f in fields):
+                return f"view {str(name)[:64]!r}: {option} may only use {{{'}, {'.join(sorted(_PATH_FIELDS))}}}"
+    return None
