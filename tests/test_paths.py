@@ -354,6 +354,11 @@ def test_a_shared_sink_holds_posted_view_paths_to_its_working_directory(make_sin
         ({"path": "x/{experiment.__class__}.jsonl"}, "may only use"),
         ({"path": "x/{0}.jsonl"}, "may only use"),
         ({"path": "x/{experiment"}, "not a format string"),
+        ({"path": "{experiment:.>2.0}/x.jsonl"}, "may only use"),  # fill + precision 0: '..'
+        ({"path": "{experiment:/>1.0}tmp/x.jsonl"}, "may only use"),  # ... or '/': absolute
+        ({"path": "x/{rank:>4000000000}.jsonl"}, "may only use"),  # a 4 GB name
+        ({"path": "x/{experiment:{experiment.__class__}}"}, "may only use"),  # a lookup inside the spec
+        ({"path": "x/{experiment!r}.jsonl"}, "may only use"),
     ):
         answer = post_config(control, "e", {"jsonl": {"logging_mode": "global_reduce", **options}})
         assert answer.startswith("refused: view 'jsonl'") and why in answer, (options, answer)

@@ -63,7 +63,7 @@ def render(summary: Summary) -> str:
 def write(summary: Summary, path: Path) -> Path:
     """Write the page atomically (a reader never sees half a page)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # unique; the umask's mode, like any page
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # unique; the umask's mode, like any page
     try:
         with tmp.open("x", encoding="utf-8") as out:
             out.write(render(summary))

@@ -97,7 +97,8 @@ def spread_of(per_process: Mapping[Any, Iterable[Any]]) -> dict[str, dict[str, l
                 continue
             kept = array[index]
             low, high = int(index[kept.argmin()]), int(index[kept.argmax()])
-            median = float(np.median(kept))
+            with np.errstate(all="ignore"):  # the middle of two values near the float max is inf, quietly
+                median = float(np.median(kept))
             role_out[key] = [float(array[low]), labels[low], float(array[high]), labels[high], median, len(values)]
     return out
 

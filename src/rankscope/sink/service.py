@@ -187,6 +187,7 @@ class Sink:
         self.clock = clock
         self.tenants: dict[str, Tenant] = {}
         self.posted_backends: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+        self._gantt_backends: dict[str, bool] = {}
         self.spans_received = 0
         self.internal_errors: list[str] = []
         self.refused = 0
@@ -567,7 +568,9 @@ class Sink:
                     return "ignored: this sink holds too many experiments"
                 self.posted_backends[experiment_id] = {k: dict(v) for k, v in backends.items()}
                 if tenant is not None:
-                    tenant.experiment.keep_spans = self._draws_gantt(experiment_id)
+                    with tenant.lock:  # the views open under it: the flag and the views agree
+                        if tenant.writer is None:
+                            tenant.experiment.keep_spans = self._draws_gantt(experiment_id)
                 return "ok"
             if known == backends:
                 return "ok"
@@ -744,14 +747,19 @@ class Sink:
         if self.config.report:
             return True
         config = self.config.backends or self.posted_backends.get(experiment_id) or DEFAULT_BACKENDS
-        for name, options in config.items():
+        return any(self._gantt_backend(str(options.get("backend", name))) for name, options in config.items())
+
+    def _gantt_backend(self, name: str) -> bool:
+        """Whether backend ``name`` draws a Gantt (cached: looking it up may scan entry points)."""
+        found = self._gantt_backends.get(name)
+        if found is None:
             try:
-                found = get_backend_class(str(options.get("backend", name)))
-            except Exception:  # a bad config: ViewWriter names it when it opens the views
-                continue
-            if found.report is not LoggerBackend.report:
-                return True
-        return False
+                found = get_backend_class(name).report is not LoggerBackend.report
+            except Exception:  # unknown or broken: ViewWriter names it when it opens the views
+                found = False
+            if len(self._gantt_backends) < 256:
+                self._gantt_backends[name] = found
+        return found
 
     def _span_file(self, experiment_id: str) -> SpanFile | None:
         if self.config.spans_dir is None:

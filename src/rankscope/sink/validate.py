@@ -27,6 +27,7 @@ offending key and why; the rest of the request is accepted.
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -464,14 +465,17 @@ def _refuse(batch: ResourceBatch, refused: Refusals, why: str) -> None:
 
 _PATH_OPTIONS = ("path", "logdir", "dir")
 _PATH_FIELDS = frozenset({"experiment", "process", "role", "replica", "rank", "pid"})
+_PATH_SPEC = re.compile(r"(0?[0-9]?d)?")
 
 
 def check_posted_views(backends: Mapping[str, Any]) -> str | None:
     """Why a client's posted view config is refused, or None. The sink's own ``--backends`` are
     the operator's; a posted one is a client's, so where it writes is held to the working
     directory: each path option (``path``, ``logdir``, ``dir``) is a relative path without
-    ``..`` whose only format fields are the plain names the views fill in (``{experiment}``,
-    ``{rank:03d}``: no attribute or index lookups, which ``str.format`` would run)."""
+    ``..`` whose only format fields are the plain names the views fill in, each a safe
+    component (``paths.safe_component``) or an int, with no conversion and at most an int's
+    width (``{experiment}``, ``{rank:03d}``): no attribute or index lookups, which
+    ``str.format`` would run, and no fill or precision, which would make any text (``/``, ``..``)."""
     import string
     from pathlib import PurePath
 
@@ -488,9 +492,11 @@ def check_posted_views(backends: Mapping[str, Any]) -> str | None:
             if where.is_absolute() or ".." in where.parts or value.startswith("~"):
                 return f"view {str(name)[:64]!r}: {option} must be a relative path without '..' (it is the client's)"
             try:
-                fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+                fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(value) if f is not None]
             except ValueError as exc:
                 return f"view {str(name)[:64]!r}: {option} is not a format string: {exc}"
-            if any(f not in _PATH_FIELDS for f in fields):
-                return f"view {str(name)[:64]!r}: {option} may only use {{{'}, {'.join(sorted(_PATH_FIELDS))}}}"
+            for field_name, spec, conversion in fields:
+                if field_name not in _PATH_FIELDS or conversion is not None or not _PATH_SPEC.fullmatch(spec or ""):
+                    shown = ", ".join("{" + f + "}" for f in sorted(_PATH_FIELDS))
+                    return f"view {str(name)[:64]!r}: {option} may only use {shown} (and an int width: {{rank:03d}})"
     return None
