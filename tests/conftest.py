@@ -113,40 +113,12 @@ def make_sink() -> Iterator[Callable[..., Sink]]:
         assert sink.internal_errors == [], sink.internal_errors
 
 
-PIPELINE_BINARIES = pytest.StashKey[dict[str, str]]()
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run where CUDA is (``pytest -m gpu`` on a GPU machine) and skip elsewhere."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        import torch
 
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build (or find cached) the Collector and Jaeger binaries before the pipeline tests run.
-
-    Done here, once per session, because the first build takes minutes: no test's own time
-    limit should pay for it. The build has its own limit (``tests/pipeline.py``).
-    """
-    if any(
-        item.nodeid.split("::")[0].endswith(("test_pipeline.py", "test_tree.py", "test_otel_clients.py"))
-        for item in session.items
-    ):
-        from .pipeline import build_binaries
-
-        session.config.stash[PIPELINE_BINARIES] = build_binaries()
-    if any(item.nodeid.split("::")[0].endswith("test_report.py") for item in session.items):
-        from .browser import ensure_browser  # apt-get install chromium chromium-driver, once per machine
-
-        session.config.stash[BROWSER_MISSING] = ensure_browser()
-
-
-BROWSER_MISSING = pytest.StashKey[str | None]()
-
-
-@pytest.fixture(scope="session")
-def browser_ready(request: pytest.FixtureRequest) -> None:
-    """Chromium is there (installed by ``conftest.pytest_collection_finish``), or the test fails saying why."""
-    missing = request.config.stash.get(BROWSER_MISSING, "the browser was not looked for")
-    if missing:
-        pytest.fail(f"headless Chromium is needed to look at the report: {missing}")
-
-
-@pytest.fixture(scope="session")
-def binaries(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Built by ``conftest.pytest_collection_finish`` before any test started."""
-    return request.config.stash[PIPELINE_BINARIES]
+        if not torch.cuda.is_available():
+            for item in gpu:
+                item.add_marker(pytest.mark.skip(reason="needs CUDA (marked gpu)"))

@@ -26,6 +26,7 @@ class FakeCuda:
         self.capturing = False
         self.events_created = 0
         self.records = 0
+        self.waiting_threads: set[int] = set()  # threads that waited for the device or read its timings
         self._lock = threading.Lock()
         outer = self
 
@@ -47,10 +48,12 @@ class FakeCuda:
                 return outer.gpu_ms() >= self.at
 
             def synchronize(self) -> None:
+                outer.waiting_threads.add(threading.get_ident())
                 while not self.query():
                     time.sleep(0.0005)
 
             def elapsed_time(self, end: Event) -> float:
+                outer.waiting_threads.add(threading.get_ident())
                 assert self.query() and end.query(), "elapsed_time on an event that has not completed"
                 return _float32(end.at - self.at)  # type: ignore[operator]
 

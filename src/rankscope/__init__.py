@@ -1,6 +1,6 @@
 """rankscope: one call from anywhere, one view per experiment, on OpenTelemetry.
 
-This module only re-exports (``api``); the packages are named by pipeline stage (README, Layout).
+This module only re-exports (``api``); the packages are named by pipeline stage (``docs/development.md``, Layout).
 Importing it changes nothing global: ``init`` (or the first call) configures the process.
 """
 

@@ -1,8 +1,8 @@
 """The standard metrics rankscope's instrumentors and helpers emit: name, unit, reduce, role.
 
 One table, used three ways: the helpers take their names from it, the exporter sends each
-metric's UCUM unit on the wire, and ``catalog_markdown()`` is the table in the README (a
-test keeps them equal). ``{op}``, ``{Class}.{endpoint}``, ``{i}`` and ``{group}/{name}``
+metric's UCUM unit on the wire, and ``catalog_markdown()`` is the table in the docs (``docs/instrumentation.md``,
+generated when the site is built). ``{op}``, ``{Class}.{endpoint}``, ``{i}`` and ``{group}/{name}``
 stand for the operation, actor endpoint, param group and torchelastic metric.
 """
 
@@ -125,7 +125,7 @@ def unit_of(key: str) -> str:
 
 
 def catalog_markdown() -> str:
-    """The catalog as the README's markdown table."""
+    """The catalog as the docs' markdown table (``docs/hooks.py`` puts it in the page)."""
     rows = ["| metric | unit | reduce | role | from | what |", "|---|---|---|---|---|---|"]
     for s in CATALOG:
         rows.append(f"| `{s.name}` | `{s.unit}` | {s.reduce.value} | {s.role} | {s.source} | {s.description} |")

@@ -36,7 +36,7 @@ class RankscopeDistro(BaseDistro):  # type: ignore[misc]
             os.environ.setdefault(name, value)
 
 
-class RankscopeConfigurator(ConfiguratorBase):  # type: ignore[misc,valid-type]  # the SDK's _BaseConfigurator
+class RankscopeConfigurator(ConfiguratorBase):  # type: ignore[misc]  # the SDK's _BaseConfigurator
     """Installs rankscope's tracer provider, so other instrumentations' spans join each step's trace."""
 
     def _configure(self, **kwargs: Any) -> None:

@@ -169,7 +169,7 @@ def read_jsonl(paths: Iterable[str | Path]) -> Iterator[dict[str, Any]]:
     """Span rows from JSONL files (``.gz`` read as gzip); a bad line raises naming file and line."""
     for path in paths:
         opener = gzip.open if str(path).endswith(".gz") else open
-        with opener(path, "rt") as lines:  # type: ignore[operator]
+        with opener(path, "rt") as lines:
             for number, line in enumerate(lines, 1):
                 if line.strip():
                     yield _row(line, f"{path}:{number}")

@@ -27,7 +27,7 @@ from .api import flush, record_metric
 from .metrics.reduce import Reduce
 
 
-class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
+class RankscopeCallback(TrainerCallback):
     """A Trainer callback that records the Trainer's logs into the process's rankscope experiment."""
 
     def __init__(self, reduce: Reduce = Reduce.MEAN, reduces: Mapping[str, Reduce] | None = None) -> None:

@@ -83,7 +83,23 @@ def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = Non
     now = time.time() if now is None else now
     if "error" in snap:
         return Group(Text(f"rankscope top: {snap['error']}", style="bold red"))
-    parts: list[Any] = []
+    parts: list[Any] = [_experiments(snap)]
+    status, recent = snap.get("status") or {}, snap.get("recent") or []
+    if not recent:
+        parts.append(Text(f"{snap['experiment']}: no finalized step yet"))
+        return Group(*parts)
+    last = recent[-1]
+    parts.append(_header(snap, status, recent, now))
+    parts.append(_values(last, recent, keys))
+    heat = _phase_map(last)
+    if heat is not None:
+        parts.append(heat)
+    parts.extend(_notes(last, status))
+    return Group(*parts)
+
+
+def _experiments(snap: dict[str, Any]) -> Table:
+    """The sink's experiments, the chosen one in bold."""
     experiments = Table(title="experiments", expand=False)
     for column in ("experiment", "processes", "last step"):
         experiments.add_column(column)
@@ -92,11 +108,11 @@ def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = Non
         experiments.add_row(
             Text(str(e.get("id")), style=chosen), str(e.get("processes")), str(e.get("last_finalized_step"))
         )
-    parts.append(experiments)
-    status, recent = snap.get("status") or {}, snap.get("recent") or []
-    if not recent:
-        parts.append(Text(f"{snap['experiment']}: no finalized step yet"))
-        return Group(*parts)
+    return experiments
+
+
+def _header(snap: dict[str, Any], status: dict[str, Any], recent: list[dict[str, Any]], now: float) -> Text:
+    """The chosen experiment's last step, lag, step rate and counts."""
     last = recent[-1]
     window = recent[-10:]
     elapsed = float(window[-1].get("time", 0)) - float(window[0].get("time", 0))
@@ -106,7 +122,11 @@ def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = Non
         f"{rate:.2f} steps/s  processes {status.get('processes', '?')}  "
         f"refused {status.get('refused_points', 0)}  missing {len(last.get('missing', []))}"
     )
-    parts.append(Text(header, style="bold"))
+    return Text(header, style="bold")
+
+
+def _values(last: dict[str, Any], recent: list[dict[str, Any]], keys: list[str] | None) -> Table:
+    """The chosen keys (else the first six of the last step's own) with sparklines over the recent steps."""
     last_values = last.get("values") or {}
     shown = keys or [k for k in last_values if not k.startswith(("rankscope/", "straggler/"))][:6]
     values = Table(title="keys", expand=False)
@@ -116,43 +136,53 @@ def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = Non
         series = [float((r.get("values") or {}).get(key, math.nan)) for r in recent]
         finite = [v for v in series if math.isfinite(v)] or [math.nan]
         values.add_row(key, _fmt(series[-1]), _fmt(min(finite)), _fmt(max(finite)), sparkline(series))
-    parts.append(values)
+    return values
+
+
+def _phase_map(last: dict[str, Any]) -> Table | None:
+    """The last step's rank x phase seconds, the slowest cell of each phase marked; None without phases."""
     phases = [name for name, cells in (last.get("phases") or {}).items() if cells][:MAX_PHASES]
-    if phases:
-        heat = Table(title=f"seconds per phase, step {last['step']} (* slowest)", expand=False)
-        heat.add_column("process")
+    if not phases:
+        return None
+    heat = Table(title=f"seconds per phase, step {last['step']} (* slowest)", expand=False)
+    heat.add_column("process")
+    for phase in phases:
+        heat.add_column(phase[-24:])
+    labels = sorted({p for phase in phases for p in last["phases"][phase]})
+    slowest = {phase: max(last["phases"][phase].items(), key=lambda kv: kv[1])[0] for phase in phases}
+    for label in labels[:MAX_ROWS]:
+        cells = []
         for phase in phases:
-            heat.add_column(phase[-24:])
-        labels = sorted({p for phase in phases for p in last["phases"][phase]})
-        slowest = {phase: max(last["phases"][phase].items(), key=lambda kv: kv[1])[0] for phase in phases}
-        for label in labels[:MAX_ROWS]:
-            cells = []
-            for phase in phases:
-                seconds = last["phases"][phase].get(label)
-                mark = "*" if slowest[phase] == label else " "
-                cells.append(
-                    Text(f"{seconds:.3f}{mark}" if seconds is not None else "-", style="red" if mark == "*" else "")
-                )
-            heat.add_row(label, *cells)
-        parts.append(heat)
+            seconds = last["phases"][phase].get(label)
+            mark = "*" if slowest[phase] == label else " "
+            cells.append(
+                Text(f"{seconds:.3f}{mark}" if seconds is not None else "-", style="red" if mark == "*" else "")
+            )
+        heat.add_row(label, *cells)
+    return heat
+
+
+def _notes(last: dict[str, Any], status: dict[str, Any]) -> list[Text]:
+    """Stragglers, missing processes, the first non-finite value, anomalies and captures."""
+    notes: list[Text] = []
     stragglers = [a for a in last.get("anomalies", []) if a.get("type") == "straggler"]
     for a in stragglers:
-        parts.append(
+        notes.append(
             Text(f"straggler: {a.get('process')} in {a.get('phase')} ({a.get('ratio')}x the median)", style="red")
         )
     if last.get("missing"):
-        parts.append(Text(f"missing: {', '.join(last['missing'][:16])}", style="yellow"))
+        notes.append(Text(f"missing: {', '.join(last['missing'][:16])}", style="yellow"))
     first = status.get("first_nonfinite")
     if first:
-        parts.append(
+        notes.append(
             Text(f"first non-finite: {first['key']} at step {first['step']} from {first['process']}", style="red")
         )
     anomalies = status.get("anomalies", [])[-5:]
     if anomalies:
-        parts.append(Text("anomalies: " + "; ".join(f"{a['type']}@{a.get('step')}" for a in anomalies)))
+        notes.append(Text("anomalies: " + "; ".join(f"{a['type']}@{a.get('step')}" for a in anomalies)))
     for c in status.get("captures", [])[-3:]:
-        parts.append(Text(f"capture {c['id']}: {c['reason']} ({len(c['files'])}/{c['taken']} files)"))
-    return Group(*parts)
+        notes.append(Text(f"capture {c['id']}: {c['reason']} ({len(c['files'])}/{c['taken']} files)"))
+    return notes
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
     python pipeline_worker.py ROLE STEPS [PAUSE_S]
 
 Records ``{role}/value`` = rank + step (MEAN) and ``{role}/count`` = 1 (SUM) per step, prints
-how long it ran and how many points it had to drop.
+how many points it had to drop. With WORKER_PROGRESS set, writes the number of steps done to that
+file after each step (so a test can see the loop going on while telemetry has nowhere to go).
 """
 
 import os
@@ -14,7 +15,7 @@ import rankscope as rs
 
 role, steps = sys.argv[1], int(sys.argv[2])
 pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
-started = time.monotonic()
+progress = os.environ.get("WORKER_PROGRESS")
 rs.init(role=role)
 rank = int(os.environ.get("RANK", "0"))
 for step in range(steps):
@@ -23,7 +24,10 @@ for step in range(steps):
         rs.record_metric(f"{role}/count", 1, rs.Reduce.SUM)
         t.step("work")
     rs.flush(step)
+    if progress:
+        with open(f"{progress}.tmp", "w") as f:
+            f.write(str(step + 1))
+        os.replace(f"{progress}.tmp", progress)
     time.sleep(pause)
-loop_s = time.monotonic() - started
 rs.shutdown()
-print(f"loop_s={loop_s:.2f} dropped={rs.dropped_points()}", flush=True)
+print(f"dropped={rs.dropped_points()}", flush=True)

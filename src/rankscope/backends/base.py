@@ -143,7 +143,7 @@ def get_backend_class(name: str) -> type[LoggerBackend]:
         for ep in entry_points(group="rankscope.backends"):
             if ep.name == name:
                 found = ep.load()
-                register_backend(name, found)  # type: ignore[arg-type]
+                register_backend(name, found)
                 break
     if found is None:
         known = sorted({*_BACKENDS, *(ep.name for ep in entry_points(group="rankscope.backends"))})

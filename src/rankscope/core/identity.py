@@ -38,7 +38,7 @@ def _detect_experiment(env: Mapping[str, str]) -> str | None:
         return f"slurm-{slurm}"
     if run_id == "none" and "RANK" in env:
         # torchrun without --rdzv-id: the ranks of one node share the agent (our parent).
-        # Multi-node jobs must set --rdzv-id or RANKSCOPE_EXPERIMENT (README says so).
+        # Multi-node jobs must set --rdzv-id or RANKSCOPE_EXPERIMENT (``docs/identity.md`` says so).
         return f"torchrun-{socket.gethostname()}-{os.getppid()}"
     return None
 

@@ -2,8 +2,8 @@
 
 The table (``SETTINGS``) is the single source of truth: ``Settings.load`` builds the frozen,
 validated settings of one ``init`` from it, ``resolve`` reads one setting for other callers
-(the CLI, the distro, instrumentors, the embedded sink), and the README's settings section is
-generated from it (``rankscope settings --markdown``).
+(the CLI, the distro, instrumentors, the embedded sink), and the docs' settings page is
+generated from it (``docs/hooks.py``; also ``rankscope settings --markdown``).
 
 Every value goes through its setting's parser, whether it came from an argument or from the
 environment: a parser takes the text of an environment variable or a typed argument and

@@ -32,7 +32,7 @@ tests) when the senders are made at ``init`` (``report_problems``), not raised a
 an OpenTelemetry upgrade must not stop a training job from starting. Only what needs the name
 turns off: an exporter that lacks its transport refuses every send with the same message (counted
 as dropped, never retried), a missing log exporter stops streamed values, a missing ``_Gauge`` or
-``_BaseConfigurator`` falls back to a stand-in. ``tests/test_otel_sdk_compat.py`` resolves every
+``_BaseConfigurator`` falls back to a stand-in. ``tests/integration/test_otel_sdk_compat.py`` resolves every
 name and sends one request through each exporter path to a real receiver.
 """
 

@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ..core.paths import safe_component
 
@@ -173,7 +173,7 @@ class Captures:
 def _mark(step: int) -> Any:
     from torch.profiler import record_function
 
-    marks = record_function(f"rankscope.step {step}")
+    marks = cast(Any, record_function(f"rankscope.step {step}"))  # torch leaves its __enter__ untyped
     marks.__enter__()
     return marks
 

@@ -36,7 +36,7 @@ class BackendSet:
         if inspect.isawaitable(result):  # Forge-style async backends
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(result)  # type: ignore[arg-type]
+            self._loop.run_until_complete(result)
 
     def init(self) -> None:
         """A backend whose init fails is off from then on, with one error naming it (not one per step)."""

@@ -97,8 +97,8 @@ class _GrpcSender:
                 return Attempt(False, detail="the exporter is shut down")
             return SENT
         except grpc.RpcError as error:
-            code = error.code()  # type: ignore[attr-defined]
-            detail = f"{getattr(code, 'name', code)}: {error.details()}"  # type: ignore[attr-defined]
+            code = error.code()
+            detail = f"{getattr(code, 'name', code)}: {error.details()}"
             retry = code in _otel_sdk.grpc_retryable(self._exporter)
             return Attempt(False, retry=retry, detail=detail, retry_after=_hint(error))
 

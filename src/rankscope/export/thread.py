@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
@@ -165,6 +165,22 @@ class _Stop:
 
 
 _Message = _Step | _Stream | _Row | _Relayed | _Poll | _Sync | _Stop
+
+
+@dataclass(slots=True)
+class _Round:
+    """What the messages of one round of the export thread's loop asked for."""
+
+    pending: list[StepBatch]
+    """Prepared steps waiting for the next OTLP request (the loop's list, carried across rounds)."""
+    synced: bool = False
+    """A force_flush or a poll: try to send at once."""
+    polls: list[Callable[[], None]] = field(default_factory=list)
+    """Polls' callbacks, called at the end of the round."""
+    deadline: float | None = None
+    """Set by a stop: the shutdown deadline."""
+
+
 SampleRow = tuple[str, str | None, int, Kept, int | None]
 """(table, rank_by, k, kept row, step): a sample row waiting for the endpoint."""
 
@@ -251,6 +267,16 @@ class ExportThread:
         self._warned_unreachable = False
         self._goodbye_queued = False
         self._waiting: list[threading.Event] = []
+        self._handlers: dict[type[_Message], Callable[[Any, _Round], None]] = {
+            _Step: self._on_step,
+            _Stream: self._on_stream,
+            _Row: self._on_row,
+            _Poll: self._on_poll,
+            _Relayed: self._on_relayed,
+            _Sync: self._on_sync,
+            _Stop: self._on_stop,
+        }
+        """The export thread's handler of each kind of message."""
         self._thread = threading.Thread(target=self._run, name="rankscope-export", daemon=True)
         self._thread.start()
 
@@ -362,80 +388,100 @@ class ExportThread:
         last_export = 0.0
         deadline: float | None = None
         while deadline is None:
-            now = time.monotonic()
-            if self._failures:  # the endpoint is down: wait out the backoff (new steps keep queueing)
-                wait = max(0.0, self._next_attempt - now)
-            elif pending or self._streams or self._unsent_work():
-                wait = max(0.0, last_export + _MIN_EXPORT_GAP - now)
-            else:
-                wait = self.export_interval
-            try:
-                items = [self._queue.get(timeout=wait)]
-            except queue.Empty:
-                items = []
-            while items and len(items) < _MAX_ITEMS_PER_ROUND:  # take what is already waiting
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            synced = False
-            polls: list[Callable[[], None]] = []
+            items = self._take_items(self._wait_time(pending, last_export))
+            taken = _Round(pending)
             for item in items:
-                match item:
-                    case _Step(flushed):
-                        self._guarded(self._prepare, flushed)
-                        pending.append(flushed)
-                    case _Stream(metric, step):
-                        if self.stream_to_sink:
-                            self._streams.append((metric, step))
-                        else:
-                            self._guarded(self.backends.log_stream, metric, step)
-                    case _Row(table, row, origin, step):
-                        if self.stream_to_sink:
-                            self._streamed_rows += 1
-                            kept = Kept(0.0, self._streamed_rows, "stream", row, origin)
-                            self._hold_rows(self._streamed, [(table, None, 1, kept, step)])
-                        else:
-                            self._guarded(self.backends.log_row, table, row, origin, step)
-                    case _Poll(done):
-                        polls.append(done)
-                        synced = True
-                        if self._periodic():  # the parent is shutting down: what this child holds, now
-                            held = self.recorder.take(None)
-                            if held is not None and self._hold(held):
-                                self._guarded(self._prepare, held)
-                                pending.append(held)
-                    case _Relayed(kind, payload):
-                        self._guarded(self._take_relayed, kind, payload)
-                    case _Sync(event):
-                        self._waiting.append(event)
-                        synced = True
-                    case _Stop(stop_at):
-                        deadline = stop_at
-            if deadline is not None:
-                break
-            if self.captures is not None:
-                self._guarded(self.captures.service)
-            now = time.monotonic()
-            if not items and not pending and not self._failures and self._periodic():
-                # A process that never flushes. While the endpoint is down its values keep
-                # accumulating in place (constant memory) instead of filling the queue. The
-                # caller's thread takes the step when asked (``Recorder.take_periodic``); an
-                # idle caller's step is taken here one interval after the ask.
-                batch = self.recorder.take_periodic(grace=self.export_interval)
-                if batch is not None and self._hold(batch):
-                    self._guarded(self._prepare, batch)
-                    pending.append(batch)
-            work = pending or self._streams or self._unsent_work() or len(self.spans)
-            ready = now >= self._next_attempt or synced  # a force_flush tries at once
-            if work and ready and (synced or now - last_export >= _MIN_EXPORT_GAP):
-                self._try_cycle(pending, None, False)
-                pending, last_export = [], time.monotonic()
-            if not pending and not self._unsent_work():
-                self._release_waiting()
-            for done in polls:
-                self._guarded(done)
+                self._handlers[type(item)](item, taken)
+            deadline = taken.deadline
+            if deadline is None:
+                pending, last_export = self._end_round(taken, bool(items), last_export)
         self._finish(pending, deadline)
+
+    def _wait_time(self, pending: list[StepBatch], last_export: float) -> float:
+        """How long the next round waits for a message."""
+        now = time.monotonic()
+        if self._failures:  # the endpoint is down: wait out the backoff (new steps keep queueing)
+            return max(0.0, self._next_attempt - now)
+        if pending or self._streams or self._unsent_work():
+            return max(0.0, last_export + _MIN_EXPORT_GAP - now)
+        return self.export_interval
+
+    def _take_items(self, wait: float) -> list[_Message]:
+        """The next message (waiting up to ``wait``) and what is already waiting behind it."""
+        try:
+            items = [self._queue.get(timeout=wait)]
+        except queue.Empty:
+            items = []
+        while items and len(items) < _MAX_ITEMS_PER_ROUND:  # take what is already waiting
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def _on_step(self, item: _Step, taken: _Round) -> None:
+        self._guarded(self._prepare, item.batch)
+        taken.pending.append(item.batch)
+
+    def _on_stream(self, item: _Stream, taken: _Round) -> None:
+        if self.stream_to_sink:
+            self._streams.append((item.metric, item.step))
+        else:
+            self._guarded(self.backends.log_stream, item.metric, item.step)
+
+    def _on_row(self, item: _Row, taken: _Round) -> None:
+        if self.stream_to_sink:
+            self._streamed_rows += 1
+            kept = Kept(0.0, self._streamed_rows, "stream", item.row, item.origin)
+            self._hold_rows(self._streamed, [(item.table, None, 1, kept, item.step)])
+        else:
+            self._guarded(self.backends.log_row, item.table, item.row, item.origin, item.step)
+
+    def _on_poll(self, item: _Poll, taken: _Round) -> None:
+        taken.polls.append(item.done)
+        taken.synced = True
+        if self._periodic():  # the parent is shutting down: what this child holds, now
+            self._hold_and_prepare(self.recorder.take(None), taken.pending)
+
+    def _on_relayed(self, item: _Relayed, taken: _Round) -> None:
+        self._guarded(self._take_relayed, item.kind, item.payload)
+
+    def _on_sync(self, item: _Sync, taken: _Round) -> None:
+        self._waiting.append(item.done)
+        taken.synced = True
+
+    def _on_stop(self, item: _Stop, taken: _Round) -> None:
+        taken.deadline = item.deadline
+
+    def _hold_and_prepare(self, batch: StepBatch | None, pending: list[StepBatch]) -> None:
+        """A step taken on this thread joins the bound and, if it fits, the pending steps."""
+        if batch is not None and self._hold(batch):
+            self._guarded(self._prepare, batch)
+            pending.append(batch)
+
+    def _end_round(self, taken: _Round, took_items: bool, last_export: float) -> tuple[list[StepBatch], float]:
+        """After a round's messages: service captures, take a periodic step, send when due, answer
+        flushes and polls. Returns the pending steps and the last export's time, both new after a send."""
+        if self.captures is not None:
+            self._guarded(self.captures.service)
+        now = time.monotonic()
+        pending = taken.pending
+        if not took_items and not pending and not self._failures and self._periodic():
+            # A process that never flushes. While the endpoint is down its values keep
+            # accumulating in place (constant memory) instead of filling the queue. The
+            # caller's thread takes the step when asked (``Recorder.take_periodic``); an
+            # idle caller's step is taken here one interval after the ask.
+            self._hold_and_prepare(self.recorder.take_periodic(grace=self.export_interval), pending)
+        work = pending or self._streams or self._unsent_work() or len(self.spans)
+        ready = now >= self._next_attempt or taken.synced  # a force_flush tries at once
+        if work and ready and (taken.synced or now - last_export >= _MIN_EXPORT_GAP):
+            self._try_cycle(pending, None, False)
+            pending, last_export = [], time.monotonic()
+        if not pending and not self._unsent_work():
+            self._release_waiting()
+        for done in taken.polls:
+            self._guarded(done)
+        return pending, last_export
 
     def _finish(self, pending: list[StepBatch], deadline: float) -> None:
         """Stop: keep trying (with the same backoff) until the shutdown deadline, then count what is left."""

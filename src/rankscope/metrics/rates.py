@@ -22,12 +22,15 @@ def reset_rates() -> None:
 class RateMeter:
     """``add(n)`` on the hot path; at each flush, records ``key`` = count / seconds since the
     previous flush (or since the first ``add``). Reduced with SUM across processes, so the
-    global view is the whole job's rate."""
+    global view is the whole job's rate. ``clock`` is a seam for tests (seconds, monotonic)."""
 
-    __slots__ = ("count", "key", "on_rate", "since")
+    __slots__ = ("clock", "count", "key", "on_rate", "since")
 
-    def __init__(self, key: str, on_rate: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self, key: str, on_rate: Callable[[float], None] | None = None, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.key = key
+        self.clock = clock
         self.count = 0.0
         self.since: float | None = None
         self.on_rate = on_rate
@@ -40,12 +43,12 @@ class RateMeter:
 
     def add(self, n: float) -> None:
         if self.since is None:
-            self.since = time.perf_counter()
+            self.since = self.clock()
             recording.add_flush_hook(self.at_flush)
         self.count += n
 
     def at_flush(self) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         since, count = self.since, self.count
         self.since, self.count = now, 0.0
         if since is None or now <= since:

@@ -456,7 +456,7 @@ def _harmonic_mid(index: int, width: float) -> float:
 
 def _power_of_two(exponent: float) -> float:
     try:
-        return 2.0**exponent
+        return math.pow(2.0, exponent)  # typed float (``float ** float`` is Any); overflows the same way
     except OverflowError:
         return math.inf
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from ..core import names as attr
+
+if TYPE_CHECKING:
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import NumberDataPoint
 
 INT64_MAX = 2**63 - 1
 
@@ -48,6 +51,6 @@ def decode_step(value: Any) -> int | str | None:
     return value
 
 
-def number(point: Any) -> float | int:
+def number(point: NumberDataPoint) -> float | int:
     """A NumberDataPoint's value."""
     return point.as_double if point.WhichOneof("value") == "as_double" else point.as_int

@@ -1,7 +1,7 @@
 """Plain OpenTelemetry metric points (no ``rankscope.reduce``): read into rows, checked, never raising.
 
 Any OTel client (an SDK program, telemetrygen, the Collector's Prometheus receiver) sends
-points of the five OTLP kinds. A sink takes them by these rules (the README's table); this
+points of the five OTLP kinds. A sink takes them by these rules (the table in ``docs/sink.md``); this
 module is the stateless half (``sink.streams`` turns cumulative streams into deltas):
 
 ==============================  ===========================  ================================

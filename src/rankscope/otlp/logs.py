@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from ..core import names as attr
 from .common import any_value, decode_step, key_value
+
+if TYPE_CHECKING:
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 _INFO = 9
 
@@ -58,7 +61,7 @@ MAX_BODY_CHARS = 4096
 MAX_RECORD_ATTRIBUTES = 32
 
 
-def severity_of(record: Any) -> str:
+def severity_of(record: LogRecord) -> str:
     """The record's severity text, else the name of its severity number's range (OTel's), else UNSPECIFIED."""
     text = record.severity_text
     if text:

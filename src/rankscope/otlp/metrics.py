@@ -203,7 +203,7 @@ def read_row(reduce: str, kind: str, point: Any, extra: Mapping[str, Any], max_b
     return reader(kind, point, extra, max_buckets)
 
 
-def _value(p: Any) -> float | int:
+def _value(p: pb.NumberDataPoint) -> float | int:
     """A NumberDataPoint's value (``common.number``, faster: a non-zero double needs no oneof test)."""
     value = p.as_double
     return value if value or p.WhichOneof("value") != "as_int" else p.as_int

@@ -113,36 +113,13 @@ def _body(record: Any) -> dict[str, Any] | str:
 
 def decode_row(record: Any, a: dict[str, Any], max_chars: int) -> SampleRow | str:
     """A sample record's row, or why it is refused (never raises: client data)."""
-    table, side, k = a.get(TABLE), a.get(SIDE), a.get(K)
+    table = a.get(TABLE)
     if not isinstance(table, str) or not table:
         return "sample row: bad table name"
-    if side not in SIDES:
-        return f"sample row of {table[:64]!r}: side must be one of {', '.join(SIDES)}"
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-        return f"sample row of {table[:64]!r}: {K} must be an int in [1, {MAX_K}]"
-    rank_by = a.get(RANK_BY)
-    if rank_by is not None and (not isinstance(rank_by, str) or not rank_by):
-        return f"sample row of {table[:64]!r}: bad {RANK_BY}"
-    key = a.get(KEY, 0.0) if side != "stream" else 0.0  # a streamed row is not ranked
-    seq = a.get(SEQ, 0)
-    if isinstance(key, bool) or not isinstance(key, (int, float)):
-        return f"sample row of {table[:64]!r}: {KEY} must be a number"
-    if side == "sample" and not 0.0 <= key < 1.0:
-        return f"sample row of {table[:64]!r}: a random priority must be in [0, 1)"
-    if side in ("top", "bottom", "both") and rank_by is None:
-        return f"sample row of {table[:64]!r}: side {side} without {RANK_BY}"
-    if side == "sample" and rank_by is not None:
-        return f"sample row of {table[:64]!r}: a random-sample row with {RANK_BY}"
-    if rank_by is not None and (len(rank_by) > MAX_FIELD_NAME_CHARS or not rank_by.isprintable()):
-        return f"sample row of {table[:64]!r}: {RANK_BY} is too long or has control characters"
-    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= INT64_MAX:
-        return f"sample row of {table[:64]!r}: {SEQ} must be a non-negative int"
-    step = decode_step(a.get(attr.STEP))
-    if isinstance(step, str):
-        return f"sample row of {table[:64]!r}: {step}"
-    version = a.get(POLICY_VERSION)
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
-        return f"sample row of {table[:64]!r}: {POLICY_VERSION} must be a non-negative int"
+    tags = _decode_tags(a)
+    if isinstance(tags, str):
+        return f"sample row of {table[:64]!r}: {tags}"
+    side, k, rank_by, key, seq, step, version = tags
     body = _body(record)
     if isinstance(body, str):
         return f"sample row of {table[:64]!r}: {body}"
@@ -151,13 +128,74 @@ def decode_row(record: Any, a: dict[str, Any], max_chars: int) -> SampleRow | st
     except (TypeError, ValueError) as exc:
         return str(exc)[:200]
     if side in ("top", "bottom", "both"):
-        value = row.get(rank_by)  # type: ignore[arg-type]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"sample row of {table[:64]!r}: rank_by field {rank_by!r} is not a number in the row"
-        same = float(value) == float(key) or (math.isnan(float(value)) and math.isnan(float(key)))
-        if not same:
-            return f"sample row of {table[:64]!r}: {KEY} is not the row's {rank_by!r}"
+        mismatch = _rank_mismatch(row, rank_by, key)
+        if mismatch is not None:
+            return f"sample row of {table[:64]!r}: {mismatch}"
     trace_id = record.trace_id.hex() if len(record.trace_id) == 16 else ""
     span_id = record.span_id.hex() if len(record.span_id) == 8 and trace_id else ""
     when = record.time_unix_nano or record.observed_time_unix_nano
     return SampleRow(table, rank_by, k, side, float(key), seq, row, step, when, trace_id, span_id, version)
+
+
+_Tags = tuple[str, int, str | None, float, int, int | None, int | None]
+"""(side, k, rank_by, key, seq, step, policy version) of a sample record."""
+
+
+def _decode_tags(a: dict[str, Any]) -> _Tags | str:
+    """A sample record's attributes other than its table, or why they are refused (in the table's words)."""
+    side, k = a.get(SIDE), a.get(K)
+    if side not in SIDES:
+        return f"side must be one of {', '.join(SIDES)}"
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        return f"{K} must be an int in [1, {MAX_K}]"
+    rank_by = a.get(RANK_BY)
+    if rank_by is not None and (not isinstance(rank_by, str) or not rank_by):
+        return f"bad {RANK_BY}"
+    key = a.get(KEY, 0.0) if side != "stream" else 0.0  # a streamed row is not ranked
+    ranking = _check_ranking(side, key, rank_by)
+    if ranking is not None:
+        return ranking
+    order = _decode_order(a)
+    if isinstance(order, str):
+        return order
+    return (side, k, rank_by, key, *order)
+
+
+def _check_ranking(side: str, key: Any, rank_by: str | None) -> str | None:
+    """Why a row's ranking key and ``rank_by`` do not fit its side, if they do not."""
+    if isinstance(key, bool) or not isinstance(key, (int, float)):
+        return f"{KEY} must be a number"
+    if side == "sample" and not 0.0 <= key < 1.0:
+        return "a random priority must be in [0, 1)"
+    if side in ("top", "bottom", "both") and rank_by is None:
+        return f"side {side} without {RANK_BY}"
+    if side == "sample" and rank_by is not None:
+        return f"a random-sample row with {RANK_BY}"
+    if rank_by is not None and (len(rank_by) > MAX_FIELD_NAME_CHARS or not rank_by.isprintable()):
+        return f"{RANK_BY} is too long or has control characters"
+    return None
+
+
+def _decode_order(a: dict[str, Any]) -> tuple[int, int | None, int | None] | str:
+    """(seq, step, policy version) of a sample record, or why they are refused."""
+    seq = a.get(SEQ, 0)
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= INT64_MAX:
+        return f"{SEQ} must be a non-negative int"
+    step = decode_step(a.get(attr.STEP))
+    if isinstance(step, str):
+        return step
+    version = a.get(POLICY_VERSION)
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        return f"{POLICY_VERSION} must be a non-negative int"
+    return seq, step, version
+
+
+def _rank_mismatch(row: Row, rank_by: str | None, key: float) -> str | None:
+    """Why a ranked row's ``rank_by`` field is not its ranking key, if it is not."""
+    value = row.get(rank_by)  # type: ignore[arg-type]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"rank_by field {rank_by!r} is not a number in the row"
+    same = float(value) == float(key) or (math.isnan(float(value)) and math.isnan(float(key)))
+    if not same:
+        return f"{KEY} is not the row's {rank_by!r}"
+    return None

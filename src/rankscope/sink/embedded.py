@@ -62,7 +62,7 @@ def _alive(pid: int) -> bool:
 
 def _read_live(info: Path, experiment: str) -> dict[str, Any] | None:
     try:
-        found = json.loads(info.read_text())
+        found: dict[str, Any] = json.loads(info.read_text())
     except (OSError, ValueError):
         return None
     if found.get("experiment") != experiment or not _alive(int(found.get("pid", 0))):

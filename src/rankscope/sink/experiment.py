@@ -411,9 +411,36 @@ class Experiment:
         if not process.live and process.attempt >= self.attempt:
             process.live = True  # it came back
             self._version += 1
+        parts = self._split(batch, process, refused, now)
+        taken = self._merge_parts(process, parts, refused, log, seq, now)
+        if batch.goodbye:
+            process.live = False
+            self._version += 1
+        self.points += taken
+        if process.merged:
+            self.merged_points += taken
+        return taken
+
+    def _split(self, batch: ResourceBatch, process: Process, refused: Refusals, now: float) -> dict[int, ResourceBatch]:
+        """The batch's parts by step, steps resolved: what is beyond the step window is refused, and
+        a marker of a finalized step is applied at once."""
         frontier = self.frontier
         horizon = None if frontier is None else frontier + self.limits.step_window
         parts: dict[int, ResourceBatch] = {}
+        self._split_states(batch, process, frontier, horizon, parts, refused)
+        self._split_samples(batch, horizon, parts, refused)
+        self._split_markers(batch, process, horizon, parts, refused, now)
+        return parts
+
+    def _split_states(
+        self,
+        batch: ResourceBatch,
+        process: Process,
+        frontier: int | None,
+        horizon: int | None,
+        parts: dict[int, ResourceBatch],
+        refused: Refusals,
+    ) -> None:
         states = batch.states if not batch.plain else batch.states + self._plain(process, batch.plain)
         for rows in states:
             step = rows.step
@@ -426,6 +453,10 @@ class Experiment:
                 self._refuse(refused, len(rows.keys), why)
                 continue
             parts.setdefault(step, ResourceBatch(batch.experiment, batch.resource)).states.append(rows)
+
+    def _split_samples(
+        self, batch: ResourceBatch, horizon: int | None, parts: dict[int, ResourceBatch], refused: Refusals
+    ) -> None:
         for row in batch.samples:
             step = row.step if row.step is not None else self.step_at(row.time_unix_nano)
             if horizon is not None and step > horizon:
@@ -434,6 +465,16 @@ class Experiment:
             if row.step is None:  # resolved here, so a write-ahead-log record always names its step
                 row = replace(row, step=step)
             parts.setdefault(step, ResourceBatch(batch.experiment, batch.resource)).samples.append(row)
+
+    def _split_markers(
+        self,
+        batch: ResourceBatch,
+        process: Process,
+        horizon: int | None,
+        parts: dict[int, ResourceBatch],
+        refused: Refusals,
+        now: float,
+    ) -> None:
         for marker in batch.markers:
             if horizon is not None and marker.step > horizon:
                 self._refuse(refused, 1, f"flush marker: step {marker.step} is over {self.limits.step_window} ahead")
@@ -441,18 +482,23 @@ class Experiment:
                 parts.setdefault(marker.step, ResourceBatch(batch.experiment, batch.resource)).markers.append(marker)
             else:
                 self._marker(process, marker, now)
+
+    def _merge_parts(
+        self,
+        process: Process,
+        parts: dict[int, ResourceBatch],
+        refused: Refusals,
+        log: Callable[[int, ResourceBatch], int] | None,
+        seq: int,
+        now: float,
+    ) -> int:
+        """Admit and merge each step's part, lowest step first; returns how many points were taken."""
         taken = 0
         for step in sorted(parts):
             part = parts[step]
             part.states = self._admit(step, part.states, refused)
             if part.states or part.markers or part.samples:
                 taken += self._merge(process, step, part, log(step, part) if log is not None else seq, now, refused)
-        if batch.goodbye:
-            process.live = False
-            self._version += 1
-        self.points += taken
-        if process.merged:
-            self.merged_points += taken
         return taken
 
     def _plain(self, process: Process, points: list[Any]) -> list[StateRows]:

@@ -132,8 +132,8 @@ class _Routes:
             raise HttpError(429 if "capacity" in str(exc) else 503, str(exc), exc.retry_after) from None
         response = decoded.response_class()
         if result.rejected:
-            setattr(response.partial_success, _REJECTED_FIELD[decoded.signal], result.rejected)  # type: ignore[attr-defined]
-            response.partial_success.error_message = result.message  # type: ignore[attr-defined]
+            setattr(response.partial_success, _REJECTED_FIELD[decoded.signal], result.rejected)
+            response.partial_success.error_message = result.message
         content_type, payload = encode_response(decoded, response)
         return web.Response(status=200, body=payload, content_type=content_type)
 

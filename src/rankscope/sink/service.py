@@ -31,6 +31,7 @@ from typing import Any
 from ..backends.base import LoggerBackend, Metric, get_backend_class
 from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
+from ..otlp.markers import Marker
 from ..otlp.samples import SampleRow
 from .anomalies import Detectors
 from .bodies import OverloadedError
@@ -41,7 +42,6 @@ from .http_server import start_http
 from .traces import SpanFile, TraceStore
 from .validate import (
     Limits,
-    Marker,
     Refusals,
     ResourceBatch,
     StateRows,

@@ -1,6 +1,6 @@
 """An experiment's spans at the sink: bounded storage by step, and per-step straggler views.
 
-Retention (documented in the README): the spans of the last ``retain_steps`` steps (64),
+Retention (documented in ``docs/tracing.md``): the spans of the last ``retain_steps`` steps (64),
 at most ``max_spans`` (200,000) per experiment; older steps go first, and spans beyond
 the cap for the newest step are counted in ``dropped``. Spans without ``rankscope.step``
 (a user's own OTel spans) take the step of a span with the same trace id in the same

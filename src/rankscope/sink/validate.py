@@ -271,6 +271,10 @@ def _keep(raw: tuple[bytes, ...], shape: _Shape | str) -> None:
         _SHAPES[raw] = shape
 
 
+_Custom = dict[tuple[str, int | None, int], dict[str, Any]]
+"""A custom reduce type's states being assembled from their fields' points, by (reduce, step, time)."""
+
+
 def _scope(
     batch: ResourceBatch,
     groups: dict[_Group, StateRows | str],
@@ -285,15 +289,9 @@ def _scope(
     received = 0
     for metric in metrics:
         name = metric.name
-        kind = _KINDS.get(name, "")  # the oneof test costs more than trying the kind this name had last
-        points = getattr(metric, kind).data_points if kind else ()
-        clean = True
-        if not points:  # a new name, another kind this time, or no points
-            kind = metric.WhichOneof("data") or ""
-            if not kind:
-                continue
-            points = getattr(metric, kind).data_points
-            clean = _clean_name(name, kind, limits)
+        kind, points, clean = _data_points(metric, name, limits)
+        if not kind:
+            continue
         n = len(points)
         received += n
         if name == attr.FLUSH_MARKER:
@@ -306,51 +304,109 @@ def _scope(
             why = f"metric name of {len(name)} characters is empty, too long or has control characters"
             refused.add(n, f"{name[:40]!r}...: {why}")
             continue
-        custom: dict[tuple[str, int | None, int], dict[str, Any]] | None = None
-        form: str | None = None
-        for p in points if n != 1 else (points[0],):  # indexing one point is cheaper than iterating
-            raw = tuple(p.attributes[:])  # a slice: tuple() over the container itself is 3x slower
-            shape = _SHAPES.get(raw) or _shape(raw)
-            if isinstance(shape, str):
-                refused.add(1, f"{name}: {shape}")
-                continue
-            _, step, extra, group, reader = shape
-            if group is None:  # a plain OTel point: taken by the documented rules (``otlp.foreign``)
-                batch.foreign += 1
-                form = form or foreign.form_of(kind, getattr(metric, kind))
-                row = foreign.read(form, p, limits.max_buckets) if form in foreign.FORMS else form
-                if isinstance(row, str):
-                    refused.add(1, f"{name}: {row}")
-                elif row is not None:  # None: no recorded value (a Prometheus staleness marker)
-                    series = foreign.series_name(name, extra)
-                    batch.plain.append((name, series, form, row, p.start_time_unix_nano, p.time_unix_nano, step))
-                continue
-            target = groups.get(group)
-            if target is None:
-                target = groups[group] = _group(batch, group)
-                if step is None and not isinstance(target, str):
-                    target.time_unix_nano = p.time_unix_nano
-            if isinstance(target, str):
-                refused.add(1, f"{name}: {target}")
-                continue
-            if reader is None:  # a custom reduce type: one Gauge point per numeric state field
-                found = decode_custom_field(target.reduce, kind, p, extra)
-                if isinstance(found, str):
-                    refused.add(1, f"{name}: {found}")
-                else:
-                    state = {"reduction_type": target.reduce}
-                    custom = {} if custom is None else custom
-                    custom.setdefault((*group, p.time_unix_nano), state)[found[0]] = found[1]
-                continue
-            row = reader(kind, p, extra, limits.max_buckets)
-            if isinstance(row, str):
-                refused.add(1, f"{name}: {row}")
-                continue
-            target.keys.append(name)
-            target.rows.append(row)
-        if custom is not None:
-            _custom_states(name, custom, groups, refused)
+        _points(batch, groups, metric, name, kind, points, limits, refused)
     return received
+
+
+def _data_points(metric: Any, name: str, limits: Limits) -> tuple[str, Any, bool]:
+    """(kind, data points, whether the name is clean) of a metric; kind "" when it holds no data."""
+    kind = _KINDS.get(name, "")  # the oneof test costs more than trying the kind this name had last
+    points = getattr(metric, kind).data_points if kind else ()
+    clean = True
+    if not points:  # a new name, another kind this time, or no points
+        kind = metric.WhichOneof("data") or ""
+        if not kind:
+            return "", (), True
+        points = getattr(metric, kind).data_points
+        clean = _clean_name(name, kind, limits)
+    return kind, points, clean
+
+
+def _points(
+    batch: ResourceBatch,
+    groups: dict[_Group, StateRows | str],
+    metric: Any,
+    name: str,
+    kind: str,
+    points: Any,
+    limits: Limits,
+    refused: Refusals,
+) -> None:
+    """Check one metric's points (its name already checked) into ``batch``."""
+    custom: _Custom | None = None
+    form: str | None = None
+    for p in points if len(points) != 1 else (points[0],):  # indexing one point is cheaper than iterating
+        raw = tuple(p.attributes[:])  # a slice: tuple() over the container itself is 3x slower
+        shape = _SHAPES.get(raw) or _shape(raw)
+        if isinstance(shape, str):
+            refused.add(1, f"{name}: {shape}")
+            continue
+        _, step, extra, group, reader = shape
+        if group is None:  # a plain OTel point: taken by the documented rules (``otlp.foreign``)
+            batch.foreign += 1
+            form = form or foreign.form_of(kind, getattr(metric, kind))
+            _foreign_point(batch, name, form, p, step, extra, limits, refused)
+            continue
+        target = groups.get(group)
+        if target is None:
+            target = groups[group] = _group(batch, group)
+            if step is None and not isinstance(target, str):
+                target.time_unix_nano = p.time_unix_nano
+        if isinstance(target, str):
+            refused.add(1, f"{name}: {target}")
+            continue
+        if reader is None:  # a custom reduce type: one Gauge point per numeric state field
+            custom = _custom_field(custom, name, target, group, kind, p, extra, refused)
+            continue
+        row = reader(kind, p, extra, limits.max_buckets)
+        if isinstance(row, str):
+            refused.add(1, f"{name}: {row}")
+            continue
+        target.keys.append(name)
+        target.rows.append(row)
+    if custom is not None:
+        _custom_states(name, custom, groups, refused)
+
+
+def _foreign_point(
+    batch: ResourceBatch,
+    name: str,
+    form: str,
+    p: Any,
+    step: int | None,
+    extra: Mapping[str, Any],
+    limits: Limits,
+    refused: Refusals,
+) -> None:
+    """A plain OTel point of ``form``: its row into ``batch.plain``, or refused."""
+    row = foreign.read(form, p, limits.max_buckets) if form in foreign.FORMS else form
+    if isinstance(row, str):
+        refused.add(1, f"{name}: {row}")
+    elif row is not None:  # None: no recorded value (a Prometheus staleness marker)
+        series = foreign.series_name(name, extra)
+        batch.plain.append((name, series, form, row, p.start_time_unix_nano, p.time_unix_nano, step))
+
+
+def _custom_field(
+    custom: _Custom | None,
+    name: str,
+    target: StateRows,
+    group: _Group,
+    kind: str,
+    p: Any,
+    extra: Mapping[str, Any],
+    refused: Refusals,
+) -> _Custom | None:
+    """One point of a custom reduce type's state: its field into ``custom`` (made on the first
+    field), or refused. Returns ``custom``."""
+    found = decode_custom_field(target.reduce, kind, p, extra)
+    if isinstance(found, str):
+        refused.add(1, f"{name}: {found}")
+    else:
+        state = {"reduction_type": target.reduce}
+        custom = {} if custom is None else custom
+        custom.setdefault((*group, p.time_unix_nano), state)[found[0]] = found[1]
+    return custom
 
 
 def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:
@@ -365,7 +421,7 @@ def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:
 
 def _custom_states(
     name: str,
-    custom: dict[tuple[str, int | None, int], dict[str, Any]],
+    custom: _Custom,
     groups: dict[_Group, StateRows | str],
     refused: Refusals,
 ) -> None:

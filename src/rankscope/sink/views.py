@@ -94,6 +94,16 @@ class ViewWriter:
         self.dropped = 0
         self.written_step = -1
         self.closed = threading.Event()
+        self._handlers: dict[str, Callable[[Any], None]] = {
+            "sync": self._on_sync,
+            "report": self._on_report,
+            "step": self._on_step,
+            "stream": self._on_stream,
+            "anomaly": self._on_anomaly,
+            "row": self._on_row,
+            "log": self._on_log,
+        }
+        """The writer thread's handler of each kind of queued item (its first element); "stop" ends it."""
         name = f"rankscope-views-{experiment[:32]}"
         if start_thread is None:
             self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -167,7 +177,7 @@ class ViewWriter:
             if inspect.isawaitable(result):
                 if self._loop is None:
                     self._loop = asyncio.new_event_loop()
-                self._loop.run_until_complete(result)  # type: ignore[arg-type]
+                self._loop.run_until_complete(result)
             return True
         except Exception as exc:
             view.failures += 1
@@ -189,70 +199,86 @@ class ViewWriter:
 
     def _run(self) -> None:
         try:
-            for view in self.views:
-                if not self._call(view, view.backend.init, "global", experiment=self.experiment, role="sink"):
-                    view.disabled = True
-                elif view.backend.off_reason:  # the backend turned itself off (and logged why)
-                    view.disabled = True
-                    view.last_error = view.backend.off_reason[:500]
-                    continue
-                if view.disabled:
-                    log.error(
-                        "rankscope sink: view %r of %s is off: its init failed (%s)",
-                        view.name,
-                        self.experiment[:64],
-                        view.last_error,
-                    )
-            where = ", ".join(f"{v.name} -> {v.backend.location or '?'}" for v in self.views if not v.disabled)
-            log.info("rankscope sink: new experiment %s: %s", self.experiment[:256], where or "no view is on")
+            self._init_views()
             while True:
                 item = self._queue.get()
-                kind = item[0]
-                if kind == "stop":
+                if item[0] == "stop":
                     break
-                if kind == "sync":
-                    item[1].set()
-                elif kind == "report":
-                    _, status, (done, paths) = item
-                    for view in self.views:
-                        if not view.disabled:
-                            found = self._answer(view, view.backend.report, status)
-                            if found:
-                                paths.append(found)
-                    done.set()
-                elif kind == "step":
-                    self._write_step(item[1])
-                elif kind == "stream":
-                    _, process, metric, step = item
-                    for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
-                        self._call(view, view.backend.log_stream, metric, step, **_identity(process))
-                elif kind == "anomaly":
-                    for view in self._live(LoggingMode.GLOBAL_REDUCE):
-                        self._call(view, view.backend.log_anomaly, item[1], item[2])
-                elif kind == "row":
-                    _, process, row = item
-                    rows = [entry(row.table, row.step, "stream", (process, row))]
-                    for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
-                        self._call(view, view.backend.log_samples, row.table, rows, row.step, **_identity(process))
-                elif kind == "log":
-                    _, process, record, step = item
-                    row = {
-                        "time": record.time_unix_nano / 1e9,
-                        "severity": record.severity,
-                        "body": record.body,
-                        "attributes": record.attributes,
-                        "trace_id": record.trace_id or None,
-                    }
-                    for view in self.views:
-                        if not view.disabled:
-                            self._call(view, view.backend.log_record, row, step, **_identity(process))
-            for view in self.views:
-                if not view.disabled:
-                    self._call(view, view.backend.finish)
+                handler = self._handlers.get(item[0])
+                if handler is not None:
+                    handler(item)
+            self._finish_views()
         finally:
             if self._loop is not None:
                 self._loop.close()
             self.closed.set()
+
+    def _init_views(self) -> None:
+        """Init every view, disabling those whose init fails or that turn themselves off, and log which are on."""
+        for view in self.views:
+            if not self._call(view, view.backend.init, "global", experiment=self.experiment, role="sink"):
+                view.disabled = True
+            elif view.backend.off_reason:  # the backend turned itself off (and logged why)
+                view.disabled = True
+                view.last_error = view.backend.off_reason[:500]
+                continue
+            if view.disabled:
+                log.error(
+                    "rankscope sink: view %r of %s is off: its init failed (%s)",
+                    view.name,
+                    self.experiment[:64],
+                    view.last_error,
+                )
+        where = ", ".join(f"{v.name} -> {v.backend.location or '?'}" for v in self.views if not v.disabled)
+        log.info("rankscope sink: new experiment %s: %s", self.experiment[:256], where or "no view is on")
+
+    def _finish_views(self) -> None:
+        for view in self.views:
+            if not view.disabled:
+                self._call(view, view.backend.finish)
+
+    def _on_sync(self, item: Any) -> None:
+        item[1].set()
+
+    def _on_report(self, item: Any) -> None:
+        _, status, (done, paths) = item
+        for view in self.views:
+            if not view.disabled:
+                found = self._answer(view, view.backend.report, status)
+                if found:
+                    paths.append(found)
+        done.set()
+
+    def _on_step(self, item: Any) -> None:
+        self._write_step(item[1])
+
+    def _on_stream(self, item: Any) -> None:
+        _, process, metric, step = item
+        for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
+            self._call(view, view.backend.log_stream, metric, step, **_identity(process))
+
+    def _on_anomaly(self, item: Any) -> None:
+        for view in self._live(LoggingMode.GLOBAL_REDUCE):
+            self._call(view, view.backend.log_anomaly, item[1], item[2])
+
+    def _on_row(self, item: Any) -> None:
+        _, process, row = item
+        rows = [entry(row.table, row.step, "stream", (process, row))]
+        for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
+            self._call(view, view.backend.log_samples, row.table, rows, row.step, **_identity(process))
+
+    def _on_log(self, item: Any) -> None:
+        _, process, record, step = item
+        row = {
+            "time": record.time_unix_nano / 1e9,
+            "severity": record.severity,
+            "body": record.body,
+            "attributes": record.attributes,
+            "trace_id": record.trace_id or None,
+        }
+        for view in self.views:
+            if not view.disabled:
+                self._call(view, view.backend.log_record, row, step, **_identity(process))
 
     def _live(self, mode: LoggingMode) -> list[_View]:
         return [v for v in self.views if not v.disabled and v.backend.logging_mode is mode]

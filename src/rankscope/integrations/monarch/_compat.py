@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import metadata
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ...core.errors import warn
 
@@ -92,7 +92,7 @@ def actor_handler() -> type[Any] | None:
 
         if not callable(getattr(_Actor, "_lookup", None)):
             raise AttributeError("type object '_Actor' has no attribute '_lookup'")
-        return _Actor
+        return cast("type[Any]", _Actor)  # monarch ships no type information
     except (ImportError, AttributeError) as exc:
         _unavailable("actor_mesh._Actor._lookup", "endpoints run without their caller's trace context", exc)
         return None

@@ -33,10 +33,10 @@ def in_actor() -> bool:
         return False
 
 
-class StepFlusher(Actor):
+class StepFlusher(Actor):  # type: ignore[misc]  # monarch ships no type information: Actor is Any
     """Lives on each actor process mesh; closes the controller's step there."""
 
-    @endpoint
+    @endpoint  # type: ignore[untyped-decorator]  # likewise untyped; it makes flush an Endpoint
     async def flush(self, step: int, controller_pid: int) -> None:
         if os.getpid() != controller_pid:  # meshes of the controller's own process
             runtime = _slot.get()

@@ -1,0 +1,41 @@
+"""The end-to-end tier: real launchers (torchrun, Monarch), the built Collector and Jaeger, Chromium.
+
+What these tests need that takes minutes the first time (building the binaries, installing the
+browser) is done here, once per session and only when a selected test asks for it, so that no
+test's own time limit pays for it and the faster tiers never do.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+PIPELINE_BINARIES = pytest.StashKey[dict[str, str]]()
+BROWSER_MISSING = pytest.StashKey[str | None]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build (or find cached) the Collector and Jaeger binaries, and install Chromium, if a
+    selected test uses them. Each has its own time limit (``tests/pipeline.py``, ``tests/browser.py``)."""
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    if "binaries" in wanted:
+        from ..pipeline import build_binaries
+
+        session.config.stash[PIPELINE_BINARIES] = build_binaries()
+    if "browser_ready" in wanted:
+        from ..browser import ensure_browser  # apt-get install chromium chromium-driver, once per machine
+
+        session.config.stash[BROWSER_MISSING] = ensure_browser()
+
+
+@pytest.fixture(scope="session")
+def browser_ready(request: pytest.FixtureRequest) -> None:
+    """Chromium is there (installed by ``pytest_collection_finish``), or the test fails saying why."""
+    missing = request.config.stash.get(BROWSER_MISSING, "the browser was not looked for")
+    if missing:
+        pytest.fail(f"headless Chromium is needed to look at the report: {missing}")
+
+
+@pytest.fixture(scope="session")
+def binaries(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The Collector and Jaeger, built by ``pytest_collection_finish`` before any test started."""
+    return request.config.stash[PIPELINE_BINARIES]

@@ -1,0 +1,54 @@
+"""The project's own hygiene and examples, run as tests so CI keeps them true."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ..conftest import ROOT
+
+
+def test_spmd_example_under_torchrun() -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "examples/spmd_torchrun.py",
+    ]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in range(3):
+        assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
+        for rank in range(2):
+            assert f"=== [trainer_r{rank}] - METRICS STEP {step} ===" in result.stdout
+
+
+def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path) -> None:
+    import json
+    import os
+    import re
+
+    gantt = tmp_path / "steps.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+    cmd = [sys.executable, "-m", "rankscope.cli", "run", "--gantt", str(gantt), "--report", "--", *torchrun]
+    cmd.append(str(ROOT / "examples" / "traced_torchrun.py"))
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in range(3):
+        assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
+    assert result.stdout.count("straggler/train/fwd/slowest_rank: 3.0") == 3
+    events = json.loads(gantt.read_text())["traceEvents"]
+    names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
+    assert names == [f"trainer_r{rank}" for rank in range(4)]
+    report = re.search(r"rankscope run: report -> (\S+)", result.stderr)
+    assert report, result.stderr[-2000:]
+    page = Path(report.group(1))
+    assert page.is_relative_to(tmp_path / "rankscope_logs") and page.with_suffix(".jsonl").is_file()
+    data = json.loads(page.read_text().split('id="rankscope-data">', 1)[1].split("</script>", 1)[0])
+    assert data["steps"] == 3 and data["stragglers"][0]["process"] == "trainer_r3"
+
+

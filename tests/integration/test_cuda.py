@@ -1,0 +1,68 @@
+"""CUDA tensor values: no sync at record time, one batched copy read off-thread. Needs a GPU."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import rankscope as rs
+
+pytestmark = pytest.mark.gpu
+
+
+@contextmanager
+def no_sync_allowed() -> Iterator[None]:
+    """Any synchronizing CUDA call on this thread raises meanwhile. Turning the mode on warns
+    that it is a prototype (a UserWarning the suite would turn into an error): only that call's
+    warnings are silenced, nothing of what runs inside."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+
+
+def test_gpu_timer_never_syncs_the_caller_and_times_kernels(make_sink, tmp_path) -> None:
+    import json
+    import time
+
+    out = tmp_path / "views.jsonl"
+    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}})
+    rs.init(experiment="cuda-trace", endpoint=sink.endpoint)
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    peak_before = torch.cuda.max_memory_allocated()
+    t0 = time.perf_counter()
+    with no_sync_allowed(), rs.trace("train", timer="gpu", track_memory=True) as t:
+        for _ in range(20):
+            a = a @ a / 64.0
+        t.step("mm")
+        with rs.trace("inner", timer="gpu", track_memory=True):  # nested memory tracking
+            b = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        t.step("alloc")
+    caller_s = time.perf_counter() - t0
+    rs.flush(0)
+    torch.cuda.synchronize()
+    gpu_s = time.perf_counter() - t0
+    del b
+    assert torch.cuda.max_memory_allocated() >= peak_before  # never reset behind other users' backs
+    rs.shutdown()
+    sink.finalize("cuda-trace")
+    assert sink.wait_written("cuda-trace")
+    view = {r["key"]: r["value"] for r in map(json.loads, out.read_text().splitlines()) if r["step"] == 0}
+    print(f"caller {caller_s * 1e3:.2f} ms, GPU {gpu_s * 1e3:.2f} ms, view {view}")
+    assert view["train/mm/duration_avg_s"] > caller_s  # measured on the GPU, beyond the caller's time
+    assert view["train/total_duration_max_s"] >= view["train/mm/duration_max_s"]
+    assert view["inner/memory_delta_end_start_avg_gb"] >= 0.24
+    assert view["train/memory_peak_max_gb"] >= view["inner/memory_peak_max_gb"] >= 0.25
+    spans = {s.name: s for s in sink.spans("cuda-trace")}
+    assert spans["train/mm"].attributes["rankscope.timer"] == "gpu"
+    assert spans["train/mm"].end_ns - spans["train/mm"].start_ns > caller_s * 1e9 * 0.5

@@ -1,0 +1,146 @@
+"""Recorded values leave the process as OTLP through the SDK's real exporters."""
+
+from __future__ import annotations
+
+import pytest
+
+import rankscope as rs
+from rankscope.core import names as attr
+
+from ..conftest import free_port, run_python
+from ..otlp_receiver import GrpcReceiver, HttpReceiver
+
+
+def _record_two_steps() -> None:
+    for step in range(2):
+        rs.record_metric("loss", 1.0 + step)
+        rs.record_metric("loss", 3.0 + step)
+        rs.record_metric("tokens", 10, rs.Reduce.SUM)
+        rs.flush(step)
+
+
+def _check(points: list) -> None:
+    mine = [p for p in points if p.key == "loss"]
+    assert sorted((p.step, p.state["sum"], p.state["count"]) for p in mine) == [(0, 4.0, 2), (1, 6.0, 2)]
+    assert {p.reduce for p in mine} == {"mean"}
+    tokens = [p for p in points if p.key == "tokens"]
+    assert [(p.step, p.reduce, p.state["sum"]) for p in sorted(tokens, key=lambda p: p.step)] == [
+        (0, "sum", 10.0),
+        (1, "sum", 10.0),
+    ]
+    resource = mine[0].resource
+    assert resource[attr.EXPERIMENT_ID] == "exp-otlp" and resource[attr.ROLE] == "trainer"
+    assert resource[attr.RANK] == "0" and resource[attr.WORLD_SIZE] == "1"
+    assert resource[attr.EXPERIMENT_ATTEMPT] == 0 and resource[attr.SERVICE_NAME] == "trainer"
+
+
+def test_grpc_export_carries_step_reduce_and_resource(receiver: GrpcReceiver) -> None:
+    rs.init(experiment="exp-otlp", role="trainer", endpoint=receiver.endpoint)
+    _record_two_steps()
+    assert rs.force_flush(20)
+    _check(receiver.wait_for(lambda ps: sum(p.key == "loss" for p in ps) == 2))
+
+
+def test_http_protobuf_export(http_receiver: HttpReceiver) -> None:
+    rs.init(experiment="exp-otlp", role="trainer", endpoint=http_receiver.endpoint, protocol="http/protobuf")
+    _record_two_steps()
+    assert rs.force_flush(20)
+    _check(http_receiver.wait_for(lambda ps: sum(p.key == "loss" for p in ps) == 2))
+
+
+def test_standard_otel_variables_are_honoured(receiver: GrpcReceiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{receiver.endpoint}")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "rankscope.experiment.id=exp-otlp,team=rl")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "trainer")
+    _record_two_steps()  # auto-init from the environment
+    assert rs.force_flush(20)
+    points = receiver.wait_for(lambda ps: sum(p.key == "loss" for p in ps) == 2)
+    _check(points)
+    assert points[0].resource["team"] == "rl"
+
+
+def _marker_steps(receiver: GrpcReceiver) -> list[int]:
+    return sorted(
+        dp.attributes[0].value.int_value
+        for r in list(receiver.requests)
+        for rm in r.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == attr.FLUSH_MARKER
+        for dp in m.sum.data_points
+    )
+
+
+def test_each_flush_sends_a_step_marker(receiver: GrpcReceiver) -> None:
+    rs.init(endpoint=receiver.endpoint)
+    rs.flush(0)  # nothing recorded: the sink still learns this process closed step 0
+    rs.record_metric("a", 1.0)
+    rs.flush(1)
+    assert rs.force_flush(20)
+    receiver.wait_for(lambda _: _marker_steps(receiver) == [0, 1], timeout=10)
+
+
+def test_periodic_export_for_a_process_that_never_flushes(receiver: GrpcReceiver) -> None:
+    rs.init(endpoint=receiver.endpoint, export_interval=0.2)
+    rs.record_metric("queue_depth", 5.0, rs.Reduce.MAX)
+    points = receiver.wait_for(lambda ps: any(p.key == "queue_depth" for p in ps), timeout=10)
+    depth = [p for p in points if p.key == "queue_depth"]
+    assert depth[0].step is None and depth[0].state["max"] == 5.0
+
+
+def test_dead_endpoint_never_blocks_and_counts_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANKSCOPE_SHUTDOWN_TIMEOUT", "1")
+    monkeypatch.setenv("RANKSCOPE_MAX_QUEUED_STEPS", "4")
+    rs.init(endpoint=f"127.0.0.1:{free_port()}")  # nothing listens there
+    with pytest.warns(RuntimeWarning, match="dropp") as said:
+        for step in range(20):
+            for k in range(200):
+                rs.record_metric(f"k{k}", float(step))
+            rs.flush(step)
+        rs.shutdown()
+    # Bounded by RANKSCOPE_SHUTDOWN_TIMEOUT, not by retries: shutdown gave up on its deadline and said so.
+    assert any("within RANKSCOPE_SHUTDOWN_TIMEOUT" in str(w.message) for w in said), [str(w.message) for w in said]
+    from rankscope.core import errors
+
+    assert errors.internal_errors == []
+
+
+def test_disable_makes_nothing_leave_the_process(receiver: GrpcReceiver) -> None:
+    code = (
+        "import rankscope as rs, time\n"
+        "rs.init(backends={'console': {'logging_mode': 'per_rank_no_reduce'}})\n"
+        "for i in range(100): rs.record_metric('x', float(i))\n"
+        "rs.flush(0); rs.force_flush(5); rs.shutdown()\n"
+        "print('resource', rs.get_resource())\n"
+    )
+    env = {"RANKSCOPE_DISABLE": "yes", "RANKSCOPE_ENDPOINT": receiver.endpoint, "RANKSCOPE_EXPORT_INTERVAL": "0.1"}
+    result = run_python(code, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "resource None"  # no stream lines, no identity
+    # Control: the same code without RANKSCOPE_DISABLE does send (so the receiver would see it).
+    control = run_python(code, {**env, "RANKSCOPE_DISABLE": "0"})
+    assert control.returncode == 0, control.stderr
+    receiver.wait_for(lambda ps: any(p.key == "x" for p in ps))
+    assert {p.resource[attr.PROCESS_PID] for p in receiver.points()} == {
+        p.resource[attr.PROCESS_PID] for p in receiver.points() if p.key == "x"
+    }
+    assert len({p.resource[attr.SERVICE_INSTANCE_ID] for p in receiver.points()}) == 1  # only the control run
+
+
+def test_a_dead_endpoint_costs_the_exit_at_most_the_shutdown_timeout_and_one_warning() -> None:
+    """A wrong or dead endpoint: shutdown gives up after RANKSCOPE_SHUTDOWN_TIMEOUT (default 2 s)
+    and says so once, with the count; the endpoint's trouble is logged once when it starts."""
+    code = """
+import rankscope as rs
+for step in range(3):
+    rs.record_metric("x", 1.0)
+    rs.flush(step)
+rs.shutdown()
+"""
+    env = {"RANKSCOPE_ENDPOINT": f"127.0.0.1:{free_port()}", "RANKSCOPE_EXPERIMENT": "dead"}
+    done = run_python(code, env, timeout=30)  # the process's limit, far above the 2 s it may take
+    assert done.returncode == 0, done.stderr[-2000:]
+    warnings = [line for line in done.stderr.splitlines() if "Warning:" in line]
+    assert len(warnings) == 1 and "3 metric points were dropped at shutdown" in warnings[0], done.stderr
+    assert "within RANKSCOPE_SHUTDOWN_TIMEOUT" in warnings[0], done.stderr  # it gave up on the deadline
+    assert done.stderr.count("does not take exports now") == 1, done.stderr

@@ -1,0 +1,239 @@
+"""Names never become paths: hostile experiment ids, roles and replicas stay inside the configured directories.
+
+The mapping (``safe_component``) is tested as a pure function, with hypothesis and by
+brute force over a small alphabet of troublemakers; then a real sink on loopback and a
+lone SDK process are sent such names and every file they create is checked.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
+
+from rankscope.core import names as attr
+from rankscope.metrics.recorder import Recorder
+from rankscope.metrics.reduce import Reduce
+from rankscope.otlp.common import encode_resource, key_value
+from rankscope.otlp.metrics import PointAttributes, encode
+
+SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+HOSTILE_CHARS = ["a", "A", "z", "0", ".", "-", "_", "/", "\\", "\0", "\n", "\x1b", "\u202e", "\u2066", "\uff0e",
+                 "\u2024", "é", "\u0301", "生", " ", "\ud800", "\U0001f600"]  # fmt: skip
+names = st.one_of(st.text(), st.text(st.sampled_from(HOSTILE_CHARS), max_size=80), st.text(min_size=60, max_size=300))
+
+
+
+
+# -- the mapping, as a pure function ------------------------------------------------------------------
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# -- a real sink and a real SDK process -----------------------------------------------------------------
+
+
+def tree(root: Path) -> set[Path]:
+    return set(root.rglob("*")) if root.exists() else set()
+
+
+def assert_contained(tmp_path: Path, allowed: list[Path], before_parent: set[str]) -> list[Path]:
+    """Every entry under tmp_path is under an allowed root with safe, bounded names; nothing leaked."""
+    assert set(os.listdir(tmp_path.parent)) == before_parent, "an entry appeared next to tmp_path"
+    created = sorted(tree(tmp_path))
+    for path in created:
+        if any(path == root or root in path.parents for root in allowed):
+            continue
+        assert any(path in root.parents for root in allowed), f"{path} is outside the configured directories"
+    for path in created:
+        for part in path.relative_to(tmp_path).parts:
+            assert ".." not in part and part.isascii() and part.isprintable(), repr(part)
+            assert len(part.encode()) <= 160, part
+    return created
+
+
+def metrics_request(resource: dict[str, Any], step: int = 0) -> mpb.ExportMetricsServiceRequest:
+    c = Recorder(streams=[])
+    c.record("loss", 1.5, Reduce.MEAN)
+    request = mpb.ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add(resource=encode_resource(resource))
+    scope = rm.scope_metrics.add()
+    metric = encode("loss", c.accs["loss"], step, 0, 1, PointAttributes())
+    assert metric is not None
+    marker = pb.Metric(name=attr.FLUSH_MARKER)
+    marker.sum.data_points.add(as_int=1, attributes=[key_value(attr.STEP, step)])
+    scope.metrics.extend([metric, marker])
+    return request
+
+
+def send(sink: Any, request: mpb.ExportMetricsServiceRequest, via_http: bool) -> int:
+    """Post over OTLP/HTTP or OTLP/gRPC; the number of points the sink refused (with a reason)."""
+    if via_http:
+        conn = http.client.HTTPConnection("127.0.0.1", sink.http_port, timeout=10)
+        try:
+            conn.request("POST", "/v1/metrics", request.SerializeToString(), {"Content-Type": "application/x-protobuf"})
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == 200, (response.status, body)
+        finally:
+            conn.close()
+        answer = mpb.ExportMetricsServiceResponse.FromString(body)
+    else:
+        with grpc.insecure_channel(sink.endpoint) as channel:
+            answer = mgrpc.MetricsServiceStub(channel).Export(request, timeout=10)
+    refused = answer.partial_success.rejected_data_points
+    assert not refused or answer.partial_success.error_message
+    return refused
+
+
+def hostile_jobs(tag: str) -> list[tuple[str, str, str | None]]:
+    """(experiment id, role, replica): escapes, absolute paths, NUL, controls, bidi, huge and empty-ish names."""
+    experiments = [
+        "../../../x",
+        f"/tmp/abs-{tag}",
+        "../" * 30 + f"tmp/escape-{tag}",
+        "a" * 10_000,
+        "nul\0id",
+        "new\nline",
+        "rtl\u202egpj.exe",
+        "..",
+        ".",
+        "",
+        " ",
+        "\uff0e\uff0e",
+        "\u2024\u2024/\u2024\u2024",
+        "Exp",
+        "exp-case",
+        "EXP-CASE",
+    ]
+    roles = ["../../../../r", f"/tmp/abs-role-{tag}", "r" * 5000, "ro\0le", "\u202etrainer", "trainer/../..", "."]
+    replicas: list[str | None] = ["a/b/../c", "../..", None, "\n", "/", "0"]
+    return [(e, roles[i % len(roles)], replicas[i % len(replicas)]) for i, e in enumerate(experiments)]
+
+
+
+
+@pytest.mark.timeout(180)
+def test_path_hostile_ids_and_roles_create_files_only_under_the_configured_directories(
+    make_sink, tmp_path: Path, monkeypatch
+) -> None:
+    cwd, views = tmp_path / "cwd", tmp_path / "views"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # the relative default rankscope_logs/... lands here
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    before_parent = set(os.listdir(tmp_path.parent))
+    tag = uuid.uuid4().hex
+    backends = {
+        "jsonl": {"logging_mode": "global_reduce", "path": str(views / "jsonl" / "{experiment}" / "{process}.jsonl")},
+        "per_rank": {"backend": "jsonl", "logging_mode": "per_rank_reduce"},  # default path, relative to cwd
+        "tensorboard": {"logging_mode": "global_reduce", "logdir": str(views / "tb")},
+        "tb_rank": {"backend": "tensorboard", "logging_mode": "per_rank_reduce", "logdir": str(views / "tb")},
+    }
+    wandb_view = {"wandb": {"logging_mode": "global_reduce", "dir": str(views / "wandb")}}
+    sink = make_sink(backends=backends, grace=30)
+    wandb_sink = make_sink(backends=wandb_view, grace=30)  # W&B runs are slow to open: a few ids only
+
+    jobs = [*hostile_jobs(tag), ("plain-exp", "trainer", None)]
+    accepted = []
+    for i, (experiment, role, replica) in enumerate(jobs):
+        resource: dict[str, Any] = {
+            attr.EXPERIMENT_ID: experiment,
+            attr.SERVICE_INSTANCE_ID: f"p{i}",
+            attr.ROLE: role,
+            attr.RANK: "0",
+            attr.WORLD_SIZE: "1",
+            attr.EXPERIMENT_ATTEMPT: 0,
+        }
+        if replica is not None:
+            resource[attr.REPLICA] = replica
+        # Refusing a name at the edge is fine (answered and counted); accepting it must give a safe path.
+        if send(sink, metrics_request(resource), via_http=i % 2 == 0) == 0:
+            accepted.append((experiment, role, replica))
+        if i < 3:
+            send(wandb_sink, metrics_request(resource), via_http=False)
+    for experiment, _, _ in accepted:
+        sink.finalize(experiment)
+    sink.finalize()
+    wandb_sink.finalize()
+    sink.stop()
+    wandb_sink.stop()
+
+    assert not Path(f"/tmp/abs-{tag}").exists() and not Path(f"/tmp/escape-{tag}").exists()
+    assert not Path(f"/tmp/abs-role-{tag}").exists()
+    created = assert_contained(
+        tmp_path, [views / "jsonl", views / "tb", views / "wandb", cwd / "rankscope_logs"], before_parent
+    )
+    assert set(os.listdir(cwd)) == {"rankscope_logs"}
+
+    # The original names stay in the data, and one file never mixes two experiments.
+    assert ("plain-exp", "trainer", None) in accepted and len(accepted) >= 3
+    assert (cwd / "rankscope_logs" / "plain-exp" / "global.jsonl").is_file()
+    assert (views / "tb" / "plain-exp" / "trainer_r0").is_dir() and (views / "tb" / "plain-exp" / "global").is_dir()
+    global_rows: dict[str, list[dict[str, Any]]] = {}
+    rank_rows: dict[str, list[dict[str, Any]]] = {}
+    for path in created:
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+            assert len({row["experiment"] for row in rows}) == 1, path
+            target = rank_rows if (cwd / "rankscope_logs") in path.parents else global_rows
+            assert target.setdefault(rows[0]["experiment"], rows) is rows, f"two files for {rows[0]['experiment']!r}"
+    for experiment, role, replica in accepted:
+        assert any(r.get("key") == "loss" and r["value"] == 1.5 for r in global_rows[experiment]), experiment
+        row = next(r for r in rank_rows[experiment] if r["key"] == "loss")
+        assert (row["role"], row.get("replica")) == (role, replica)
+    assert len([p for p in created if p.name.startswith("run-") and p.suffix == ".wandb"]) >= 1
+
+
+
+
+
+
+def test_a_shared_sink_holds_posted_view_paths_to_its_working_directory(make_sink, tmp_path: Path) -> None:
+    """A client's posted config chooses views, not where on the sink's disk they write; the sink of
+    one job (embedded, ``rankscope run``) takes its own job's paths as given."""
+    from rankscope.export.senders import post_config
+
+    shared = make_sink()
+    control = f"http://127.0.0.1:{shared.http_port}"
+    for options, why in (
+        ({"path": "/etc/cron.d/x"}, "relative path without '..'"),
+        ({"path": "logs/../../x.jsonl"}, "relative path without '..'"),
+        ({"logdir": "~/x"}, "relative path without '..'"),
+        ({"dir": 7}, "must be a non-empty string"),
+        ({"path": "x/{experiment.__class__}.jsonl"}, "may only use"),
+        ({"path": "x/{0}.jsonl"}, "may only use"),
+        ({"path": "x/{experiment"}, "not a format string"),
+        ({"path": "{experiment:.>2.0}/x.jsonl"}, "may only use"),  # fill + precision 0: '..'
+        ({"path": "{experiment:/>1.0}tmp/x.jsonl"}, "may only use"),  # ... or '/': absolute
+        ({"path": "x/{rank:>4000000000}.jsonl"}, "may only use"),  # a 4 GB name
+        ({"path": "x/{experiment:{experiment.__class__}}"}, "may only use"),  # a lookup inside the spec
+        ({"path": "x/{experiment!r}.jsonl"}, "may only use"),
+    ):
+        answer = post_config(control, "e", {"jsonl": {"logging_mode": "global_reduce", **options}})
+        assert answer.startswith("refused: view 'jsonl'") and why in answer, (options, answer)
+    kept = {"jsonl": {"logging_mode": "global_reduce", "path": "logs/{experiment}/{rank:03d}.jsonl"}}
+    assert post_config(control, "e", kept) == "ok"
+    own = make_sink(trust_posted_paths=True)
+    absolute = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "x.jsonl")}}
+    assert post_config(f"http://127.0.0.1:{own.http_port}", "e", absolute) == "ok"

@@ -1,0 +1,41 @@
+"""Periodic exports of a process that never flushes lose nothing that is recorded meanwhile.
+
+The export thread used to swap the recorder's accumulators itself while the caller was
+appending: a value whose accumulator the caller had fetched just before the swap was appended
+after the step had been encoded, and lost. Now the caller's thread takes the step when asked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ..conftest import run_python
+
+JOB = """
+import sys, time, rankscope as rs
+rs.init(experiment="periodic", backends={"jsonl": {"logging_mode": "per_rank_reduce", "path": sys.argv[1]}},
+        export_interval=0.01)
+deadline = time.monotonic() + 3.0
+n = 0
+while time.monotonic() < deadline:  # never flushes: every export is a periodic one
+    for _ in range(1000):
+        rs.record_metric("ones", 1, rs.Reduce.SUM)
+    n += 1000
+rs.shutdown()
+print("recorded", n)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_values_recorded_during_periodic_exports_are_all_exported(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl"
+    result = run_python(JOB.replace("sys.argv[1]", repr(str(out))))
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = int(result.stdout.split("recorded")[1])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    ones = [r for r in rows if r["key"] == "ones"]
+    assert len(ones) > 20, len(ones)  # many periodic exports happened while recording
+    assert sum(r["value"] for r in ones) == recorded

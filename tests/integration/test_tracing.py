@@ -1,0 +1,182 @@
+"""``trace``/``Tracer`` in one process against a real sink: spans, Forge metric names, errors,
+nesting with the user's own OTel spans, events, explicit steps, sampling, and TRACEPARENT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from opentelemetry import trace as otel_trace
+
+import rankscope as rs
+from rankscope.tracing.spans import is_sampled, step_ids
+
+from ..conftest import ROOT
+
+
+def spans_of(sink: Any, experiment: str) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{sink.http_port}/rankscope/v1/spans?experiment={experiment}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return [json.loads(line) for line in response.read().decode().splitlines()]
+
+
+def views_of(path: Any) -> dict[tuple[int, str], float]:
+    return {(r["step"], r["key"]): r["value"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.fixture
+def traced(make_sink, tmp_path):
+    out = tmp_path / "views.jsonl"
+    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}})
+
+    def start(experiment: str) -> Any:
+        rs.init(experiment=experiment, endpoint=sink.endpoint)
+        return sink
+
+    start.out = out  # type: ignore[attr-defined]
+    return start
+
+
+def finish(sink: Any, experiment: str) -> list[dict[str, Any]]:
+    rs.shutdown()
+    sink.finalize(experiment)
+    assert sink.wait_written(experiment)
+    return spans_of(sink, experiment)
+
+
+def test_tracer_metrics_spans_and_an_exception_inside(traced) -> None:
+    sink = traced("names")
+    t = rs.Tracer("loop").start()
+    time.sleep(0.01)
+    t.step("a")
+    time.sleep(0.02)
+    t.step("b")
+    t.stop()
+    with pytest.raises(KeyError), rs.trace("fails") as f:
+        time.sleep(0.005)
+        f.step("before")
+        raise KeyError("boom")
+    rs.flush(0)
+    spans = finish(sink, "names")
+
+    view = views_of(traced.out)
+    assert 0.01 <= view[(0, "loop/a/duration_avg_s")] == view[(0, "loop/a/duration_max_s")] < 0.5
+    assert 0.02 <= view[(0, "loop/b/duration_avg_s")] < 0.5
+    assert (
+        view[(0, "loop/total_duration_avg_s")]
+        >= view[(0, "loop/a/duration_avg_s")] + view[(0, "loop/b/duration_avg_s")]
+    )
+    assert view[(0, "fails/before/duration_max_s")] >= 0.005
+    assert view[(0, "fails/total_duration_max_s")] >= 0.005
+
+    by_name = {s["name"]: s for s in spans}
+    assert {"loop", "loop/a", "loop/b", "fails", "fails/before", "step"} <= set(by_name)
+    assert by_name["loop/a"]["parent_span_id"] == by_name["loop"]["span_id"]
+    assert by_name["loop/a"]["end_ns"] == by_name["loop/b"]["start_ns"]  # phases tile the block
+    assert by_name["fails"]["error"] == "KeyError: 'boom'"
+    assert by_name["fails/before"]["error"] is None
+    trace_id, root_id = step_ids("names", 0, 0)
+    assert {s["trace_id"] for s in spans} == {f"{trace_id:032x}"}
+    assert by_name["loop"]["parent_span_id"] == by_name["step"]["span_id"] == f"{root_id:016x}"
+
+
+def test_decorators_user_spans_events_and_explicit_steps(traced) -> None:
+    sink = traced("nesting")
+    user = otel_trace.get_tracer("user-code")
+
+    @rs.trace("reward")
+    def reward(x: float) -> float:
+        with user.start_as_current_span("user-span"):
+            rs.record_event("scored", value=x)
+        return x
+
+    @rs.trace("rollout")
+    async def rollout() -> float:
+        await asyncio.sleep(0.001)
+        return reward(1.0)
+
+    assert asyncio.run(rollout()) == 1.0
+    rs.flush(0)
+    rs.set_step(7)  # explicit: the next spans belong to step 7
+    with rs.trace("eval"):
+        pass
+    rs.flush(7)
+    with rs.trace("after"):  # no set_step: the step after the last flushed one
+        pass
+    rs.flush(8)
+    spans = finish(sink, "nesting")
+    by_name = {s["name"]: s for s in spans if s["name"] != "step"}
+    assert by_name["reward"]["parent_span_id"] == by_name["rollout"]["span_id"]
+    assert by_name["user-span"]["parent_span_id"] == by_name["reward"]["span_id"]
+    assert by_name["scored"]["parent_span_id"] == by_name["user-span"]["span_id"]
+    assert by_name["scored"]["start_ns"] == by_name["scored"]["end_ns"]
+    assert by_name["scored"]["attributes"]["value"] == 1.0
+    assert by_name["user-span"]["step"] == 0  # the user's span joined the step through its trace id
+    assert by_name["eval"]["step"] == 7 and by_name["eval"]["trace_id"] == f"{step_ids('nesting', 0, 7)[0]:032x}"
+    assert by_name["after"]["step"] == 8
+    with pytest.raises(TypeError):
+        rs.set_step(-1)
+    with pytest.raises(TypeError, match="attribute 'bad'"):
+        rs.record_event("x", bad=[1, 2])
+    with pytest.raises(ValueError, match="timer"):
+        rs.trace("x", timer="tpu")
+
+
+def test_sampling_keeps_the_same_steps_everywhere(make_sink, monkeypatch) -> None:
+    sink = make_sink()
+    monkeypatch.setenv("RANKSCOPE_TRACE_SAMPLE", "0.5")
+    rs.init(experiment="sampled", endpoint=sink.endpoint)
+    for step in range(40):
+        with rs.trace("work"):
+            pass
+        rs.flush(step)
+    kept = {s["step"] for s in finish(sink, "sampled")}
+    expected = {step for step in range(40) if is_sampled(step_ids("sampled", 0, step)[0], 0.5)}
+    assert kept == expected and 5 < len(kept) < 35  # a deterministic rule any other rank computes alike
+
+
+CHILD = """
+import rankscope as rs
+rs.init()
+with rs.trace("child-work"):
+    pass
+rs.shutdown()
+"""
+
+
+def test_traceparent_makes_a_child_process_span_a_child(make_sink, tmp_path) -> None:
+    sink = make_sink()
+    rs.init(experiment="parent-child", endpoint=sink.endpoint)
+    with rs.trace("spawn"):
+        env = rs.inject_env()
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD], env=env, cwd=ROOT, timeout=60, capture_output=True, text=True
+        )
+    assert child.returncode == 0, child.stderr
+    rs.flush(0)
+    spans = finish(sink, "parent-child")
+    by_name = {s["name"]: s for s in spans}
+    assert by_name["child-work"]["parent_span_id"] == by_name["spawn"]["span_id"]
+    assert by_name["child-work"]["trace_id"] == by_name["spawn"]["trace_id"]
+    assert by_name["child-work"]["pid"] != by_name["spawn"]["pid"]
+    assert env["TRACEPARENT"].split("-")[2] == by_name["spawn"]["span_id"]
+
+
+
+
+def test_gpu_timer_without_cuda_falls_back_to_cpu_with_one_warning(traced) -> None:
+    sink = traced("gpu-fallback")
+    with pytest.warns(RuntimeWarning, match="without CUDA"), rs.trace("g", timer="gpu") as t:
+        t.step("phase")
+    with rs.trace("g", timer="gpu") as t:  # no second warning (filterwarnings=error would raise)
+        t.step("phase")
+    rs.flush(0)
+    spans = finish(sink, "gpu-fallback")
+    assert sorted(s["name"] for s in spans) == ["g", "g", "g/phase", "g/phase", "step"]
+    assert views_of(traced.out)[(0, "g/phase/duration_avg_s")] >= 0

@@ -1,0 +1,117 @@
+"""Process identity: detection, precedence, mesh, Monarch, and inheritance by children."""
+
+from __future__ import annotations
+
+import pytest
+
+import rankscope as rs
+from rankscope.core import names as attr
+from rankscope.core.identity import build_resource
+
+TORCHRUN = {
+    "RANK": "5",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "TORCHELASTIC_RUN_ID": "job-42",
+    "TORCHELASTIC_RESTART_COUNT": "2",
+}
+
+
+def test_torchrun_environment() -> None:
+    a = build_resource(environ=TORCHRUN).attributes
+    assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("5", "1", "8")
+    assert a[attr.EXPERIMENT_ID] == "job-42" and a[attr.EXPERIMENT_ATTEMPT] == 2
+    assert a[attr.ROLE] == a[attr.SERVICE_NAME] == "trainer"
+    assert isinstance(a[attr.PROCESS_PID], int) and a[attr.HOST_NAME] and a[attr.SERVICE_INSTANCE_ID]
+
+
+def test_slurm_environment() -> None:
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "3",
+        "SLURM_NTASKS": "16",
+        "SLURM_JOB_ID": "991",
+        "SLURM_RESTART_COUNT": "1",
+    }
+    a = build_resource(environ=env).attributes
+    assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("3", "3", "16")
+    assert a[attr.EXPERIMENT_ID] == "slurm-991" and a[attr.EXPERIMENT_ATTEMPT] == 1
+
+
+def test_torchrun_inside_slurm_uses_torchrun_ranks() -> None:
+    env = {**TORCHRUN, "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "991"}
+    a = build_resource(environ=env).attributes
+    assert (a[attr.RANK], a[attr.WORLD_SIZE], a[attr.EXPERIMENT_ID]) == ("5", "8", "job-42")
+
+
+def test_precedence_arguments_over_rankscope_env_over_otel_over_detection() -> None:
+    env = {
+        **TORCHRUN,
+        "OTEL_RESOURCE_ATTRIBUTES": "rankscope.experiment.id=from-otel,rankscope.rank=6,team=rl",
+        "OTEL_SERVICE_NAME": "svc",
+    }
+    a = build_resource(environ=env).attributes
+    assert a[attr.EXPERIMENT_ID] == "from-otel" and a[attr.RANK] == "6" and a["team"] == "rl"
+    assert a[attr.ROLE] == "svc" == a[attr.SERVICE_NAME]
+    env |= {"RANKSCOPE_EXPERIMENT": "from-env", "RANKSCOPE_ROLE": "generator", "RANKSCOPE_REPLICA": "2"}
+    a = build_resource(environ=env).attributes
+    assert (a[attr.EXPERIMENT_ID], a[attr.ROLE], a[attr.REPLICA]) == ("from-env", "generator", "2")
+    a = build_resource(experiment="from-arg", role="controller", replica=0, environ=env).attributes
+    assert (a[attr.EXPERIMENT_ID], a[attr.ROLE], a[attr.REPLICA]) == ("from-arg", "controller", "0")
+
+
+def test_torchrun_without_rdzv_id_shares_one_experiment_per_node() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}
+    a, b = build_resource(environ=env).attributes, build_resource(environ={**env, "RANK": "0"}).attributes
+    assert a[attr.EXPERIMENT_ID] == b[attr.EXPERIMENT_ID] and a[attr.EXPERIMENT_ID].startswith("torchrun-")
+
+
+def test_plain_process_gets_a_generated_experiment_and_main_role() -> None:
+    a = build_resource(environ={}).attributes
+    assert a[attr.ROLE] == "main" and a[attr.RANK] == "0" and a[attr.WORLD_SIZE] == "1"
+    assert build_resource(environ={}).attributes[attr.EXPERIMENT_ID] != a[attr.EXPERIMENT_ID]
+
+
+def test_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANKSCOPE_EXPORT_INTERVAL", "soon")
+    with pytest.raises(ValueError, match="RANKSCOPE_EXPORT_INTERVAL='soon'"):
+        rs.record_metric("x", 1.0)
+
+
+MESH_CODE = """
+import json, os, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+import rankscope as rs
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+resource = rs.init(mesh=mesh)
+print(json.dumps(dict(resource.attributes)))
+rs.shutdown(); dist.destroy_process_group()
+"""
+
+
+
+
+
+
+MONARCH_CODE = """
+import asyncio, json
+import rankscope as rs
+from monarch.actor import Actor, endpoint, this_host
+
+class Who(Actor):
+    @endpoint
+    async def resource(self) -> dict:
+        return dict(rs.get_resource().attributes)
+
+async def main():
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    who = procs.spawn("who", Who)
+    found = await who.resource.call()
+    print("RESULT " + json.dumps([a for _, a in found.items()]))
+    await procs.stop()
+
+asyncio.run(main())
+"""
+
+

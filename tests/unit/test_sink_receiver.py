@@ -1,0 +1,45 @@
+"""The sink's OTLP receiver: statuses for bad input, OTLP/JSON, gzip, tokens, overload.
+
+Pure body rules are tested without sockets; the rest against a real sink on loopback."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from rankscope.sink.bodies import HttpError, decode_body, hex_ids_to_base64
+
+PB = {"Content-Type": "application/x-protobuf"}
+
+
+def test_body_rules_without_sockets() -> None:
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/metrics", "text/plain", None, b"x", 100)
+    assert e.value.status == 415
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/metrics", "application/x-protobuf", None, b"\xff\xff\xff", 100)
+    assert e.value.status == 400
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/metrics", "application/x-protobuf", "gzip", gzip.compress(b"\0" * 1000), 100)
+    assert e.value.status == 413
+    with pytest.raises(HttpError) as e:
+        decode_body("/v1/nope", "application/x-protobuf", None, b"", 100)
+    assert e.value.status == 404
+    assert hex_ids_to_base64({"spans": [{"traceId": "00ff", "name": "x"}]}) == {
+        "spans": [{"traceId": "AP8=", "name": "x"}]
+    }
+
+
+
+
+
+
+
+
+
+
+
+
+
+

@@ -1,0 +1,234 @@
+"""Step alignment and exact reduction across processes (pure, with an injected clock),
+and the same rules end to end: a missing process and a late point through a real sink."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
+
+from rankscope.core import names as attr
+from rankscope.metrics.recorder import Recorder
+from rankscope.metrics.reduce import Reduce
+from rankscope.otlp.common import encode_resource, key_value
+from rankscope.otlp.metrics import PointAttributes, encode
+from rankscope.sink import Experiment
+from rankscope.sink.validate import Limits, Refusals, metrics_batches
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def resource(pid: str, rank: int = 0, world: int = 1, role: str = "trainer", **extra: Any) -> dict[str, Any]:
+    return {
+        attr.EXPERIMENT_ID: "x",
+        attr.SERVICE_INSTANCE_ID: pid,
+        attr.ROLE: role,
+        attr.RANK: str(rank),
+        attr.WORLD_SIZE: str(world),
+        attr.EXPERIMENT_ATTEMPT: 0,
+        **extra,
+    }
+
+
+def metrics(
+    values: dict[str, tuple[Reduce, list[float]]], step: int | None, marker: bool = True, at: int = 1
+) -> list[Any]:
+    """The points (and flush marker) one process sends; ``at``: their time (ns since 1970)."""
+    c = Recorder(streams=[])
+    for key, (reduce, numbers) in values.items():
+        for n in numbers:
+            c.record(key, n, reduce)
+    out = [encode(k, acc, step, 0, at, PointAttributes()) for k, acc in c.accs.items()]
+    if marker and step is not None:
+        m = pb.Metric(name=attr.FLUSH_MARKER)
+        m.sum.data_points.add(as_int=len(values), attributes=[key_value(attr.STEP, step)], time_unix_nano=at)
+        out.append(m)
+    return out
+
+
+def ingest(e: Experiment, resource: dict[str, Any], metrics: list[Any]) -> list[Any]:
+    """Through the sink's edge (``validate``) into ``e``; returns the late updates now due."""
+    request = mpb.ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add(resource=encode_resource(resource))
+    rm.scope_metrics.add().metrics.extend(metrics)
+    refused = Refusals()
+    for batch in metrics_batches(request, Limits(), refused):
+        e.apply(batch, refused)
+    assert refused.count == 0, refused.reasons
+    return e.late_updates(force=True)
+
+
+def values_of(view: Any) -> dict[str, float]:
+    return {m.key: m.value for m in view.global_metrics}
+
+
+def test_exact_merge_across_ranks_and_per_process_values() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    data = {0: [1.0, 2.0], 1: [3.0], 2: [4.0, 5.0, 6.0], 3: [7.0]}
+    for rank, numbers in data.items():
+        ms = metrics(
+            {
+                "loss": (Reduce.MEAN, numbers),
+                "spread": (Reduce.STD, numbers),
+                "peak": (Reduce.MAX, numbers),
+                "n": (Reduce.SUM, numbers),
+            },
+            step=0,
+        )
+        ingest(e, resource(f"p{rank}", rank, 4), ms)
+        assert (e.ready() == []) == (rank < 3)  # final exactly when the 4th rank reports
+    everything = [v for numbers in data.values() for v in numbers]
+    e2 = Experiment("x", grace=5, clock=Clock())
+    for rank, numbers in data.items():
+        ingest(e2, resource(f"p{rank}", rank, 4), metrics({"loss": (Reduce.MEAN, numbers)}, step=0))
+    view = e2.ready()[0]
+    assert values_of(view)["loss"] == statistics.fmean(everything)  # weighted by count, not mean of means
+    assert [p.label for p in view.per_process] == ["trainer_r0", "trainer_r1", "trainer_r2", "trainer_r3"]
+    assert [m.value for ms in view.per_process.values() for m in ms] == [1.5, 3.0, 5.0, 7.0]
+
+
+def test_pooled_std_max_sum() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    data = {0: [1.0, 2.0], 1: [3.0, 10.0]}
+    for rank, numbers in data.items():
+        ms = metrics({"s": (Reduce.STD, numbers), "m": (Reduce.MAX, numbers), "n": (Reduce.SUM, numbers)}, step=3)
+        ingest(e, resource(f"p{rank}", rank, 2), ms)
+    (view,) = e.ready()
+    got = values_of(view)
+    assert view.step == 3
+    assert abs(got["s"] - statistics.pstdev([1.0, 2.0, 3.0, 10.0])) < 1e-12
+    assert got["m"] == 10.0 and got["n"] == 16.0 and got[attr.MISSING_PROCESSES] == 0.0
+
+
+def test_missing_process_named_after_grace_then_not_waited_for() -> None:
+    clock = Clock()
+    e = Experiment("x", grace=2, clock=clock)
+    ingest(e, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
+    assert e.ready() == [] and e.missing(0) == ["trainer_r1"]
+    clock.now = 2.5
+    (view,) = e.ready()
+    assert view.missing == ["trainer_r1"] and values_of(view)[attr.MISSING_PROCESSES] == 1.0
+    ingest(e, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1))
+    assert [v.step for v in e.ready()] == [1]  # the dead rank costs one grace period, not one per step
+
+
+def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
+    clock = Clock()
+    e = Experiment("x", grace=1, clock=clock)
+    ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
+    clock.now = 1.5
+    (first,) = e.ready()
+    assert values_of(first)["n"] == 1.0
+    late = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=0))
+    assert e.late_points == 1
+    (update,) = late
+    assert update.late and update.step == 0 and values_of(update)["n"] == 3.0  # corrected, nothing lost
+
+
+def test_a_point_without_a_step_joins_the_step_whose_window_holds_its_time() -> None:
+    """Windows end at each step's first flush marker; step-less points go by their timestamp."""
+    e = Experiment("x", grace=5, clock=Clock())
+    s = 1_000_000_000
+    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=10 * s))
+    (step0,) = e.ready()
+    buffer = resource("buf", role="replay_buffer")
+    ingest(e, buffer, metrics({"in_step_1": (Reduce.MAX, [7.0])}, step=None, at=11 * s))  # newer than every window
+    ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [2.0])}, step=1, at=12 * s))
+    ingest(
+        e, buffer, metrics({"also_step_1": (Reduce.SUM, [3.0])}, step=None, at=11 * s + 5)
+    )  # arrived after step 1 closed
+    (view,) = e.ready()
+    assert view.step == 1 and values_of(view)["in_step_1"] == 7.0 and values_of(view)["also_step_1"] == 3.0
+    assert "in_step_1" not in values_of(step0)
+    late = ingest(e, buffer, metrics({"old": (Reduce.SUM, [1.0])}, step=None, at=9 * s))
+    e.clock.now = 10.0  # type: ignore[attr-defined]
+    (update,) = late or e.late_updates(force=True)
+    assert update.late and update.step == 0 and values_of(update)["old"] == 1.0  # its window is step 0's
+
+
+def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> None:
+    """No stepping process: 1 s buckets, final once the bucket is over plus the lag; many
+    requests in one bucket are one step."""
+    clock, wall = Clock(), Clock()
+    wall.now = 1000.0
+    e = Experiment("x", grace=5, clock=clock, wall=wall, time_bucket=1.0, time_bucket_lag=2.0)
+    s = 1_000_000_000
+    for i in range(20):  # 20 requests within bucket 1000 s .. 1001 s
+        ingest(e, resource("gen", role="generator"), metrics({"tokens": (Reduce.SUM, [1.0])}, None, at=1000 * s + i))
+    ingest(e, resource("gen", role="generator"), metrics({"tokens": (Reduce.SUM, [5.0])}, None, at=1001 * s + 1))
+    assert e.ready() == []  # bucket 0 ends at 1001 s, final at 1003 s
+    wall.now = clock.now = 1003.0
+    (first,) = e.ready()
+    assert first.step == 0 and values_of(first)["tokens"] == 20.0 and values_of(first)[attr.BUCKET_TIME] == 1000.0
+    wall.now = clock.now = 1004.0
+    (second,) = e.ready()
+    assert second.step == 1 and values_of(second)["tokens"] == 5.0
+
+
+def test_actor_markers_wait_for_their_controller() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    for rank in range(2):
+        ms = metrics({"r": (Reduce.SUM, [float(rank)])}, step=0)
+        ms[-1].sum.data_points[0].attributes.append(key_value(attr.DRIVEN, True))
+        ingest(e, resource(f"a{rank}", rank, 2, role="MyActor", **{attr.REPLICA: "m1"}), ms)
+    assert e.ready() == [] and e.missing(0) == ["controller"]
+    ms = metrics({}, step=0)
+    ms[-1].sum.data_points[0].attributes.append(key_value(attr.EXPECTED_PROCESSES, 5))
+    ingest(e, resource("c", role="controller"), ms)
+    assert e.missing(0) == ["+2 unnamed"]  # the controller flushed 4 actor processes, 2 reported
+
+
+SDK_PROCESS = """
+import os, rankscope as rs
+rs.init(experiment="e2e", endpoint=os.environ["SINK"])
+for step in {steps}:
+    rs.record_metric("n", 1, rs.Reduce.SUM)
+    rs.flush(step)
+rs.shutdown()
+"""
+
+
+
+
+
+
+def test_late_per_process_values_are_whole_or_absent() -> None:
+    """A late update's global value is the whole step's; per process, a process whose data all came
+    late has its value, and one that sent part in time is not given a partial value."""
+    clock = Clock()
+    e = Experiment("x", grace=1, clock=clock)
+    ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
+    clock.now = 1.5
+    (view,) = e.ready()
+    assert values_of(view)["n"] == 1.0 and [p.label for p in view.per_process] == ["trainer_r0"]
+    ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=0, marker=False))
+    (late,) = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [4.0])}, step=0))
+    assert late.late and values_of(late)["n"] == 7.0
+    assert {p.label: [m.value for m in ms] for p, ms in late.per_process.items()} == {"trainer_r1": [4.0]}
+
+
+def test_a_timestamp_from_the_future_never_stalls_an_experiment() -> None:
+    """A bad clock (or a hostile one) far ahead is taken as now: the bucket epoch and the step
+    windows stay where the sink's clock says."""
+    clock, wall = Clock(), Clock()
+    wall.now = clock.now = 1000.0
+    e = Experiment("x", grace=5, clock=clock, wall=wall, time_bucket=1.0, time_bucket_lag=1.0)
+    s = 1_000_000_000
+    gen = resource("gen", role="generator")
+    ingest(e, gen, metrics({"tokens": (Reduce.SUM, [1.0])}, None, at=2**63))  # the year 2262
+    ingest(e, gen, metrics({"tokens": (Reduce.SUM, [2.0])}, None, at=1000 * s + 5))
+    wall.now = clock.now = 1002.0
+    (view,) = e.ready()
+    assert view.step == 0 and values_of(view)["tokens"] == 3.0
+    e2 = Experiment("x", grace=5, clock=clock, wall=wall)
+    ingest(e2, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=2**63))  # its window: now
+    ingest(e2, resource("buf", role="replay_buffer"), metrics({"later": (Reduce.SUM, [1.0])}, None, at=1003 * s))
+    assert [v.step for v in e2.ready()] == [0] and e2.step_at(1003 * s) == 1

