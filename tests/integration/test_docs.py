@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ def test_the_docs_build_strictly_with_the_codes_settings_and_catalog(tmp_path: P
 def test_the_readme_is_short_and_its_test_command_is_what_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):  # the screenshot is in the repository
+        assert (ROOT / image).is_file(), image
     command = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
     assert command in readme
     assert command in (ROOT / ".ci" / "run").read_text()
