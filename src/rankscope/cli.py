@@ -79,7 +79,7 @@ def _sink(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Start a sink, run the command with the experiment's environment, forward its exit code."""
-    from .core.identity import generate_experiment_id
+    from .core.identity import detect_run, generate_experiment_id, generate_run_id
     from .sink import Sink
 
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
@@ -96,15 +96,17 @@ def _run(args: argparse.Namespace) -> int:
         args.spans_dir = spans_tmp.name
     sink = Sink(_sink_config(args)).start()
     experiment = resolve("experiment") or generate_experiment_id()
+    run = resolve("run") or detect_run(os.environ) or generate_run_id()  # the command is one launch
     env = dict(os.environ)
     env.update(
         RANKSCOPE_EXPERIMENT=experiment,
+        RANKSCOPE_RUN_ID=run,
         RANKSCOPE_ENDPOINT=sink.endpoint,
         RANKSCOPE_SINK_CONTROL=f"http://127.0.0.1:{sink.http_port}",
     )
     if args.instrument:
         env.update(auto_instrumentation_env(env))
-    print(f"rankscope run: experiment {experiment}, sink {sink.endpoint}", file=sys.stderr, flush=True)
+    print(f"rankscope run: experiment {experiment}, run {run}, sink {sink.endpoint}", file=sys.stderr, flush=True)
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:

@@ -252,6 +252,7 @@ def init(
         steps.auto = False  # an explicit init: the program closes its own steps (_auto_init differs)
         # Children of this process (spawned workers, `rankscope run` commands) join this experiment.
         os.environ["RANKSCOPE_EXPERIMENT"] = experiment_id
+        os.environ["RANKSCOPE_RUN_ID"] = str(resource.attributes[attr.RUN_ID])  # and this launch
         if endpoint is not None:
             os.environ["RANKSCOPE_ENDPOINT"] = endpoint
         if backends is not None:

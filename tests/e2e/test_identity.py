@@ -1,4 +1,4 @@
-"""Process identity: detection, precedence, mesh, Monarch, and inheritance by children."""
+"""Process identity inside a Monarch actor: its rank and mesh coordinates."""
 
 from __future__ import annotations
 

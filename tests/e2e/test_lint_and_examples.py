@@ -1,4 +1,5 @@
-"""The project's own hygiene and examples, run as tests so CI keeps them true."""
+"""The examples that need torchrun: the SPMD example, and the traced example under ``rankscope run``
+writing a Gantt and a report."""
 
 from __future__ import annotations
 

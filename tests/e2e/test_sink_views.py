@@ -1,5 +1,5 @@
-"""Global and per-process views end to end: torchrun ranks through the embedded sink, several
-roles and experiments through one sink, and a sink restart — read back from W&B's own files."""
+"""Global and per-process views of torchrun ranks through the embedded sink, in the console and in
+one W&B run read back from W&B's own files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""CUDA tensor values: no sync at record time, one batched copy read off-thread. Needs a GPU."""
+"""The GPU timer on a real device through a real sink: it never syncs the caller and times the
+kernels (marked ``gpu``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The CUDA-event span processor's logic on CPU, through torch.cuda's event interface
-(``tests/fake_cuda.py`` plays the GPU; ``tests/test_cuda.py`` runs the real thing on a GPU)."""
+"""GPU-timed phases through a real sink: the duration metrics and spans come from CUDA events read
+off the caller's thread (``tests/fake_cuda.py`` plays the GPU; ``tests/*/test_cuda.py`` runs the real thing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Process identity: detection, precedence, mesh, Monarch, and inheritance by children."""
+"""Process identity in real processes: a torch.distributed group and DeviceMesh, and inheritance
+by children (the experiment and the run) while a new launch is a new run."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_device_mesh_dimensions_and_initialized_process_group() -> None:
     assert a[attr.WORLD_SIZE] == "1" and a[attr.RANK] == "0"
 
 
-def test_child_process_inherits_the_experiment() -> None:
+def test_child_process_inherits_the_experiment_and_the_run_and_a_new_launch_is_a_new_run() -> None:
     code = (
         "import json, subprocess, sys, rankscope as rs\n"
         "parent = rs.init().attributes\n"
@@ -65,6 +66,10 @@ def test_child_process_inherits_the_experiment() -> None:
     assert result.returncode == 0, result.stderr
     parent, child = json.loads(result.stdout.strip().splitlines()[-1])
     assert parent[attr.EXPERIMENT_ID] == child[attr.EXPERIMENT_ID]
+    assert parent[attr.RUN_ID] == child[attr.RUN_ID]  # one launch: the child is part of the parent's run
+    launches = [run_python(code, {"RANKSCOPE_EXPERIMENT": "same"}) for _ in range(2)]
+    runs = {json.loads(r.stdout.strip().splitlines()[-1])[0][attr.RUN_ID] for r in launches}
+    assert len(runs) == 2, runs  # the same name launched twice: two runs
     assert parent[attr.SERVICE_INSTANCE_ID] != child[attr.SERVICE_INSTANCE_ID]
     assert parent[attr.PROCESS_PID] != child[attr.PROCESS_PID]
 

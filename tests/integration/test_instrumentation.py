@@ -1,5 +1,4 @@
-"""The distro and the instrumentors: entry points, instrument/uninstrument in process, and
-``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` under the real ``opentelemetry-instrument``."""
+"""``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` honoured under the real ``opentelemetry-instrument``."""
 
 from __future__ import annotations
 

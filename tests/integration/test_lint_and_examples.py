@@ -1,4 +1,5 @@
-"""The project's own hygiene and examples, run as tests so CI keeps them true."""
+"""The project's own hygiene (ruff, mypy, import-linter) and the quickstart example, run as tests
+so CI keeps them true."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The import surface is locked, importing changes nothing global, third-party backends plug in."""
+"""In fresh interpreters: importing changes nothing global, third-party backends plug in through
+entry points, and the CLI prints the identity and the settings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""record_metric, flush and the local backends in one process."""
+"""A custom async backend registered by class: its coroutines run and it gets every step."""
 
 from __future__ import annotations
 

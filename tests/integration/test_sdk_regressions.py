@@ -1,13 +1,8 @@
 """Regression tests for the SDK bugs of issue 13 (item 3), each failing on 27b5011 (the layout move
-before the runtime-slot refactor) and, for the settings validation, on the code before this fix.
+before the runtime-slot refactor):
 
-- Re-init lost the recorder's state: the key registry (a key recorded with MEAN then with
-  MAX after ``init()`` again was folded into the MEAN value), deferred GPU timings and pending
-  device values.
 - Internal errors were ``warnings.warn``: under ``python -W error`` the first one killed the
   export thread (every later step lost) or escaped ``flush()`` into the training loop.
-- Arguments bypassed settings validation: ``init(export_interval=-1)`` reached
-  ``queue.get(timeout=-1)`` on the export thread, 0 busy-spun it, ``protocol="bogus"`` passed.
 - ``set_step(N)`` moved the tracing step but not ``current_step()``.
 """
 

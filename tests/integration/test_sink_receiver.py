@@ -1,6 +1,5 @@
-"""The sink's OTLP receiver: statuses for bad input, OTLP/JSON, gzip, tokens, overload.
-
-Pure body rules are tested without sockets; the rest against a real sink on loopback."""
+"""The sink's OTLP receiver on loopback: statuses for bad input, OTLP/JSON, gzip, tokens, overload,
+what is refused answered with a reason, and the spans route."""
 
 from __future__ import annotations
 

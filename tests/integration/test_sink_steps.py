@@ -1,5 +1,4 @@
-"""Step alignment and exact reduction across processes (pure, with an injected clock),
-and the same rules end to end: a missing process and a late point through a real sink."""
+"""Step alignment end to end: a missing process and a late point through a real sink."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Global and per-process views end to end: torchrun ranks through the embedded sink, several
-roles and experiments through one sink, and a sink restart — read back from W&B's own files."""
+"""Views through one sink: several roles and experiments that never mix, a sink restart that resumes
+the same W&B run, and per-rank series beyond 64 processes — read back from W&B's own files."""
 
 from __future__ import annotations
 

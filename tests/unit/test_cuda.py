@@ -1,4 +1,4 @@
-"""CUDA tensor values: no sync at record time, one batched copy read off-thread. Needs a GPU."""
+"""CUDA tensor values: no sync at record time, one batched copy read off-thread (marked ``gpu``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Process identity: detection, precedence, mesh, Monarch, and inheritance by children."""
+"""Process identity from the environment: launchers, precedence, the run beside the experiment."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def test_torchrun_environment() -> None:
     a = build_resource(environ=TORCHRUN).attributes
     assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("5", "1", "8")
     assert a[attr.EXPERIMENT_ID] == "job-42" and a[attr.EXPERIMENT_ATTEMPT] == 2
+    assert a[attr.RUN_ID] == "job-42"  # the launch: torchrun's run id (a restart keeps it, as attempt 2)
     assert a[attr.ROLE] == a[attr.SERVICE_NAME] == "trainer"
     assert isinstance(a[attr.PROCESS_PID], int) and a[attr.HOST_NAME] and a[attr.SERVICE_INSTANCE_ID]
 
@@ -36,6 +37,21 @@ def test_slurm_environment() -> None:
     a = build_resource(environ=env).attributes
     assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("3", "3", "16")
     assert a[attr.EXPERIMENT_ID] == "slurm-991" and a[attr.EXPERIMENT_ATTEMPT] == 1
+    assert a[attr.RUN_ID] == "slurm-991"  # a requeue (SLURM_RESTART_COUNT) continues the same run
+    stepped = build_resource(environ={**env, "SLURM_STEP_ID": "0", "RANKSCOPE_EXPERIMENT": "sweep"}).attributes
+    assert (stepped[attr.EXPERIMENT_ID], stepped[attr.RUN_ID]) == ("sweep", "slurm-991.0")
+
+
+def test_the_run_is_the_launchers_job_else_generated_and_a_name_is_not_a_run() -> None:
+    ray = build_resource(environ={"RANKSCOPE_EXPERIMENT": "grpo", "RAY_JOB_ID": "02000000"}).attributes
+    assert (ray[attr.EXPERIMENT_ID], ray[attr.RUN_ID]) == ("grpo", "ray-02000000")
+    first, second = (build_resource(environ={"RANKSCOPE_EXPERIMENT": "debug"}).attributes for _ in range(2))
+    assert first[attr.EXPERIMENT_ID] == second[attr.EXPERIMENT_ID] == "debug"
+    assert first[attr.RUN_ID] != second[attr.RUN_ID]  # two launches of one name: two runs
+    inherited = {"RANKSCOPE_EXPERIMENT": "debug", "RANKSCOPE_RUN_ID": str(first[attr.RUN_ID]), "SLURM_JOB_ID": "7"}
+    assert build_resource(environ=inherited).attributes[attr.RUN_ID] == first[attr.RUN_ID]  # beats detection
+    otel = {"OTEL_RESOURCE_ATTRIBUTES": "rankscope.run.id=from-otel", "TORCHELASTIC_RUN_ID": "job-1"}
+    assert build_resource(environ=otel).attributes[attr.RUN_ID] == "from-otel"
 
 
 def test_torchrun_inside_slurm_uses_torchrun_ranks() -> None:

@@ -1,9 +1,6 @@
-"""Monarch's private symbols in one place, patches that come off again, and per-call caller context.
+"""Only ``integrations/monarch/_compat.py`` touches torchmonarch's private symbols (a source scan).
 
-Monarch is only imported in child processes: once it is loaded, rankscope treats a process as part
-of a Monarch job (no periodic exports, steps driven by the controller), which would change every
-later test in this one.
-"""
+The patches coming off and the per-call context, in child processes, are ``tests/e2e/test_monarch_compat.py``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The OpenTelemetry private names rankscope relies on (``export._otel_sdk``): each resolves, each
-exporter path carries a request to a real receiver, and a missing one is a clear error at init."""
+"""Only ``export._otel_sdk`` touches the OpenTelemetry SDK's private names (a source scan)."""
 
 from __future__ import annotations
 

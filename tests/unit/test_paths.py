@@ -1,9 +1,6 @@
-"""Names never become paths: hostile experiment ids, roles and replicas stay inside the configured directories.
-
-The mapping (``safe_component``) is tested as a pure function, with hypothesis and by
-brute force over a small alphabet of troublemakers; then a real sink on loopback and a
-lone SDK process are sent such names and every file they create is checked.
-"""
+"""Names never become paths: ``safe_component`` as a pure function, with hypothesis and by brute
+force over a small alphabet of troublemakers, and the backends of a lone process keeping hostile
+experiment ids, roles and replicas inside their configured directories."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The import surface is locked, importing changes nothing global, third-party backends plug in."""
+"""The import surface of ``rankscope`` is locked."""
 
 from __future__ import annotations
 

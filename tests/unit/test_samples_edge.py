@@ -1,6 +1,6 @@
-"""Sample rows as a hostile client sends them: a corpus of rows that decode but lie, refused with
-the reason over real OTLP/gRPC while an honest experiment beside them is unaffected; a fuzzer
-over the row decoder; the sink's bounds; and the call site's errors (issue 16)."""
+"""Sample rows at the edges, in process: a fuzzer over the row decoder (a row or a reason, never
+an exception), the call site's errors, per-rank views getting every row, and a step of rows
+only waiting for its flush marker (issue 16)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Nothing acknowledged is lost: SIGKILL the sink at a random moment, restart it on the same ports.
+"""The write-ahead log's replay, in process: records written before their rows still replay.
 
-Four real SDK processes (``RANK`` 0..3 of one experiment, OTLP/gRPC to a ``rankscope sink``
-process with a state directory) each record 1 per step as SUM and flush 30 steps. The sink is
-killed with SIGKILL at a seeded random moment and restarted on the same ports; the SDK holds its
-steps while the sink is down and sends them when it answers again. Each rank also offers a
-sample row per step (``rank_by`` its rank, k=1): the rows are merged across ranks like points
-and must survive the kill too. The ranks run at different
-paces, so at any moment the sink holds acknowledged steps that are not yet written (they wait for
-the slowest rank): those live only in the write-ahead log. Every step must be in the
-final view exactly once: a step merged twice would read 8, a lost one 3.
-"""
+The SIGKILL test of a sink process is ``tests/integration/test_sink_durable.py``."""
 
 from __future__ import annotations
 

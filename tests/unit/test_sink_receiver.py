@@ -1,6 +1,6 @@
-"""The sink's OTLP receiver: statuses for bad input, OTLP/JSON, gzip, tokens, overload.
+"""The sink's OTLP body rules (content types, encodings, sizes) as pure functions, without sockets.
 
-Pure body rules are tested without sockets; the rest against a real sink on loopback."""
+The receiver's answers over real sockets are ``tests/integration/test_sink_receiver.py``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Step alignment and exact reduction across processes (pure, with an injected clock),
-and the same rules end to end: a missing process and a late point through a real sink."""
+"""Step alignment and exact reduction across processes, as pure functions with an injected clock."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""``trace``/``Tracer`` in one process against a real sink: spans, Forge metric names, errors,
-nesting with the user's own OTel spans, events, explicit steps, sampling, and TRACEPARENT."""
+"""``trace``/``Tracer`` in a lone process with no sink: metrics only, no spans to send.
+
+The rest, against a real sink, is ``tests/integration/test_tracing.py``."""
 
 from __future__ import annotations
 

@@ -47,6 +47,29 @@ def generate_experiment_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
+def detect_run(env: Mapping[str, str]) -> str | None:
+    """The launcher's id of this launch: every process of it sees the same one without talking,
+    and a restart within the launch (torchelastic, a SLURM requeue) keeps it."""
+    elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if elastic and elastic != "none":
+        return elastic
+    slurm = env.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        step = env.get("SLURM_STEP_ID", "").strip()
+        return f"slurm-{slurm}" + (f".{step}" if step else "")
+    ray = env.get("RAY_JOB_ID", "").strip()
+    if ray:
+        return f"ray-{ray}"
+    if elastic == "none" and "RANK" in env:  # torchrun without --rdzv-id: the ranks of one node share the agent
+        return f"torchrun-{socket.gethostname()}-{os.getppid()}"
+    return None
+
+
+def generate_run_id() -> str:
+    """A run id for a launch no launcher named: unique, and sortable by start time."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
 def _detect_torch_distributed() -> dict[str, Any]:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -161,6 +184,9 @@ def build_resource(
     if world_size is not None:
         values[attr.WORLD_SIZE] = world_size
     values[attr.EXPERIMENT_ID] = experiment_id or generate_experiment_id()
+    values[attr.RUN_ID] = (
+        resolve("run", None, env) or otel.get(attr.RUN_ID) or detect_run(env) or generate_run_id()
+    )
     values[attr.ROLE] = role_name
     if replica_id is not None:
         values[attr.REPLICA] = replica_id

@@ -10,6 +10,7 @@ from __future__ import annotations
 # Resource attributes (strings unless noted).
 EXPERIMENT_ID = "rankscope.experiment.id"
 EXPERIMENT_ATTEMPT = "rankscope.experiment.attempt"  # int
+RUN_ID = "rankscope.run.id"  # one launch of the experiment: an experiment groups runs
 ROLE = "rankscope.role"
 REPLICA = "rankscope.replica"
 RANK = "rankscope.rank"
