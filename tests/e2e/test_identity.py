@@ -8,45 +8,6 @@ from rankscope.core import names as attr
 
 from ..conftest import run_python
 
-TORCHRUN = {
-    "RANK": "5",
-    "LOCAL_RANK": "1",
-    "WORLD_SIZE": "8",
-    "TORCHELASTIC_RUN_ID": "job-42",
-    "TORCHELASTIC_RESTART_COUNT": "2",
-}
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-MESH_CODE = """
-import json, os, torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-import rankscope as rs
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
-mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
-resource = rs.init(mesh=mesh)
-print(json.dumps(dict(resource.attributes)))
-rs.shutdown(); dist.destroy_process_group()
-"""
-
-
-
-
-
-
 MONARCH_CODE = """
 import asyncio, json
 import rankscope as rs

@@ -51,5 +51,3 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
     assert page.is_relative_to(tmp_path / "rankscope_logs") and page.with_suffix(".jsonl").is_file()
     data = json.loads(page.read_text().split('id="rankscope-data">', 1)[1].split("</script>", 1)[0])
     assert data["steps"] == 3 and data["stragglers"][0]["process"] == "trainer_r3"
-
-

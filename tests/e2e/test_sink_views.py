@@ -64,33 +64,3 @@ def test_torchrun_ranks_global_and_per_rank_views_in_console_and_one_wandb_run(t
             mine = [float(v) for v in (rank + step, 2 * rank + step)]
             assert row[f"trainer/r{rank}/loss"] == statistics.fmean(mine)
             assert row[f"trainer/r{rank}/samples"] == 8.0
-
-
-ROLE_PROCESS = """
-import os, rankscope as rs
-rs.init()
-for step in range(2):
-    rs.record_metric(os.environ["KEY"], float(os.environ["VALUE"]) + step, rs.Reduce.MEAN)
-    rs.flush(step)
-rs.shutdown()
-"""
-
-
-
-
-RESTART_PROCESS = """
-import os, sys, time, rankscope as rs
-rs.init(experiment="restart", endpoint=os.environ["SINK"], export_interval=0.2)
-for step in range(4):
-    rs.record_metric("loss", float(step))
-    rs.flush(step)
-    rs.force_flush(2)
-    if step == 1:
-        print("HALF", flush=True)
-        sys.stdin.readline()  # the test restarts the sink here
-rs.shutdown()
-"""
-
-
-
-

@@ -1,5 +1,6 @@
-"""The GPU timer on a real device through a real sink: it never syncs the caller and times the
-kernels (marked ``gpu``)."""
+"""On a real CUDA device (marked ``gpu``): tensor values are not synced at record time and arrive
+exactly (one batched copy read off-thread), and the GPU timer never syncs the caller and times the
+kernels, through a real sink."""
 
 from __future__ import annotations
 
@@ -27,8 +28,6 @@ def no_sync_allowed() -> Iterator[None]:
         yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
-
-
 
 
 def test_gpu_timer_never_syncs_the_caller_and_times_kernels(make_sink, tmp_path) -> None:
@@ -67,3 +66,25 @@ def test_gpu_timer_never_syncs_the_caller_and_times_kernels(make_sink, tmp_path)
     spans = {s.name: s for s in sink.spans("cuda-trace")}
     assert spans["train/mm"].attributes["rankscope.timer"] == "gpu"
     assert spans["train/mm"].end_ns - spans["train/mm"].start_ns > caller_s * 1e9 * 0.5
+
+
+def test_cuda_values_are_not_synced_at_record_and_arrive_exactly(capsys: pytest.CaptureFixture[str]) -> None:
+    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    values = [torch.tensor(float(i), device="cuda") for i in range(1, 5)]
+    # Made before the no-sync block: ``torch.tensor(data, device="cuda")`` copies host data from
+    # pageable memory, which CUDA's sync debug mode reports as a synchronizing call (the test's, not ours).
+    half = torch.tensor([[0.5]], dtype=torch.float16, device="cuda")
+    count = torch.tensor(7, device="cuda")
+    with no_sync_allowed():
+        for v in values:
+            rs.record_metric("gpu_sum", v, rs.Reduce.SUM)
+            rs.record_metric("gpu_max", v * 2, rs.Reduce.MAX)
+        # Other shapes and dtypes, and a tensor with an autograd node: read in the same batch.
+        rs.record_metric("gpu_grad", torch.ones(1, device="cuda", requires_grad=True).sum() * 3)
+        rs.record_metric("gpu_half", half)
+        rs.record_metric("gpu_int", count, rs.Reduce.SUM)
+    rs.flush(0)
+    rs.shutdown()
+    out = capsys.readouterr().out
+    assert "gpu_sum: 10.0" in out and "gpu_max: 8.0" in out
+    assert "gpu_grad: 3.0" in out and "gpu_half: 0.5" in out and "gpu_int: 7.0" in out

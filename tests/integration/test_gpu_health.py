@@ -27,11 +27,3 @@ def test_without_a_gpu_the_instrumentor_is_silently_off(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
     keys = {json.loads(line)["key"] for line in out.read_text().splitlines()}
     assert "loss" in keys and not any(k.startswith("gpu/") for k in keys)
-
-
-
-
-
-
-
-

@@ -9,29 +9,6 @@ from rankscope.core import names as attr
 
 from ..conftest import run_python
 
-TORCHRUN = {
-    "RANK": "5",
-    "LOCAL_RANK": "1",
-    "WORLD_SIZE": "8",
-    "TORCHELASTIC_RUN_ID": "job-42",
-    "TORCHELASTIC_RESTART_COUNT": "2",
-}
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 MESH_CODE = """
 import json, os, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -72,26 +49,3 @@ def test_child_process_inherits_the_experiment_and_the_run_and_a_new_launch_is_a
     assert len(runs) == 2, runs  # the same name launched twice: two runs
     assert parent[attr.SERVICE_INSTANCE_ID] != child[attr.SERVICE_INSTANCE_ID]
     assert parent[attr.PROCESS_PID] != child[attr.PROCESS_PID]
-
-
-MONARCH_CODE = """
-import asyncio, json
-import rankscope as rs
-from monarch.actor import Actor, endpoint, this_host
-
-class Who(Actor):
-    @endpoint
-    async def resource(self) -> dict:
-        return dict(rs.get_resource().attributes)
-
-async def main():
-    procs = this_host().spawn_procs(per_host={"gpus": 2})
-    who = procs.spawn("who", Who)
-    found = await who.resource.call()
-    print("RESULT " + json.dumps([a for _, a in found.items()]))
-    await procs.stop()
-
-asyncio.run(main())
-"""
-
-

@@ -17,14 +17,6 @@ from ..conftest import ROOT
 BIN = Path(sys.executable).parent
 
 
-
-
-
-
-
-
-
-
 WORKLOAD = """
 import json, os, sys, tempfile
 import torch, torch.distributed as dist
@@ -86,7 +78,3 @@ def test_opentelemetry_instrument_honours_disabled_instrumentations(disabled: st
         emitted = any(k.startswith(prefix) for k in found["keys"])
         assert emitted == (name not in off), (name, found["keys"])
     assert found["server_spans"] is (None if "monarch" in off else True)
-
-
-
-

@@ -43,9 +43,3 @@ def test_quickstart_example_prints_three_global_steps() -> None:
     for step in range(3):
         assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
     assert "samples: 64.0" in result.stdout and "latency_s/p99: " in result.stdout
-
-
-
-
-
-

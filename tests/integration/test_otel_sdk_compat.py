@@ -271,8 +271,3 @@ def test_a_changed_http_client_method_is_a_clear_error(otlp: Receiver, monkeypat
     assert otlp.got == []
     assert len(rs_errors.internal_errors) == 3  # one per signal: metrics, logs, spans
     rs_errors.internal_errors.clear()
-
-
-_PRIVATE = re.compile(r"opentelemetry(\.\w+)*\._\w|from opentelemetry[\w.]* import[^\n]*\b_[A-Za-z]|_RUNTIME_CONTEXT")
-
-

@@ -7,14 +7,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import uuid
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
@@ -25,49 +23,9 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.metrics import PointAttributes, encode
 
-SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-HOSTILE_CHARS = ["a", "A", "z", "0", ".", "-", "_", "/", "\\", "\0", "\n", "\x1b", "\u202e", "\u2066", "\uff0e",
-                 "\u2024", "é", "\u0301", "生", " ", "\ud800", "\U0001f600"]  # fmt: skip
-names = st.one_of(st.text(), st.text(st.sampled_from(HOSTILE_CHARS), max_size=80), st.text(min_size=60, max_size=300))
-
-
-
+from ..hostile_names import assert_contained, hostile_jobs
 
 # -- the mapping, as a pure function ------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# -- a real sink and a real SDK process -----------------------------------------------------------------
-
-
-def tree(root: Path) -> set[Path]:
-    return set(root.rglob("*")) if root.exists() else set()
-
-
-def assert_contained(tmp_path: Path, allowed: list[Path], before_parent: set[str]) -> list[Path]:
-    """Every entry under tmp_path is under an allowed root with safe, bounded names; nothing leaked."""
-    assert set(os.listdir(tmp_path.parent)) == before_parent, "an entry appeared next to tmp_path"
-    created = sorted(tree(tmp_path))
-    for path in created:
-        if any(path == root or root in path.parents for root in allowed):
-            continue
-        assert any(path in root.parents for root in allowed), f"{path} is outside the configured directories"
-    for path in created:
-        for part in path.relative_to(tmp_path).parts:
-            assert ".." not in part and part.isascii() and part.isprintable(), repr(part)
-            assert len(part.encode()) <= 160, part
-    return created
 
 
 def metrics_request(resource: dict[str, Any], step: int = 0) -> mpb.ExportMetricsServiceRequest:
@@ -102,33 +60,6 @@ def send(sink: Any, request: mpb.ExportMetricsServiceRequest, via_http: bool) ->
     refused = answer.partial_success.rejected_data_points
     assert not refused or answer.partial_success.error_message
     return refused
-
-
-def hostile_jobs(tag: str) -> list[tuple[str, str, str | None]]:
-    """(experiment id, role, replica): escapes, absolute paths, NUL, controls, bidi, huge and empty-ish names."""
-    experiments = [
-        "../../../x",
-        f"/tmp/abs-{tag}",
-        "../" * 30 + f"tmp/escape-{tag}",
-        "a" * 10_000,
-        "nul\0id",
-        "new\nline",
-        "rtl\u202egpj.exe",
-        "..",
-        ".",
-        "",
-        " ",
-        "\uff0e\uff0e",
-        "\u2024\u2024/\u2024\u2024",
-        "Exp",
-        "exp-case",
-        "EXP-CASE",
-    ]
-    roles = ["../../../../r", f"/tmp/abs-role-{tag}", "r" * 5000, "ro\0le", "\u202etrainer", "trainer/../..", "."]
-    replicas: list[str | None] = ["a/b/../c", "../..", None, "\n", "/", "0"]
-    return [(e, roles[i % len(roles)], replicas[i % len(replicas)]) for i, e in enumerate(experiments)]
-
-
 
 
 @pytest.mark.timeout(180)
@@ -200,10 +131,6 @@ def test_path_hostile_ids_and_roles_create_files_only_under_the_configured_direc
         row = next(r for r in rank_rows[experiment] if r["key"] == "loss")
         assert (row["role"], row.get("replica")) == (role, replica)
     assert len([p for p in created if p.name.startswith("run-") and p.suffix == ".wandb"]) >= 1
-
-
-
-
 
 
 def test_a_shared_sink_holds_posted_view_paths_to_its_working_directory(make_sink, tmp_path: Path) -> None:

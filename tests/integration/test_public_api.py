@@ -8,38 +8,6 @@ import textwrap
 
 from ..conftest import run_python
 
-PUBLIC = [
-    "CudaTimingProcessor",
-    "DISTRIBUTION_RELATIVE_ERROR",
-    "LoggerBackend",
-    "LoggingMode",
-    "Metric",
-    "MetricAccumulator",
-    "Reduce",
-    "Tracer",
-    "__version__",
-    "capture",
-    "current_step",
-    "dropped_points",
-    "flush",
-    "force_flush",
-    "get_resource",
-    "init",
-    "inject_env",
-    "record_event",
-    "record_metric",
-    "record_sample",
-    "register_backend",
-    "rl",
-    "set_step",
-    "shutdown",
-    "throughput",
-    "trace",
-    "write_report",
-]
-
-
-
 
 def test_import_changes_nothing_global() -> None:
     code = textwrap.dedent("""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as lpb
@@ -16,29 +15,9 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from rankscope.core import names as attr
 from rankscope.otlp import samples as wire
-from rankscope.otlp.common import encode_resource, key_value
+from rankscope.otlp.common import encode_resource
 
-
-def record(row: dict[str, Any] | None = None, **tags: Any) -> LogRecord:
-    """A well-formed "top" row of table ``t`` (rank_by ``reward``, k=2), changed by ``tags``
-    (None removes an attribute; ``body`` replaces the body)."""
-    out = LogRecord(time_unix_nano=1, trace_id=b"\1" * 16, span_id=b"\2" * 8)
-    body = tags.pop("body", None)
-    if body is not None:
-        out.body.CopyFrom(body)
-    else:
-        for name, value in (row if row is not None else {"reward": 1.0, "text": "hi"}).items():
-            out.body.kvlist_value.values.add(key=name, value=_any(value))
-    given_tags = {wire.TABLE: "t", wire.SIDE: "top", wire.KEY: 1.0, wire.SEQ: 0, wire.K: 2, wire.RANK_BY: "reward"}
-    given_tags.update({attr.STEP: 0})
-    for name, value in {**given_tags, **tags}.items():
-        if value is not None:
-            out.attributes.append(key_value(name, value))
-    return out
-
-
-def _any(value: Any) -> AnyValue:
-    return key_value("x", value).value
+from ..sample_records import record
 
 
 def request(records: list[LogRecord], experiment: str, instance: str = "p0") -> lpb.ExportLogsServiceRequest:
@@ -118,12 +97,6 @@ def test_a_steps_tables_and_the_characters_they_hold_are_bounded(make_sink) -> N
     assert sink.status("bounded")["sample_rows"] == 2
 
 
-
-
-
-
-
-
 def test_a_retried_request_with_other_bytes_does_not_keep_a_row_twice(make_sink, tmp_path: Path) -> None:
     """A client whose retry carries its earlier rows plus new ones (so another digest): each row
     is kept once, and the top 2 stay exact. A streamed row with a junk key is taken, not raised on."""
@@ -143,5 +116,3 @@ def test_a_retried_request_with_other_bytes_does_not_keep_a_row_twice(make_sink,
     assert sink.wait_written("retried")
     kept = [json.loads(line) for line in path.read_text().splitlines() if '"sample"' in line]
     assert [(r["side"], r["row"]["reward"]) for r in kept] == [("top", 9.0), ("top", 7.0)]
-
-

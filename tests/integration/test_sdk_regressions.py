@@ -26,18 +26,7 @@ class _Collect(rs.LoggerBackend):
         _Collect.batches.append((global_step, {m.key: m.value for m in metrics}))
 
 
-
-
-_VIEWS = {"regressions": {"logging_mode": "per_rank_reduce"}}
-
-
 # -- 1. re-init keeps the recorder: key registry, deferred GPU timings, device values ----------
-
-
-
-
-
-
 
 
 # -- 2. internal errors under `python -W error` -------------------------------------------------
@@ -100,14 +89,6 @@ def test_internal_errors_under_w_error_neither_kill_export_nor_escape_flush(brok
 
 
 # -- 3. every setting validated, arguments included ----------------------------------------------
-
-
-
-
-
-
-
-
 
 
 # -- 4. one step clock ---------------------------------------------------------------------------

@@ -110,5 +110,3 @@ def test_sigkill_during_a_four_process_run_loses_and_duplicates_nothing(tmp_path
     assert kept == {(step, side): (r, step) for step in range(STEPS) for side, r in (("top", 3), ("bottom", 0))}
     missing = {r["step"]: r["value"] for r in rows if r.get("key") == "rankscope/missing_processes"}
     assert all(v == 0.0 for v in missing.values()), missing
-
-

@@ -45,8 +45,6 @@ def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[in
 PB = {"Content-Type": "application/x-protobuf"}
 
 
-
-
 def test_bad_bodies_get_the_right_status_and_the_sink_keeps_serving(make_sink) -> None:
     sink = make_sink(max_body_bytes=64 * 1024)
     port = sink.http_port

@@ -51,7 +51,3 @@ def _wait_rows(sink: Any, path: Any, done: Any, timeout: float = 20.0) -> list[d
             return rows
         time.sleep(0.1)
     raise AssertionError(f"timed out; rows so far: {rows}")
-
-
-
-

@@ -168,8 +168,6 @@ def test_traceparent_makes_a_child_process_span_a_child(make_sink, tmp_path) -> 
     assert env["TRACEPARENT"].split("-")[2] == by_name["spawn"]["span_id"]
 
 
-
-
 def test_gpu_timer_without_cuda_falls_back_to_cpu_with_one_warning(traced) -> None:
     sink = traced("gpu-fallback")
     with pytest.warns(RuntimeWarning, match="without CUDA"), rs.trace("g", timer="gpu") as t:

@@ -12,21 +12,6 @@ import pytest
 
 from rankscope.instrumentation.gpu_health import REDUCES, NvmlSampler
 
-JOB = """
-import json, sys, warnings
-warnings.simplefilter("error")
-from rankscope.instrumentation import GpuHealthInstrumentor
-GpuHealthInstrumentor().instrument()
-import torch, rankscope as rs
-rs.init(experiment="nvml-off", backends={"jsonl": {"logging_mode": "per_rank_reduce", "path": sys.argv[1]}})
-for step in range(3):
-    rs.record_metric("loss", 1.0)
-    rs.flush(step)
-rs.shutdown()
-"""
-
-
-
 
 class _Rates:
     gpu, memory = 87, 41

@@ -115,5 +115,3 @@ def test_it_is_an_otel_span_processor_for_sdk_spans_too() -> None:
     (done,) = wait_for(buffer, 1)
     assert done.name == "kernel" and abs((done.end_time - done.start_time) / 1e6 - 25.0) < 3.0
     provider.shutdown()
-
-

@@ -15,8 +15,6 @@ from rankscope.core import runtime as rs_slot
 from rankscope.instrumentation import INSTRUMENTORS
 from rankscope.integrations.monarch import propagation
 
-BIN = Path(sys.executable).parent
-
 
 def test_entry_points_register_the_distro_configurator_and_every_instrumentor() -> None:
     assert [e.value for e in entry_points(group="opentelemetry_distro", name="rankscope")] == [
@@ -85,46 +83,6 @@ def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Pa
     finally:
         for instrumentor in instrumentors:
             instrumentor.uninstrument()
-
-
-WORKLOAD = """
-import json, os, sys, tempfile
-import torch, torch.distributed as dist
-import torch.distributed.elastic.metrics as elastic
-from rankscope.core import runtime as slot
-from rankscope.integrations.monarch import propagation
-from rankscope.instrumentation import INSTRUMENTORS
-
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 4), torch.randn(4, 1)))
-import monarch._src.actor.actor_mesh  # what a Monarch program imports
-for x, y in loader:
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    optimizer.step()
-    dist.all_reduce(torch.ones(2))
-torch.save(model.state_dict(), os.path.join(tempfile.mkdtemp(), "m.pt"))
-elastic.put_metric("count", 1, "app")
-keys = set(slot.recorder.accs) if slot.recorder else set()
-print(json.dumps({
-    "instrumented": sorted(n for n, c in INSTRUMENTORS.items() if c()._is_instrumented_by_opentelemetry),
-    "server_spans": propagation.server_spans,
-    "keys": sorted(keys),
-}))
-"""
-
-PREFIX = {
-    "torch_optimizer": "optimizer/",
-    "torch_dataloader": "dataloader/",
-    "torch_distributed": "comm/",
-    "torch_checkpoint": "checkpoint/",
-    "torchelastic": "torchelastic/",
-}
-
-
-
-
 
 
 def test_rl_helpers_reject_bad_input_at_the_call_site() -> None:

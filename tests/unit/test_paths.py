@@ -26,6 +26,8 @@ from rankscope.core.paths import safe_component
 from rankscope.metrics.reduce import Reduce
 from rankscope.sink.embedded import runtime_dir
 
+from ..hostile_names import assert_contained, hostile_jobs
+
 SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 HOSTILE_CHARS = ["a", "A", "z", "0", ".", "-", "_", "/", "\\", "\0", "\n", "\x1b", "\u202e", "\u2066", "\uff0e",
                  "\u2024", "é", "\u0301", "生", " ", "\ud800", "\U0001f600"]  # fmt: skip
@@ -104,57 +106,6 @@ def test_w_and_b_run_ids_and_the_embedded_sink_directory_are_safe(tmp_path: Path
     assert run_id_for("rl") == "rl-" + hashlib.sha1(b"rl").hexdigest()[:8]  # W&B resumes runs of older sinks
 
 
-# -- a real sink and a real SDK process -----------------------------------------------------------------
-
-
-def tree(root: Path) -> set[Path]:
-    return set(root.rglob("*")) if root.exists() else set()
-
-
-def assert_contained(tmp_path: Path, allowed: list[Path], before_parent: set[str]) -> list[Path]:
-    """Every entry under tmp_path is under an allowed root with safe, bounded names; nothing leaked."""
-    assert set(os.listdir(tmp_path.parent)) == before_parent, "an entry appeared next to tmp_path"
-    created = sorted(tree(tmp_path))
-    for path in created:
-        if any(path == root or root in path.parents for root in allowed):
-            continue
-        assert any(path in root.parents for root in allowed), f"{path} is outside the configured directories"
-    for path in created:
-        for part in path.relative_to(tmp_path).parts:
-            assert ".." not in part and part.isascii() and part.isprintable(), repr(part)
-            assert len(part.encode()) <= 160, part
-    return created
-
-
-
-
-
-
-def hostile_jobs(tag: str) -> list[tuple[str, str, str | None]]:
-    """(experiment id, role, replica): escapes, absolute paths, NUL, controls, bidi, huge and empty-ish names."""
-    experiments = [
-        "../../../x",
-        f"/tmp/abs-{tag}",
-        "../" * 30 + f"tmp/escape-{tag}",
-        "a" * 10_000,
-        "nul\0id",
-        "new\nline",
-        "rtl\u202egpj.exe",
-        "..",
-        ".",
-        "",
-        " ",
-        "\uff0e\uff0e",
-        "\u2024\u2024/\u2024\u2024",
-        "Exp",
-        "exp-case",
-        "EXP-CASE",
-    ]
-    roles = ["../../../../r", f"/tmp/abs-role-{tag}", "r" * 5000, "ro\0le", "\u202etrainer", "trainer/../..", "."]
-    replicas: list[str | None] = ["a/b/../c", "../..", None, "\n", "/", "0"]
-    return [(e, roles[i % len(roles)], replicas[i % len(replicas)]) for i, e in enumerate(experiments)]
-
-
 @pytest.mark.timeout(60)
 def test_backends_map_every_name_they_are_given(tmp_path: Path, monkeypatch) -> None:
     """What the sink's edge lets through is its own business: the views alone must stay contained."""
@@ -186,8 +137,6 @@ def test_backends_map_every_name_they_are_given(tmp_path: Path, monkeypatch) -> 
     assert len(files) == 2 * len(jobs)  # one per experiment at the sink, one per process: none shared
     tb_runs = {p.parent for p in created if p.name.startswith("events.out.tfevents")}
     assert len(tb_runs) == len(jobs)  # {experiment}/{process}: the sink's per-rank view and the process's own
-
-
 
 
 @pytest.mark.timeout(120)
@@ -225,5 +174,3 @@ def test_nfkc_lookalikes_of_dot_dot_are_not_dot_dot() -> None:
     for name in ("\uff0e\uff0e", "\u2024\u2024", "\ufe52\ufe52", "\u2025"):
         assert unicodedata.normalize("NFKC", name) == ".."
         assert_safe(safe_component(name))
-
-

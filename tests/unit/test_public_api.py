@@ -39,9 +39,3 @@ def test_public_surface_is_locked() -> None:
     assert sorted(rs.__all__) == sorted(PUBLIC)
     for name in PUBLIC:
         assert hasattr(rs, name), name
-
-
-
-
-
-

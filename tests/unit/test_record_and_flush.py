@@ -135,20 +135,6 @@ def test_jsonl_backend_writes_both_modes(tmp_path) -> None:
     assert [(r["key"], r["value"], r["kind"]) for r in streamed][:2] == [("lat", 1.0, "stream"), ("lat", 3.0, "stream")]
 
 
-class AsyncCollect(rs.LoggerBackend):
-    """A Forge-style backend with async methods, registered by the user."""
-
-    batches: ClassVar[list] = []
-
-    async def init(self, process_name=None, *args, **kwargs):
-        self.process_name = process_name
-
-    async def log_batch(self, metrics, global_step, *args, **kwargs):
-        AsyncCollect.batches.append((global_step, {m.key: m.value for m in metrics}))
-
-
-
-
 def test_unknown_backend_and_mode_are_clear_errors() -> None:
     with pytest.raises(ValueError, match=r"unknown backend 'wandbx'.*console"):
         rs.init(backends={"wandbx": {}})
@@ -184,3 +170,24 @@ def test_reinit_keeps_values_recorded_before(capsys: pytest.CaptureFixture[str])
     rs.flush(0)
     rs.shutdown()
     assert "early: 4.0" in capsys.readouterr().out
+
+
+class AsyncCollect(rs.LoggerBackend):
+    """A Forge-style backend with async methods, registered by the user."""
+
+    batches: ClassVar[list] = []
+
+    async def init(self, process_name=None, *args, **kwargs):
+        self.process_name = process_name
+
+    async def log_batch(self, metrics, global_step, *args, **kwargs):
+        AsyncCollect.batches.append((global_step, {m.key: m.value for m in metrics}))
+
+
+def test_custom_async_backend_registered_by_class() -> None:
+    rs.register_backend("collect", AsyncCollect)
+    rs.init(backends={"collect": {"logging_mode": "per_rank_reduce"}})
+    rs.record_metric("x", 2.0, rs.Reduce.MIN)
+    rs.flush(1)
+    assert rs.force_flush(10)
+    assert AsyncCollect.batches == [(1, {"x": 2.0})]

@@ -12,65 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 import rankscope as rs
 from rankscope.core import names as attr
 from rankscope.otlp import samples as wire
-from rankscope.otlp.common import attributes, key_value
+from rankscope.otlp.common import attributes
 
-
-def record(row: dict[str, Any] | None = None, **tags: Any) -> LogRecord:
-    """A well-formed "top" row of table ``t`` (rank_by ``reward``, k=2), changed by ``tags``
-    (None removes an attribute; ``body`` replaces the body)."""
-    out = LogRecord(time_unix_nano=1, trace_id=b"\1" * 16, span_id=b"\2" * 8)
-    body = tags.pop("body", None)
-    if body is not None:
-        out.body.CopyFrom(body)
-    else:
-        for name, value in (row if row is not None else {"reward": 1.0, "text": "hi"}).items():
-            out.body.kvlist_value.values.add(key=name, value=_any(value))
-    given_tags = {wire.TABLE: "t", wire.SIDE: "top", wire.KEY: 1.0, wire.SEQ: 0, wire.K: 2, wire.RANK_BY: "reward"}
-    given_tags.update({attr.STEP: 0})
-    for name, value in {**given_tags, **tags}.items():
-        if value is not None:
-            out.attributes.append(key_value(name, value))
-    return out
-
-
-def _any(value: Any) -> AnyValue:
-    return key_value("x", value).value
-
-
-
+from ..sample_records import record
 
 nested = AnyValue()
 nested.kvlist_value.values.add(key="a", value=AnyValue()).value.array_value.values.add(int_value=1)
-
-REFUSED: list[tuple[str, LogRecord, str]] = [
-    ("a string body", record(body=AnyValue(string_value="reward=1")), "not a map"),
-    ("a nested field", record(body=nested), "not a str, int, float or bool"),
-    ("a field name with a terminal escape", record({"\x1b[2J": 1.0, "reward": 1.0}), "field name"),
-    ("65 fields", record({f"f{i}": i for i in range(64)} | {"reward": 1.0}), "fields (limit 64)"),
-    ("side sideways", record(**{wire.SIDE: "sideways"}), "side must be one of"),
-    ("k = 0", record(**{wire.K: 0}), "must be an int in [1, 1024]"),
-    ("k = 5000", record(**{wire.K: 5000}), "must be an int in [1, 1024]"),
-    ("k as a string", record(**{wire.K: "2"}), "must be an int"),
-    ("a key that is not the row's value", record(**{wire.KEY: 99.0}), "is not the row's 'reward'"),
-    ("rank_by missing from the row", record({"score": 1.0}), "is not a number in the row"),
-    ("top without rank_by", record(**{wire.RANK_BY: None}), "without rankscope.sample.rank_by"),
-    ("a priority of 1.5", record(**{wire.SIDE: "sample", wire.KEY: 1.5, wire.RANK_BY: None}), "in [0, 1)"),
-    ("a negative seq", record(**{wire.SEQ: -1}), "non-negative int"),
-    ("a string step", record(**{attr.STEP: "x"}), "must be an integer"),
-    ("a negative policy version", record(**{wire.POLICY_VERSION: -3}), "policy_version"),
-    ("an empty table name", record(**{wire.TABLE: ""}), "bad table name"),
-    ("a table name with a newline", record(**{wire.TABLE: "a\nb"}), "bad table name"),
-    ("a step far ahead", record(**{attr.STEP: 10**15}), "ahead"),
-]
-
-
-
-
 
 
 @settings(max_examples=300, deadline=None)
@@ -143,8 +94,6 @@ def test_a_per_rank_no_reduce_view_gets_every_row_as_recorded(tmp_path: Path) ->
         ("bottom", 0.0),
         ("bottom", 1.0),
     ]
-
-
 
 
 def test_a_step_holding_only_sample_rows_waits_for_its_flush_marker() -> None:

@@ -97,42 +97,6 @@ def test_reinit_keeps_pending_cuda_values(collected: list[Any]) -> None:
 
 # -- 2. internal errors under `python -W error` -------------------------------------------------
 
-_W_ERROR_CHILD = """
-import os
-import sys
-
-import rankscope as rs
-from rankscope.metrics.recording import add_flush_hook
-
-assert sys.warnoptions == ["error"], sys.warnoptions
-broken = os.environ["BROKEN"]
-
-
-def broken_hook():
-    raise RuntimeError("a flush hook broke")
-
-
-class Flaky(rs.LoggerBackend):
-    def log_batch(self, metrics, global_step, *args, **kwargs):
-        if global_step == 0 and broken in ("backend", "both"):
-            raise RuntimeError("a backend broke at step 0")
-        print(f"logged step {global_step}: {[(m.key, m.value) for m in metrics]}", flush=True)
-
-
-if broken in ("hook", "both"):
-    add_flush_hook(broken_hook)
-rs.register_backend("flaky", Flaky)
-rs.init(backends={"flaky": {"logging_mode": "per_rank_reduce"}})
-for step in range(3):
-    rs.record_metric("loss", float(step))
-    rs.flush(step)
-print(f"force_flush {rs.force_flush(5)}", flush=True)
-rs.shutdown()
-print("done", flush=True)
-"""
-
-
-
 
 # -- 3. every setting validated, arguments included ----------------------------------------------
 
@@ -184,5 +148,3 @@ def test_settings_object_is_frozen_validated_and_matches_the_table() -> None:
 
 
 # -- 4. one step clock ---------------------------------------------------------------------------
-
-

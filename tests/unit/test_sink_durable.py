@@ -7,26 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-STEPS = 30
-RANKS = 4
-
-JOB = """
-import os, time, rankscope as rs
-pace = 0.05 * (1 + int(os.environ["RANK"]))  # rank 0 runs ahead: its steps are acknowledged, not yet written
-rank = int(os.environ["RANK"])
-for step in range(%d):
-    rs.record_metric("ones", 1, rs.Reduce.SUM)
-    rs.record_sample("ranks", {"r": rank, "s": step}, rank_by="r", k=1)
-    rs.flush(step)
-    time.sleep(pace)
-rs.shutdown()  # waits (bounded) for every held step to be answered
-print("dropped", rs.dropped_points())
-"""
-
-
-
-
-
 
 def test_records_written_before_rows_still_replay(tmp_path: Path) -> None:
     """A state directory from a sink before running merges (one state dict per point, record

@@ -10,8 +10,6 @@ import pytest
 
 from rankscope.sink.bodies import HttpError, decode_body, hex_ids_to_base64
 
-PB = {"Content-Type": "application/x-protobuf"}
-
 
 def test_body_rules_without_sockets() -> None:
     with pytest.raises(HttpError) as e:
@@ -29,17 +27,3 @@ def test_body_rules_without_sockets() -> None:
     assert hex_ids_to_base64({"spans": [{"traceId": "00ff", "name": "x"}]}) == {
         "spans": [{"traceId": "AP8=", "name": "x"}]
     }
-
-
-
-
-
-
-
-
-
-
-
-
-
-

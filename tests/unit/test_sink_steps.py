@@ -185,20 +185,6 @@ def test_actor_markers_wait_for_their_controller() -> None:
     assert e.missing(0) == ["+2 unnamed"]  # the controller flushed 4 actor processes, 2 reported
 
 
-SDK_PROCESS = """
-import os, rankscope as rs
-rs.init(experiment="e2e", endpoint=os.environ["SINK"])
-for step in {steps}:
-    rs.record_metric("n", 1, rs.Reduce.SUM)
-    rs.flush(step)
-rs.shutdown()
-"""
-
-
-
-
-
-
 def test_late_per_process_values_are_whole_or_absent() -> None:
     """A late update's global value is the whole step's; per process, a process whose data all came
     late has its value, and one that sent part in time is not given a partial value."""

@@ -6,16 +6,6 @@ from __future__ import annotations
 
 import rankscope as rs
 
-CHILD = """
-import rankscope as rs
-rs.init()
-with rs.trace("child-work"):
-    pass
-rs.shutdown()
-"""
-
-
-
 
 def test_a_lone_process_without_a_sink_records_metrics_only(capsys) -> None:
     rs.init(experiment="alone", backends={"console": {"logging_mode": "global_reduce"}})
@@ -25,5 +15,3 @@ def test_a_lone_process_without_a_sink_records_metrics_only(capsys) -> None:
     rs.shutdown()
     out = capsys.readouterr().out
     assert "solo/x/duration_avg_s" in out and "solo/total_duration_max_s" in out
-
-
