@@ -26,7 +26,7 @@ class FakeCuda:
         self.capturing = False
         self.events_created = 0
         self.records = 0
-        self.waiting_threads: set[int] = set()  # threads that waited for the device or read its timings
+        self.waiting_threads: set[int] = set()  # threads that queried, waited on or read an event
         self._lock = threading.Lock()
         outer = self
 
@@ -44,6 +44,7 @@ class FakeCuda:
                     self.at = now if stream is not None else max(now, outer.busy_until)
 
             def query(self) -> bool:
+                outer.waiting_threads.add(threading.get_ident())
                 assert self.at is not None
                 return outer.gpu_ms() >= self.at
 

@@ -1,5 +1,5 @@
-"""The examples that need torchrun: the SPMD example, and the traced example under ``rankscope run``
-writing a Gantt and a report."""
+"""The examples that need torchrun, run as tests so CI keeps them true: the SPMD example, and the
+traced example under ``rankscope run`` writing a Gantt and a report."""
 
 from __future__ import annotations
 

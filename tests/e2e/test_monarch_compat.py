@@ -1,4 +1,5 @@
-"""Monarch's private symbols in one place, patches that come off again, and per-call caller context.
+"""Patches on Monarch's private symbols that come off again, a moved symbol that turns its feature
+off with one warning, and per-call caller context.
 
 Monarch is only imported in child processes: once it is loaded, rankscope treats a process as part
 of a Monarch job (no periodic exports, steps driven by the controller), which would change every

@@ -1,4 +1,5 @@
-"""The NVML instrumentor in a fresh process without a GPU: silently off."""
+"""The NVML instrumentor (issue 17, item 4) in a fresh process without a GPU: silently off (no
+warning, no ``gpu/`` keys beside the run's own)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """GPU-timed phases through a real sink: the duration metrics and spans come from CUDA events read
-off the caller's thread (``tests/fake_cuda.py`` plays the GPU; ``tests/*/test_cuda.py`` runs the real thing)."""
+off the caller's thread (``tests/fake_cuda.py`` plays the GPU; ``tests/integration/test_cuda.py``
+runs the real thing on a GPU)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` honoured under the real ``opentelemetry-instrument``."""
+"""The instrumentors under the real ``opentelemetry-instrument``: each one enabled records its
+metrics, and ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` turns off exactly the ones it names."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The OpenTelemetry private names rankscope relies on (``export._otel_sdk``): each resolves, each
-exporter path carries a request to a real receiver, and a missing one is a clear error at init."""
+exporter path carries a request to a real receiver and takes a busy one's retry hint, and a missing
+or changed one is a clear error at init."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Names never become paths through a real sink on loopback: hostile ids and roles from clients
-create files only under the configured directories, and a shared sink holds posted view paths
-to its working directory."""
+"""Names never become paths: hostile experiment ids, roles and replicas stay inside the configured directories.
+
+A real sink on loopback is sent such names over OTLP/HTTP and OTLP/gRPC and every file it
+creates is checked (the mapping itself is ``tests/unit/test_paths.py``). A shared sink also holds
+the view paths its clients post to its working directory; a job's own sink takes them as given.
+"""
 
 from __future__ import annotations
 

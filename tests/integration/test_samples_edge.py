@@ -1,6 +1,6 @@
 """Sample rows as a hostile client sends them over real OTLP/gRPC: a corpus of rows that decode but
 lie, refused with the reason while an honest experiment beside them is unaffected; the sink's
-bounds on a step's tables; a retried request kept once (issue 16)."""
+bounds on a step's tables and the characters they hold; a retried request's rows kept once (issue 16)."""
 
 from __future__ import annotations
 

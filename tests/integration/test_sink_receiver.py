@@ -1,5 +1,6 @@
-"""The sink's OTLP receiver on loopback: statuses for bad input, OTLP/JSON, gzip, tokens, overload,
-what is refused answered with a reason, and the spans route."""
+"""The sink's OTLP receiver on loopback: statuses for bad input, OTLP/JSON, gzip, tokens, overload;
+what is not taken answered with a reason, the experiments listed, and the spans route serving the
+whole run from its span file."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""``trace``/``Tracer`` in one process against a real sink: spans, Forge metric names, errors,
-nesting with the user's own OTel spans, events, explicit steps, sampling, and TRACEPARENT."""
+"""``trace``/``Tracer`` against a real sink: spans, Forge metric names, errors, nesting with the
+user's own OTel spans, events, explicit steps, sampling, TRACEPARENT into a child process, and the
+GPU timer falling back to the CPU without CUDA."""
 
 from __future__ import annotations
 

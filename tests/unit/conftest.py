@@ -7,6 +7,7 @@ or starts or forks a process fails, naming what it did, and belongs in ``tests/i
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
 import socket
 import subprocess
@@ -47,7 +48,10 @@ def no_network_or_processes(request: pytest.FixtureRequest, monkeypatch: pytest.
 
     monkeypatch.setattr(socket.socket, "__init__", local_only)
     monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("started a subprocess"))
-    monkeypatch.setattr(os, "fork", _refuse("forked"))
+    # Below Popen: multiprocessing's spawn and forkserver start methods exec through this too.
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", _refuse("started a process"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        monkeypatch.setattr(os, name, _refuse(f"called os.{name}"))
     channels = ("insecure_channel", "secure_channel")
     gates = ((grpc, ("server", *channels)), (grpc.aio, ("server", *channels)), (otlp_grpc_exporter, channels))
     for module, names in gates:

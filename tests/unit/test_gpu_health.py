@@ -1,6 +1,6 @@
 """The NVML instrumentor (issue 17, item 4): no NVML library means no sampler, and what it records
 from a device, here a stand-in NVML module with a device's answers (the real NVML on a GPU is
-checked on a lent GPU: docs, GPU health)."""
+checked on a lent GPU: ``docs/anomalies.md``, GPU health)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The CUDA-event span processor's logic on CPU, through torch.cuda's event interface
-(``tests/fake_cuda.py`` plays the GPU; ``tests/*/test_cuda.py`` runs the real thing on a GPU)."""
+(``tests/fake_cuda.py`` plays the GPU; ``tests/integration/test_cuda.py`` runs the real thing on a GPU)."""
 
 from __future__ import annotations
 

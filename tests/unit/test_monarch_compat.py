@@ -1,4 +1,5 @@
-"""Only ``integrations/monarch/_compat.py`` touches torchmonarch's private symbols (a source scan).
+"""Monarch's private symbols in one place: only ``integrations/monarch/_compat.py`` touches them
+(a source scan).
 
 The patches coming off and the per-call context, in child processes, are ``tests/e2e/test_monarch_compat.py``."""
 

@@ -1,6 +1,11 @@
-"""Names never become paths: ``safe_component`` as a pure function, with hypothesis and by brute
-force over a small alphabet of troublemakers, and the backends of a lone process keeping hostile
-experiment ids, roles and replicas inside their configured directories."""
+"""Names never become paths: hostile experiment ids, roles and replicas stay inside the configured directories.
+
+The mapping (``safe_component``) is tested as a pure function, with hypothesis and by
+brute force over a small alphabet of troublemakers; then the backends (as the sink's views
+call them and as a lone SDK process does) are given such names and every file they create is
+checked. W&B run ids and the embedded sink's directory are safe too, and the console escapes
+control and bidi characters.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The write-ahead log's replay, in process: records written before their rows still replay.
+"""Nothing acknowledged is lost across an upgrade: a state directory from a sink before running
+merges (record version 1, one state dict per point) still replays, in process.
 
 The SIGKILL test of a sink process is ``tests/integration/test_sink_durable.py``."""
 

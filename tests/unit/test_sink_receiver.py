@@ -1,4 +1,5 @@
-"""The sink's OTLP body rules (content types, encodings, sizes) as pure functions, without sockets.
+"""The sink's OTLP body rules (paths, content types, encodings, sizes, OTLP/JSON's hex ids) as pure
+functions, without sockets.
 
 The receiver's answers over real sockets are ``tests/integration/test_sink_receiver.py``."""
 

@@ -57,9 +57,6 @@ def detect_run(env: Mapping[str, str]) -> str | None:
     if slurm:
         step = env.get("SLURM_STEP_ID", "").strip()
         return f"slurm-{slurm}" + (f".{step}" if step else "")
-    ray = env.get("RAY_JOB_ID", "").strip()
-    if ray:
-        return f"ray-{ray}"
     if elastic == "none" and "RANK" in env:  # torchrun without --rdzv-id: the ranks of one node share the agent
         return f"torchrun-{socket.gethostname()}-{os.getppid()}"
     return None
