@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from wandb.proto import wandb_internal_pb2
 
 BLOCK = 32 * 1024
@@ -63,7 +64,7 @@ def run_files(root: Path, timeout: float = 20.0) -> list[Path]:
 def _complete(path: Path) -> bool:
     try:
         return any(r.WhichOneof("record_type") == "exit" for r in records(path))
-    except (AssertionError, struct.error, OSError):
+    except (AssertionError, struct.error, OSError, DecodeError):  # still being written: a torn last record
         return False
 
 
