@@ -71,10 +71,14 @@ def open_report(driver: Any, page: Path, timeout: float) -> float:
         time.sleep(0.1)
     else:
         raise AssertionError(f"{page} was not drawn within {timeout}s")
-    # charts below the fold draw when scrolled to: scroll like a reader, to the bottom
-    height = driver.execute_script("return document.body.scrollHeight")
-    for y in range(0, height + 1000, 800):
-        driver.execute_script(f"window.scrollTo(0, {y})")
+    # charts below the fold draw when scrolled to: scroll like a reader, a frame at a time, until none waits
+    while driver.execute_script("return (document.body.dataset.pending || '0') !== '0'"):
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{page}: charts below the fold were not drawn within {timeout}s")
+        height = driver.execute_script("return document.body.scrollHeight")
+        for y in range(0, height + 800, 600):
+            driver.execute_script(f"window.scrollTo(0, {y})")
+            time.sleep(0.03)
     driver.execute_script("window.scrollTo(0, 0)")
     return time.monotonic() - start
 

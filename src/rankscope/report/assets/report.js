@@ -49,11 +49,13 @@
         pending.delete(e.target);
         observer.unobserve(e.target);
         draw();
+        document.body.dataset.pending = String(pending.size);
       }
     }
   }, { rootMargin: "400px" }) : null;
   function chart(node, draw) {
     if (drawn < EAGER || !observer) { drawn += 1; draw(); } else { pending.set(node, draw); observer.observe(node); }
+    document.body.dataset.pending = String(pending.size);
   }
   function charted() { document.body.dataset.charts = String(document.querySelectorAll(".js-plotly-plot").length); }
 
