@@ -184,7 +184,7 @@ func (p *mergeProcessor) remember(id string) {
 }
 
 // upstreamWindow is the identity of one group of a window merged upstream (instance, window
-// number, experiment, attempt: a window holds one resource per experiment and attempt), or ""
+// number, experiment, run, attempt: a window holds one resource per experiment, run and attempt), or ""
 // for a resource that is not one.
 func upstreamWindow(res pcommon.Map) string {
 	merged, ok := res.Get(attrMerged)
@@ -196,20 +196,25 @@ func upstreamWindow(res pcommon.Map) string {
 	if !ok || !ok2 || instance.Type() != pcommon.ValueTypeStr || number.Type() != pcommon.ValueTypeInt {
 		return ""
 	}
-	experiment, attempt := "", ""
+	experiment, run, attempt := "", "", ""
 	if v, ok := res.Get(attrExperiment); ok {
 		experiment = v.AsString()
+	}
+	if v, ok := res.Get(attrRun); ok {
+		run = v.AsString()
 	}
 	if v, ok := res.Get(attrAttempt); ok {
 		attempt = v.AsString()
 	}
-	return fmt.Sprintf("%s\x00%d\x00%s\x00%s", instance.Str(), number.Int(), experiment, attempt)
+	return fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s", instance.Str(), number.Int(), experiment, run, attempt)
 }
 
 // -- the window ------------------------------------------------------------------------
 
 type groupKey struct {
 	experiment string
+	run        string // a launch of the experiment: runs never merge into each other
+	resume     string // the run a resuming launch continues (the sink maps it)
 	attempt    int64
 	hasAttempt bool
 }
@@ -274,7 +279,7 @@ func (p *mergeProcessor) add(w *window, md pmetric.Metrics) {
 	}
 }
 
-// groupOf is the (experiment, attempt) group of a resource and the process it describes,
+// groupOf is the (experiment, run, attempt) group of a resource and the process it describes,
 // or false when the resource is not one whose states this processor merges.
 func (p *mergeProcessor) groupOf(w *window, res pcommon.Map) (*group, holder, bool) {
 	v, ok := res.Get(attrExperiment)
@@ -282,6 +287,12 @@ func (p *mergeProcessor) groupOf(w *window, res pcommon.Map) (*group, holder, bo
 		return nil, holder{}, false
 	}
 	key := groupKey{experiment: v.Str()}
+	if r, ok := res.Get(attrRun); ok {
+		key.run = r.AsString()
+	}
+	if r, ok := res.Get(attrResume); ok {
+		key.resume = r.AsString()
+	}
 	if _, present := res.Get(attrAttempt); present {
 		if key.attempt, key.hasAttempt = nonNegativeInt(res, attrAttempt); !key.hasAttempt {
 			return nil, holder{}, false
@@ -423,7 +434,7 @@ func pointCount(m pmetric.Metric) int {
 	}
 }
 
-// build is the window as one request: per (experiment, attempt), one resource holding its
+// build is the window as one request: per (experiment, run, attempt), one resource holding its
 // merged states; then everything unmerged, in arrival order (so a process's flush marker
 // still follows its data).
 func (w *window) build(instance, host string, seq int64) pmetric.Metrics {
@@ -436,6 +447,12 @@ func (w *window) build(instance, host string, seq int64) pmetric.Metrics {
 		rm := out.ResourceMetrics().AppendEmpty()
 		res := rm.Resource().Attributes()
 		res.PutStr(attrExperiment, gk.experiment)
+		if gk.run != "" {
+			res.PutStr(attrRun, gk.run)
+		}
+		if gk.resume != "" {
+			res.PutStr(attrResume, gk.resume)
+		}
 		if gk.hasAttempt {
 			res.PutInt(attrAttempt, gk.attempt)
 		}

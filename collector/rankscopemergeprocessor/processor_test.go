@@ -579,3 +579,44 @@ func TestAnUpstreamWindowSentAgainIsTakenOnce(t *testing.T) {
 		t.Fatalf("a window whose delivery failed was remembered: %v", f.taken)
 	}
 }
+
+// Two launches of one experiment (two runs) are never merged into each other: each leaves as
+// its own resource, carrying its run (and the run a resuming launch continues).
+func TestRunsOfOneExperimentMergeApart(t *testing.T) {
+	sink := new(consumertest.MetricsSink)
+	p := start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, sink)
+	var mds []pmetric.Metrics
+	for i, run := range []string{"first", "second", "first"} {
+		md, ms := request(proc{"trainer", i}, "exp")
+		md.ResourceMetrics().At(0).Resource().Attributes().PutStr(attrRun, run)
+		if run == "second" {
+			md.ResourceMetrics().At(0).Resource().Attributes().PutStr(attrResume, "latest")
+		}
+		addNumber(ms, "x", "sum", 0, float64(i+1), 5)
+		mds = append(mds, md)
+	}
+	consume(t, p, mds...)
+	sums := map[string]float64{}
+	resumes := map[string]string{}
+	for _, md := range sink.AllMetrics() {
+		rms := md.ResourceMetrics()
+		for i := 0; i < rms.Len(); i++ {
+			res := rms.At(i).Resource().Attributes()
+			if v, ok := res.Get(attrMerged); !ok || !v.Bool() {
+				continue
+			}
+			run, _ := res.Get(attrRun)
+			if r, ok := res.Get(attrResume); ok {
+				resumes[run.Str()] = r.Str()
+			}
+			m := rms.At(i).ScopeMetrics().At(0).Metrics().At(0)
+			sums[run.Str()] += numberValue(found{m, attributesOf(m, 0), 0})
+		}
+	}
+	if sums["first"] != 4 || sums["second"] != 2 || len(sums) != 2 {
+		t.Fatalf("runs merged as %v, want first 4 (1+3) and second 2", sums)
+	}
+	if resumes["second"] != "latest" || resumes["first"] != "" {
+		t.Fatalf("resume carried as %v", resumes)
+	}
+}

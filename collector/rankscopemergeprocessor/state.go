@@ -16,6 +16,8 @@ import (
 const (
 	attrExperiment    = "rankscope.experiment.id"
 	attrAttempt       = "rankscope.experiment.attempt"
+	attrRun           = "rankscope.run.id"
+	attrResume        = "rankscope.run.resume"
 	attrRole          = "rankscope.role"
 	attrReplica       = "rankscope.replica"
 	attrRank          = "rankscope.rank"

@@ -169,6 +169,7 @@ def init(
     protocol: str | None = None,
     export_interval: float | None = None,
     disable: bool | None = None,
+    resume: bool | str | None = None,
 ) -> Resource | None:
     """Configure rankscope for this process; optional (first use auto-initializes from env).
 
@@ -183,6 +184,9 @@ def init(
         export_interval: seconds between periodic exports before the first flush
             (``RANKSCOPE_EXPORT_INTERVAL``).
         disable: make every call a no-op (``RANKSCOPE_DISABLE``).
+        resume: continue an earlier run of the experiment instead of starting a new one: ``True``
+            (its latest run) or a run id (``RANKSCOPE_RESUME``). Steps executed again replace
+            the earlier ones in every view.
 
     Returns:
         The process Resource, or None when disabled. Calling init again reconfigures:
@@ -209,11 +213,16 @@ def init(
                 "backends": backends or None,  # an empty mapping: the variable's views, as before
                 "export_interval": export_interval,
                 "disable": disable,
+                "resume": resume,
             }
         )
         previous = _slot.current
         resource = build_resource(
-            experiment=settings.experiment, role=settings.role, replica=settings.replica, mesh=mesh
+            experiment=settings.experiment,
+            role=settings.role,
+            replica=settings.replica,
+            mesh=mesh,
+            resume=settings.resume,
         )
         label = process_label(resource.attributes)
         experiment_id = str(resource.attributes[attr.EXPERIMENT_ID])
@@ -228,6 +237,7 @@ def init(
             "role": resource.attributes.get(attr.ROLE),
             "replica": resource.attributes.get(attr.REPLICA),
             "experiment": experiment_id,
+            "run": resource.attributes.get(attr.RUN_ID),
         }
         backend_set = BackendSet(backend_objects, init_kwargs, label)
         monarch_controller = _is_monarch_controller()
@@ -253,6 +263,8 @@ def init(
         # Children of this process (spawned workers, `rankscope run` commands) join this experiment.
         os.environ["RANKSCOPE_EXPERIMENT"] = experiment_id
         os.environ["RANKSCOPE_RUN_ID"] = str(resource.attributes[attr.RUN_ID])  # and this launch
+        if attr.RUN_RESUME in resource.attributes:  # which continues that run, for every process of it
+            os.environ["RANKSCOPE_RESUME"] = str(resource.attributes[attr.RUN_RESUME])
         if endpoint is not None:
             os.environ["RANKSCOPE_ENDPOINT"] = endpoint
         if backends is not None:

@@ -10,13 +10,16 @@ handed with ``record_metric`` at Lightning's step, and the sink reduces across r
 ``reduces`` names another reduce type for a key (a value logged with ``sync_dist=True`` is the
 same on every rank, so its mean is itself). A step is closed (``flush``) when Lightning logs a
 later one, and at ``finalize``: training and validation values logged at one step arrive as one
-step. Hyperparameters are not logged (the views have no place for them yet).
+step. Hyperparameters are not logged (the views have no place for them yet). Building the logger
+pins the run (``rankscope.run.id``) for the ranks Lightning's DDP launcher starts afterwards, so
+all ranks of one launch are one run.
 
 Needs ``lightning`` (``pip install lightning``); rankscope itself does not.
 """
 
 from __future__ import annotations
 
+import os
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +28,7 @@ from lightning.pytorch.loggers.logger import Logger
 
 from .api import flush, get_resource, record_metric
 from .core import names as attr
+from .core.identity import pin_run
 from .metrics.reduce import Reduce
 
 
@@ -33,6 +37,7 @@ class RankscopeLogger(Logger):
 
     def __init__(self, reduce: Reduce = Reduce.MEAN, reduces: Mapping[str, Reduce] | None = None) -> None:
         super().__init__()
+        pin_run(os.environ)  # before Lightning starts the other ranks: they inherit this launch's run
         self._reduce = reduce
         self._reduces = dict(reduces or {})
         self._open: int | None = None

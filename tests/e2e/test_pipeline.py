@@ -85,13 +85,14 @@ def test_end_to_end_collector_sink_wandb_and_jaeger(binaries, tmp_path: Path) ->
                 JAEGER_OTLP_ENDPOINT=j["otlp"],
             ) as c,
         ):
-            env = clean_env(RANKSCOPE_EXPERIMENT="e2e", RANKSCOPE_ENDPOINT=c["endpoint"])
+            # torchrun's ranks and a generator the test starts beside them: one job, whose run the test names
+            env = clean_env(RANKSCOPE_EXPERIMENT="e2e", RANKSCOPE_ENDPOINT=c["endpoint"], RANKSCOPE_RUN_ID="e2e-1")
             run_workers([torchrun(4, "trainer", 3, env), ([sys.executable, WORKER, "generator", "3"], env)])
             traces = {step: wait_for_trace(j["query"], step, expect_processes=5) for step in range(3)}
     finally:
         sink.stop()
     (path,) = run_files(tmp_path)  # one W&B run for the experiment, every role in it
-    assert run_id(path) == run_id_for("e2e")
+    assert run_id(path) == run_id_for("e2e", "e2e-1")
     rows = by_step([path])
     for step in range(3):
         assert rows[step]["trainer/value"] == 1.5 + step  # mean of rank + step over 4 ranks
@@ -173,7 +174,9 @@ def test_a_sink_restart_behind_the_gateway_loses_no_step(binaries, tmp_path: Pat
     sink = start_sink(tmp_path, "sink", backends, grpc, http)
     try:
         with collector(binaries["otelcol"], "gateway", tmp_path, SINK_HOSTNAMES=f"[127.0.0.1:{grpc}]") as gateway:
-            env = clean_env(RANKSCOPE_EXPERIMENT="restart", RANKSCOPE_ENDPOINT=gateway["endpoint"])
+            env = clean_env(
+                RANKSCOPE_EXPERIMENT="restart", RANKSCOPE_ENDPOINT=gateway["endpoint"], RANKSCOPE_RUN_ID="restart-1"
+            )
             procs = [
                 subprocess.Popen(c, env=e, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for c, e in ranks(2, "trainer", 24, env, pause=0.25)
@@ -191,7 +194,7 @@ def test_a_sink_restart_behind_the_gateway_loses_no_step(binaries, tmp_path: Pat
     finally:
         sink.stop()
     paths = run_files(tmp_path)
-    assert {run_id(p) for p in paths} == {run_id_for("restart")}  # the restarted sink resumed the same run
+    assert {run_id(p) for p in paths} == {run_id_for("restart", "restart-1")}  # the restarted sink resumed the run
     rows = by_step(paths)
     assert sorted(rows) == list(range(24)), sorted(rows)
 

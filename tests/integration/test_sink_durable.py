@@ -61,6 +61,7 @@ def test_sigkill_during_a_four_process_run_loses_and_duplicates_nothing(tmp_path
         RANKSCOPE_ENDPOINT=f"http://127.0.0.1:{grpc}",
         RANKSCOPE_EXPERIMENT="durable",
         RANKSCOPE_SHUTDOWN_TIMEOUT="90",
+        RANKSCOPE_RUN_ID="durable-1",  # ranks started apart: their job names its run, as a launcher would
         WORLD_SIZE=str(RANKS),
     )
     jobs = [

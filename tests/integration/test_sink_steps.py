@@ -22,7 +22,8 @@ rs.shutdown()
 def test_missing_and_late_through_a_real_sink(make_sink, tmp_path, caplog) -> None:
     out = tmp_path / "views.jsonl"
     sink = make_sink(grace=1.0, backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}})
-    env = {"SINK": sink.endpoint, "RANK": "0", "WORLD_SIZE": "2"}  # rank 1 of 2 never reports
+    # rank 1 of 2 never reports; the ranks, started apart, name their job's run as a launcher would
+    env = {"SINK": sink.endpoint, "RANK": "0", "WORLD_SIZE": "2", "RANKSCOPE_RUN_ID": "job-1"}
     result = run_python(SDK_PROCESS.format(steps="[0, 1]"), env)
     assert result.returncode == 0, result.stderr
     deadline_rows = _wait_rows(sink, out, lambda rows: {r["step"] for r in rows} >= {0, 1})

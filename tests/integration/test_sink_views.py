@@ -28,7 +28,8 @@ rs.shutdown()
 def test_roles_share_one_run_and_experiments_never_mix(make_sink, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     sink = make_sink(backends={"wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path)}}, grace=20)
-    base = {"RANKSCOPE_ENDPOINT": sink.endpoint, "WANDB_MODE": "offline"}
+    # processes of one job started apart (no launcher between them): the job names its run
+    base = {"RANKSCOPE_ENDPOINT": sink.endpoint, "WANDB_MODE": "offline", "RANKSCOPE_RUN_ID": "job-1"}
     jobs = [
         ("rl", "trainer", None, "loss", 1.0),
         ("rl", "generator", "0", "tokens_per_s", 100.0),
@@ -51,12 +52,12 @@ def test_roles_share_one_run_and_experiments_never_mix(make_sink, tmp_path: Path
     sink.stop()
 
     files = {run_id(p): p for p in run_files(tmp_path)}
-    assert set(files) == {run_id_for("rl"), run_id_for("other")}
-    rl = by_step([files[run_id_for("rl")]])
+    assert set(files) == {run_id_for("rl", "job-1"), run_id_for("other", "job-1")}
+    rl = by_step([files[run_id_for("rl", "job-1")]])
     assert rl[1]["loss"] == 2.0 and rl[1]["tokens_per_s"] == 201.0  # the two generators, reduced
     assert rl[1]["trainer/r0/loss"] == 2.0
     assert rl[1]["generator/0/r0/tokens_per_s"] == 101.0 and rl[1]["generator/1/r0/tokens_per_s"] == 301.0
-    other = by_step([files[run_id_for("other")]])
+    other = by_step([files[run_id_for("other", "job-1")]])
     assert other[1]["loss"] == 51.0 and "tokens_per_s" not in other[1]
 
 
@@ -98,7 +99,8 @@ def test_sink_restart_resumes_the_same_wandb_run(make_sink, tmp_path: Path, monk
         time.sleep(0.05)
     second.stop()
     files = run_files(tmp_path)
-    assert len(files) == 2 and {run_id(p) for p in files} == {run_id_for("restart")}  # resumed, not a new run
+    runs = {run_id(p) for p in files}
+    assert len(files) == 2 and len(runs) == 1 and runs.pop().startswith("restart-")  # resumed, not a new run
     rows = by_step(files)
     assert sorted(rows) == [0, 1, 2, 3] and [rows[s]["loss"] for s in range(4)] == [0.0, 1.0, 2.0, 3.0]
 

@@ -6,7 +6,7 @@ import pytest
 
 import rankscope as rs
 from rankscope.core import names as attr
-from rankscope.core.identity import build_resource
+from rankscope.core.identity import SLURM_ATTEMPTS, build_resource
 
 TORCHRUN = {
     "RANK": "5",
@@ -36,8 +36,12 @@ def test_slurm_environment() -> None:
     }
     a = build_resource(environ=env).attributes
     assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("3", "3", "16")
-    assert a[attr.EXPERIMENT_ID] == "slurm-991" and a[attr.EXPERIMENT_ATTEMPT] == 1
-    assert a[attr.RUN_ID] == "slurm-991"  # a requeue (SLURM_RESTART_COUNT) continues the same run
+    # a requeue (SLURM_RESTART_COUNT) continues the same run as a later attempt than any
+    # torchelastic restart within the allocation before it
+    assert a[attr.EXPERIMENT_ID] == "slurm-991" and a[attr.EXPERIMENT_ATTEMPT] == SLURM_ATTEMPTS
+    assert a[attr.RUN_ID] == "slurm-991"
+    elastic = {**env, "SLURM_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "3"}
+    assert build_resource(environ=elastic).attributes[attr.EXPERIMENT_ATTEMPT] == 3 < SLURM_ATTEMPTS
     stepped = build_resource(environ={**env, "SLURM_STEP_ID": "0", "RANKSCOPE_EXPERIMENT": "sweep"}).attributes
     assert (stepped[attr.EXPERIMENT_ID], stepped[attr.RUN_ID]) == ("sweep", "slurm-991.0")
 

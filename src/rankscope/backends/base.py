@@ -61,6 +61,10 @@ class LoggerBackend:
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> Any:
         """Reduced metrics of one step (``global_step`` is None for periodic exports)."""
 
+    def rewind(self, step: int) -> Any:
+        """Steps from ``step`` on come again (a restarted or resumed run executes them again):
+        drop or mark what this view holds of them; the next ``log_batch`` is ``step``'s."""
+
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> Any:
         """One raw value, as recorded (only in ``per_rank_no_reduce`` mode)."""
 

@@ -55,6 +55,12 @@ class ConsoleBackend(LoggerBackend):
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
 
+    def rewind(self, step: int) -> None:
+        sys.stdout.write(
+            f"=== rewound to step {step}: the steps from {step} come again and replace the ones above ===\n"
+        )
+        sys.stdout.flush()
+
     def log_record(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
         """Warnings and worse only (a console is for people, not for every INFO line)."""
         if str(record.get("severity", "")).upper() in _SHOWN_SEVERITIES:

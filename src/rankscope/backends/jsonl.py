@@ -1,10 +1,12 @@
 """JSONL backend: one JSON object per value, one file per process.
 
 Config: ``path`` (default ``rankscope_logs/{experiment}/{process}.jsonl``). The template is
-the operator's and used as given; the names put into it (``experiment``, ``process``,
+the operator's and used as given; the names put into it (``experiment``, ``run``, ``process``,
 ``role``, ``replica``, ``rank``) are the client's, so each becomes a ``safe_component`` while
-the rows keep the original names. Non-finite numbers are written as ``NaN``/``Infinity``,
-which Python's json module reads back.
+the rows keep the original names. Each row carries its experiment and run; a rewound run (a
+restart or resume that executes steps again) writes ``{"kind": "rewind", "step": N}`` first,
+so a reader keeps, of each step from N, the rows after that line. Non-finite numbers are
+written as ``NaN``/``Infinity``, which Python's json module reads back.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ class JsonlBackend(LoggerBackend):
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
         self.identity = {k: kwargs[k] for k in ("experiment", "role", "replica", "rank") if kwargs.get(k) is not None}
+        if kwargs.get("run"):
+            self.identity["run"] = kwargs["run"]
         template = self.logger_backend_config.get("path", "rankscope_logs/{experiment}/{process}.jsonl")
-        fields = {k: _component(v) for k, v in {"process": process_name, **self.identity}.items()}
+        fields = {k: _component(v) for k, v in {"process": process_name, "run": "run", **self.identity}.items()}
         path = Path(str(template).format(pid=os.getpid(), **fields))
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -73,8 +77,9 @@ class JsonlBackend(LoggerBackend):
     ) -> None:
         """One line per kept row: ``{"kind": "sample", "table", "step", "row", ...provenance}``."""
         extra: dict[str, Any] = {"late": True} if kwargs.get("late") else {}
-        if "experiment" in self.identity:  # not the view's role/rank: the row's own provenance says whose it is
-            extra["experiment"] = self.identity["experiment"]
+        for k in ("experiment", "run"):  # not the view's role/rank: the row's own provenance says whose it is
+            if k in self.identity:
+                extra[k] = self.identity[k]
         for entry in rows:
             self._file.write(json.dumps({"kind": "sample", **entry, **extra}, default=str) + "\n")
         self._file.flush()
@@ -82,9 +87,15 @@ class JsonlBackend(LoggerBackend):
     def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
         """``{"kind": "anomaly", "type": ..., "step": ..., ...}``."""
         row = {"kind": "anomaly", **record}
-        if "experiment" in self.identity:
-            row["experiment"] = self.identity["experiment"]
+        for k in ("experiment", "run"):
+            if k in self.identity:
+                row[k] = self.identity[k]
         self._file.write(json.dumps(row, default=str) + "\n")
+        self._file.flush()
+
+    def rewind(self, step: int) -> None:
+        """``{"kind": "rewind", "step": N}``: a reader keeps, of each step from N, the rows after this line."""
+        self._file.write(json.dumps({"kind": "rewind", "step": step, **self.identity}) + "\n")
         self._file.flush()
 
     def finish(self) -> None:

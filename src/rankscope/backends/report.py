@@ -1,6 +1,7 @@
-"""The report view: one self-contained HTML page per experiment (``rankscope.report``).
+"""The report view: one self-contained HTML page per run of an experiment (``rankscope.report``).
 
-Config: ``path`` (default ``rankscope_logs/{experiment}/report.html``; the names put into
+Config: ``path`` (default ``rankscope_logs/{experiment}/{run}/report.html``, or
+``rankscope_logs/{experiment}/report.html`` for data without a run id; the names put into
 it become safe components, as for JSONL) and ``max_spread_processes`` (default 4,096: past
 it a step's spread is not computed, the page shows the global value only). Mode
 ``global_reduce`` (the default here): at a sink it gets every process's values of each step
@@ -9,7 +10,9 @@ it a step's spread is not computed, the page shows the global value only). Mode
 Each step becomes events appended to ``report.jsonl`` beside the page (``report.summary``),
 so ``rankscope report`` can rebuild the page from the file. The page is written when the
 sink is asked for it (``rankscope report --sink``, ``rs.write_report()``, ``rankscope run
---report``) and when the view finishes.
+--report``) and when the view finishes. The page lists the experiment's other runs (linked
+when they follow the same path template) and, after a rewind (a restarted or resumed run
+executing steps again), shows each step's final values.
 """
 
 from __future__ import annotations
@@ -47,16 +50,28 @@ class ReportBackend(LoggerBackend):
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
         experiment = str(kwargs.get("experiment") or process_name or "experiment")
-        template = self.logger_backend_config.get("path", "rankscope_logs/{experiment}/report.html")
-        fields = {"experiment": _component(experiment), "process": _component(str(process_name))}
-        self.path = Path(str(template).format(pid=os.getpid(), **fields))
+        run = str(kwargs.get("run") or "")
+        default = "rankscope_logs/{experiment}/{run}/report.html" if run else "rankscope_logs/{experiment}/report.html"
+        self._template = str(self.logger_backend_config.get("path", default))
+        self._fields = {
+            "experiment": _component(experiment),
+            "process": _component(str(process_name)),
+            "pid": os.getpid(),
+        }
+        self.path = self._path_of(run)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.data_path = self.path.with_suffix(".jsonl")
         self.location = str(self.path.resolve())
         if self.data_path.exists():  # reopened (an idle experiment, a restarted sink): the page keeps its history
             self.summary = read(self.data_path)
         self._file: IO[str] = self.data_path.open("a", encoding="utf-8")
-        self._event({"kind": "experiment", "id": experiment})
+        self._event({"kind": "experiment", "id": experiment, "run": run})
+
+    def _path_of(self, run: str) -> Path:
+        return Path(self._template.format(run=_component(run or "run"), **self._fields))
+
+    def rewind(self, step: int) -> None:
+        self._event({"kind": "rewind", "step": step})
 
     def _event(self, event: dict[str, Any]) -> None:
         line = json.dumps(event, default=str)
@@ -117,6 +132,8 @@ class ReportBackend(LoggerBackend):
         """Write the page now (with the sink's ``status`` of the experiment) and return its path."""
         if status:
             self._event({"kind": "status", **{k: status[k] for k in _STATUS_FIELDS if k in status}})
+            if status.get("runs"):
+                self._event({"kind": "runs", "runs": [self._listed(r) for r in status["runs"][:100]]})
         for chosen in (self._slowest_gantt, self._last_gantt):
             if chosen is not None:
                 self._event(chosen)
@@ -125,6 +142,12 @@ class ReportBackend(LoggerBackend):
         page.write(self.summary, self.path)
         self._dirty = False
         return self.location or str(self.path)
+
+    def _listed(self, run: Mapping[str, Any]) -> dict[str, Any]:
+        """A run of the experiment as the page lists it, with the relative link to its page."""
+        other = self._path_of(str(run.get("run") or ""))
+        href = os.path.relpath(other, self.path.parent) if other != self.path else None
+        return {"run": run.get("run"), "started": run.get("started"), "attempt": run.get("attempt"), "href": href}
 
     def finish(self) -> None:
         if self._dirty:

@@ -1,8 +1,10 @@
 """TensorBoard backend: scalars in event files, one directory per view.
 
 Config: ``logdir`` (default ``rankscope_logs/tensorboard``). The global view writes to
-``{logdir}/{experiment}/global``, per-process views to ``{logdir}/{experiment}/{process}``,
-so TensorBoard overlays processes as runs. The experiment id and the process label are the
+``{logdir}/{experiment}/{run}/global``, per-process views to ``{logdir}/{experiment}/{run}/{process}``,
+so TensorBoard overlays processes and runs. A rewound run (``rewind``) writes TensorBoard's
+purge marker (what ``SummaryWriter(purge_step=N)`` writes): TensorBoard drops the events
+from step N that came before it. The experiment id and the process label are the
 client's, so each directory is named by their ``safe_component`` (``logdir`` is the
 operator's, used as given). Uses the ``tensorboard`` package's own event writer
 (``pip install 'rankscope[tensorboard]'``); torch is not needed.
@@ -22,7 +24,7 @@ class TensorBoardBackend(LoggerBackend):
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
         try:
-            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
             from tensorboard.compat.proto.summary_pb2 import Summary
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError as exc:
@@ -30,9 +32,12 @@ class TensorBoardBackend(LoggerBackend):
                 "the tensorboard backend needs tensorboard: pip install 'rankscope[tensorboard]'"
             ) from exc
         self._event, self._summary, self._writer_class = Event, Summary, EventFileWriter
+        self._session_log = SessionLog
         experiment = str(kwargs.get("experiment") or "rankscope")
         logdir = Path(self.logger_backend_config.get("logdir", "rankscope_logs/tensorboard"))
         self.root = logdir / safe_component(experiment)
+        if kwargs.get("run"):
+            self.root = self.root / safe_component(str(kwargs["run"]))
         self.location = str(self.root.resolve())
         self._default = process_name or "global"
         self._writers: dict[str, Any] = {}
@@ -57,6 +62,12 @@ class TensorBoardBackend(LoggerBackend):
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         self._write(kwargs.get("process_name") or self._default, [metric], global_step)
+
+    def rewind(self, step: int) -> None:
+        start = self._session_log(status=self._session_log.START)
+        for writer in self._writers.values():
+            writer.add_event(self._event(wall_time=time.time(), step=step, session_log=start))
+            writer.flush()
 
     def finish(self) -> None:
         for writer in self._writers.values():

@@ -1,8 +1,13 @@
-"""W&B backend: exactly one run per experiment, every role and process in it.
+"""W&B backend: one W&B run per rankscope run, every role and process in it; the runs of an
+experiment are one W&B group.
 
-The run id is derived from the experiment id, and the run is opened with
+The W&B run id is derived from the experiment and run ids, and the run is opened with
 ``resume="allow"``, so a restarted sink continues the same run instead of starting a new
-one. Values are plotted against a ``step`` metric declared with ``define_metric``, not
+one. Its name is the experiment plus a short run suffix (``grpo-qwen · 3f2a9c1d``). A rewound
+run (a restart or resume that executes steps again) cannot drop the rows W&B already holds
+(offline, or without W&B's run forking): the steps are logged again, the first of them with
+``rankscope/rewound_to``, and a warning says so; plot against ``step`` and the later row of a
+step is the one to read. Values are plotted against a ``step`` metric declared with ``define_metric``, not
 W&B's internal ``_step``: steps of different roles share one axis, and a late update of
 an earlier step is a valid log call (W&B's own step only ever increases).
 
@@ -42,15 +47,21 @@ _LOG_COLUMNS: list[str | int] = ["step", "time", "severity", "process", "body", 
 _ANOMALY_COLUMNS: list[str | int] = ["step", "type", "process", "what"]
 
 
-def run_id_for(experiment: str) -> str:
-    """A W&B run id that is stable for an experiment id and valid whatever the id holds.
+def run_id_for(experiment: str, run: str = "") -> str:
+    """A W&B run id that is stable for an experiment id (and run id) and valid whatever they hold.
 
     W&B names the run's directory after it, so it is a safe path component too: at most 57
     characters of ``[A-Za-z0-9_-]`` ending in a hash of the whole id. It keeps this formula
     rather than ``safe_component``: a sink upgraded mid-experiment must resume the same run.
     """
     readable = re.sub(r"[^A-Za-z0-9_-]+", "-", experiment).strip("-")[:48]
-    return f"{readable}-{hashlib.sha1(experiment.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    whole = experiment if not run else f"{experiment}\x00{run}"
+    return f"{readable}-{hashlib.sha1(whole.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
+def short_run(run: str) -> str:
+    """The part of a run id a person tells runs apart by: generated ids end in 8 random hex digits."""
+    return run if len(run) <= 12 else run[-8:]
 
 
 def series_prefix(process: Any) -> str:
@@ -72,6 +83,9 @@ class WandbBackend(LoggerBackend):
             raise ImportError("the wandb backend needs wandb: pip install wandb") from exc
         c = self.logger_backend_config
         experiment = str(kwargs.get("experiment") or c.get("name") or "rankscope")
+        run_name = str(kwargs.get("run") or "")
+        self._rewound_warned = False
+        self._rewound_to: int | None = None
         mode = c.get("per_rank_series", "auto")
         if mode not in (True, False, "auto"):
             raise ValueError(f'wandb backend: per_rank_series must be true, false or "auto", got {mode!r}')
@@ -85,15 +99,15 @@ class WandbBackend(LoggerBackend):
         self._anomaly_rows: list[list[Any]] = []
         try:
             run = wandb.init(
-                id=c.get("id") or run_id_for(experiment),
+                id=c.get("id") or run_id_for(experiment, run_name),
                 resume="allow",
-                name=c.get("name") or experiment,
+                name=c.get("name") or (f"{experiment} · {short_run(run_name)}" if run_name else experiment),
                 project=c.get("project"),
                 entity=c.get("entity"),
-                group=c.get("group"),
+                group=c.get("group") or (experiment if run_name else None),
                 mode=c.get("mode"),
                 dir=c.get("dir"),
-                config={"rankscope.experiment.id": experiment},
+                config={"rankscope.experiment.id": experiment, "rankscope.run.id": run_name},
                 reinit="create_new",  # the sink holds one run per experiment, side by side
                 settings=wandb.Settings(console="off", silent=True, disable_git=True),
             )
@@ -129,6 +143,9 @@ class WandbBackend(LoggerBackend):
             row[STEP_METRIC] = global_step
         if kwargs.get("late"):
             row["rankscope/late_update"] = 1.0
+        if self._rewound_to is not None:
+            row["rankscope/rewound_to"] = float(self._rewound_to)
+            self._rewound_to = None
         if self._anomaly_rows:
             import wandb
 
@@ -227,6 +244,20 @@ class WandbBackend(LoggerBackend):
         if global_step is not None:
             row[STEP_METRIC] = global_step
         self.run.log(row)
+
+    def rewind(self, step: int) -> None:
+        if self.run is None:
+            return
+        self._rewound_to = step
+        if not self._rewound_warned:
+            self._rewound_warned = True
+            logging.getLogger("rankscope").warning(
+                "rankscope: W&B run %s rewound to step %d: W&B keeps the rows it holds, so the steps from %d "
+                "are logged again (the first with rankscope/rewound_to); the later row of a step is the final one",
+                getattr(self.run, "id", "?"),
+                step,
+                step,
+            )
 
     def finish(self) -> None:
         if self.run is not None:

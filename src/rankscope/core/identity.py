@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
@@ -62,9 +62,33 @@ def detect_run(env: Mapping[str, str]) -> str | None:
     return None
 
 
+SLURM_ATTEMPTS = 10_000
+"""A Slurm requeue counts as this many torchelastic restarts: attempts only need to grow."""
+
+
+def attempt_of(env: Mapping[str, str]) -> int:
+    """Which restart of its run this launch is: a Slurm requeue (``SLURM_RESTART_COUNT``) outranks
+    every torchelastic restart (``TORCHELASTIC_RESTART_COUNT``) within one allocation."""
+    elastic = _int_env(env, "TORCHELASTIC_RESTART_COUNT") or 0
+    requeues = _int_env(env, "SLURM_RESTART_COUNT") or 0
+    return max(0, requeues) * SLURM_ATTEMPTS + max(0, elastic)
+
+
 def generate_run_id() -> str:
     """A run id for a launch no launcher named: unique, and sortable by start time."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+PARENT_RUN_ENV = "RANKSCOPE_PARENT_RUN_ID"
+"""The run a process pins for the processes it will start before it initializes rankscope
+itself (the Lightning logger, built before Lightning's DDP launcher starts the other ranks). It
+counts only where no launcher names the run."""
+
+
+def pin_run(env: MutableMapping[str, str]) -> None:
+    """Pin a run id for this process and the ones it will start, unless one is set already."""
+    if not env.get("RANKSCOPE_RUN_ID") and not env.get(PARENT_RUN_ENV):
+        env[PARENT_RUN_ENV] = generate_run_id()
 
 
 def _detect_torch_distributed() -> dict[str, Any]:
@@ -133,9 +157,11 @@ def build_resource(
     rank: int | None = None,
     world_size: int | None = None,
     mesh: Any = None,
+    resume: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Resource:
-    """Build this process's Resource (see the module docstring for precedence)."""
+    """Build this process's Resource (see the module docstring for precedence). ``resume``
+    (``latest`` or a run id) asks the sink to continue that run with this launch."""
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {}
 
@@ -151,7 +177,7 @@ def build_resource(
             found[key] = value
     found.update(_detect_monarch())
     found.update(_detect_torch_distributed())
-    attempt = _int_env(env, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT") or 0
+    attempt = attempt_of(env)
     found.setdefault(attr.RANK, 0)
     found.setdefault(attr.WORLD_SIZE, 1)
     found.setdefault(attr.LOCAL_RANK, found[attr.RANK] if found[attr.WORLD_SIZE] == 1 else None)
@@ -182,8 +208,15 @@ def build_resource(
         values[attr.WORLD_SIZE] = world_size
     values[attr.EXPERIMENT_ID] = experiment_id or generate_experiment_id()
     values[attr.RUN_ID] = (
-        resolve("run", None, env) or otel.get(attr.RUN_ID) or detect_run(env) or generate_run_id()
+        resolve("run", None, env)
+        or otel.get(attr.RUN_ID)
+        or detect_run(env)
+        or env.get(PARENT_RUN_ENV)
+        or generate_run_id()
     )
+    resume = resolve("resume", resume, env) or otel.get(attr.RUN_RESUME)
+    if resume:
+        values[attr.RUN_RESUME] = resume
     values[attr.ROLE] = role_name
     if replica_id is not None:
         values[attr.REPLICA] = replica_id

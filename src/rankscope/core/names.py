@@ -11,6 +11,7 @@ from __future__ import annotations
 EXPERIMENT_ID = "rankscope.experiment.id"
 EXPERIMENT_ATTEMPT = "rankscope.experiment.attempt"  # int
 RUN_ID = "rankscope.run.id"  # one launch of the experiment: an experiment groups runs
+RUN_RESUME = "rankscope.run.resume"  # "latest" or a run id: this launch continues that run
 ROLE = "rankscope.role"
 REPLICA = "rankscope.replica"
 RANK = "rankscope.rank"

@@ -193,6 +193,15 @@ class Series:
     stride: int = 1
     """Every ``stride``-th point this series got is kept (its own: a sparse series keeps its points)."""
 
+    def drop_from(self, step: int) -> None:
+        """Forget the points of ``step`` and later (a rewind: they come again)."""
+        kept = [i for i, point in enumerate(self.points) if point[0] < step]
+        self.points = [self.points[i] for i in kept]
+        self.holders = [self.holders[i] for i in kept]
+        if self.last is not None and self.last[0] >= step:
+            self.last = self.points[-1] if self.points else None
+            self.last_holders = self.holders[-1] if self.holders else None
+
     def add(self, point: list[Any], holders: list[Any]) -> None:
         self.last, self.last_holders = point, holders
         if self.seen % self.stride == 0:
@@ -209,6 +218,11 @@ class Summary:
 
     def __init__(self) -> None:
         self.experiment: str | None = None
+        self.run = ""
+        self.runs: list[dict[str, Any]] = []
+        """The experiment's runs (the sink's status), each with a link to its page where known."""
+        self.rewinds: list[dict[str, Any]] = []
+        """Each rewind (the run executed steps again from ``step``): its steps' earlier values are gone."""
         self.steps = 0
         self.first_step: int | None = None
         self.last_step: int | None = None
@@ -252,6 +266,8 @@ class Summary:
                 "anomaly": self._anomaly,
                 "gantt": self._gantt,
                 "status": self._status,
+                "rewind": self._rewind,
+                "runs": self._runs,
             }.get(str(event.get("kind")))
         if handler is None:
             self.skipped_events += 1
@@ -263,6 +279,46 @@ class Summary:
 
     def _experiment(self, event: dict[str, Any]) -> None:
         self.experiment = _text(event["id"])
+        self.run = _text(event.get("run") or "")
+
+    def _runs(self, event: dict[str, Any]) -> None:
+        listed = []
+        for run in event["runs"][:100]:
+            href = run.get("href")
+            listed.append(
+                {
+                    "run": _text(run.get("run") or ""),
+                    "started": number(run.get("started")),
+                    "attempt": _int(run.get("attempt")),
+                    "href": _text(href)
+                    if isinstance(href, str) and "://" not in href and not href.startswith("/")
+                    else None,
+                }
+            )
+        self.runs = listed
+
+    def _rewind(self, event: dict[str, Any]) -> None:
+        """The run executes steps again from ``step``: what the page holds of them is dropped."""
+        step = _int(event["step"])
+        if step is None:
+            raise ValueError("step")
+        for table in (self.series, self.globals, self.meta):
+            for series in table.values():
+                series.drop_from(step)
+        self.heat = {s: entry for s, entry in self.heat.items() if s < step}
+        if self.last_heat is not None and self.last_heat[0] >= step:
+            self.last_heat = None
+        for table_name, kept in self.samples.items():
+            self.samples[table_name] = deque(
+                (e for e in kept if e["step"] is None or e["step"] < step), maxlen=SAMPLE_STEPS
+            )
+        if self.last_step is not None and self.last_step >= step:
+            self.rewinds.append({"step": step, "from": self.last_step})
+            del self.rewinds[:-MAX_LISTED]
+            self.steps = max(0, self.steps - (self.last_step - step + 1))
+            self.last_step = step - 1 if self.first_step is not None and step - 1 >= self.first_step else None
+            if self.last_step is None:
+                self.first_step = None
 
     def _status(self, event: dict[str, Any]) -> None:
         fields = list(event.items())[:64]
@@ -412,6 +468,9 @@ class Summary:
             roles.setdefault(role, []).append(_series_data(key, series))
         return {
             "experiment": self.experiment,
+            "run": self.run,
+            "runs": self.runs,
+            "rewinds": self.rewinds,
             "steps": self.steps,
             "first_step": self.first_step,
             "last_step": self.last_step,

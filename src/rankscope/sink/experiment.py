@@ -148,6 +148,9 @@ class StepView:
         self.labels = labels or {}
         """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
         self.seq = seq
+        self.rewound = False
+        """The step comes again (a restarted or resumed run executes it again): views drop what they
+        hold of this step and later ones (TensorBoard's purge step) before writing it."""
         self.per_process = PerProcess(parts or [], on_error)
         """Each process's values (a late update: the processes whose data came late, their late data)."""
 
@@ -243,12 +246,13 @@ def _int(value: Any, default: int) -> int:
 
 
 class Experiment:
-    """State of one experiment id. Not thread-safe: one thread owns it."""
+    """State of one run of an experiment (``sink.runs``). Not thread-safe: one thread owns it."""
 
     def __init__(
         self,
         experiment_id: str,
         *,
+        run: str = "",
         grace: float,
         retain_steps: int = 16,
         clock: Callable[[], float] = time.monotonic,
@@ -271,6 +275,8 @@ class Experiment:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.id = experiment_id
+        self.run = run
+        self.started = wall()
         self.traces = traces if traces is not None else TraceStore()
         self.grace = grace
         self.retain_steps = retain_steps
@@ -287,9 +293,15 @@ class Experiment:
         self._done: OrderedDict[int, _Step] = OrderedDict()
         self.last_finalized = -1
         self.attempt = 0
+        self._last_viewed = -1
+        """The last step finalized (never reset): a step at or below it comes again (``StepView.rewound``)."""
         self.keep_spans = False
         """Whether step views carry their spans (set by the sink when a view draws a Gantt)."""
         self.late_points = 0
+        self.abandoned_steps = 0
+        """Steps an earlier attempt left open when the run restarted (never written: executed again)."""
+        self.superseded_points = 0
+        """Points refused because their process's attempt is older than the run's (a restart)."""
         self._abandoned: set[tuple[tuple[str, str | None, int], int]] = set()
         self._late: dict[int, _Step] = {}
         self._late_written = clock()
@@ -328,6 +340,16 @@ class Experiment:
         self._logs_per_step: dict[int, int] = {}
         self._epoch: int | None = None
         """Time buckets (no process steps): the experiment's first bucket, in buckets since 1970."""
+
+    def restore(self, last_finalized: int, attempt: int) -> None:
+        """Go on where an earlier sink left the run (its write-ahead log, or an eviction)."""
+        self.last_finalized = self._last_viewed = last_finalized
+        self.attempt = attempt
+
+    @property
+    def name(self) -> str:
+        """How logs name the run: ``experiment 'x' run 'y'``."""
+        return f"experiment {self.id[:64]!r}" + (f" run {self.run[:48]!r}" if self.run else "")
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -371,15 +393,23 @@ class Experiment:
         return process
 
     def _new_attempt(self, attempt: int) -> None:
-        """A restarted job (torchelastic restart count went up) replays steps from its checkpoint."""
+        """A restarted or resumed run (the attempt went up: torchelastic's restart count, a Slurm
+        requeue, ``rankscope.run.resume``) executes steps again from its checkpoint. What the
+        earlier attempt left open is dropped (``abandoned_steps``; its processes are not waited
+        for again), and the new attempt's steps open afresh whatever their number: the first
+        one finalized at or below an earlier step is a rewind (``StepView.rewound``)."""
         self._version += 1
         self.attempt = attempt
         for p in self.processes.values():
             if p.attempt < attempt:
                 p.live = False
-        self.last_finalized = min(self._open, default=0) - 1 if self._open else -1
+        self.abandoned_steps += len(self._open)
+        self._open.clear()
         self._done.clear()
         self._late.clear()
+        self.last_finalized = -1
+        self._window_steps.clear()
+        self._window_ends.clear()
 
     @property
     def frontier(self) -> int | None:
@@ -407,6 +437,11 @@ class Experiment:
         process = self.process_for(batch.resource)
         if process is None:
             self._refuse(refused, batch.point_count + len(batch.markers), f"{self.max_processes} processes (limit)")
+            return 0
+        if process.attempt < self.attempt:  # a process of an earlier attempt, still sending: the run restarted
+            n = batch.point_count + len(batch.markers)
+            self.superseded_points += n
+            self._refuse(refused, n, f"from attempt {process.attempt}; the run restarted as attempt {self.attempt}")
             return 0
         if not process.live and process.attempt >= self.attempt:
             process.live = True  # it came back
@@ -743,7 +778,10 @@ class Experiment:
             self._done[step] = bucket
             while len(self._done) > self.retain_steps:
                 self._done.popitem(last=False)
-            out.append(self._view(bucket, missing))
+            view = self._view(bucket, missing)
+            view.rewound = step <= self._last_viewed
+            self._last_viewed = step
+            out.append(view)
         return out
 
     def late_updates(self, *, force: bool = False) -> list[StepView]:

@@ -1,8 +1,9 @@
-"""The sink: checked OTLP in, one tenant per experiment, finished steps out to views.
+"""The sink: checked OTLP in, one tenant per run of an experiment, finished steps out to views.
 
 Transports (``grpc_server``, ``http_server``) decode and call ``Sink.export_*``. Each request
-is checked at the edge (``validate``), split by experiment, and each part is merged under
-*that experiment's* lock: experiments never wait for each other. With a state directory the
+is checked at the edge (``validate``), split by experiment, each part's run resolved
+(``runs``: a launch is a run, a resuming launch continues its run), and each part is merged
+under *that run's* lock: runs never wait for each other. With a state directory the
 part is first appended to the experiment's write-ahead log (``wal``), and the client is
 answered only once the log is on disk.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import LoggerBackend, Metric, get_backend_class
+from ..core import names as attr
 from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
 from ..otlp.markers import Marker
@@ -39,6 +41,7 @@ from .captures import CaptureBook
 from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
 from .http_server import start_http
+from .runs import Run, RunBook, RunKey
 from .traces import SpanFile, TraceStore
 from .validate import (
     Limits,
@@ -121,7 +124,11 @@ class SinkConfig:
     max_keys_per_step: int = 100_000
     max_late_points_per_step: int = 1_000_000
     idle_timeout: float = 300.0
-    """Seconds without data after which an experiment's views are closed (reopened on new data)."""
+    """Seconds without data after which a run's views are closed (reopened on new data)."""
+    resume_window: float = 7 * 86400.0
+    """Seconds after a run was last seen during which a launch may resume it (``rankscope.run.resume``)."""
+    max_runs: int = 1000
+    """Runs of one experiment the sink remembers (for listing and resume); the oldest are forgotten."""
     late_interval: float = 1.0
     """Late updates of a step are merged and written at most this often."""
     tick: float = 0.05
@@ -145,7 +152,7 @@ class Result:
 
 
 class Tenant:
-    """One experiment at the sink: its state, its views, its log, and the lock that guards them."""
+    """One run of an experiment at the sink: its state, its views, its log, and the lock that guards them."""
 
     def __init__(self, experiment: Experiment, log: ExperimentLog | None) -> None:
         self.experiment = experiment
@@ -185,7 +192,10 @@ class Sink:
     def __init__(self, config: SinkConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or SinkConfig()
         self.clock = clock
-        self.tenants: dict[str, Tenant] = {}
+        self.tenants: dict[RunKey, Tenant] = {}
+        self.runs = RunBook(resume_window=self.config.resume_window, max_runs=self.config.max_runs)
+        self.run_notes: deque[str] = deque(maxlen=20)
+        """What the run book said lately (resumes mapped, resumes that found nothing): the status route."""
         self.posted_backends: dict[str, Mapping[str, Mapping[str, Any]]] = {}
         self._gantt_backends: dict[str, bool] = {}
         self.spans_received = 0
@@ -194,7 +204,7 @@ class Sink:
         self.refusals: dict[str, int] = {}
         self.foreign_points = 0
         self.evicted = 0
-        self._tombstones: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._tombstones: OrderedDict[RunKey, tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()  # the tenant registry only; never held while merging
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
@@ -208,8 +218,11 @@ class Sink:
 
     @property
     def experiments(self) -> dict[str, Experiment]:
+        """Each experiment's latest open run."""
         with self._lock:
-            return {k: t.experiment for k, t in self.tenants.items()}
+            return {
+                k[0]: t.experiment for k, t in sorted(self.tenants.items(), key=lambda kv: kv[1].experiment.started)
+            }
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -257,7 +270,7 @@ class Sink:
             if tenant.writer is not None and not tenant.writer.join(deadline - time.monotonic()):
                 log.warning(
                     "rankscope sink: the views of %s did not finish within %.0fs%s",
-                    tenant.experiment.id[:64],
+                    tenant.experiment.name[:96],
                     timeout,
                     "; the write-ahead log keeps what they missed" if self.wal is not None else "",
                 )
@@ -325,7 +338,7 @@ class Sink:
             waits: dict[ExperimentLog, int] = {}
             for batch in batches:
                 self.foreign_points += batch.foreign
-                tenant = self._tenant(batch.experiment, refused, batch.point_count + len(batch.markers))
+                tenant = self._tenant(batch.experiment, batch.resource, refused, batch.point_count + len(batch.markers))
                 if tenant is None:
                     continue
                 with tenant.lock:
@@ -372,9 +385,8 @@ class Sink:
             total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
             waits: dict[ExperimentLog, int] = {}
             for batch in logs_batches(request, self.config.limits, refused):
-                tenant = self._tenant(
-                    batch.experiment, refused, len(batch.streams) + len(batch.logs) + len(batch.samples)
-                )
+                n = len(batch.streams) + len(batch.logs) + len(batch.samples)
+                tenant = self._tenant(batch.experiment, batch.resource, refused, n)
                 if tenant is None:
                     continue
                 streamed = [row for row in batch.samples if row.side == "stream"]
@@ -418,7 +430,7 @@ class Sink:
                     result.errors.append(f"{n} spans: {checked}")
                     continue
                 refused = Refusals()
-                tenant = self._tenant(checked[0], refused, n)
+                tenant = self._tenant(checked[0], checked[1], refused, n)
                 if tenant is None:
                     result.rejected += n
                     result.errors.extend(refused.reasons)
@@ -445,21 +457,32 @@ class Sink:
             return result
 
     def spans(
-        self, experiment_id: str, first: int | None = None, last: int | None = None, ranks: set[int] | None = None
+        self,
+        experiment_id: str,
+        first: int | None = None,
+        last: int | None = None,
+        ranks: set[int] | None = None,
+        run: str | None = None,
     ) -> list[Any] | None:
-        """Stored spans of an experiment (see ``sink.traces``), or None for an unknown experiment."""
-        tenant = self.tenants.get(experiment_id)
+        """Stored spans of a run (None: the experiment's latest; see ``sink.traces``), or None for an
+        unknown experiment or run."""
+        tenant = self._find(experiment_id, run)
         if tenant is None:
             return None
         with tenant.lock:
             return tenant.experiment.traces.select(first, last, ranks)
 
     def span_rows(
-        self, experiment_id: str, first: int | None = None, last: int | None = None, ranks: set[int] | None = None
+        self,
+        experiment_id: str,
+        first: int | None = None,
+        last: int | None = None,
+        ranks: set[int] | None = None,
+        run: str | None = None,
     ) -> Iterator[str] | None:
-        """JSONL rows of an experiment's spans: the whole run from its span file when it has one,
-        else the stored (retained) steps; None for an unknown experiment."""
-        tenant = self.tenants.get(experiment_id)
+        """JSONL rows of a run's spans (None: the experiment's latest run): the whole run from its
+        span file when it has one, else the stored (retained) steps; None for an unknown run."""
+        tenant = self._find(experiment_id, run)
         if tenant is None:
             return None
         with tenant.lock:
@@ -475,9 +498,10 @@ class Sink:
 
     # -- control (HTTP routes used by embedded clients) ------------------------------------
 
-    def recent(self, experiment_id: str) -> list[dict[str, Any]] | None:
-        """The experiment's last finalized steps (values, missing, anomalies, rank x phase seconds)."""
-        tenant = self.tenants.get(experiment_id)
+    def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None:
+        """A run's last finalized steps (values, missing, anomalies, rank x phase seconds); None: the
+        experiment's latest run."""
+        tenant = self._find(experiment_id, run)
         if tenant is None:
             return None
         with tenant.lock:
@@ -486,11 +510,16 @@ class Sink:
     # -- captures (``sink.captures``) ----------------------------------------------------
 
     def capture(
-        self, experiment_id: str, reason: str, steps: int, ranks: frozenset[int] | None = None
+        self,
+        experiment_id: str,
+        reason: str,
+        steps: int,
+        ranks: frozenset[int] | None = None,
+        run: str | None = None,
     ) -> dict[str, Any] | str:
-        """Ask an experiment's processes (``ranks``; None: all) to profile their next ``steps``
-        steps; returns the capture, or why not (unknown experiment, rate limit)."""
-        tenant = self.tenants.get(experiment_id)
+        """Ask a run's processes (``ranks``; None: all; run None: the experiment's latest) to profile
+        their next ``steps`` steps; returns the capture, or why not (unknown experiment, rate limit)."""
+        tenant = self._find(experiment_id, run)
         if tenant is None:
             return f"no experiment {experiment_id[:200]!r}"
         with tenant.lock:
@@ -499,7 +528,7 @@ class Sink:
 
     def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
         """The capture requests a process has not picked up yet (it polls for them)."""
-        tenant = self.tenants.get(experiment_id)
+        tenant = self._tenant_of_process(experiment_id, process_id)
         if tenant is None:
             return []
         with tenant.lock:
@@ -509,9 +538,9 @@ class Sink:
     def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
         """Where a process's trace of a capture goes, checked before its body is read. Raises
         ``LookupError`` for a capture, process or experiment that does not ask for this file."""
-        tenant = self.tenants.get(experiment_id)
+        tenant = self._tenant_of_process(experiment_id, process_id)
         if tenant is None:
-            raise LookupError(f"no experiment {experiment_id[:200]!r}")
+            raise LookupError(f"no process {process_id[:64]!r} in experiment {experiment_id[:200]!r}")
         with tenant.lock:
             experiment = tenant.experiment
             process = experiment.processes.get(process_id)
@@ -531,7 +560,8 @@ class Sink:
             partial = path.with_name(path.name + ".part")
             partial.write_bytes(data)
             partial.replace(path)  # a reader never sees half a file
-            tenant = self.tenants[experiment_id]
+            tenant = self._tenant_of_process(experiment_id, process_id)
+            assert tenant is not None  # capture_target found it; runs are never dropped while a process writes
             with tenant.lock:
                 experiment = tenant.experiment
                 process = experiment.processes[process_id]
@@ -562,12 +592,12 @@ class Sink:
             return f"refused: {why}"
         with self._lock:
             known = self.posted_backends.get(experiment_id)
-            tenant = self.tenants.get(experiment_id)
-            if known is None and (tenant is None or tenant.writer is None):
+            tenants = [t for k, t in self.tenants.items() if k[0] == experiment_id]
+            if known is None and all(t.writer is None for t in tenants):
                 if len(self.posted_backends) >= self.config.max_experiments:
                     return "ignored: this sink holds too many experiments"
                 self.posted_backends[experiment_id] = {k: dict(v) for k, v in backends.items()}
-                if tenant is not None:
+                for tenant in tenants:
                     with tenant.lock:  # the views open under it: the flag and the views agree
                         if tenant.writer is None:
                             tenant.experiment.keep_spans = self._draws_gantt(experiment_id)
@@ -576,23 +606,50 @@ class Sink:
                 return "ok"
             return "ignored: this experiment's views are already configured"
 
-    def status(self, experiment_id: str) -> dict[str, Any] | None:
-        tenant = self.tenants.get(experiment_id)
+    def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
+        """A run's status (None: the experiment's latest run), with the experiment's runs listed."""
+        tenant = self._find(experiment_id, run)
         return None if tenant is None else self._status_of(tenant)
 
+    def _runs_of(self, experiment_id: str) -> list[dict[str, Any]]:
+        """The experiment's runs, newest first (at most 100), as the status route lists them."""
+        with self._lock:
+            runs = self.runs.runs(experiment_id)[-100:]
+            listed = []
+            for r in reversed(runs):
+                tenant = self.tenants.get((experiment_id, r.run))
+                last = tenant.experiment.last_finalized if tenant is not None else None
+                listed.append(
+                    {
+                        "run": r.run,
+                        "started": r.started,
+                        "attempt": r.attempt,
+                        "open": tenant is not None,
+                        "last_finalized_step": last,
+                        "resumed_by": sorted(r.launches)[:16],
+                    }
+                )
+            return listed
+
     def _status_of(self, tenant: Tenant) -> dict[str, Any]:
+        runs = self._runs_of(tenant.experiment.id)
         with tenant.lock:
             e = tenant.experiment
             views = tenant.writer.status() if tenant.writer is not None else {}
             written = [v["last_written_step"] for v in views.values() if not v["disabled"]]
             return {
                 "experiment": e.id,
+                "run": e.run,
+                "attempt": e.attempt,
+                "runs": runs,
                 "last_finalized_step": e.last_finalized,
                 "processes": sum(not p.merged for p in e.processes.values()),
                 "merge_upstreams": sum(p.merged for p in e.processes.values()),
                 "points": e.points,
                 "merged_points": e.merged_points,
                 "late_points": e.late_points,
+                "abandoned_steps": e.abandoned_steps,
+                "superseded_points": e.superseded_points,
                 "refused_points": e.refused,
                 "foreign_points": e.foreign_points,
                 "series_overflow": e.streams.overflowed,
@@ -617,14 +674,16 @@ class Sink:
         healthy, problems = self.health()
         with self._lock:
             tenants = sorted(self.tenants.items())
+            experiments = len({key[0] for key in self.tenants})
         listed = []
-        for experiment_id, tenant in tenants[:100]:
+        for (experiment_id, run), tenant in tenants[:100]:
             with tenant.lock:
                 e = tenant.experiment
                 views = tenant.writer.status() if tenant.writer is not None else {}
                 listed.append(
                     {
                         "id": experiment_id,
+                        "run": run,
                         "processes": sum(not p.merged for p in e.processes.values()),
                         "last_finalized_step": e.last_finalized,
                         "views": {name: v["location"] for name, v in views.items()},
@@ -633,8 +692,10 @@ class Sink:
         return {
             "healthy": healthy,
             "problems": problems,
-            "experiments": len(tenants),
+            "experiments": experiments,
+            "runs": len(tenants),
             "experiment_list": listed,
+            "run_notes": list(self.run_notes),
             "evicted_experiments": self.evicted,
             "refused_points": self.refused,
             "refusals": dict(sorted(self.refusals.items(), key=lambda kv: -kv[1])[:20]),
@@ -643,30 +704,32 @@ class Sink:
             "durable": self.wal is not None,
         }
 
-    def wait_written(self, experiment_id: str, timeout: float = 10.0) -> bool:
-        """Block until the views of ``experiment_id`` wrote everything finalized so far."""
-        tenant = self.tenants.get(experiment_id)
+    def wait_written(self, experiment_id: str, timeout: float = 10.0, run: str | None = None) -> bool:
+        """Block until the views of a run (None: the experiment's latest) wrote everything finalized so far."""
+        tenant = self._find(experiment_id, run)
         if tenant is None:
             return True
         self._finalize(tenant)
         return True if tenant.writer is None else tenant.writer.wait_idle(timeout)
 
     def finalize(self, experiment_id: str | None = None) -> None:
-        """Finalize open steps now (naming what is missing) — used when the job has ended."""
+        """Finalize open steps of every run (of ``experiment_id``) now, naming what is missing: the job has ended."""
         with self._lock:
-            tenants = [t for k, t in self.tenants.items() if experiment_id is None or k == experiment_id]
+            tenants = [t for k, t in self.tenants.items() if experiment_id is None or k[0] == experiment_id]
         for tenant in tenants:
             self._finalize(tenant, force=True)
 
-    def report(self, experiment_id: str, timeout: float = 60.0) -> list[str] | str:
-        """Write the experiment's report page now, after every step finalized so far, and return
-        where; a string says why not (no such experiment, no report view, too slow)."""
-        tenant = self.tenants.get(experiment_id)
+    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
+        """Write a run's report page (None: the experiment's latest run) now, after every step
+        finalized so far, and return where; a string says why not (no such experiment, no report
+        view, too slow)."""
+        tenant = self._find(experiment_id, run)
         if tenant is None:
-            return f"no experiment {experiment_id[:200]!r}"
+            return f"no experiment {experiment_id[:200]!r}" + (f" run {run[:64]!r}" if run else "")
         deadline = time.monotonic() + timeout
-        self.wait_written(experiment_id, timeout)
-        status = self.status(experiment_id)
+        run = tenant.experiment.run
+        self.wait_written(experiment_id, timeout, run)
+        status = self.status(experiment_id, run)
         writer = tenant.writer
         if writer is None or writer.closed.is_set():  # never open its views with a config it did not choose
             return f"no step of experiment {experiment_id[:200]!r} is finalized yet: no view is open"
@@ -693,30 +756,66 @@ class Sink:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _tenant(self, experiment_id: str, refused: Refusals, n: int) -> Tenant | None:
-        """The experiment's tenant, created (or reopened) on first data; None past ``max_experiments``."""
-        tenant = self.tenants.get(experiment_id)
-        if tenant is not None:
-            return tenant
+    def _find(self, experiment_id: str, run: str | None = None) -> Tenant | None:
+        """The open tenant of a run; run None: the experiment's latest run."""
         with self._lock:
-            tenant = self.tenants.get(experiment_id)
+            if run is None:
+                run = self.runs.latest(experiment_id)
+                if run is None:
+                    return None
+            return self.tenants.get((experiment_id, run))
+
+    def _tenant_of_process(self, experiment_id: str, process_id: str) -> Tenant | None:
+        """The open run of an experiment that holds this process (processes poll by their own id)."""
+        with self._lock:
+            tenants = [t for k, t in self.tenants.items() if k[0] == experiment_id]
+        for tenant in reversed(tenants):
+            with tenant.lock:
+                if process_id in tenant.experiment.processes:
+                    return tenant
+        return None
+
+    def _tenant(self, experiment_id: str, resource: dict[str, Any], refused: Refusals, n: int) -> Tenant | None:
+        """The tenant of the run this Resource's data belongs to (``runs``), created (or reopened) on
+        first data; None when its resume is refused or past ``max_experiments``. The Resource is
+        rewritten to the run and attempt it counts as, so the write-ahead log holds them."""
+        with self._lock:
+            resolved = self.runs.resolve(experiment_id, resource)
+            if isinstance(resolved, str):
+                refused.add(n, resolved)
+                self._note(resolved)
+                return None
+            key = resolved.key
+            resource[attr.RUN_ID] = key[1]
+            resource[attr.EXPERIMENT_ATTEMPT] = resolved.attempt
+            tenant = self.tenants.get(key)
             if tenant is None:
                 if len(self.tenants) >= self.config.max_experiments:
-                    refused.add(n, f"the sink holds {self.config.max_experiments} experiments (limit)")
+                    refused.add(n, f"the sink holds {self.config.max_experiments} runs (limit)")
                     return None
-                tenant = self.tenants[experiment_id] = self._new_tenant(experiment_id)
+                tenant = self.tenants[key] = self._new_tenant(key)
+            if resolved.changed is not None and tenant.log is not None:
+                tenant.log.save_meta(resolved.changed.record())
+            if resolved.note is not None:
+                self._note(resolved.note)
         return tenant
 
-    def _new_tenant(self, experiment_id: str) -> Tenant:
+    def _note(self, note: str) -> None:
+        """A run-book event worth a line: logged and kept for the status route."""
+        if note not in self.run_notes:
+            log.warning("rankscope sink: %s", note)
+            self.run_notes.append(note)
+
+    def _new_tenant(self, key: RunKey) -> Tenant:
+        experiment_id, run = key
         c = self.config
         experiment = Experiment(
             experiment_id,
+            run=run,
             grace=c.grace,
             retain_steps=c.retain_steps,
             clock=self.clock,
-            traces=TraceStore(
-                retain_steps=c.trace_retain_steps, max_spans=c.max_spans, file=self._span_file(experiment_id)
-            ),
+            traces=TraceStore(retain_steps=c.trace_retain_steps, max_spans=c.max_spans, file=self._span_file(key)),
             limits=c.limits,
             max_processes=c.max_processes,
             max_keys_per_step=c.max_keys_per_step,
@@ -734,11 +833,11 @@ class Sink:
             auto_capture_steps=c.auto_capture_steps,
         )
         experiment.keep_spans = self._draws_gantt(experiment_id)
-        log_ = self.wal.open(experiment_id) if self.wal is not None else None
+        log_ = self.wal.open(experiment_id, run) if self.wal is not None else None
         if log_ is not None:
-            experiment.last_finalized, experiment.attempt = log_.last_finalized, log_.attempt
-        elif experiment_id in self._tombstones:  # evicted before: steps go on where they were
-            experiment.last_finalized, experiment.attempt = self._tombstones.pop(experiment_id)
+            experiment.restore(log_.last_finalized, log_.attempt)
+        elif key in self._tombstones:  # evicted before: steps go on where they were
+            experiment.restore(*self._tombstones.pop(key))
         return Tenant(experiment, log_)
 
     def _draws_gantt(self, experiment_id: str) -> bool:
@@ -761,17 +860,22 @@ class Sink:
                 self._gantt_backends[name] = found
         return found
 
-    def _span_file(self, experiment_id: str) -> SpanFile | None:
+    def _span_file(self, key: RunKey) -> SpanFile | None:
         if self.config.spans_dir is None:
             return None
-        path = self.config.spans_dir / safe_component(experiment_id) / "spans.jsonl"
-        return SpanFile(path, self.config.max_span_file_bytes)
+        directory = self.config.spans_dir / safe_component(key[0])
+        if key[1]:
+            directory = directory / safe_component(key[1])
+        return SpanFile(directory / "spans.jsonl", self.config.max_span_file_bytes)
 
     def _replay(self) -> None:
         """Re-merge every record the views had not written when the last sink stopped or died."""
         assert self.wal is not None
-        for experiment_id in self.wal.found():
-            tenant = self._new_tenant(experiment_id)
+        for meta, attempt, seen in self.wal.found():
+            run = Run.restored(meta, attempt, seen)
+            self.runs.add(run)
+            experiment_id, key = run.experiment, (run.experiment, run.run)
+            tenant = self._new_tenant(key)
             assert tenant.log is not None
             records = 0
             for seq, _step, payload in tenant.log.replay():
@@ -787,9 +891,9 @@ class Sink:
                     self._tenant_error(tenant, f"replaying record {seq}", exc)
                 records += 1
             if records:
-                log.warning("rankscope sink: replayed %d records of experiment %s", records, experiment_id[:64])
+                log.warning("rankscope sink: replayed %d records of %s", records, tenant.experiment.name[:96])
                 tenant.dirty = True
-                self.tenants[experiment_id] = tenant
+                self.tenants[key] = tenant
             else:
                 tenant.log.close()
 
@@ -812,6 +916,7 @@ class Sink:
                 config,
                 self._internal_error,
                 on_written=written,
+                run=experiment.run,
                 start_thread=lambda name, run: self._spawn(name, run),
             )
             experiment.keep_spans = any(type(v.backend).report is not LoggerBackend.report for v in tenant.writer.views)
@@ -848,13 +953,13 @@ class Sink:
 
     def _evict(self, tenant: Tenant) -> None:
         """Close an idle experiment's views and log (threads and files released); reopened on new data."""
-        experiment_id = tenant.experiment.id
+        key = (tenant.experiment.id, tenant.experiment.run)
         with self._lock, tenant.lock:
             if not tenant.experiment.idle(self.clock(), self.config.idle_timeout) or tenant.dirty:
                 return
-            del self.tenants[experiment_id]
+            del self.tenants[key]
             self.evicted += 1
-            self._tombstones[experiment_id] = (tenant.experiment.last_finalized, tenant.experiment.attempt)
+            self._tombstones[key] = (tenant.experiment.last_finalized, tenant.experiment.attempt)
             while len(self._tombstones) > 100_000:
                 self._tombstones.popitem(last=False)
         if tenant.writer is not None:
@@ -879,7 +984,7 @@ class Sink:
         tenant.errors += 1
         tenant.last_error = f"{where}: {type(exc).__name__}: {exc}"[:500]
         if tenant.errors == 1 or tenant.errors % 1000 == 0:
-            self._internal_error(f"experiment {tenant.experiment.id[:64]!r}: {where}", exc)
+            self._internal_error(f"{tenant.experiment.name[:96]}: {where}", exc)
 
     def _internal_error(self, where: str, exc: BaseException) -> None:
         message = f"rankscope sink: internal error in {where}: {exc!r}"

@@ -166,7 +166,15 @@ def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str
     experiment = resource.get(attr.EXPERIMENT_ID)
     if not isinstance(experiment, str) or not experiment:
         return f"resource without {attr.EXPERIMENT_ID}"
-    for name in (attr.EXPERIMENT_ID, attr.ROLE, attr.REPLICA, attr.SERVICE_NAME, attr.SERVICE_INSTANCE_ID):
+    for name in (
+        attr.EXPERIMENT_ID,
+        attr.RUN_ID,
+        attr.RUN_RESUME,
+        attr.ROLE,
+        attr.REPLICA,
+        attr.SERVICE_NAME,
+        attr.SERVICE_INSTANCE_ID,
+    ):
         value = resource.get(name)
         if value is not None and clean_text(str(value), limits.max_id_chars) is None:
             return f"{name} is empty, longer than {limits.max_id_chars} characters or holds control characters"
@@ -520,7 +528,7 @@ def _refuse(batch: ResourceBatch, refused: Refusals, why: str) -> None:
 
 
 _PATH_OPTIONS = ("path", "logdir", "dir")
-_PATH_FIELDS = frozenset({"experiment", "process", "role", "replica", "rank", "pid"})
+_PATH_FIELDS = frozenset({"experiment", "run", "process", "role", "replica", "rank", "pid"})
 _PATH_SPEC = re.compile(r"(0?[0-9]?d)?")
 
 

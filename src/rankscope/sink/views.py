@@ -62,7 +62,7 @@ class _View:
 
 
 class ViewWriter:
-    """Owns one experiment's backends and the thread that calls them.
+    """Owns one run's backends and the thread that calls them.
 
     A backend whose ``init`` fails is disabled with one error naming it (W&B without an API
     key, say); one whose writes fail keeps being called, and the status route shows its last
@@ -77,8 +77,10 @@ class ViewWriter:
         max_queued: int = 4096,
         on_written: Callable[[StepView], None] | None = None,
         start_thread: Callable[[str, Callable[[], None]], threading.Thread] | None = None,
+        run: str = "",
     ) -> None:
         self.experiment = experiment
+        self.run = run
         self._on_error = on_error
         self._on_written = on_written
         self.views: list[_View] = []
@@ -216,7 +218,7 @@ class ViewWriter:
     def _init_views(self) -> None:
         """Init every view, disabling those whose init fails or that turn themselves off, and log which are on."""
         for view in self.views:
-            if not self._call(view, view.backend.init, "global", experiment=self.experiment, role="sink"):
+            if not self._call(view, view.backend.init, "global", experiment=self.experiment, run=self.run, role="sink"):
                 view.disabled = True
             elif view.backend.off_reason:  # the backend turned itself off (and logged why)
                 view.disabled = True
@@ -230,7 +232,8 @@ class ViewWriter:
                     view.last_error,
                 )
         where = ", ".join(f"{v.name} -> {v.backend.location or '?'}" for v in self.views if not v.disabled)
-        log.info("rankscope sink: new experiment %s: %s", self.experiment[:256], where or "no view is on")
+        run = f" run {self.run[:64]}" if self.run else ""
+        log.info("rankscope sink: new experiment %s%s: %s", self.experiment[:256], run, where or "no view is on")
 
     def _finish_views(self) -> None:
         for view in self.views:
@@ -284,6 +287,12 @@ class ViewWriter:
         return [v for v in self.views if not v.disabled and v.backend.logging_mode is mode]
 
     def _write_step(self, view: StepView) -> None:
+        if view.rewound and not view.late:
+            run = f" run {self.run[:64]}" if self.run else ""
+            log.warning("rankscope sink: experiment %s%s rewound to step %d", self.experiment[:64], run, view.step)
+            for target in self.views:
+                if not target.disabled:
+                    self._call(target, target.backend.rewind, view.step)
         if view.missing and not view.late:
             log.warning(
                 "rankscope sink: experiment %s step %d finalized without %s (%d missing)",

@@ -1,8 +1,9 @@
 """Write-ahead log: what the sink acknowledged survives a crash (``rankscope sink --state-dir``).
 
-Layout: ``STATE_DIR/lock`` (one sink per directory), and per experiment a directory named
-by ``safe_component(experiment id)`` holding ``meta.json`` (the original id),
-``checkpoint.json`` and segment files ``seg-<first seq>.log``.
+Layout: ``STATE_DIR/lock`` (one sink per directory), and per run of an experiment a directory
+``safe_component(experiment id)/safe_component(run id)`` (a run without an id: the
+experiment's directory itself) holding ``meta.json`` (the original ids and what the run book
+keeps of the run, ``sink.runs``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
 
 A record is one process's checked points (and sample rows) of one step (``Experiment.apply`` resolves the
 step first): a header (payload length, sequence number, step, CRC-32) and a marshalled
@@ -49,11 +50,12 @@ class StateDirBusyError(RuntimeError):
 
 
 class ExperimentLog:
-    """One experiment's segments and checkpoint. ``append`` runs under the experiment's lock."""
+    """One run's segments and checkpoint. ``append`` runs under the run's lock."""
 
-    def __init__(self, directory: Path, experiment: str, segment_bytes: int) -> None:
+    def __init__(self, directory: Path, experiment: str, segment_bytes: int, run: str = "") -> None:
         self.directory = directory
         self.experiment = experiment
+        self.run = run
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -69,8 +71,12 @@ class ExperimentLog:
         directory.mkdir(parents=True, exist_ok=True)
         meta = directory / "meta.json"
         if not meta.exists():
-            _atomic_write(meta, {"experiment": experiment})
+            _atomic_write(meta, {"experiment": experiment, "run": run})
         self._load_checkpoint()
+
+    def save_meta(self, meta: dict[str, Any]) -> None:
+        """What the run book keeps of the run (``sink.runs.Run.record``), beside its records."""
+        _atomic_write(self.directory / "meta.json", {**meta, "experiment": self.experiment, "run": self.run})
 
     def _load_checkpoint(self) -> None:
         try:
@@ -155,8 +161,10 @@ class ExperimentLog:
         with self._lock:
             if seq > self.written.get(step, 0):
                 self.written[step] = seq
-            self.last_finalized = max(self.last_finalized, last_finalized)
-            self.attempt = max(self.attempt, attempt)
+            if attempt > self.attempt:  # a restarted run: its steps went back
+                self.attempt, self.last_finalized = attempt, last_finalized
+            else:
+                self.last_finalized = max(self.last_finalized, last_finalized)
             now = time.monotonic()
             if not force and now - self._checkpointed < 0.1:
                 return
@@ -210,18 +218,28 @@ class WriteAheadLog:
         self._stop = False
         self.fsyncs = 0
 
-    def open(self, experiment: str) -> ExperimentLog:
-        return ExperimentLog(self.directory / safe_component(experiment), experiment, self.segment_bytes)
+    def open(self, experiment: str, run: str = "") -> ExperimentLog:
+        directory = self.directory / safe_component(experiment)
+        if run:
+            directory = directory / safe_component(run)
+        return ExperimentLog(directory, experiment, self.segment_bytes, run)
 
-    def found(self) -> list[str]:
-        """Experiment ids with a log in the directory (replayed at start)."""
-        ids = []
-        for meta in sorted(self.directory.glob("*/meta.json")):
+    def found(self) -> list[tuple[dict[str, Any], int, float]]:
+        """(meta, attempt, last written) of every run with a log in the directory, oldest first."""
+        runs = []
+        for meta in [*self.directory.glob("*/meta.json"), *self.directory.glob("*/*/meta.json")]:
             try:
-                ids.append(str(json.loads(meta.read_text())["experiment"]))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                found = json.loads(meta.read_text())
+                if not isinstance(found, dict) or not isinstance(found["experiment"], str):
+                    raise TypeError("not a run's meta.json")
+                found["run"] = str(found.get("run") or "")
+                checkpoint = meta.parent / "checkpoint.json"
+                attempt = int(json.loads(checkpoint.read_text()).get("attempt", 0)) if checkpoint.exists() else 0
+                seen = max((f.stat().st_mtime for f in meta.parent.iterdir() if f.is_file()), default=0.0)
+                runs.append((found, attempt, seen))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.error("rankscope sink: skipping %s: %r", meta.parent, exc)
-        return ids
+        return sorted(runs, key=lambda r: float(r[0].get("started", r[2])))
 
     def wait(self, logs: dict[ExperimentLog, int], timeout: float = 30.0) -> bool:
         """Block until each log is durable up to its seq (group commit with other requests)."""

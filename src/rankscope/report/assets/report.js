@@ -63,10 +63,17 @@
   const roles = D.roles.map((r) => `${r.role}: ${r.processes} process${r.processes === 1 ? "" : "es"}`);
   const header = el("header", {},
     el("h1", {}, "rankscope report"),
-    el("div", { class: "id" }, D.experiment || "(unnamed experiment)"),
+    el("div", { class: "id" }, (D.experiment || "(unnamed experiment)") + (D.run ? ` · run ${D.run}` : "")),
     el("div", { class: "note" },
       D.steps ? `steps ${D.first_step}–${D.last_step} (${D.steps} finalized)` : "no finalized step",
       roles.length ? " · " + roles.join(" · ") : "", ` · generated ${D.generated}`));
+  if ((D.runs || []).length > 1) {
+    const links = D.runs.map((r) => r.run === D.run ? el("b", {}, r.run) : r.href ? el("a", { href: r.href }, r.run) : el("span", {}, r.run));
+    header.append(el("div", { class: "note runs" }, "runs of this experiment, newest first: ", ...links.flatMap((l, i) => i ? [" · ", l] : [l])));
+  }
+  if ((D.rewinds || []).length) {
+    header.append(el("div", { class: "note rewinds" }, D.rewinds.map((r) => `rewound to step ${r.step} (from ${r.from}): the final values are shown`).join(" · ")));
+  }
   app.replaceChildren(header);
 
   const nav = el("nav", {});
