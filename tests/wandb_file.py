@@ -69,9 +69,14 @@ def _complete(path: Path) -> bool:
 
 
 def run_id(path: Path) -> str:
+    return str(run_record(path).run_id)
+
+
+def run_record(path: Path) -> Any:
+    """The file's ``RunRecord`` (id, group, display name, config)."""
     for record in records(path):
         if record.WhichOneof("record_type") == "run":
-            return str(record.run.run_id)
+            return record.run
     raise AssertionError(f"no run record in {path}")
 
 

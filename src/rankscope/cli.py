@@ -258,7 +258,7 @@ def _report_from_sink(args: argparse.Namespace) -> int:
     if args.token:
         os.environ["RANKSCOPE_SINK_TOKEN"] = args.token
     try:
-        paths = request_report(args.sink, experiment, timeout=90.0)
+        paths = request_report(args.sink, experiment, timeout=90.0, run=args.run)
     except (OSError, RuntimeError) as exc:
         print(f"rankscope report: {args.sink}: {exc}", file=sys.stderr)
         return 1
@@ -328,7 +328,7 @@ def _top(args: argparse.Namespace) -> int:
 
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
-    return top.run(args.sink, args.experiment, keys, max(0.1, min(args.interval, 1.0)), token, args.once)
+    return top.run(args.sink, args.experiment, keys, max(0.1, min(args.interval, 1.0)), token, args.once, args.run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", help="steps for the Gantt from --spans: 5 or 3,7 or 2-4")
     r.add_argument("--sink", help="instead: ask this sink (HTTP URL) to write the experiment's page now")
     r.add_argument("--experiment", help="experiment id for --sink (default RANKSCOPE_EXPERIMENT)")
+    r.add_argument("--run", help="run of the experiment for --sink (default: its latest)")
     r.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
     r.set_defaults(fn=_report)
     c = commands.add_parser("capture", help="profile the next steps of a running experiment's processes")
@@ -430,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     t = commands.add_parser("top", help="a live terminal view of a running sink (q quits)")
     t.add_argument("--sink", default="http://127.0.0.1:4318", help="the sink's HTTP URL (default %(default)s)")
     t.add_argument("--experiment", help="experiment id (default: the one furthest along)")
+    t.add_argument("--run", help="run of the experiment (default: its latest)")
     t.add_argument("--keys", help="keys to chart, comma-separated (default: the first six of the last step)")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     t.add_argument("--once", action="store_true", help="print one screen and exit")

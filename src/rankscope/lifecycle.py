@@ -540,7 +540,7 @@ def _wait_for_sink_views(runtime: Runtime) -> None:
     experiment = str(runtime.resource.attributes[attr.EXPERIMENT_ID])
     deadline = time.monotonic() + runtime.shutdown_timeout
     while time.monotonic() < deadline:
-        status = sink_status(control, experiment)
+        status = sink_status(control, experiment, run=str(runtime.resource.attributes.get(attr.RUN_ID) or "") or None)
         if status is None or status.get("last_written_step", -1) >= last:
             return
         time.sleep(0.05)
@@ -606,7 +606,9 @@ def write_report(timeout: float = 75.0) -> str | None:
         return None
     experiment = str(runtime.resource.attributes[attr.EXPERIMENT_ID])
     try:
-        paths = request_report(control, experiment, timeout)
+        paths = request_report(
+            control, experiment, timeout, str(runtime.resource.attributes.get(attr.RUN_ID) or "") or None
+        )
     except (OSError, RuntimeError) as exc:
         warn(f"rankscope: no report: {exc}")
         return None

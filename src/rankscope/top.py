@@ -1,9 +1,9 @@
 """``rankscope top``: a live terminal view of a running sink, read over its HTTP routes.
 
-    rankscope top --sink http://127.0.0.1:4318 [--experiment ID] [--keys loss,grad_norm]
+    rankscope top --sink http://127.0.0.1:4318 [--experiment ID [--run RUN]] [--keys loss,grad_norm]
 
 Every ``--interval`` seconds (default 1, at most 1) it reads ``/rankscope/v1/status`` and
-``/rankscope/v1/recent`` and redraws: the experiments, the chosen one's last finalized step, its
+``/rankscope/v1/recent`` and redraws: the experiments and their runs, the chosen run's last finalized step, its
 lag and step rate, chosen keys with sparklines over the last steps, a rank x phase map of the
 last step's span seconds (the slowest cell of each phase marked), stragglers, missing processes,
 refused points, anomalies and captures. Plain text in any terminal (rich), so it works over SSH;
@@ -55,18 +55,22 @@ def _get(url: str, path: str, query: dict[str, str], token: str | None) -> Any:
         return None
 
 
-def snapshot(url: str, experiment: str | None, token: str | None = None) -> dict[str, Any]:
-    """What one screen shows: the sink's experiments, and the chosen one's status and recent steps."""
+def snapshot(url: str, experiment: str | None, token: str | None = None, run: str | None = None) -> dict[str, Any]:
+    """What one screen shows: the sink's experiments and their runs, and the chosen run's status
+    and recent steps (run None: the experiment's latest)."""
     overview = _get(url, "/rankscope/v1/status", {}, token)
     if not isinstance(overview, dict):
         return {"error": f"no answer from {url}"}
     listed = overview.get("experiment_list", [])
     if experiment is None and listed:
-        experiment = max(listed, key=lambda e: e.get("last_finalized_step", -1))["id"]
+        furthest = max(listed, key=lambda e: e.get("last_finalized_step", -1))
+        experiment, run = furthest["id"], furthest.get("run") or None
     found: dict[str, Any] = {"experiments": listed, "experiment": experiment}
     if experiment is not None:
-        status = _get(url, "/rankscope/v1/status", {"experiment": experiment}, token)
-        recent = _get(url, "/rankscope/v1/recent", {"experiment": experiment}, token)
+        query = {"experiment": experiment, **({"run": run} if run else {})}
+        status = _get(url, "/rankscope/v1/status", query, token)
+        recent = _get(url, "/rankscope/v1/recent", query, token)
+        found["run"] = status.get("run") if isinstance(status, dict) else run
         found["status"] = status if isinstance(status, dict) else {}
         found["recent"] = [r for r in recent if isinstance(r, dict) and "step" in r] if isinstance(recent, list) else []
     return found
@@ -101,12 +105,15 @@ def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = Non
 def _experiments(snap: dict[str, Any]) -> Table:
     """The sink's experiments, the chosen one in bold."""
     experiments = Table(title="experiments", expand=False)
-    for column in ("experiment", "processes", "last step"):
+    for column in ("experiment", "run", "processes", "last step"):
         experiments.add_column(column)
     for e in snap["experiments"][:MAX_ROWS]:
-        chosen = "bold" if e.get("id") == snap["experiment"] else ""
+        chosen = "bold" if (e.get("id"), e.get("run")) == (snap["experiment"], snap.get("run")) else ""
         experiments.add_row(
-            Text(str(e.get("id")), style=chosen), str(e.get("processes")), str(e.get("last_finalized_step"))
+            Text(str(e.get("id")), style=chosen),
+            Text(str(e.get("run") or "-"), style=chosen),
+            str(e.get("processes")),
+            str(e.get("last_finalized_step")),
         )
     return experiments
 
@@ -117,8 +124,9 @@ def _header(snap: dict[str, Any], status: dict[str, Any], recent: list[dict[str,
     window = recent[-10:]
     elapsed = float(window[-1].get("time", 0)) - float(window[0].get("time", 0))
     rate = (window[-1]["step"] - window[0]["step"]) / elapsed if elapsed > 0 else 0.0
+    run = f"  run {snap['run']}" if snap.get("run") else ""
     header = (
-        f"{snap['experiment']}  step {last['step']}  lag {max(0.0, now - float(last.get('time', now))):.1f}s  "
+        f"{snap['experiment']}{run}  step {last['step']}  lag {max(0.0, now - float(last.get('time', now))):.1f}s  "
         f"{rate:.2f} steps/s  processes {status.get('processes', '?')}  "
         f"refused {status.get('refused_points', 0)}  missing {len(last.get('missing', []))}"
     )
@@ -212,16 +220,22 @@ def _quit_pressed(fd: int | None, timeout: float) -> bool:
 
 
 def run(
-    url: str, experiment: str | None, keys: list[str] | None, interval: float, token: str | None, once: bool
+    url: str,
+    experiment: str | None,
+    keys: list[str] | None,
+    interval: float,
+    token: str | None,
+    once: bool,
+    run_id: str | None = None,
 ) -> int:
     console = Console()
     if once:
-        console.print(render(snapshot(url, experiment, token), keys))
+        console.print(render(snapshot(url, experiment, token, run_id), keys))
         return 0
     with _keys() as fd, Live(console=console, auto_refresh=False, transient=False) as live:
         try:
             while True:
-                live.update(render(snapshot(url, experiment, token), keys), refresh=True)
+                live.update(render(snapshot(url, experiment, token, run_id), keys), refresh=True)
                 if _quit_pressed(fd, interval):
                     return 0
         except KeyboardInterrupt:

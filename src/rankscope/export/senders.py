@@ -485,8 +485,11 @@ class ForkRelay:
             del self._partial[next(iter(self._partial))]
 
 
-def sink_status(control_url: str, experiment: str, timeout: float = 2.0) -> dict[str, Any] | None:
-    url = f"{control_url.rstrip('/')}/rankscope/v1/status?{urllib.parse.urlencode({'experiment': experiment})}"
+def sink_status(
+    control_url: str, experiment: str, timeout: float = 2.0, run: str | None = None
+) -> dict[str, Any] | None:
+    query = {"experiment": experiment, **({"run": run} if run else {})}
+    url = f"{control_url.rstrip('/')}/rankscope/v1/status?{urllib.parse.urlencode(query)}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             found = json.loads(response.read())
@@ -508,8 +511,8 @@ def post_config(control_url: str, experiment: str, backends: Mapping[str, Any], 
         return str(json.loads(response.read()).get("result"))
 
 
-def request_report(control_url: str, experiment: str, timeout: float = 75.0) -> list[str]:
-    """Ask a rankscope sink to write the experiment's report page now; where it wrote.
+def request_report(control_url: str, experiment: str, timeout: float = 75.0, run: str | None = None) -> list[str]:
+    """Ask a rankscope sink to write a run's report page now (None: the experiment's latest run); where it wrote.
 
     The sink waits up to 60 s for the experiment's views; while another request for the same
     page is being answered (429), this one asks again until ``timeout``. Raises ``RuntimeError``
@@ -519,7 +522,7 @@ def request_report(control_url: str, experiment: str, timeout: float = 75.0) -> 
     while True:
         request = urllib.request.Request(
             control_url.rstrip("/") + "/rankscope/v1/report",
-            data=json.dumps({"experiment": experiment}).encode(),
+            data=json.dumps({"experiment": experiment, **({"run": run} if run else {})}).encode(),
             headers={"Content-Type": "application/json"},
             method="POST",
         )

@@ -3,7 +3,9 @@
 Routes: ``POST /v1/metrics|traces|logs`` (OTLP, protobuf or JSON, optionally gzip),
 ``GET /healthz`` (503 naming a dead sink thread), and the control routes for embedded
 clients and people: ``POST /rankscope/v1/config`` (an experiment's views),
-``GET /rankscope/v1/status[?experiment=ID]`` and
+``GET /rankscope/v1/status[?experiment=ID[&run=RUN]]`` (a route that names an experiment
+takes ``run``, else means its latest run; a resuming launch's own run id means the run it
+continues) and
 ``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]`` (stored spans as
 JSONL, streamed; what ``rankscope gantt --sink`` reads),
 ``GET /rankscope/v1/recent?experiment=ID`` (the last 64 finalized steps: values, missing,
@@ -157,10 +159,11 @@ class _Routes:
             return web.Response(status=200 if healthy else 503, text=text)
         if request.path == "/rankscope/v1/status":
             self._auth(request)
-            experiment = parse_qs(request.query_string).get("experiment", [None])[0]
+            query = parse_qs(request.query_string)
+            experiment = query.get("experiment", [None])[0]
             if experiment is None:
                 return web.json_response(self.sink.overview())
-            found = self.sink.status(experiment)
+            found = self.sink.status(experiment, _run(query))
             if found is None:
                 raise HttpError(404, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
             return web.json_response(found)
@@ -169,8 +172,9 @@ class _Routes:
             return await self._spans(request)
         if request.path == "/rankscope/v1/recent":
             self._auth(request)
-            experiment = parse_qs(request.query_string).get("experiment", [""])[0]
-            found = await self._call(self.sink.recent, experiment)
+            query = parse_qs(request.query_string)
+            experiment = query.get("experiment", [""])[0]
+            found = await self._call(self.sink.recent, experiment, _run(query))
             if found is None:
                 raise HttpError(404, f"no experiment {experiment[:200]!r}")
             return web.json_response(found)
@@ -184,9 +188,9 @@ class _Routes:
     async def _report(self, body: bytes) -> web.Response:
         try:
             payload = json.loads(body)
-            experiment = payload["experiment"]
-            if not isinstance(experiment, str):
-                raise TypeError("experiment must be a string")
+            experiment, run = payload["experiment"], payload.get("run")
+            if not isinstance(experiment, str) or not isinstance(run, (str, type(None))):
+                raise TypeError("experiment (and run) must be strings")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad report request: {exc}") from None
         with self._report_lock:  # one page at a time per experiment; others' pages go on
@@ -196,7 +200,7 @@ class _Routes:
         if busy:
             raise HttpError(429, "this experiment's report (or 8 others) is being written; ask again", 2)
         try:  # its own thread: waiting on the views never holds the pool that decodes data
-            answer = await asyncio.to_thread(self.sink.report, experiment, REPORT_TIMEOUT)
+            answer = await asyncio.to_thread(self.sink.report, experiment, REPORT_TIMEOUT, run)
         finally:
             with self._report_lock:
                 self._reporting.discard(experiment)
@@ -208,16 +212,18 @@ class _Routes:
         try:
             payload = json.loads(body)
             experiment, steps = payload["experiment"], payload.get("steps", 2)
-            ranks = payload.get("ranks")
+            ranks, run = payload.get("ranks"), payload.get("run")
             reason = str(payload.get("reason") or "asked")
             if not isinstance(experiment, str) or isinstance(steps, bool) or not isinstance(steps, int):
                 raise TypeError("experiment must be a string and steps an int")
+            if not isinstance(run, (str, type(None))):
+                raise TypeError("run must be a string")
             if ranks is not None and not (isinstance(ranks, list) and all(type(r) is int for r in ranks)):
                 raise TypeError("ranks must be a list of ints")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad capture request: {exc}") from None
         chosen = None if ranks is None else frozenset(ranks)
-        answer = await self._call(self.sink.capture, experiment, reason, steps, chosen)
+        answer = await self._call(self.sink.capture, experiment, reason, steps, chosen, run)
         if isinstance(answer, str):
             raise HttpError(404 if answer.startswith("no experiment") else 429, answer)
         return web.json_response(answer)
@@ -247,7 +253,7 @@ class _Routes:
             ranks = parse_ranks(query.get("ranks", [""])[0])
         except ValueError as exc:
             raise HttpError(400, f"bad span query: {exc}") from None
-        rows = await self._call(self.sink.span_rows, experiment, first, last, ranks)
+        rows = await self._call(self.sink.span_rows, experiment, first, last, ranks, _run(query))
         if rows is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}")
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
@@ -309,3 +315,8 @@ def start_http(sink: Sink, host: str, port: int) -> tuple[HttpServer, int]:
     server = HttpServer(sink, host, port)
     sink._spawn("http", server.serve)
     return server, server.port
+
+
+def _run(query: dict[str, list[str]]) -> str | None:
+    """The ``run`` a route asks for; absent: the experiment's latest run."""
+    return query.get("run", [None])[0]

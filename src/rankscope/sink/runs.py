@@ -106,6 +106,10 @@ class RunBook:
         runs = self._runs.get(experiment)
         return next(reversed(runs)) if runs else None
 
+    def target(self, experiment: str, run: str) -> str:
+        """The run ``run`` stands for: the run it resumed when it is a resuming launch, else itself."""
+        return self._launches.get((experiment, run), run)
+
     def get(self, key: RunKey) -> Run | None:
         return self._runs.get(key[0], {}).get(key[1])
 

@@ -763,7 +763,7 @@ class Sink:
                 run = self.runs.latest(experiment_id)
                 if run is None:
                     return None
-            return self.tenants.get((experiment_id, run))
+            return self.tenants.get((experiment_id, self.runs.target(experiment_id, run)))
 
     def _tenant_of_process(self, experiment_id: str, process_id: str) -> Tenant | None:
         """The open run of an experiment that holds this process (processes poll by their own id)."""
