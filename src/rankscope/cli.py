@@ -45,6 +45,7 @@ def _sink_config(args: argparse.Namespace) -> Any:
         spans_dir=Path(args.spans_dir) if args.spans_dir else None,
         max_span_file_bytes=args.max_span_file_bytes,
         time_bucket=args.time_bucket,
+        resume_window=args.resume_window,
         report=args.report,
         trust_posted_paths=args.command == "run" or args.trust_posted_paths,
     )
@@ -123,9 +124,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.gantt:
         from . import gantt
 
-        rows = (json.loads(line) for line in sink.span_rows(experiment) or ())
+        rows = (json.loads(line) for line in sink.span_rows(experiment, run=run) or ())
         written = gantt.write(rows, args.gantt)
-        status = sink.status(experiment) or {}
+        status = sink.status(experiment, run) or {}
         capped = (status.get("span_file") or {}).get("not_saved", 0)
         print(
             f"rankscope run: Gantt of {written.spans} spans, {written.processes} processes -> {args.gantt}"
@@ -133,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.report:
-        answer = sink.report(experiment)
+        answer = sink.report(experiment, run=run)
         if isinstance(answer, str):
             print(f"rankscope run: no report: {answer}", file=sys.stderr)
         for path in [] if isinstance(answer, str) else answer:
@@ -362,8 +363,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         p.add_argument("--no-state-dir", action="store_true", help="keep acknowledged data in memory only")
         p.add_argument(
+            "--resume-window",
+            type=float,
+            default=7 * 86400.0,
+            help="seconds after a run was last seen during which a launch may resume it (default 7 days)",
+        )
+        p.add_argument(
             "--spans-dir",
-            help="write every experiment's spans here as they arrive (SPANS_DIR/EXPERIMENT/spans.jsonl): "
+            help="write every run's spans here as they arrive (SPANS_DIR/EXPERIMENT/RUN/spans.jsonl): "
             "the whole run's Gantt" + (" (--gantt: a temporary directory)" if name == "run" else ""),
         )
         p.add_argument(

@@ -127,3 +127,26 @@ def test_the_reports_summary_keeps_the_final_values_after_a_rewind() -> None:
         summary.add({"kind": "step", "step": step, "values": {"loss": value}})
     assert [(p[0], p[1]) for p in summary.globals["loss"].points] == [(0, 1.0), (1, 20.0), (2, 30.0)]
     assert (summary.steps, summary.last_step, summary.rewinds) == (3, 2, [{"step": 1, "from": 2}])
+
+
+def test_a_launch_reusing_the_id_of_an_ended_run_is_refused_with_a_reason() -> None:
+    e = Experiment("x", run="fixed-rdzv-id", grace=5, clock=Clock())
+    first = {**resource("p0"), attr.PROCESS_PID: 100}
+    send(e, first, 0, 1.0)
+    goodbye(e, first)
+    again = send(e, {**resource("p0-again"), attr.PROCESS_PID: 100}, 1, 2.0)  # the same process, re-initialized
+    assert again.count == 0
+    goodbye(e, {**resource("p0-again"), attr.PROCESS_PID: 100})
+    other = send(e, {**resource("p9"), attr.PROCESS_PID: 200}, 0, 5.0)  # a second launch, the same run id
+    assert other.count == 2 and "another launch reuses its id" in other.reasons[0]
+    assert e.reused_points == 2 and [values_of(v)["loss"] for v in e.ready(force=True)] == [1.0, 2.0]
+
+
+def goodbye(e: Experiment, who: dict[str, Any]) -> None:
+    request = mpb.ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add(resource=encode_resource(who))
+    marker = rm.scope_metrics.add().metrics.add(name=attr.GOODBYE)
+    marker.sum.data_points.add(as_int=1)
+    for batch in metrics_batches(request, Limits(), Refusals()):
+        assert batch.goodbye
+        e.apply(batch, Refusals())

@@ -87,6 +87,11 @@ class Process:
     live: bool = True
     merged: bool = False
     """States merged upstream by a Collector (``rankscope.merged``): in the global view only."""
+    ended: bool = False
+    """It said goodbye (``rankscope.goodbye``): it ended, and does not come back."""
+    reused: bool = False
+    """It came to a run whose processes had all ended, at the same attempt: another launch reusing
+    the run id (a fixed ``--rdzv-id``, a ``RANKSCOPE_RUN_ID`` set by hand). Its data is refused."""
 
     @property
     def group(self) -> tuple[str, str | None, int]:
@@ -301,6 +306,8 @@ class Experiment:
         self.abandoned_steps = 0
         """Steps an earlier attempt left open when the run restarted (never written: executed again)."""
         self.superseded_points = 0
+        self.reused_points = 0
+        """Points refused because another launch reused the id of this run after it ended."""
         """Points refused because their process's attempt is older than the run's (a restart)."""
         self._abandoned: set[tuple[tuple[str, str | None, int], int]] = set()
         self._late: dict[int, _Step] = {}
@@ -385,8 +392,16 @@ class Experiment:
             resource=dict(resource),
             merged=resource.get(attr.MERGED) is True,
         )
+        others = [p for p in self.processes.values() if not p.merged]
+        process.reused = (
+            not process.merged
+            and attempt == self.attempt
+            and bool(others)
+            and all(p.ended for p in others)
+            and not any((p.host, p.pid) == (process.host, process.pid) for p in others)  # not a re-init
+        )
         self.processes[pid] = process
-        if not process.merged:
+        if not process.merged and not process.reused:
             self._labels[label] = pid
         if attempt > self.attempt:
             self._new_attempt(attempt)
@@ -438,6 +453,15 @@ class Experiment:
         if process is None:
             self._refuse(refused, batch.point_count + len(batch.markers), f"{self.max_processes} processes (limit)")
             return 0
+        if process.reused:
+            n = batch.point_count + len(batch.markers)
+            self.reused_points += n
+            why = (
+                f"run {self.run[:64]!r} ended (every process said goodbye) and another launch reuses its id: "
+                "give the launch its own run id, or resume the run (RANKSCOPE_RESUME)"
+            )
+            self._refuse(refused, n, why)
+            return 0
         if process.attempt < self.attempt:  # a process of an earlier attempt, still sending: the run restarted
             n = batch.point_count + len(batch.markers)
             self.superseded_points += n
@@ -445,11 +469,13 @@ class Experiment:
             return 0
         if not process.live and process.attempt >= self.attempt:
             process.live = True  # it came back
+            process.ended = False
             self._version += 1
         parts = self._split(batch, process, refused, now)
         taken = self._merge_parts(process, parts, refused, log, seq, now)
         if batch.goodbye:
             process.live = False
+            process.ended = True
             self._version += 1
         self.points += taken
         if process.merged:

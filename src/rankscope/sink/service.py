@@ -438,7 +438,7 @@ class Sink:
                 with tenant.lock:
                     try:
                         process = tenant.experiment.process_for(checked[1])
-                        if process is None:
+                        if process is None or process.reused:
                             accepted, rejected = 0, n
                         else:
                             e = tenant.experiment
@@ -650,6 +650,7 @@ class Sink:
                 "late_points": e.late_points,
                 "abandoned_steps": e.abandoned_steps,
                 "superseded_points": e.superseded_points,
+                "reused_run_points": e.reused_points,
                 "refused_points": e.refused,
                 "foreign_points": e.foreign_points,
                 "series_overflow": e.streams.overflowed,
