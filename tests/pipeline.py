@@ -83,8 +83,13 @@ class Process:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without rankscope's and OTel's variables, plus ``extra``.
+    Processes a test starts with one experiment's env are one job: they share a run id, as the
+    launcher of a job started apart would give them (``docs/runs.md``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
     env.update(extra)
+    if "RANKSCOPE_EXPERIMENT" in extra:
+        env.setdefault("RANKSCOPE_RUN_ID", f"job-{extra['RANKSCOPE_EXPERIMENT']}")
     return env
 
 

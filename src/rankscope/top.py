@@ -126,9 +126,9 @@ def _header(snap: dict[str, Any], status: dict[str, Any], recent: list[dict[str,
     rate = (window[-1]["step"] - window[0]["step"]) / elapsed if elapsed > 0 else 0.0
     run = f"  run {snap['run']}" if snap.get("run") else ""
     header = (
-        f"{snap['experiment']}{run}  step {last['step']}  lag {max(0.0, now - float(last.get('time', now))):.1f}s  "
+        f"{snap['experiment']}  step {last['step']}  lag {max(0.0, now - float(last.get('time', now))):.1f}s  "
         f"{rate:.2f} steps/s  processes {status.get('processes', '?')}  "
-        f"refused {status.get('refused_points', 0)}  missing {len(last.get('missing', []))}"
+        f"refused {status.get('refused_points', 0)}  missing {len(last.get('missing', []))}{run}"
     )
     return Text(header, style="bold")
 

@@ -25,6 +25,7 @@ from ..conftest import ROOT
 def torchrun(sink: Any, experiment: str, tmp_path: Path, attempt: int | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
     env.update(RANKSCOPE_EXPERIMENT=experiment, RANKSCOPE_ENDPOINT=sink.endpoint)
+    env["RANKSCOPE_RUN_ID"] = f"job-{experiment}"  # two torchruns here are one job's attempts: one run
     if attempt is not None:  # what a torchelastic restart reports, set directly
         env["OTEL_RESOURCE_ATTRIBUTES"] = f"rankscope.experiment.attempt={attempt}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]

@@ -137,9 +137,13 @@ def test_a_launch_reusing_the_id_of_an_ended_run_is_refused_with_a_reason() -> N
     again = send(e, {**resource("p0-again"), attr.PROCESS_PID: 100}, 1, 2.0)  # the same process, re-initialized
     assert again.count == 0
     goodbye(e, {**resource("p0-again"), attr.PROCESS_PID: 100})
+    assert [values_of(v)["loss"] for v in e.ready()] == [1.0, 2.0]
+    late_rank = send(e, {**resource("p1", rank=1), attr.PROCESS_PID: 300}, 1, 7.0)  # a slot nobody held: late
+    assert late_rank.count == 0 and e.late_points == 1
+    goodbye(e, {**resource("p1", rank=1), attr.PROCESS_PID: 300})
     other = send(e, {**resource("p9"), attr.PROCESS_PID: 200}, 0, 5.0)  # a second launch, the same run id
     assert other.count == 2 and "another launch reuses its id" in other.reasons[0]
-    assert e.reused_points == 2 and [values_of(v)["loss"] for v in e.ready(force=True)] == [1.0, 2.0]
+    assert e.reused_points == 2 and e.ready(force=True) == []
 
 
 def goodbye(e: Experiment, who: dict[str, Any]) -> None:

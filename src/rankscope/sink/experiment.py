@@ -89,9 +89,12 @@ class Process:
     """States merged upstream by a Collector (``rankscope.merged``): in the global view only."""
     ended: bool = False
     """It said goodbye (``rankscope.goodbye``): it ended, and does not come back."""
+    suspect: bool = False
+    """It took the slot of a process that ended, in a run whose processes had all ended, at the
+    same attempt: its first data decides whether it is another launch (``reused``)."""
     reused: bool = False
-    """It came to a run whose processes had all ended, at the same attempt: another launch reusing
-    the run id (a fixed ``--rdzv-id``, a ``RANKSCOPE_RUN_ID`` set by hand). Its data is refused."""
+    """...and that data was for a step the run had finalized already: another launch reusing the run
+    id (a fixed ``--rdzv-id``, a ``RANKSCOPE_RUN_ID`` set by hand). Its data is refused."""
 
     @property
     def group(self) -> tuple[str, str | None, int]:
@@ -393,15 +396,17 @@ class Experiment:
             merged=resource.get(attr.MERGED) is True,
         )
         others = [p for p in self.processes.values() if not p.merged]
-        process.reused = (
+        held = self.processes.get(self._labels.get(label_of(role, replica, rank), ""))
+        process.suspect = (  # its slot's process ended, as did every other: maybe a second launch
             not process.merged
-            and attempt == self.attempt
-            and bool(others)
+            and held is not None
+            and held.ended
+            and held.attempt == attempt == self.attempt
             and all(p.ended for p in others)
             and not any((p.host, p.pid) == (process.host, process.pid) for p in others)  # not a re-init
         )
         self.processes[pid] = process
-        if not process.merged and not process.reused:
+        if not process.merged:
             self._labels[label] = pid
         if attempt > self.attempt:
             self._new_attempt(attempt)
@@ -453,6 +458,10 @@ class Experiment:
         if process is None:
             self._refuse(refused, batch.point_count + len(batch.markers), f"{self.max_processes} processes (limit)")
             return 0
+        if process.suspect:  # decided by its first data: a second launch starts over, below the run's last step
+            process.suspect = False
+            steps = [r.step for r in batch.states if r.step is not None] + [m.step for m in batch.markers]
+            process.reused = bool(steps) and min(steps) <= self.last_finalized
         if process.reused:
             n = batch.point_count + len(batch.markers)
             self.reused_points += n
