@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         p.add_argument(
             "--spans-dir",
-            help="write every run's spans here as they arrive (SPANS_DIR/EXPERIMENT/RUN/spans.jsonl): "
+            help="write every run's spans here as they arrive (SPANS_DIR/EXPERIMENT/runs/RUN/spans.jsonl): "
             "the whole run's Gantt" + (" (--gantt: a temporary directory)" if name == "run" else ""),
         )
         p.add_argument(

@@ -262,7 +262,8 @@ def init(
         steps.auto = False  # an explicit init: the program closes its own steps (_auto_init differs)
         # Children of this process (spawned workers, `rankscope run` commands) join this experiment.
         os.environ["RANKSCOPE_EXPERIMENT"] = experiment_id
-        os.environ["RANKSCOPE_RUN_ID"] = str(resource.attributes[attr.RUN_ID])  # and this launch
+        if attr.RUN_ID in resource.attributes:  # and this launch
+            os.environ["RANKSCOPE_RUN_ID"] = str(resource.attributes[attr.RUN_ID])
         if attr.RUN_RESUME in resource.attributes:  # which continues that run, for every process of it
             os.environ["RANKSCOPE_RESUME"] = str(resource.attributes[attr.RUN_RESUME])
         if endpoint is not None:

@@ -54,6 +54,14 @@ def test_the_run_is_the_launchers_job_else_generated_and_a_name_is_not_a_run() -
     assert build_resource(environ=inherited).attributes[attr.RUN_ID] == first[attr.RUN_ID]  # beats detection
     otel = {"OTEL_RESOURCE_ATTRIBUTES": "rankscope.run.id=from-otel", "TORCHELASTIC_RUN_ID": "job-1"}
     assert build_resource(environ=otel).attributes[attr.RUN_ID] == "from-otel"
+    pinned = {"RANKSCOPE_PARENT_RUN_ID": "pinned-by-parent"}  # the Lightning logger, before it starts ranks
+    assert build_resource(environ=pinned).attributes[attr.RUN_ID] == "pinned-by-parent"
+    node = {"TORCHELASTIC_RUN_ID": "none", "RANK": "9", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
+    assert attr.RUN_ID not in build_resource(environ=node).attributes  # nodes share no id: the sink keeps one run
+    one_node = {**node, "WORLD_SIZE": "8"}
+    assert str(build_resource(environ=one_node).attributes[attr.RUN_ID]).startswith("torchrun-")
+    resumed = build_resource(environ={"RANKSCOPE_RESUME": "1"}).attributes
+    assert resumed[attr.RUN_RESUME] == "latest" and attr.RUN_RESUME not in first
 
 
 def test_torchrun_inside_slurm_uses_torchrun_ranks() -> None:

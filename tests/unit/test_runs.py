@@ -154,3 +154,27 @@ def goodbye(e: Experiment, who: dict[str, Any]) -> None:
     for batch in metrics_batches(request, Limits(), Refusals()):
         assert batch.goodbye
         e.apply(batch, Refusals())
+
+
+def test_a_restored_run_is_past_every_launch_mapped_onto_it_and_a_refused_run_is_forgotten() -> None:
+    record = {"experiment": "exp", "run": "a", "started": "bad", "launches": {"c": 3, "d": "x"}}
+    run = Run.restored(record, attempt=1, last_seen=5.0)  # the crash came before launch c wrote anything
+    assert (run.attempt, run.launches, run.started) == (3, {"c": 3}, 5.0)
+    book = RunBook(wall=Wall())
+    book.add(run)
+    again = book.resolve("exp", of("e", resume="a"))
+    assert not isinstance(again, str) and again.attempt == 4  # never the same attempt as launch c
+    new = book.resolve("exp", of("z"))
+    assert not isinstance(new, str) and new.created
+    book.forget(new.key)
+    assert [r.run for r in book.runs("exp")] == ["a"]
+    runless = book.resolve("exp", of("", resume="a"))  # data without a run id resumes nothing
+    assert not isinstance(runless, str) and runless.key == ("exp", "") and runless.attempt == 0
+
+
+def test_merged_states_of_a_new_attempt_come_from_a_new_upstream_record() -> None:
+    e = Experiment("x", grace=5, clock=Clock())
+    merged = {**resource("collector"), attr.MERGED: True}
+    send(e, merged, 0, 1.0)
+    send(e, {**resource("p1"), attr.EXPERIMENT_ATTEMPT: 1}, 0, 1.0)  # the run restarted
+    assert send(e, {**merged, attr.EXPERIMENT_ATTEMPT: 1}, 0, 2.0).count == 0  # the Collector, same instance

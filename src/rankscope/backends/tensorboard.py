@@ -41,6 +41,7 @@ class TensorBoardBackend(LoggerBackend):
         self.location = str(self.root.resolve())
         self._default = process_name or "global"
         self._writers: dict[str, Any] = {}
+        self._purge_step: int | None = None
 
     def _writer(self, name: str) -> Any:
         writer = self._writers.get(name)
@@ -48,7 +49,14 @@ class TensorBoardBackend(LoggerBackend):
             path = self.root / safe_component(name)
             path.mkdir(parents=True, exist_ok=True)
             writer = self._writers[name] = self._writer_class(str(path))
+            if self._purge_step is not None:  # its directory may hold events from before the rewind
+                self._purge(writer, self._purge_step)
         return writer
+
+    def _purge(self, writer: Any, step: int) -> None:
+        start = self._session_log(status=self._session_log.START)
+        writer.add_event(self._event(wall_time=time.time(), step=step, session_log=start))
+        writer.flush()
 
     def _write(self, name: str, metrics: list[Metric], step: int | None) -> None:
         values = [self._summary.Value(tag=m.key, simple_value=m.value) for m in metrics]
@@ -64,10 +72,12 @@ class TensorBoardBackend(LoggerBackend):
         self._write(kwargs.get("process_name") or self._default, [metric], global_step)
 
     def rewind(self, step: int) -> None:
-        start = self._session_log(status=self._session_log.START)
+        """TensorBoard's purge marker in every directory of this view, open or opened later (a view
+        reopened after an eviction or a sink restart has none open yet)."""
         for writer in self._writers.values():
-            writer.add_event(self._event(wall_time=time.time(), step=step, session_log=start))
-            writer.flush()
+            self._purge(writer, step)
+        self._purge_step = step
+        self._writer(self._default)  # opened (with the marker) if it was not
 
     def finish(self) -> None:
         for writer in self._writers.values():

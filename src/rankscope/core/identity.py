@@ -49,7 +49,9 @@ def generate_experiment_id() -> str:
 
 def detect_run(env: Mapping[str, str]) -> str | None:
     """The launcher's id of this launch: every process of it sees the same one without talking,
-    and a restart within the launch (torchelastic, a SLURM requeue) keeps it."""
+    and a restart within the launch (torchelastic, a SLURM requeue) keeps it. ``""``: the launch
+    has no id its processes share (a multi-node torchrun without ``--rdzv-id``: each node's agent
+    differs), so the data carries none and the sink keeps one run for the experiment, as before runs."""
     elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
     if elastic and elastic != "none":
         return elastic
@@ -58,6 +60,9 @@ def detect_run(env: Mapping[str, str]) -> str | None:
         step = env.get("SLURM_STEP_ID", "").strip()
         return f"slurm-{slurm}" + (f".{step}" if step else "")
     if elastic == "none" and "RANK" in env:  # torchrun without --rdzv-id: the ranks of one node share the agent
+        world, local = _int_env(env, "WORLD_SIZE"), _int_env(env, "LOCAL_WORLD_SIZE")
+        if world is not None and local is not None and world > local:
+            return ""
         return f"torchrun-{socket.gethostname()}-{os.getppid()}"
     return None
 
@@ -207,13 +212,12 @@ def build_resource(
     if world_size is not None:
         values[attr.WORLD_SIZE] = world_size
     values[attr.EXPERIMENT_ID] = experiment_id or generate_experiment_id()
-    values[attr.RUN_ID] = (
-        resolve("run", None, env)
-        or otel.get(attr.RUN_ID)
-        or detect_run(env)
-        or env.get(PARENT_RUN_ENV)
-        or generate_run_id()
-    )
+    launcher = detect_run(env)
+    run_id = resolve("run", None, env) or otel.get(attr.RUN_ID) or launcher
+    if run_id is None:
+        run_id = env.get(PARENT_RUN_ENV) or generate_run_id()
+    if run_id:
+        values[attr.RUN_ID] = run_id
     resume = resolve("resume", resume, env) or otel.get(attr.RUN_RESUME)
     if resume:
         values[attr.RUN_RESUME] = resume

@@ -156,6 +156,8 @@ class StepView:
         self.labels = labels or {}
         """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
         self.seq = seq
+        self.attempt = 0
+        """The run's attempt when the step was finalized (what the write-ahead log's checkpoint records)."""
         self.rewound = False
         """The step comes again (a restarted or resumed run executes it again): views drop what they
         hold of this step and later ones (TensorBoard's purge step) before writing it."""
@@ -366,6 +368,8 @@ class Experiment:
     def process_for(self, resource: Mapping[str, Any]) -> Process | None:
         """The sending process (created on first sight), or None past ``max_processes``."""
         pid = str(resource.get(attr.SERVICE_INSTANCE_ID) or resource.get(attr.PROCESS_PID) or "?")
+        if resource.get(attr.MERGED) is True:  # a Collector merges every attempt under one instance id
+            pid = f"{pid}@{_int(resource.get(attr.EXPERIMENT_ATTEMPT), 0)}"
         found = self.processes.get(pid)
         if found is None:
             if len(self.processes) >= self.max_processes:
@@ -465,9 +469,11 @@ class Experiment:
         if process.reused:
             n = batch.point_count + len(batch.markers)
             self.reused_points += n
-            why = (
-                f"run {self.run[:64]!r} ended (every process said goodbye) and another launch reuses its id: "
-                "give the launch its own run id, or resume the run (RANKSCOPE_RESUME)"
+            why = f"run {self.run[:64]!r} ended (every process said goodbye) and another launch reuses its id: " + (
+                "a resuming launch needs its own run id (unset RANKSCOPE_RUN_ID, a new --rdzv-id); "
+                "RANKSCOPE_RESUME names the run it continues"
+                if process.resource.get(attr.RUN_RESUME)
+                else "give the launch its own run id, or resume the run (RANKSCOPE_RESUME)"
             )
             self._refuse(refused, n, why)
             return 0
@@ -814,6 +820,7 @@ class Experiment:
             while len(self._done) > self.retain_steps:
                 self._done.popitem(last=False)
             view = self._view(bucket, missing)
+            view.attempt = self.attempt
             view.rewound = step <= self._last_viewed
             self._last_viewed = step
             out.append(view)

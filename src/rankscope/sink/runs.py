@@ -31,6 +31,8 @@ RunKey = tuple[str, str]
 an older rankscope) has run ``""``: one run per experiment, as before runs."""
 
 LATEST = "latest"
+MAX_LAUNCHES = 1000
+"""Resuming launches a run keeps mapped (the oldest are forgotten: each is one restart of the run)."""
 
 
 @dataclass(slots=True)
@@ -53,14 +55,22 @@ class Run:
 
     @classmethod
     def restored(cls, meta: Mapping[str, Any], attempt: int, last_seen: float) -> Run:
-        launches = meta.get("launches")
+        """A run from its persisted record; a malformed field is taken as absent. Its attempt is at
+        least every launch mapped onto it (one may have been mapped before a crash, unwritten)."""
+        found = meta.get("launches")
+        launches: dict[str, int] = {}
+        if isinstance(found, dict):
+            for k, v in list(found.items())[:MAX_LAUNCHES]:
+                if isinstance(v, int) and not isinstance(v, bool):
+                    launches[str(k)] = v
+        started = meta.get("started")
         return cls(
             experiment=str(meta["experiment"]),
             run=str(meta.get("run", "")),
-            started=float(meta.get("started", last_seen)),
+            started=float(started) if isinstance(started, (int, float)) else last_seen,
             last_seen=last_seen,
-            attempt=attempt,
-            launches={str(k): int(v) for k, v in launches.items()} if isinstance(launches, dict) else {},
+            attempt=max(attempt, *launches.values()) if launches else attempt,
+            launches=launches,
         )
 
 
@@ -72,6 +82,8 @@ class Resolved:
     key: RunKey
     attempt: int
     note: str | None = None
+    created: bool = False
+    """The run is new to the book (the sink forgets it again if it cannot take it)."""
     changed: Run | None = None
     """A run whose persisted record changed (a launch was mapped onto it)."""
 
@@ -97,6 +109,16 @@ class RunBook:
         for launch in run.launches:
             self._launches[(run.experiment, launch)] = run.run
         self._trim(runs)
+
+    def forget(self, key: RunKey) -> None:
+        """Drop a run the sink did not take after all (refused past its limits)."""
+        runs = self._runs.get(key[0], {})
+        run = runs.pop(key[1], None)
+        if run is not None:
+            for launch in run.launches:
+                self._launches.pop((key[0], launch), None)
+        if not runs:
+            self._runs.pop(key[0], None)
 
     def runs(self, experiment: str) -> list[Run]:
         """The experiment's runs, oldest first."""
@@ -125,7 +147,7 @@ class RunBook:
         known = self.get((experiment, run_id))
         if known is not None:
             return self._seen(known, own, now)
-        resume = str(resource.get(attr.RUN_RESUME) or "")
+        resume = str(resource.get(attr.RUN_RESUME) or "") if run_id else ""  # run-less data resumes nothing
         if not resume or resume == run_id:
             return self._new(experiment, run_id, own, now)
         return self._resume(experiment, run_id, resume, own, now)
@@ -150,10 +172,15 @@ class RunBook:
             target = found_run
         base = target.attempt + 1
         target.launches[run_id] = base
+        while len(target.launches) > MAX_LAUNCHES:
+            oldest = next(iter(target.launches))
+            del target.launches[oldest]
+            self._launches.pop((experiment, oldest), None)
         self._launches[(experiment, run_id)] = target.run
         runs.pop(target.run)  # the continued run is the experiment's latest again
         runs[target.run] = target
         resolved = self._seen(target, base + own, now)
+        resolved.created = False
         resolved.note = f"run {target.run[:64]!r} resumed by launch {run_id[:64]!r} (attempt {base})"
         resolved.changed = target
         return resolved
@@ -162,7 +189,7 @@ class RunBook:
         runs = self._runs.setdefault(experiment, {})
         run = runs[run_id] = Run(experiment, run_id, started=now, last_seen=now, attempt=own)
         self._trim(runs)
-        return Resolved((experiment, run_id), own, changed=run)
+        return Resolved((experiment, run_id), own, changed=run, created=True)
 
     def _seen(self, run: Run, attempt: int, now: float) -> Resolved:
         run.last_seen = now

@@ -758,12 +758,13 @@ class Sink:
     # -- internals ----------------------------------------------------------------------
 
     def _find(self, experiment_id: str, run: str | None = None) -> Tenant | None:
-        """The open tenant of a run; run None: the experiment's latest run."""
+        """The open tenant of a run; run None: the experiment's latest open run."""
         with self._lock:
             if run is None:
-                run = self.runs.latest(experiment_id)
-                if run is None:
+                open_runs = [r.run for r in self.runs.runs(experiment_id) if (experiment_id, r.run) in self.tenants]
+                if not open_runs:
                     return None
+                run = open_runs[-1]
             return self.tenants.get((experiment_id, self.runs.target(experiment_id, run)))
 
     def _tenant_of_process(self, experiment_id: str, process_id: str) -> Tenant | None:
@@ -792,13 +793,16 @@ class Sink:
             tenant = self.tenants.get(key)
             if tenant is None:
                 if len(self.tenants) >= self.config.max_experiments:
+                    if resolved.created:
+                        self.runs.forget(key)
                     refused.add(n, f"the sink holds {self.config.max_experiments} runs (limit)")
                     return None
                 tenant = self.tenants[key] = self._new_tenant(key)
-            if resolved.changed is not None and tenant.log is not None:
-                tenant.log.save_meta(resolved.changed.record())
             if resolved.note is not None:
                 self._note(resolved.note)
+            record = resolved.changed.record() if resolved.changed is not None else None
+        if record is not None and tenant.log is not None:  # outside the registry lock: it fsyncs
+            tenant.log.save_meta(record)
         return tenant
 
     def _note(self, note: str) -> None:
@@ -865,8 +869,8 @@ class Sink:
         if self.config.spans_dir is None:
             return None
         directory = self.config.spans_dir / safe_component(key[0])
-        if key[1]:
-            directory = directory / safe_component(key[1])
+        if key[1]:  # a run id never meets the run-less run's files
+            directory = directory / "runs" / safe_component(key[1])
         return SpanFile(directory / "spans.jsonl", self.config.max_span_file_bytes)
 
     def _replay(self) -> None:
@@ -910,7 +914,7 @@ class Sink:
 
             def written(view: StepView) -> None:
                 if log_ is not None and view.seq:
-                    log_.written_view(view.step, view.seq, -1 if view.late else view.step, experiment.attempt)
+                    log_.written_view(view.step, view.seq, -1 if view.late else view.step, view.attempt)
 
             tenant.writer = ViewWriter(
                 experiment_id,

@@ -7,7 +7,7 @@ the cap for the newest step are counted in ``dropped``. Spans without ``rankscop
 request, else the step whose wall-clock window holds their start (``Experiment.step_at``).
 
 With a span file (``SinkConfig.spans_dir``), every stored span is also appended to
-``SPANS_DIR/<experiment>/<run>/spans.jsonl`` as it arrives, up to ``max_span_file_bytes`` (then the
+``SPANS_DIR/<experiment>/runs/<run>/spans.jsonl`` as it arrives, up to ``max_span_file_bytes`` (then the
 file stops growing, says so in the status route and a warning, and counts what it missed):
 the whole run's Gantt (``rankscope gantt``, ``rankscope run --gantt``), not only the retained steps.
 

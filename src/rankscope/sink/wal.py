@@ -1,8 +1,8 @@
 """Write-ahead log: what the sink acknowledged survives a crash (``rankscope sink --state-dir``).
 
 Layout: ``STATE_DIR/lock`` (one sink per directory), and per run of an experiment a directory
-``safe_component(experiment id)/safe_component(run id)`` (a run without an id: the
-experiment's directory itself) holding ``meta.json`` (the original ids and what the run book
+``safe_component(experiment id)/runs/safe_component(run id)`` (a run without an id: the
+experiment's directory itself, as before runs) holding ``meta.json`` (the original ids and what the run book
 keeps of the run, ``sink.runs``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
 
 A record is one process's checked points (and sample rows) of one step (``Experiment.apply`` resolves the
@@ -76,7 +76,8 @@ class ExperimentLog:
 
     def save_meta(self, meta: dict[str, Any]) -> None:
         """What the run book keeps of the run (``sink.runs.Run.record``), beside its records."""
-        _atomic_write(self.directory / "meta.json", {**meta, "experiment": self.experiment, "run": self.run})
+        with self._lock:
+            _atomic_write(self.directory / "meta.json", {**meta, "experiment": self.experiment, "run": self.run})
 
     def _load_checkpoint(self) -> None:
         try:
@@ -221,13 +222,13 @@ class WriteAheadLog:
     def open(self, experiment: str, run: str = "") -> ExperimentLog:
         directory = self.directory / safe_component(experiment)
         if run:
-            directory = directory / safe_component(run)
+            directory = directory / "runs" / safe_component(run)
         return ExperimentLog(directory, experiment, self.segment_bytes, run)
 
     def found(self) -> list[tuple[dict[str, Any], int, float]]:
         """(meta, attempt, last written) of every run with a log in the directory, oldest first."""
         runs = []
-        for meta in [*self.directory.glob("*/meta.json"), *self.directory.glob("*/*/meta.json")]:
+        for meta in [*self.directory.glob("*/meta.json"), *self.directory.glob("*/runs/*/meta.json")]:
             try:
                 found = json.loads(meta.read_text())
                 if not isinstance(found, dict) or not isinstance(found["experiment"], str):
