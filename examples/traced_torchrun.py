@@ -24,7 +24,7 @@ for step in range(3):
         t.step("data")
         loss = model(x).pow(2).mean()
         if rank == 3:
-            time.sleep(0.2)  # the straggler
+            time.sleep(0.5)  # the straggler (a loaded 2-core box once stalled another rank 0.3 s)
         t.step("fwd")
         loss.backward()
         optimizer.step()

@@ -3,11 +3,13 @@ with a straggler, its screen text read back (issue 17)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -26,7 +28,14 @@ def test_top_shows_the_experiment_its_step_advancing_and_the_straggler(make_sink
     sink = make_sink(grace=30, auto_capture_steps=0)
     env = clean_env(RANKSCOPE_EXPERIMENT="watched", RANKSCOPE_ENDPOINT=sink.endpoint)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", WORKER, "straggler"]
-    job = subprocess.Popen([*cmd, "30"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(  # its own process group: the ranks go with torchrun at the end
+        [*cmd, "30"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 160, 0, 0))
     top = subprocess.Popen(
@@ -67,8 +76,10 @@ def test_top_shows_the_experiment_its_step_advancing_and_the_straggler(make_sink
         os.write(master, b"q")
         assert top.wait(timeout=10) == 0  # q quits
     finally:
-        for process in (top, job):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        if top.poll() is None:
+            top.kill()
+            top.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)  # torchrun and the ranks it started, which outlive a killed agent
+        job.wait()
         os.close(master)
