@@ -11,8 +11,9 @@ import (
 	"go.opentelemetry.io/collector/pdata/pmetric"
 )
 
-// The wire names, as rankscope's Python package defines them (rankscope/core/names.py and
-// rankscope/otlp/metrics.py). A rename there is a wire-format change here too.
+// The wire names, as rankscope's Python package defines them (rankscope/core/names.py; the
+// numbers: rankscope/otlp/metrics.py). A rename there is a wire-format change here too, and
+// tests/unit/test_wire_names.py reads both files and holds them equal.
 const (
 	attrExperiment    = "rankscope.experiment.id"
 	attrAttempt       = "rankscope.experiment.attempt"

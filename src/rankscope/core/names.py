@@ -31,10 +31,12 @@ REDUCE = "rankscope.reduce"  # the reduce type's name, e.g. "mean"
 STATE_FIELD = "rankscope.state"  # for custom reduce types: which state field this point holds
 EXTREME_RANK = "rankscope.extreme.rank"  # int, on a merged MAX/MIN state: the rank holding the extreme
 EXTREME_LABEL = "rankscope.extreme.label"  # on a merged MAX/MIN state: that process's label
+SUM_SQ = "rankscope.sum_sq"  # double, on a STD state's histogram point: the sum of squares
 
 # On the resource of states merged by the Collector's rankscopemerge processor (bool): the
 # resource is the merge, not a process; its contributors are named by their own flush markers.
 MERGED = "rankscope.merged"
+MERGE_WINDOW = "rankscope.merge.window"  # int, on such a resource: which window of its Collector it is
 
 # Metrics rankscope emits about itself.
 FLUSH_MARKER = "rankscope.flush"  # one point per flush: "this process closed step N" (value: keys)

@@ -39,7 +39,7 @@ from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, MetricAccumula
 from .common import attributes, decode_step, key_value, number
 from .raw import decode_attributes, resource_metrics
 
-SUM_SQ = "rankscope.sum_sq"
+SUM_SQ = attr.SUM_SQ
 _DELTA = pb.AGGREGATION_TEMPORALITY_DELTA
 
 
