@@ -3,6 +3,7 @@ restarted attempt inside one run (what it drops, what it refuses, which step is 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
@@ -178,3 +179,29 @@ def test_merged_states_of_a_new_attempt_come_from_a_new_upstream_record() -> Non
     send(e, merged, 0, 1.0)
     send(e, {**resource("p1"), attr.EXPERIMENT_ATTEMPT: 1}, 0, 1.0)  # the run restarted
     assert send(e, {**merged, attr.EXPERIMENT_ATTEMPT: 1}, 0, 2.0).count == 0  # the Collector, same instance
+
+
+def test_hostile_run_ids_never_become_paths_and_come_back_as_sent(tmp_path: Path) -> None:
+    """Run ids are the client's: each gets its own directory under the experiment's ``runs/``,
+    never a path of its own, never the run-less run's files; the meta keeps the id as sent."""
+    import os
+    import uuid
+
+    from rankscope.sink.wal import WriteAheadLog
+
+    from ..hostile_names import assert_contained, hostile_jobs
+
+    before_parent = set(os.listdir(tmp_path.parent))
+    runs = [e for e, _, _ in hostile_jobs(uuid.uuid4().hex) if e] + ["meta.json", "checkpoint.json", "runs"]
+    wal = WriteAheadLog(tmp_path / "state")
+    runless = wal.open("exp")
+    runless.append(0, b"run-less record")
+    for run in runs:
+        log = wal.open("exp", run)
+        log.save_meta(Run("exp", run, started=1.0, last_seen=1.0, launches={"l": 1}).record())
+        log.close()
+    runless.close()
+    found = {(meta["run"], meta.get("launches") == {"l": 1}) for meta, _, _ in wal.found()}
+    wal.close()
+    assert found == {("", False)} | {(run, True) for run in runs}
+    assert_contained(tmp_path, [tmp_path / "state"], before_parent)
