@@ -14,8 +14,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from rankscope.core import names as attr
-from rankscope.otlp import samples as wire
 from rankscope.otlp.common import encode_resource
+from rankscope.sink import ExperimentLimits
 
 from ..sample_records import record
 
@@ -35,19 +35,23 @@ REFUSED: list[tuple[str, LogRecord, str]] = [
     ("a nested field", record(body=nested), "not a str, int, float or bool"),
     ("a field name with a terminal escape", record({"\x1b[2J": 1.0, "reward": 1.0}), "field name"),
     ("65 fields", record({f"f{i}": i for i in range(64)} | {"reward": 1.0}), "fields (limit 64)"),
-    ("side sideways", record(**{wire.SIDE: "sideways"}), "side must be one of"),
-    ("k = 0", record(**{wire.K: 0}), "must be an int in [1, 1024]"),
-    ("k = 5000", record(**{wire.K: 5000}), "must be an int in [1, 1024]"),
-    ("k as a string", record(**{wire.K: "2"}), "must be an int"),
-    ("a key that is not the row's value", record(**{wire.KEY: 99.0}), "is not the row's 'reward'"),
+    ("side sideways", record(**{attr.SAMPLE_SIDE: "sideways"}), "side must be one of"),
+    ("k = 0", record(**{attr.SAMPLE_K: 0}), "must be an int in [1, 1024]"),
+    ("k = 5000", record(**{attr.SAMPLE_K: 5000}), "must be an int in [1, 1024]"),
+    ("k as a string", record(**{attr.SAMPLE_K: "2"}), "must be an int"),
+    ("a key that is not the row's value", record(**{attr.SAMPLE_KEY: 99.0}), "is not the row's 'reward'"),
     ("rank_by missing from the row", record({"score": 1.0}), "is not a number in the row"),
-    ("top without rank_by", record(**{wire.RANK_BY: None}), "without rankscope.sample.rank_by"),
-    ("a priority of 1.5", record(**{wire.SIDE: "sample", wire.KEY: 1.5, wire.RANK_BY: None}), "in [0, 1)"),
-    ("a negative seq", record(**{wire.SEQ: -1}), "non-negative int"),
+    ("top without rank_by", record(**{attr.SAMPLE_RANK_BY: None}), "without rankscope.sample.rank_by"),
+    (
+        "a priority of 1.5",
+        record(**{attr.SAMPLE_SIDE: "sample", attr.SAMPLE_KEY: 1.5, attr.SAMPLE_RANK_BY: None}),
+        "in [0, 1)",
+    ),
+    ("a negative seq", record(**{attr.SAMPLE_SEQ: -1}), "non-negative int"),
     ("a string step", record(**{attr.STEP: "x"}), "must be an integer"),
-    ("a negative policy version", record(**{wire.POLICY_VERSION: -3}), "policy_version"),
-    ("an empty table name", record(**{wire.TABLE: ""}), "bad table name"),
-    ("a table name with a newline", record(**{wire.TABLE: "a\nb"}), "bad table name"),
+    ("a negative policy version", record(**{attr.POLICY_VERSION: -3}), "policy_version"),
+    ("an empty table name", record(**{attr.SAMPLE_TABLE: ""}), "bad table name"),
+    ("a table name with a newline", record(**{attr.SAMPLE_TABLE: "a\nb"}), "bad table name"),
     ("a step far ahead", record(**{attr.STEP: 10**15}), "ahead"),
 ]
 
@@ -60,11 +64,16 @@ def test_a_corpus_of_lying_rows_is_refused_with_reasons_and_good_rows_beside_the
     with grpc.insecure_channel(sink.endpoint) as channel:
         logs = lgrpc.LogsServiceStub(channel)
         for i, (name, bad, why) in enumerate(REFUSED):
-            good = record({"reward": 5.0, "text": name}, **{wire.KEY: 5.0, wire.SEQ: 100 + i})
+            good = record({"reward": 5.0, "text": name}, **{attr.SAMPLE_KEY: 5.0, attr.SAMPLE_SEQ: 100 + i})
             answer = logs.Export(request([bad, good], "hostile"), timeout=10).partial_success
             assert answer.rejected_log_records == 1 and why in answer.error_message, (name, answer)
-        long = record({"reward": 2.0, "text": "x" * 10_000}, **{wire.KEY: 2.0, wire.SEQ: 2, wire.SIDE: "both"})
-        other = record({"loss": 1.0}, **{wire.RANK_BY: "loss", wire.SEQ: 3})  # same table, another selection
+        long = record(
+            {"reward": 2.0, "text": "x" * 10_000},
+            **{attr.SAMPLE_KEY: 2.0, attr.SAMPLE_SEQ: 2, attr.SAMPLE_SIDE: "both"},
+        )
+        other = record(
+            {"loss": 1.0}, **{attr.SAMPLE_RANK_BY: "loss", attr.SAMPLE_SEQ: 3}
+        )  # same table, another selection
         answer = logs.Export(request([long, other], "hostile"), timeout=10).partial_success
         assert answer.rejected_log_records == 1 and "selects by rank_by='reward', k=2" in answer.error_message
         honest = record({"reward": 1.0, "text": "honest"})
@@ -84,13 +93,15 @@ def test_a_corpus_of_lying_rows_is_refused_with_reasons_and_good_rows_beside_the
 
 
 def test_a_steps_tables_and_the_characters_they_hold_are_bounded(make_sink) -> None:
-    sink = make_sink(max_sample_tables=2, max_sample_chars_per_step=1000, grace=0.5)
+    sink = make_sink(experiment_limits=ExperimentLimits(max_sample_tables=2, max_sample_chars_per_step=1000), grace=0.5)
     with grpc.insecure_channel(sink.endpoint) as channel:
         logs = lgrpc.LogsServiceStub(channel)
-        tables = [record(**{wire.TABLE: f"t{i}"}) for i in range(3)]
+        tables = [record(**{attr.SAMPLE_TABLE: f"t{i}"}) for i in range(3)]
         answer = logs.Export(request(tables, "bounded"), timeout=10).partial_success
         assert answer.rejected_log_records == 1 and "2 tables (limit)" in answer.error_message
-        big = record({"reward": 0.5, "text": "y" * 2000}, **{wire.KEY: 0.5, wire.SEQ: 5, wire.TABLE: "t0"})
+        big = record(
+            {"reward": 0.5, "text": "y" * 2000}, **{attr.SAMPLE_KEY: 0.5, attr.SAMPLE_SEQ: 5, attr.SAMPLE_TABLE: "t0"}
+        )
         answer = logs.Export(request([big], "bounded"), timeout=10).partial_success
         assert answer.rejected_log_records == 1 and "1000 characters (limit)" in answer.error_message
     sink.finalize("bounded")
@@ -104,13 +115,15 @@ def test_a_retried_request_with_other_bytes_does_not_keep_a_row_twice(make_sink,
     sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, grace=30)
 
     def row(reward: float, seq: int) -> LogRecord:
-        return record({"reward": reward}, **{wire.KEY: reward, wire.SEQ: seq})
+        return record({"reward": reward}, **{attr.SAMPLE_KEY: reward, attr.SAMPLE_SEQ: seq})
 
     with grpc.insecure_channel(sink.endpoint) as channel:
         logs = lgrpc.LogsServiceStub(channel)
         for rows in ([row(9.0, 0), row(5.0, 1)], [row(9.0, 0), row(5.0, 1), row(7.0, 2)]):
             assert logs.Export(request(rows, "retried"), timeout=10).partial_success.rejected_log_records == 0
-        streamed = record({"reward": 1.0}, **{wire.SIDE: "stream", wire.KEY: "abc", wire.RANK_BY: None})
+        streamed = record(
+            {"reward": 1.0}, **{attr.SAMPLE_SIDE: "stream", attr.SAMPLE_KEY: "abc", attr.SAMPLE_RANK_BY: None}
+        )
         assert logs.Export(request([streamed], "retried"), timeout=10).partial_success.rejected_log_records == 0
     sink.finalize("retried")
     assert sink.wait_written("retried")

@@ -14,7 +14,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.metrics.reduce import DistributionAccumulator, Reduce
 from rankscope.otlp.common import encode_resource, key_value
-from rankscope.sink import Experiment
+from rankscope.sink import Experiment, ExperimentLimits
 from rankscope.sink.validate import Limits, Refusals, metrics_batches
 
 CUMULATIVE, DELTA = pb.AGGREGATION_TEMPORALITY_CUMULATIVE, pb.AGGREGATION_TEMPORALITY_DELTA
@@ -77,7 +77,7 @@ def test_a_retried_or_reordered_cumulative_point_is_not_counted_twice() -> None:
 
 
 def test_series_are_named_by_attributes_and_capped_with_an_overflow_series() -> None:
-    e = Experiment("x", grace=1, clock=Clock(), max_series=2)
+    e = Experiment("x", grace=1, clock=Clock(), limits=ExperimentLimits(max_series=2))
     send(e, "p0", *(counter(1, start=1, temporality=DELTA, route=f"/{i}") for i in range(4)), step=0)
     assert view_of(e) == {"tokens{route=/0}": 1.0, "tokens{route=/1}": 1.0, "tokens{otel.metric.overflow=true}": 2.0}
     assert e.streams.overflowed == 2

@@ -117,7 +117,7 @@ def test_a_restarted_attempt_drops_what_the_old_one_left_open_and_rewinds() -> N
     send(e, new, 3, 30.0)
     views = e.ready()
     assert [(v.step, v.rewound, values_of(v)["loss"]) for v in views] == [(2, True, 20.0), (3, False, 30.0)]
-    assert (e.abandoned_steps, e.superseded_points, e.late_points) == (1, 2, 0)
+    assert (e.counts.abandoned_steps, e.counts.superseded_points, e.counts.late_points) == (1, 2, 0)
 
 
 def test_the_reports_summary_keeps_the_final_values_after_a_rewind() -> None:
@@ -140,11 +140,11 @@ def test_a_launch_reusing_the_id_of_an_ended_run_is_refused_with_a_reason() -> N
     goodbye(e, {**resource("p0-again"), attr.PROCESS_PID: 100})
     assert [values_of(v)["loss"] for v in e.ready()] == [1.0, 2.0]
     late_rank = send(e, {**resource("p1", rank=1), attr.PROCESS_PID: 300}, 1, 7.0)  # a slot nobody held: late
-    assert late_rank.count == 0 and e.late_points == 1
+    assert late_rank.count == 0 and e.counts.late_points == 1
     goodbye(e, {**resource("p1", rank=1), attr.PROCESS_PID: 300})
     other = send(e, {**resource("p9"), attr.PROCESS_PID: 200}, 0, 5.0)  # a second launch, the same run id
     assert other.count == 2 and "another launch reuses its id" in other.reasons[0]
-    assert e.reused_points == 2 and e.ready(force=True) == []
+    assert e.counts.reused_points == 2 and e.ready(force=True) == []
 
 
 def goodbye(e: Experiment, who: dict[str, Any]) -> None:

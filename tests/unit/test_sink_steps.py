@@ -127,7 +127,7 @@ def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
     (first,) = e.ready()
     assert values_of(first)["n"] == 1.0
     late = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=0))
-    assert e.late_points == 1
+    assert e.counts.late_points == 1
     (update,) = late
     assert update.late and update.step == 0 and values_of(update)["n"] == 3.0  # corrected, nothing lost
 

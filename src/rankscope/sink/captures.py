@@ -159,3 +159,15 @@ class CaptureBook:
 
     def status(self) -> list[dict[str, Any]]:
         return [c.status() for c in self.captures.values()]
+
+
+def ask_stragglers(book: CaptureBook, stragglers: list[tuple[dict[str, Any], Any]], steps: int) -> None:
+    """Ask each straggler's process to profile its next ``steps`` steps (rate-limited by the
+    book); a record whose capture was asked names it (``record["capture"]``)."""
+    if steps <= 0:
+        return
+    for record, process in stragglers:
+        reason = f"straggler at step {record['step']}: {process.label} in {record['phase']}"
+        asked = book.ask(reason, steps, processes=frozenset({process.id}), auto=True)
+        if not isinstance(asked, str):
+            record["capture"] = asked.id

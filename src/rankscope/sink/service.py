@@ -35,9 +35,10 @@ from ..core.paths import safe_component
 from ..metrics.reduce import Reduce
 from ..otlp.markers import Marker
 from ..otlp.samples import SampleRow
+from .admission import ExperimentLimits
 from .anomalies import Detectors
 from .bodies import OverloadedError
-from .captures import CaptureBook
+from .captures import CaptureBook, ask_stragglers
 from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
 from .http_server import start_http
@@ -59,7 +60,6 @@ from .wal import ExperimentLog, WriteAheadLog, decode_record, encode_record
 log = logging.getLogger("rankscope.sink")
 
 DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
-_SEEN_DIGESTS = 65_536
 
 
 @dataclass(kw_only=True)
@@ -100,14 +100,6 @@ class SinkConfig:
     """Seconds per step of an experiment none of whose processes steps (``Experiment.step_at``)."""
     time_bucket_lag: float = 2.0
     """How long after a time bucket ends its step is final (late data is merged and rewritten)."""
-    max_series: int = 256
-    """Series (attribute sets) per plain OTel metric name; more fold into an overflow series."""
-    max_logs_per_step: int = 1000
-    """Ordinary OTel log records an experiment's views take per step."""
-    max_sample_tables: int = 64
-    """Sample tables one step of an experiment may hold (``record_sample``)."""
-    max_sample_chars_per_step: int = 16 << 20
-    """Characters the kept sample rows of one step may hold (text, plus 16 per field)."""
     detectors: Detectors = field(default_factory=Detectors)
     """Per-step anomaly detectors' thresholds (``sink.anomalies``)."""
     artifacts_dir: Path = Path("rankscope_artifacts")
@@ -118,11 +110,10 @@ class SinkConfig:
     """Seconds between two detector-asked captures of one experiment (a flapping detector)."""
     grpc_workers: int = 8
     limits: Limits = field(default_factory=Limits)
+    """What one request may carry (``sink.validate``, the edge)."""
+    experiment_limits: ExperimentLimits = field(default_factory=ExperimentLimits)
+    """What one run may make the sink hold (``sink.admission``)."""
     max_experiments: int = 4096
-    max_processes: int = 16_384
-    """Processes per experiment."""
-    max_keys_per_step: int = 100_000
-    max_late_points_per_step: int = 1_000_000
     idle_timeout: float = 300.0
     """Seconds without data after which a run's views are closed (reopened on new data)."""
     resume_window: float = 7 * 86400.0
@@ -154,9 +145,11 @@ class Result:
 class Tenant:
     """One run of an experiment at the sink: its state, its views, its log, and the lock that guards them."""
 
-    def __init__(self, experiment: Experiment, log: ExperimentLog | None) -> None:
+    def __init__(self, experiment: Experiment, log: ExperimentLog | None, captures: CaptureBook) -> None:
         self.experiment = experiment
         self.log = log
+        self.captures = captures
+        """Profiler captures asked of the run's processes (``sink.captures``)."""
         self.lock = threading.Lock()
         self.writer: ViewWriter | None = None
         self.dirty = False
@@ -351,30 +344,26 @@ class Sink:
             return Result.of(refused.received, refused)
 
     def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
-        """Merge one checked batch into its experiment (logged first); under ``tenant.lock``."""
+        """One checked batch into its run, under ``tenant.lock``: take (steps resolved, admitted),
+        log each step's part ahead, merge."""
         experiment = tenant.experiment
         if batch.digest and batch.digest in experiment.seen:
             return  # a client's retry of something already taken: acknowledged again, merged once
-        experiment.refused += batch.refused
-        logger = None
-        if tenant.log is not None:
-            log_ = tenant.log
-
-            def logger(step: int, part: ResourceBatch) -> int:
-                return log_.append(
-                    step, encode_record(batch.digest, part.resource, part.states, part.markers, part.samples)
-                )
-
+        experiment.counts.refused += batch.refused
         try:
-            experiment.apply(batch, refused, logger)
+            taken = experiment.take(batch, refused)
+            if taken is not None:
+                seqs = {}
+                if tenant.log is not None:
+                    for step, part in taken.parts.items():
+                        record = encode_record(batch.digest, part.resource, part.states, part.markers, part.samples)
+                        seqs[step] = tenant.log.append(step, record)
+                experiment.merge(taken, refused, seqs)
         except Exception as exc:  # a bug: this experiment's trouble, nobody else's
             self._tenant_error(tenant, "ingest", exc)
             refused.add(batch.point_count, f"internal error: {type(exc).__name__}")
             return
-        if batch.digest:
-            experiment.seen[batch.digest] = None
-            if len(experiment.seen) > _SEEN_DIGESTS:
-                experiment.seen.popitem(last=False)
+        experiment.remember(batch.digest)
         tenant.dirty = True
 
     def export_logs(self, request: Any) -> Result:
@@ -393,7 +382,7 @@ class Sink:
                 if streamed:
                     batch.samples = [row for row in batch.samples if row.side != "stream"]
                 with tenant.lock:
-                    tenant.experiment.refused += batch.refused  # refused at the edge
+                    tenant.experiment.counts.refused += batch.refused  # refused at the edge
                     batch.refused = 0
                     process = tenant.experiment.stream_process(batch, refused, len(streamed))
                     if process is None:
@@ -523,7 +512,7 @@ class Sink:
         if tenant is None:
             return f"no experiment {experiment_id[:200]!r}"
         with tenant.lock:
-            asked = tenant.experiment.captures.ask(reason, steps, ranks=ranks)
+            asked = tenant.captures.ask(reason, steps, ranks=ranks)
         return asked if isinstance(asked, str) else asked.status()
 
     def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
@@ -533,7 +522,7 @@ class Sink:
             return []
         with tenant.lock:
             process = tenant.experiment.processes.get(process_id)
-            return [] if process is None else tenant.experiment.captures.pending(process)
+            return [] if process is None else tenant.captures.pending(process)
 
     def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
         """Where a process's trace of a capture goes, checked before its body is read. Raises
@@ -546,7 +535,7 @@ class Sink:
             process = experiment.processes.get(process_id)
             if process is None:
                 raise LookupError(f"no process {process_id[:64]!r} in this experiment")
-            path = experiment.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process, size)
+            path = tenant.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process, size)
         if isinstance(path, str):
             raise LookupError(path)
         return path
@@ -565,7 +554,7 @@ class Sink:
             with tenant.lock:
                 experiment = tenant.experiment
                 process = experiment.processes[process_id]
-                capture = experiment.captures.stored(capture_id, process, path, len(data))
+                capture = tenant.captures.stored(capture_id, process, path, len(data))
                 record = {
                     "type": "capture",
                     "capture": capture_id,
@@ -634,7 +623,8 @@ class Sink:
     def _status_of(self, tenant: Tenant) -> dict[str, Any]:
         runs = self._runs_of(tenant.experiment.id)
         with tenant.lock:
-            e = tenant.experiment
+            e, n = tenant.experiment, tenant.experiment.counts
+            processes, upstreams = e.roster.counts()
             views = tenant.writer.status() if tenant.writer is not None else {}
             written = [v["last_written_step"] for v in views.values() if not v["disabled"]]
             return {
@@ -643,25 +633,25 @@ class Sink:
                 "attempt": e.attempt,
                 "runs": runs,
                 "last_finalized_step": e.last_finalized,
-                "processes": sum(not p.merged for p in e.processes.values()),
-                "merge_upstreams": sum(p.merged for p in e.processes.values()),
-                "points": e.points,
-                "merged_points": e.merged_points,
-                "late_points": e.late_points,
-                "abandoned_steps": e.abandoned_steps,
-                "superseded_points": e.superseded_points,
-                "reused_run_points": e.reused_points,
-                "refused_points": e.refused,
-                "foreign_points": e.foreign_points,
+                "processes": processes,
+                "merge_upstreams": upstreams,
+                "points": n.points,
+                "merged_points": n.merged_points,
+                "late_points": n.late_points,
+                "abandoned_steps": n.abandoned_steps,
+                "superseded_points": n.superseded_points,
+                "reused_run_points": n.reused_points,
+                "refused_points": n.refused,
+                "foreign_points": n.foreign_points,
                 "series_overflow": e.streams.overflowed,
                 "plain_stale_points": e.streams.stale,
                 "plain_streams_forgotten": e.streams.forgotten,
-                "log_records": e.log_records,
-                "sample_rows": e.sample_rows,
+                "log_records": n.log_records,
+                "sample_rows": n.sample_rows,
                 **e.watch.status(),
-                "captures": e.captures.status(),
+                "captures": tenant.captures.status(),
                 "time_bucketed": e.bucketed,
-                "internal_errors": e.internal_errors + tenant.errors,
+                "internal_errors": n.internal_errors + tenant.errors,
                 "last_error": tenant.last_error,
                 "last_written_step": min(written) if written else -1,
                 "views": views,
@@ -685,7 +675,7 @@ class Sink:
                     {
                         "id": experiment_id,
                         "run": run,
-                        "processes": sum(not p.merged for p in e.processes.values()),
+                        "processes": e.roster.counts()[0],
                         "last_finalized_step": e.last_finalized,
                         "views": {name: v["location"] for name, v in views.items()},
                     }
@@ -752,7 +742,7 @@ class Sink:
         pids: set[int] = set()
         for tenant in tenants:
             with tenant.lock:
-                pids |= tenant.experiment.local_pids(host)
+                pids |= tenant.experiment.roster.local_pids(host)
         return pids
 
     # -- internals ----------------------------------------------------------------------
@@ -819,23 +809,15 @@ class Sink:
             run=run,
             grace=c.grace,
             retain_steps=c.retain_steps,
-            clock=self.clock,
-            traces=TraceStore(retain_steps=c.trace_retain_steps, max_spans=c.max_spans, file=self._span_file(key)),
-            limits=c.limits,
-            max_processes=c.max_processes,
-            max_keys_per_step=c.max_keys_per_step,
-            max_late_points_per_step=c.max_late_points_per_step,
             late_interval=c.late_interval,
-            on_error=self._internal_error,
+            step_window=c.limits.step_window,
+            limits=c.experiment_limits,
             time_bucket=c.time_bucket,
             time_bucket_lag=c.time_bucket_lag,
-            max_series=c.max_series,
-            max_logs_per_step=c.max_logs_per_step,
-            max_sample_tables=c.max_sample_tables,
-            max_sample_chars_per_step=c.max_sample_chars_per_step,
+            traces=TraceStore(retain_steps=c.trace_retain_steps, max_spans=c.max_spans, file=self._span_file(key)),
             detectors=c.detectors,
-            captures=CaptureBook(self.clock, auto_interval=c.capture_interval),
-            auto_capture_steps=c.auto_capture_steps,
+            on_error=self._internal_error,
+            clock=self.clock,
         )
         experiment.keep_spans = self._draws_gantt(experiment_id)
         log_ = self.wal.open(experiment_id, run) if self.wal is not None else None
@@ -843,7 +825,7 @@ class Sink:
             experiment.restore(log_.last_finalized, log_.attempt)
         elif key in self._tombstones:  # evicted before: steps go on where they were
             experiment.restore(*self._tombstones.pop(key))
-        return Tenant(experiment, log_)
+        return Tenant(experiment, log_, CaptureBook(self.clock, auto_interval=c.capture_interval))
 
     def _draws_gantt(self, experiment_id: str) -> bool:
         """Whether the views this experiment will get include one that draws a Gantt (the report):
@@ -891,7 +873,7 @@ class Sink:
                     batch.markers = [Marker(*m) for m in markers]
                     batch.samples = [SampleRow(*row) for row in samples]
                     tenant.experiment.apply(batch, Refusals(), seq=seq)
-                    tenant.experiment.seen[digest] = None
+                    tenant.experiment.remember(digest)
                 except Exception as exc:
                     self._tenant_error(tenant, f"replaying record {seq}", exc)
                 records += 1
@@ -928,14 +910,17 @@ class Sink:
         return tenant.writer
 
     def _finalize(self, tenant: Tenant, force: bool = False) -> None:
-        """Hand the tenant's finished steps and due late updates to its views."""
+        """The tenant's finished steps and due late updates: finalized, acted on, to its views."""
         try:
             with tenant.lock:
-                views = tenant.experiment.ready(force=force) + tenant.experiment.late_updates(force=force)
+                experiment = tenant.experiment
+                views = [experiment.view(done) for done in experiment.finished(force=force)]
+                views += experiment.late_updates(force=force)
                 tenant.dirty = False
                 if views:
                     writer = self._writer(tenant)
                     for view in views:
+                        self._act(tenant, view)
                         writer.step(view)
                         if not view.late:
                             if tenant.recent:  # the rank x phase map of the last step only
@@ -943,6 +928,20 @@ class Sink:
                             tenant.recent.append(_recent(view))
         except Exception as exc:  # a bug: logged once, counted, this experiment only
             self._tenant_error(tenant, "finalizing", exc)
+
+    def _act(self, tenant: Tenant, view: StepView) -> None:
+        """What a finished step calls for beyond its views: a straggler's process is asked to
+        profile its next steps (rate-limited), a first non-finite value is logged."""
+        ask_stragglers(tenant.captures, view.stragglers, self.config.auto_capture_steps)
+        first = tenant.experiment.watch.first_nonfinite
+        if first is not None and any(a.get("first") for a in view.anomalies):
+            log.warning(
+                "rankscope sink: %s: first non-finite value: %r at step %d from %r",
+                tenant.experiment.name[:96],
+                first["key"][:128],
+                view.step,
+                first["process"],
+            )
 
     def _run_finalizer(self) -> None:
         while not self._stop.wait(self.config.tick):

@@ -1,0 +1,238 @@
+"""A finished step into its view: reduce every key, read the step's phases, run the detectors.
+
+``view_of`` builds a ``StepView`` from what the step book closed (``Finished``) and acts on
+nothing: it asks no process for anything and writes nothing. What it found that calls for an
+action (a straggler's process to profile) rides on the view (``StepView.stragglers``); the
+service acts on it (``captures.ask_stragglers``) before the views write it. The detectors keep
+their running history (``anomalies.Watch``): that is what judging a step means.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import Metric
+from ..core import names as attr
+from ..metrics.reduce import Reduce, reduced_items
+from .anomalies import STRAGGLER, Watch
+from .merge import Running, holder, items, merge_rows, reduce_of, reduced
+from .roster import Process
+from .traces import TraceStore
+from .validate import StateRows
+
+OnError = Callable[[str, BaseException], None]
+
+HEAT_PROCESSES = 64
+"""Processes a step's rank x phase map for people (``rankscope top``) names at most."""
+
+MAX_VIEW_SPANS = 20_000
+"""Spans a step's view carries at most, when a view asks for them (``Finished.keep_spans``)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Finished:
+    """A step the book closed (or a late update of one): what its view is made of."""
+
+    experiment: str
+    step: int
+    seq: int
+    """Newest write-ahead-log record merged into the step (what a written view covers)."""
+    merged: Mapping[str, Running]
+    parts: list[tuple[Process, StateRows]]
+    """Rows by process for per-process values (a late update: of processes new to the step)."""
+    samples: dict[str, list[dict[str, Any]]]
+    missing: list[str]
+    late: bool = False
+    attempt: int = 0
+    rewound: bool = False
+    duration: float | None = None
+    """Seconds since the previous step's window ended (the slow-step detector), if known."""
+    bucket_time: float | None = None
+    """A time bucket's start (Unix seconds), when the run's steps are time buckets."""
+    late_points: int = 0
+    internal_errors: int = 0
+    keep_spans: bool = False
+
+
+class StepView:
+    """A finished step: the global values, each process's values (computed on first use), who was missing."""
+
+    def __init__(
+        self,
+        experiment: str,
+        step: int,
+        seq: int,
+        global_metrics: list[Metric],
+        missing: list[str],
+        late: bool,
+        parts: list[tuple[Process, StateRows]] | None = None,
+        on_error: OnError | None = None,
+        labels: dict[str, str] | None = None,
+        samples: dict[str, list[dict[str, Any]]] | None = None,
+        anomalies: list[dict[str, Any]] | None = None,
+        heat: dict[str, dict[str, float]] | None = None,
+        phase_times: dict[str, dict[Process, float]] | None = None,
+        spans: list[Any] | None = None,
+    ) -> None:
+        self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
+        self.heat = heat or {}
+        """Seconds per phase per process label (at most ``HEAT_PROCESSES`` of them): ``rankscope top``."""
+        self.phase_times = phase_times or {}
+        """Seconds per phase per process, every process: the report's heat map."""
+        self.spans = spans or []
+        """The step's stored spans (``traces.StoredSpan``) when it was finalized: the report's Gantt."""
+        self.anomalies = anomalies or []
+        """What the detectors found in this step (``sink.anomalies``)."""
+        self.stragglers: list[tuple[dict[str, Any], Process]] = []
+        """Each straggler record with the process it names: whom the service may ask to profile."""
+        self.samples = samples or {}
+        """Each sample table's kept rows (``sample_entry`` dicts); a late update: tables that changed."""
+        self.global_metrics = global_metrics
+        self.labels = labels or {}
+        """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
+        self.seq = seq
+        self.attempt = 0
+        """The run's attempt when the step was finalized (what the write-ahead log's checkpoint records)."""
+        self.rewound = False
+        """The step comes again (a restarted or resumed run executes it again): views drop what they
+        hold of this step and later ones (TensorBoard's purge step) before writing it."""
+        self.per_process = PerProcess(parts or [], on_error)
+        """Each process's values (a late update: the processes whose data came late, their late data)."""
+
+
+class PerProcess(Mapping[Process, list[Metric]]):
+    """Each process's values of one step, reduced on first use: a view that only asks how many
+    processes there are (W&B past ``per_rank_max_processes``) pays nothing."""
+
+    def __init__(self, parts: list[tuple[Process, StateRows]], on_error: OnError | None):
+        self._parts = parts
+        self._on_error = on_error
+        self._values: dict[Process, list[Metric]] | None = None
+
+    def __len__(self) -> int:
+        return len(self._computed()) if self._values is not None else len({p for p, _ in self._parts})
+
+    def __iter__(self) -> Iterator[Process]:
+        return iter(self._computed())
+
+    def __getitem__(self, process: Process) -> list[Metric]:
+        return self._computed()[process]
+
+    def _computed(self) -> dict[Process, list[Metric]]:
+        if self._values is None:
+            stamp = time.time()
+            states: dict[Process, dict[str, Running]] = {}
+            for process, rows in self._parts:
+                into = states.setdefault(process, {})
+                merge_rows(into, rows.reduce, rows.keys, rows.rows, process.rank, process.label)
+            values: dict[Process, list[Metric]] = {}
+            for process in sorted(states, key=lambda p: (p.role, p.replica or "", p.rank)):
+                metrics = values[process] = []
+                for key, state in states[process].items():
+                    reduce = reduce_of(state[0])
+                    metrics.extend(Metric(n, v, reduce, stamp) for n, v in reduced_values(key, state, self._on_error))
+            self._values = values
+            self._parts = []
+        return self._values
+
+
+def reduced_values(key: str, state: Running, on_error: OnError | None) -> list[tuple[str, float]]:
+    """The reduced (name, value) pairs of one key, or none if its reduce type fails on its states."""
+    try:
+        derived = items(key, state)
+        return derived if derived is not None else reduced_items(key, reduced(state[0], state))
+    except Exception as exc:  # a third-party reducer: leave the key out, keep the experiment going
+        if on_error is not None:
+            on_error(f"merging {key!r} ({state[0]})", exc)
+        return []
+
+
+def view_of(done: Finished, *, traces: TraceStore, watch: Watch, on_error: OnError | None = None) -> StepView:
+    """The view of a finished step (a late update: its values only)."""
+    stamp = time.time()
+    global_metrics: list[Metric] = []
+    labels: dict[str, str] = {}
+    bad: set[str] = set()
+    for key, state in done.merged.items():
+        reduce = reduce_of(state[0])
+        values = reduced_values(key, state, on_error)
+        global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in values)
+        if any(not math.isfinite(v) for _, v in values):
+            bad.add(key)
+        if values and (reduce is Reduce.MAX or reduce is Reduce.MIN):
+            metric, label = _extreme_rank(key, reduce, state, stamp)
+            global_metrics.append(metric)
+            labels[metric.key] = label
+    view = StepView(
+        done.experiment, done.step, done.seq, global_metrics, done.missing, done.late, done.parts, on_error, labels
+    )
+    view.samples, view.attempt, view.rewound = done.samples, done.attempt, done.rewound
+    if not done.late:
+        _judge(view, done, bad, traces, watch, stamp)
+    return view
+
+
+def _judge(view: StepView, done: Finished, bad: set[str], traces: TraceStore, watch: Watch, stamp: float) -> None:
+    """A step's phases, stragglers, anomalies and the sink's own per-step metrics, onto its view."""
+    if done.keep_spans:  # a view draws a Gantt (the report): the step's spans ride with its view
+        view.spans = traces.spans(done.step)[:MAX_VIEW_SPANS]
+    view.phase_times = traces.phase_times(done.step)
+    phases = traces.phases(done.step, view.phase_times)
+    view.heat = _heat(view.phase_times)
+    metrics = view.global_metrics
+    metrics.extend(traces.stragglers(done.step, phases))
+    nonfinite = _nonfinite(done.parts, bad) if bad else []
+    metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
+    view.anomalies = watch.step(
+        done.step, nonfinite=nonfinite, phases=phases, duration=done.duration, missing=done.missing
+    )
+    slowest = {phase.name: phase.slowest for phase in phases}
+    view.stragglers = [(a, slowest[a["phase"]]) for a in view.anomalies if a["type"] == STRAGGLER]
+    metrics.append(Metric(attr.MISSING_PROCESSES, float(len(done.missing)), Reduce.MAX, stamp))
+    if done.late_points:
+        metrics.append(Metric(attr.LATE_POINTS, float(done.late_points), Reduce.MAX, stamp))
+    if done.internal_errors:
+        metrics.append(Metric(attr.INTERNAL_ERRORS, float(done.internal_errors), Reduce.MAX, stamp))
+    if done.bucket_time is not None:
+        metrics.append(Metric(attr.BUCKET_TIME, done.bucket_time, Reduce.MAX, stamp))
+
+
+def _extreme_rank(key: str, reduce: Reduce, state: Running, stamp: float) -> tuple[Metric, str]:
+    """``{key}/argmax_rank`` (or ``argmin_rank``): the rank that holds a MAX (MIN) key's extreme
+    this step (NaN first, then the lowest rank on a tie; ``sink.merge``), and that process's
+    label. Ranks of different roles share the numbering."""
+    rank, label = holder(state)
+    if label.startswith("rankscope-merge"):  # a merged state from before holders were carried
+        label = f"rank {rank}"
+    name = f"{key}/argmax_rank" if reduce is Reduce.MAX else f"{key}/argmin_rank"
+    return Metric(name, float(rank), Reduce.MAX, stamp), label
+
+
+def _heat(times: dict[str, dict[Process, float]]) -> dict[str, dict[str, float]]:
+    """A rank x phase map of one step for people: the processes of the lowest ranks, by label."""
+    shown = sorted({p for by in times.values() for p in by}, key=lambda p: (p.role, p.replica or "", p.rank))
+    keep = set(shown[:HEAT_PROCESSES])
+    heat = {phase: {p.label: round(s, 6) for p, s in by.items() if p in keep} for phase, by in times.items()}
+    return {phase: cells for phase, cells in heat.items() if cells}
+
+
+def _nonfinite(parts: list[tuple[Process, StateRows]], keys: set[str]) -> list[tuple[str, Process | None]]:
+    """(key, process) of each process state of ``keys`` whose value is NaN or infinite, in
+    the order they came; a key merged upstream (no process state here) names no process."""
+    found: list[tuple[str, Process | None]] = []
+    named: set[str] = set()
+    for process, rows in parts:
+        for i, key in enumerate(rows.keys):
+            if key not in keys:
+                continue
+            alone: dict[str, Running] = {}
+            merge_rows(alone, rows.reduce, [key], [rows.rows[i]], process.rank, process.label)
+            if any(not math.isfinite(v) for _, v in reduced_values(key, alone[key], None)):
+                found.append((key, process))
+                named.add(key)
+    found.extend((key, None) for key in sorted(keys - named))
+    return found

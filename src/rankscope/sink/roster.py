@@ -1,0 +1,206 @@
+"""Who a step waits for: one run's processes, their labels and attempts, and whom it gave up on.
+
+* A process that has ever sent a flush marker is *stepped*: step N waits for its marker N.
+* Processes that declare ``rankscope.world_size`` W fill W rank slots of their (role, replica,
+  attempt) group; an empty slot is waited for like a process.
+* A step that finalizes without someone names them once (``give_up``); they are not waited for
+  again until they report.
+* A higher attempt (a restart) retires every process of the earlier ones.
+
+Pure bookkeeping: no clock, no I/O. ``version`` moves whenever the answer to "who is missing"
+may have changed, so the step book re-asks only then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..core import names as attr
+from ..core.identity import label_of
+
+Group = tuple[str, str | None, int]
+"""(role, replica, attempt): the processes that share one rank numbering."""
+
+
+@dataclass(slots=True, eq=False)
+class Process:
+    """One process of the run, as its Resource describes it."""
+
+    id: str
+    label: str
+    role: str
+    replica: str | None
+    rank: int
+    world_size: int
+    attempt: int
+    host: str
+    pid: int | None
+    resource: Mapping[str, Any]
+    stepped: bool = False
+    last_marker: int = -1
+    live: bool = True
+    merged: bool = False
+    """States merged upstream by a Collector (``rankscope.merged``): in the global view only."""
+    ended: bool = False
+    """It said goodbye (``rankscope.goodbye``): it ended, and does not come back."""
+    suspect: bool = False
+    """It took the slot of a process that ended, in a run whose processes had all ended, at the
+    same attempt: its first data decides whether it is another launch (``reused``)."""
+    reused: bool = False
+    """...and that data was for a step the run had finalized already: another launch reusing the run
+    id (a fixed ``--rdzv-id``, a ``RANKSCOPE_RUN_ID`` set by hand). Its data is refused."""
+
+    @property
+    def group(self) -> Group:
+        return (self.role, self.replica, self.attempt)
+
+
+Absent = tuple[str, Any]
+"""(label, what to stop waiting for: a Process, a (group, rank) slot, or None)."""
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+class Roster:
+    """The run's processes and rank slots, and who of them a step still waits for."""
+
+    def __init__(self, max_processes: int = 16_384) -> None:
+        self.max_processes = max_processes
+        self.processes: dict[str, Process] = {}
+        self.attempt = 0
+        """The run's current attempt (the highest any process declared)."""
+        self.version = 0
+        """Moves whenever who a step waits for may have changed."""
+        self._labels: dict[str, str] = {}
+        self._given_up: set[tuple[Group, int]] = set()
+
+    def process_for(self, resource: Mapping[str, Any]) -> Process | None:
+        """The sending process (created on first sight), or None past ``max_processes``. A process
+        of a higher attempt starts that attempt (``new_attempt``): check ``attempt`` after."""
+        pid = str(resource.get(attr.SERVICE_INSTANCE_ID) or resource.get(attr.PROCESS_PID) or "?")
+        if resource.get(attr.MERGED) is True:  # a Collector merges every attempt under one instance id
+            pid = f"{pid}@{_int(resource.get(attr.EXPERIMENT_ATTEMPT), 0)}"
+        found = self.processes.get(pid)
+        if found is None:
+            if len(self.processes) >= self.max_processes:
+                return None
+            found = self._new_process(pid, resource)
+        return found
+
+    def _new_process(self, pid: str, resource: Mapping[str, Any]) -> Process:
+        role = str(resource.get(attr.ROLE) or resource.get(attr.SERVICE_NAME) or "unknown")
+        replica = resource.get(attr.REPLICA)
+        rank = _int(resource.get(attr.RANK), 0)
+        label = slot = label_of(role, replica, rank)
+        owner = self._labels.get(label)
+        if owner is not None and owner != pid and self.processes[owner].live:
+            label = f"{label}_{resource.get(attr.PROCESS_PID, pid)}"  # two live processes claim one slot
+        attempt = _int(resource.get(attr.EXPERIMENT_ATTEMPT), 0)
+        process = Process(
+            id=pid,
+            label=label,
+            role=role,
+            replica=None if replica is None else str(replica),
+            rank=rank,
+            world_size=max(1, _int(resource.get(attr.WORLD_SIZE), 1)),
+            attempt=attempt,
+            host=str(resource.get(attr.HOST_NAME, "")),
+            pid=_int(resource.get(attr.PROCESS_PID), 0) or None,
+            resource=dict(resource),
+            merged=resource.get(attr.MERGED) is True,
+        )
+        others = [p for p in self.processes.values() if not p.merged]
+        held = self.processes.get(self._labels.get(slot, ""))
+        process.suspect = (  # its slot's process ended, as did every other: maybe a second launch
+            not process.merged
+            and held is not None
+            and held.ended
+            and held.attempt == attempt == self.attempt
+            and all(p.ended for p in others)
+            and not any((p.host, p.pid) == (process.host, process.pid) for p in others)  # not a re-init
+        )
+        self.processes[pid] = process
+        if not process.merged:
+            self._labels[label] = pid
+        if attempt > self.attempt:
+            self.new_attempt(attempt)
+        return process
+
+    def new_attempt(self, attempt: int) -> None:
+        """The run restarted: every process of an earlier attempt is no longer waited for."""
+        self.version += 1
+        self.attempt = attempt
+        for p in self.processes.values():
+            if p.attempt < attempt:
+                p.live = False
+
+    def marked(self, process: Process, step: int) -> None:
+        """``process`` closed ``step`` (its flush marker): it steps, it is live, its slot is filled."""
+        self.version += 1
+        process.stepped = True
+        process.live = True
+        process.last_marker = max(process.last_marker, step)
+        self._given_up.discard((process.group, process.rank))
+
+    def came_back(self, process: Process) -> None:
+        """A process given up on (or that said goodbye) sent data again."""
+        if not process.live and process.attempt >= self.attempt:
+            process.live = True
+            process.ended = False
+            self.version += 1
+
+    def ended(self, process: Process) -> None:
+        """It said goodbye: not waited for again."""
+        process.live = False
+        process.ended = True
+        self.version += 1
+
+    @property
+    def stepping(self) -> bool:
+        """Whether any process of the run has closed a step."""
+        return any(p.stepped for p in self.processes.values())
+
+    def absent(self, step: int) -> list[Absent]:
+        """Who ``step`` still waits for: live laggards by their label, empty rank slots by theirs."""
+        absent: list[Absent] = []
+        present: dict[Group, set[int]] = {}
+        sizes: dict[Group, int] = {}
+        for p in self.processes.values():
+            if not p.stepped or p.attempt < self.attempt:
+                continue
+            sizes[p.group] = max(sizes.get(p.group, 1), p.world_size)
+            if p.last_marker >= step or p.live:  # a live laggard is named as itself below
+                present.setdefault(p.group, set()).add(p.rank)
+            if p.live and p.last_marker < step:
+                absent.append((p.label, p))
+        for group, size in sizes.items():
+            for rank in sorted(set(range(size)) - present.get(group, set())):
+                if (group, rank) not in self._given_up:
+                    role, replica, _ = group
+                    absent.append((label_of(role, replica, rank), (group, rank)))
+        return absent
+
+    def give_up(self, absent: list[Absent]) -> None:
+        """Named once, not waited for again until they report (a dead rank costs one grace period)."""
+        self.version += 1
+        for _, what in absent:
+            if isinstance(what, Process):
+                what.live = False
+                self._given_up.add((what.group, what.rank))
+            elif what is not None:
+                self._given_up.add(what)
+
+    def local_pids(self, host: str) -> set[int]:
+        return {p.pid for p in self.processes.values() if p.pid and p.host == host}
+
+    def counts(self) -> tuple[int, int]:
+        """(processes, merge upstreams): what the status route shows."""
+        merged = sum(p.merged for p in self.processes.values())
+        return len(self.processes) - merged, merged
