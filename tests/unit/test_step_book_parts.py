@@ -1,0 +1,183 @@
+"""The step book's parts, each alone: the roster, step windows, admission and finalize."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rankscope.core import names as attr
+from rankscope.sink.admission import Admission, ExperimentLimits
+from rankscope.sink.anomalies import Detectors, Watch
+from rankscope.sink.finalize import Finished, view_of
+from rankscope.sink.merge import merge_rows
+from rankscope.sink.roster import Roster
+from rankscope.sink.traces import TraceStore
+from rankscope.sink.validate import Refusals, StateRows
+from rankscope.sink.windows import MAX_CLOCK_SKEW_NS, StepWindows
+
+
+def resource(pid: str, rank: int = 0, world: int = 1, attempt: int = 0, role: str = "trainer") -> dict[str, Any]:
+    return {
+        attr.SERVICE_INSTANCE_ID: pid,
+        attr.ROLE: role,
+        attr.RANK: str(rank),
+        attr.WORLD_SIZE: str(world),
+        attr.EXPERIMENT_ATTEMPT: attempt,
+    }
+
+
+# -- roster ---------------------------------------------------------------------------------
+
+
+def test_the_roster_waits_for_live_laggards_and_empty_rank_slots_then_gives_up_on_them_once() -> None:
+    roster = Roster()
+    r0 = roster.process_for(resource("a", rank=0, world=3))
+    r1 = roster.process_for(resource("b", rank=1, world=3))
+    assert r0 is not None and r1 is not None
+    assert roster.absent(0) == []  # nobody steps yet: nothing to wait for
+    roster.marked(r0, 0)
+    assert [label for label, _ in roster.absent(0)] == ["trainer_r1", "trainer_r2"]  # a laggard, an empty slot
+    roster.marked(r1, 0)
+    assert [label for label, _ in roster.absent(0)] == ["trainer_r2"]
+    version = roster.version
+    roster.give_up(roster.absent(0))
+    assert roster.version > version
+    assert roster.absent(1) == [("trainer_r0", r0), ("trainer_r1", r1)]  # rank 2's slot is not waited for again
+    roster.give_up(roster.absent(1))
+    assert roster.absent(2) == [] and not r0.live
+    roster.marked(r1, 2)  # it came back: waited for again
+    assert roster.absent(3) == [("trainer_r1", r1)]
+
+
+def test_a_higher_attempt_retires_the_earlier_attempts_processes_and_a_full_roster_refuses() -> None:
+    roster = Roster(max_processes=2)
+    old = roster.process_for(resource("a", attempt=0))
+    assert old is not None
+    roster.marked(old, 5)
+    new = roster.process_for(resource("b", attempt=1))
+    assert new is not None and roster.attempt == 1 and not old.live
+    assert roster.absent(6) == []  # the old attempt's process is not waited for
+    assert roster.process_for(resource("c")) is None  # max_processes
+    assert roster.counts() == (2, 0)
+
+
+def test_two_live_processes_claiming_one_slot_get_distinct_labels() -> None:
+    roster = Roster()
+    first = roster.process_for({**resource("a"), attr.PROCESS_PID: 11})
+    second = roster.process_for({**resource("b"), attr.PROCESS_PID: 22})
+    assert first is not None and second is not None
+    assert (first.label, second.label) == ("trainer_r0", "trainer_r0_22")
+
+
+# -- step windows ---------------------------------------------------------------------------
+
+
+class Wall:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_step_windows_place_stepless_data_by_time_and_never_go_back() -> None:
+    wall = Wall(1000.0)
+    windows = StepWindows(wall=wall)
+    s = 10**9
+    windows.close(0, 100 * s)
+    windows.close(1, 200 * s)
+    windows.close(2, 150 * s)  # a clock that went back: the window still ends at 200 s
+    windows.close(1, 300 * s)  # a second close of a step changes nothing
+    at = {"stepping": True, "open_step": None, "last_finalized": -1}
+    assert windows.step_at(50 * s, **at) == 0
+    assert windows.step_at(100 * s, **at) == 0
+    assert windows.step_at(150 * s, **at) == 1
+    assert windows.step_at(200 * s, **at) == 1
+    assert windows.step_at(201 * s, **at) == 3  # newer than every window: the step after the newest
+    assert windows.duration(1) == 100.0 and windows.duration(0) is None
+    far = int(wall.now * 1e9) + MAX_CLOCK_SKEW_NS + s
+    assert windows.clamped(far) == int(wall.now * 1e9)  # a clock far ahead counts as now
+
+
+def test_time_buckets_count_from_the_first_and_give_way_to_steps() -> None:
+    wall = Wall(1000.0)
+    windows = StepWindows(time_bucket=2.0, time_bucket_lag=1.0, wall=wall)
+    at = {"stepping": False, "open_step": None, "last_finalized": -1}
+    s = 10**9
+    assert windows.step_at(1000 * s, **at) == 0 and windows.bucketed
+    assert windows.step_at(1003 * s, **at) == 1
+    assert windows.bucket_start(1) == 1002.0
+    assert windows.bucket_due(0, now=50.0) == 50.0 + (1002.0 + 1.0 - 1000.0)  # on the caller's clock
+    assert windows.stop_bucketing() and not windows.bucketed and not windows.stop_bucketing()
+
+
+# -- admission ------------------------------------------------------------------------------
+
+
+def rows(reduce: str, step: int, *keys: str) -> StateRows:
+    return StateRows(reduce, step, list(keys), [(1.0,) for _ in keys])
+
+
+def test_admission_holds_keys_per_step_one_reduce_per_key_and_late_points() -> None:
+    admission = Admission(ExperimentLimits(max_keys_per_step=3, max_late_points_per_step=2))
+    refused = Refusals()
+    merged: dict[str, Any] = {}
+    merge_rows(merged, "sum", ["a"], [(1.0,)], 0, "r0")
+    kept = admission.states(5, [rows("sum", 5, "a", "b", "c", "d"), rows("count", 5, "a")], merged, None, refused)
+    assert [r.keys for r in kept] == [["a", "b", "c"]]
+    assert refused.count == 2
+    assert "step 5 has 3 keys (limit)" in refused.reasons[0] and "recorded as SUM and as COUNT" in refused.reasons[1]
+    late = Refusals()
+    kept = admission.states(5, [rows("sum", 5, "a", "b", "c")], merged, 1, late)  # one late point held already
+    assert [r.keys for r in kept] == [["a"]] and late.count == 2 and "late points (limit)" in late.reasons[0]
+    assert admission.late_rows(5, 4, 1, late) == 1 and late.count == 5
+
+
+def test_admission_counts_log_records_per_step_and_forgets_the_lowest_steps_first() -> None:
+    admission = Admission(ExperimentLimits(max_logs_per_step=2))
+    refused = Refusals()
+    assert [admission.log_record(7, refused) for _ in range(3)] == [True, True, False]
+    assert refused.count == 1 and "step 7 has 2 (limit)" in refused.reasons[0]
+    for step in range(10_000):
+        admission.log_record(step + 100, refused)
+    assert admission.log_record(10_099, refused) is True  # a recent step keeps its count
+    assert admission.log_record(10_099, refused) is False
+
+
+# -- finalize -------------------------------------------------------------------------------
+
+
+def test_view_of_reduces_names_the_extremes_holder_and_flags_nonfinite_values_without_acting() -> None:
+    roster = Roster()
+    p0, p1 = roster.process_for(resource("a", 0, 2)), roster.process_for(resource("b", 1, 2))
+    assert p0 is not None and p1 is not None
+    merged: dict[str, Any] = {}
+    parts = []
+    for process, loss, peak in ((p0, 1.0, 3.0), (p1, math.nan, 5.0)):
+        mean, peak_rows = (
+            StateRows("mean", 4, ["loss"], [(1, loss)]),
+            StateRows("max", 4, ["peak"], [(peak, None, None)]),
+        )
+        for r in (mean, peak_rows):
+            merge_rows(merged, r.reduce, r.keys, r.rows, process.rank, process.label)
+            parts.append((process, r))
+    watch = Watch(Detectors())
+    done = Finished(experiment="x", step=4, seq=9, merged=merged, parts=parts, samples={}, missing=["trainer_r2"])
+    view = view_of(done, traces=TraceStore(), watch=watch)
+    values = {m.key: m.value for m in view.global_metrics}
+    assert math.isnan(values["loss"]) and values["peak"] == 5.0
+    assert values["peak/argmax_rank"] == 1.0 and view.labels["peak/argmax_rank"] == "trainer_r1"
+    assert values[attr.NONFINITE_VALUES] == 1.0 and values[attr.MISSING_PROCESSES] == 1.0
+    nonfinite = [a for a in view.anomalies if a["type"] == "nonfinite"]
+    assert nonfinite and nonfinite[0]["process"] == "trainer_r1" and nonfinite[0]["key"] == "loss"
+    assert view.stragglers == [] and view.seq == 9
+    assert {p.label: [m.value for m in ms if m.key == "peak"] for p, ms in view.per_process.items()} == {
+        "trainer_r0": [3.0],
+        "trainer_r1": [5.0],
+    }
+    late = view_of(Finished(**{**_fields(done), "late": True}), traces=TraceStore(), watch=watch)
+    assert attr.MISSING_PROCESSES not in {m.key for m in late.global_metrics} and late.anomalies == []
+
+
+def _fields(done: Finished) -> dict[str, Any]:
+    return {name: getattr(done, name) for name in Finished.__slots__}  # type: ignore[attr-defined]
