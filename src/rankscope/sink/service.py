@@ -10,7 +10,8 @@ answered only once the log is on disk.
 Threads, all supervised (``/healthz`` answers 503 naming a thread that died): the
 finalizer (every ``tick`` seconds it closes the steps that are complete or past their grace,
 writes late updates once per ``late_interval``, and evicts experiments idle for
-``idle_timeout``), the write-ahead log's syncer, and one view writer per experiment. A
+``idle_timeout``), the write-ahead log's syncer, and ``view_workers`` view threads that write
+every run's views (``views.ViewPool``). A
 failure inside one experiment is logged once, counted in the status route and in its
 ``rankscope/internal_errors`` metric, and the experiment keeps going.
 """
@@ -54,7 +55,7 @@ from .validate import (
     logs_batches,
     metrics_batches,
 )
-from .views import ViewWriter
+from .views import ViewPool, ViewWriter
 from .wal import ExperimentLog, WriteAheadLog, decode_record, encode_record
 
 log = logging.getLogger("rankscope.sink")
@@ -122,6 +123,8 @@ class SinkConfig:
     """Runs of one experiment the sink remembers (for listing and resume); the oldest are forgotten."""
     late_interval: float = 1.0
     """Late updates of a step are merged and written at most this often."""
+    view_workers: int = 4
+    """Threads that write every run's views (``sink.views.ViewPool``), however many runs are open."""
     tick: float = 0.05
     stop_timeout: float = 10.0
     """How long ``stop`` waits for the views; with a state directory, the rest is replayed on start."""
@@ -206,6 +209,7 @@ class Sink:
         self._threads: dict[str, threading.Thread] = {}
         self.dead_threads: dict[str, str] = {}
         self.wal = WriteAheadLog(self.config.state_dir) if self.config.state_dir is not None else None
+        self._views: ViewPool | None = None
         self.grpc_port: int | None = None
         self.http_port: int | None = None
 
@@ -220,6 +224,7 @@ class Sink:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Sink:
+        self._views = ViewPool(self.config.view_workers, self._spawn)
         if self.wal is not None:
             self._spawn("wal-syncer", self.wal.run_syncer)
             self._replay()
@@ -267,6 +272,8 @@ class Sink:
                     timeout,
                     "; the write-ahead log keeps what they missed" if self.wal is not None else "",
                 )
+        if self._views is not None:
+            self._views.stop(max(0.0, deadline - time.monotonic()))
         for tenant in tenants:
             if tenant.experiment.traces.file is not None:
                 with tenant.lock:
@@ -898,13 +905,10 @@ class Sink:
                 if log_ is not None and view.seq:
                     log_.written_view(view.step, view.seq, -1 if view.late else view.step, view.attempt)
 
+            if self._views is None:
+                raise RuntimeError("the sink's views run once it is started (Sink.start)")
             tenant.writer = ViewWriter(
-                experiment_id,
-                config,
-                self._internal_error,
-                on_written=written,
-                run=experiment.run,
-                start_thread=lambda name, run: self._spawn(name, run),
+                experiment_id, config, self._internal_error, self._views, on_written=written, run=experiment.run
             )
             experiment.keep_spans = any(type(v.backend).report is not LoggerBackend.report for v in tenant.writer.views)
         return tenant.writer

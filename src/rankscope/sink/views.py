@@ -1,5 +1,5 @@
-"""One experiment's backends, run on their own thread so a slow or failing view never stalls
-ingest or another experiment.
+"""Every run's backends, written on a bounded pool of threads, so a slow or failing view never
+stalls ingest or another run, and a sink with 300 open runs does not hold 300 threads.
 
 The sink calls the same ``LoggerBackend`` interface the SDK does; extra keyword arguments
 say whose values they are: ``per_process`` (global views: every process's values),
@@ -8,24 +8,108 @@ say whose values they are: ``per_process`` (global views: every process's values
 and for global views ``missing`` (labels of processes the step went without), ``phase_times``
 (phase → process → seconds) and ``spans`` (a callable giving the step's spans in their JSONL
 form: a view that wants them pays for them).
+
+Each run's ``ViewWriter`` holds a bounded inbox of typed messages; the ``ViewPool`` runs a writer
+with mail on one of its threads, a few messages at a time, so one run's messages are handled in
+order and by one thread at a time, and a busy run takes turns with the others.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.base import LoggerBackend, LoggingMode, Metric, get_backend_class
-from .experiment import Process, StepView
+from .finalize import StepView
+from .roster import Process
 from .tables import entry
 
 log = logging.getLogger("rankscope.sink")
+
+TURN = 32
+"""Messages a writer handles before it lets the next run with mail have a thread."""
+
+
+@dataclass(slots=True)
+class Step:
+    view: StepView
+
+
+@dataclass(slots=True)
+class Stream:
+    process: Process
+    metric: Metric
+    step: int | None
+
+
+@dataclass(slots=True)
+class Anomaly:
+    record: dict[str, Any]
+    step: int | None
+
+
+@dataclass(slots=True)
+class Row:
+    process: Process
+    row: Any
+    """``otlp.samples.SampleRow``: a streamed sample row."""
+
+
+@dataclass(slots=True)
+class Log:
+    process: Process
+    record: Any
+    """``validate.LogRecord``: an ordinary OTel log record."""
+    step: int
+
+
+@dataclass(slots=True)
+class Report:
+    status: dict[str, Any] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    paths: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Sync:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(slots=True)
+class Close:
+    """Finish the backends after what is queued (W&B's finish can take seconds)."""
+
+
+Message = Step | Stream | Anomaly | Row | Log | Report | Sync | Close
+
+
+class ViewPool:
+    """A fixed number of threads that run every writer with mail (``ViewWriter``)."""
+
+    def __init__(self, workers: int, spawn: Callable[[str, Callable[[], None]], threading.Thread]) -> None:
+        self._ready: queue.SimpleQueue[ViewWriter | None] = queue.SimpleQueue()
+        self._threads = [spawn(f"views-{i}", self._work) for i in range(max(1, workers))]
+
+    def schedule(self, writer: ViewWriter) -> None:
+        self._ready.put(writer)
+
+    def stop(self, timeout: float) -> None:
+        """End the threads after the writers scheduled so far."""
+        for _ in self._threads:
+            self._ready.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _work(self) -> None:
+        while (writer := self._ready.get()) is not None:
+            writer.turn()
 
 
 def _identity(process: Process) -> dict[str, Any]:
@@ -62,21 +146,23 @@ class _View:
 
 
 class ViewWriter:
-    """Owns one run's backends and the thread that calls them.
+    """One run's backends and their inbox, handled on a ``ViewPool`` thread.
 
     A backend whose ``init`` fails is disabled with one error naming it (W&B without an API
     key, say); one whose writes fail keeps being called, and the status route shows its last
     *successfully* written step and its last error. After each step, ``on_written(view)``
-    lets the write-ahead log drop what is now in every view."""
+    lets the write-ahead log drop what is now in every view. A full inbox drops the message,
+    counted (``dropped``) and said once."""
 
     def __init__(
         self,
         experiment: str,
         config: Mapping[str, Mapping[str, Any]],
         on_error: Callable[[str, BaseException], None],
+        pool: ViewPool,
+        *,
         max_queued: int = 4096,
         on_written: Callable[[StepView], None] | None = None,
-        start_thread: Callable[[str, Callable[[], None]], threading.Thread] | None = None,
         run: str = "",
     ) -> None:
         self.experiment = experiment
@@ -91,27 +177,16 @@ class ViewWriter:
                 on_error(f"view {name!r} of {experiment[:64]!r}: bad configuration", exc)
                 continue
             self.views.append(_View(name, backend))
-        self._queue: queue.Queue[Any] = queue.Queue(max_queued)
+        self._pool = pool
+        self._inbox: deque[Message] = deque()
+        self._max_queued = max_queued
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._opened = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dropped = 0
         self.written_step = -1
         self.closed = threading.Event()
-        self._handlers: dict[str, Callable[[Any], None]] = {
-            "sync": self._on_sync,
-            "report": self._on_report,
-            "step": self._on_step,
-            "stream": self._on_stream,
-            "anomaly": self._on_anomaly,
-            "row": self._on_row,
-            "log": self._on_log,
-        }
-        """The writer thread's handler of each kind of queued item (its first element); "stop" ends it."""
-        name = f"rankscope-views-{experiment[:32]}"
-        if start_thread is None:
-            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-            self._thread.start()
-        else:
-            self._thread = start_thread(name, self._run)
 
     @property
     def backends(self) -> list[LoggerBackend]:
@@ -121,57 +196,124 @@ class ViewWriter:
         return {view.name: view.status() for view in self.views}
 
     def step(self, view: StepView) -> None:
-        self._put(("step", view))
+        self._put(Step(view))
 
     def stream(self, process: Process, metric: Metric, step: int | None) -> None:
-        self._put(("stream", process, metric, step))
+        self._put(Stream(process, metric, step))
 
     def anomaly(self, record: dict[str, Any], step: int | None) -> None:
         """An anomaly record outside a step's view (a capture's files, say): global views."""
-        self._put(("anomaly", record, step))
+        self._put(Anomaly(record, step))
 
     def row(self, process: Process, row: Any) -> None:
         """A streamed sample row (``otlp.samples.SampleRow``, every row a process recorded)."""
-        self._put(("row", process, row))
+        self._put(Row(process, row))
 
     def log(self, process: Process, record: Any, step: int) -> None:
         """An ordinary OTel log record (``validate.LogRecord``) of ``process``, in ``step``."""
-        self._put(("log", process, record, step))
+        self._put(Log(process, record, step))
 
     def report(self, status: dict[str, Any] | None, timeout: float | None) -> list[str]:
         """Have the views that write a page (the report view) write it after what is queued; with
         a ``timeout``, wait and return where they wrote (else return at once)."""
-        done: tuple[threading.Event, list[str]] = (threading.Event(), [])
-        self._put(("report", status, done))
-        if timeout is None or not done[0].wait(timeout):
+        message = Report(status)
+        self._put(message, always=True)
+        if timeout is None or not message.done.wait(timeout):
             return []
-        return done[1]
+        return message.paths
 
     def close(self, timeout: float) -> None:
         self.request_close(timeout)
         self.join(timeout)
 
-    def request_close(self, timeout: float) -> None:
-        """Ask the writer to finish its backends after what is queued (W&B's finish can take seconds)."""
-        with contextlib.suppress(queue.Full):
-            self._queue.put(("stop",), timeout=timeout)
+    def request_close(self, timeout: float = 0.0) -> None:
+        """Finish the backends after what is queued (W&B's finish can take seconds)."""
+        self._put(Close(), always=True)
 
     def join(self, timeout: float) -> bool:
-        self._thread.join(max(0.0, timeout))
-        return not self._thread.is_alive()
+        return self.closed.wait(max(0.0, timeout))
 
     def wait_idle(self, timeout: float) -> bool:
-        done = threading.Event()
-        self._put(("sync", done))
-        return done.wait(timeout)
+        message = Sync()
+        self._put(message, always=True)
+        return message.done.wait(timeout)
 
-    def _put(self, item: Any) -> None:
+    def _put(self, message: Message, always: bool = False) -> None:
+        """Queue ``message``; a full inbox drops it (``always``: control messages, never dropped)."""
+        with self._lock:
+            if self.closed.is_set():
+                if isinstance(message, (Report, Sync)):
+                    message.done.set()
+                return
+            if len(self._inbox) >= self._max_queued and not always:
+                self.dropped += 1
+                if self.dropped == 1:
+                    log.warning("rankscope sink: views of %s are too slow; dropping updates", self.experiment[:64])
+                return
+            self._inbox.append(message)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._pool.schedule(self)
+
+    def turn(self) -> None:
+        """Handle up to ``TURN`` messages on the calling pool thread, then give the thread back
+        (scheduled again at the back of the line if mail is left)."""
         try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped == 1:
-                log.warning("rankscope sink: views of %s are too slow; dropping updates", self.experiment[:64])
+            if not self._opened:
+                self._opened = True
+                self._init_views()
+            for _ in range(TURN):
+                with self._lock:
+                    if not self._inbox:
+                        break
+                    message = self._inbox.popleft()
+                if self._handle(message):
+                    return
+        except BaseException as exc:  # a bug here must not kill a pool thread every run shares
+            self._on_error(f"views of {self.experiment[:64]!r}", exc)
+        with self._lock:
+            if not self._inbox or self.closed.is_set():
+                self._scheduled = False
+                return
+        self._pool.schedule(self)
+
+    def _handle(self, message: Message) -> bool:
+        """Handle one message; True when it closed the writer."""
+        match message:
+            case Step(view):
+                self._write_step(view)
+            case Stream(process, metric, step):
+                for target in self._live(LoggingMode.PER_RANK_NO_REDUCE):
+                    self._call(target, target.backend.log_stream, metric, step, **_identity(process))
+            case Anomaly(record, step):
+                for target in self._live(LoggingMode.GLOBAL_REDUCE):
+                    self._call(target, target.backend.log_anomaly, record, step)
+            case Row(process, row):
+                self._write_row(process, row)
+            case Log(process, record, step):
+                self._write_log(process, record, step)
+            case Report():
+                self._write_report(message)
+            case Sync(done):
+                done.set()
+            case Close():
+                self._close()
+                return True
+        return False
+
+    def _close(self) -> None:
+        try:
+            self._finish_views()
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+            with self._lock:
+                left, self._inbox = self._inbox, deque()
+                self.closed.set()
+            for message in left:  # nobody waits forever on a closed writer
+                if isinstance(message, (Report, Sync)):
+                    message.done.set()
 
     def _call(self, view: _View, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         try:
@@ -199,22 +341,6 @@ class ViewWriter:
         self._call(view, call)
         return answer[0] if answer else None
 
-    def _run(self) -> None:
-        try:
-            self._init_views()
-            while True:
-                item = self._queue.get()
-                if item[0] == "stop":
-                    break
-                handler = self._handlers.get(item[0])
-                if handler is not None:
-                    handler(item)
-            self._finish_views()
-        finally:
-            if self._loop is not None:
-                self._loop.close()
-            self.closed.set()
-
     def _init_views(self) -> None:
         """Init every view, disabling those whose init fails or that turn themselves off, and log which are on."""
         for view in self.views:
@@ -240,38 +366,20 @@ class ViewWriter:
             if not view.disabled:
                 self._call(view, view.backend.finish)
 
-    def _on_sync(self, item: Any) -> None:
-        item[1].set()
-
-    def _on_report(self, item: Any) -> None:
-        _, status, (done, paths) = item
+    def _write_report(self, message: Report) -> None:
         for view in self.views:
             if not view.disabled:
-                found = self._answer(view, view.backend.report, status)
+                found = self._answer(view, view.backend.report, message.status)
                 if found:
-                    paths.append(found)
-        done.set()
+                    message.paths.append(found)
+        message.done.set()
 
-    def _on_step(self, item: Any) -> None:
-        self._write_step(item[1])
-
-    def _on_stream(self, item: Any) -> None:
-        _, process, metric, step = item
-        for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
-            self._call(view, view.backend.log_stream, metric, step, **_identity(process))
-
-    def _on_anomaly(self, item: Any) -> None:
-        for view in self._live(LoggingMode.GLOBAL_REDUCE):
-            self._call(view, view.backend.log_anomaly, item[1], item[2])
-
-    def _on_row(self, item: Any) -> None:
-        _, process, row = item
+    def _write_row(self, process: Process, row: Any) -> None:
         rows = [entry(row.table, row.step, "stream", (process, row))]
         for view in self._live(LoggingMode.PER_RANK_NO_REDUCE):
             self._call(view, view.backend.log_samples, row.table, rows, row.step, **_identity(process))
 
-    def _on_log(self, item: Any) -> None:
-        _, process, record, step = item
+    def _write_log(self, process: Process, record: Any, step: int) -> None:
         row = {
             "time": record.time_unix_nano / 1e9,
             "severity": record.severity,

@@ -1,0 +1,124 @@
+"""Every run's views on a bounded pool of threads: order per run, turns across runs, bounds."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rankscope.backends.base import LoggerBackend, Metric, register_backend
+from rankscope.metrics.reduce import Reduce
+from rankscope.sink.finalize import StepView
+from rankscope.sink.views import ViewPool, ViewWriter
+
+WRITTEN: list[tuple[str, int, str]] = []
+"""(experiment, step, thread name) of every step a ``Recording`` view wrote."""
+GATE = threading.Event()
+
+
+class Recording(LoggerBackend):
+    """A view that notes what it wrote and on which thread (``gate``: waits for the test first)."""
+
+    def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        super().init(process_name)
+        self.experiment = str(kwargs.get("experiment"))
+
+    def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.logger_backend_config.get("gate"):
+            GATE.wait(10)
+        WRITTEN.append((self.experiment, int(global_step or 0), threading.current_thread().name))
+
+
+register_backend("recording-test", Recording)
+
+
+def spawner(threads: list[threading.Thread]) -> Callable[[str, Callable[[], None]], threading.Thread]:
+    def spawn(name: str, target: Callable[[], None]) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        threads.append(thread)
+        thread.start()
+        return thread
+
+    return spawn
+
+
+def view(experiment: str, step: int) -> StepView:
+    return StepView(experiment, step, 0, [Metric("loss", float(step), Reduce.MEAN, 0.0)], [], False)
+
+
+def test_many_runs_share_a_few_threads_and_each_runs_steps_stay_in_order() -> None:
+    WRITTEN.clear()
+    threads: list[threading.Thread] = []
+    pool = ViewPool(3, spawner(threads))
+    errors: list[str] = []
+    writers = [
+        ViewWriter(
+            f"e{i}",
+            {"r": {"backend": "recording-test", "logging_mode": "global_reduce"}},
+            lambda w, e: errors.append(w),
+            pool,
+        )
+        for i in range(50)
+    ]
+    for step in range(40):
+        for writer in writers:
+            writer.step(view(writer.experiment, step))
+    for writer in writers:
+        assert writer.wait_idle(10)
+        writer.close(10)
+    pool.stop(10)
+    assert len(threads) == 3 and not any(t.is_alive() for t in threads)
+    assert errors == []
+    for writer in writers:
+        steps = [s for e, s, _ in WRITTEN if e == writer.experiment]
+        assert steps == list(range(40))  # every step once, in order
+    assert {name for _, _, name in WRITTEN} <= {t.name for t in threads}
+
+
+def test_a_stuck_run_holds_one_thread_while_the_others_go_on() -> None:
+    WRITTEN.clear()
+    GATE.clear()
+    threads: list[threading.Thread] = []
+    pool = ViewPool(2, spawner(threads))
+    stuck = ViewWriter(
+        "stuck",
+        {"r": {"backend": "recording-test", "logging_mode": "global_reduce", "gate": True}},
+        lambda *_: None,
+        pool,
+    )
+    fine = ViewWriter(
+        "fine", {"r": {"backend": "recording-test", "logging_mode": "global_reduce"}}, lambda *_: None, pool
+    )
+    stuck.step(view("stuck", 0))
+    for step in range(100):
+        fine.step(view("fine", step))
+    assert fine.wait_idle(10)  # 100 steps, in turns of a few, while the other thread waits on the gate
+    assert [s for e, s, _ in WRITTEN if e == "fine"] == list(range(100))
+    assert not any(e == "stuck" for e, _, _ in WRITTEN)
+    GATE.set()
+    assert stuck.wait_idle(10)
+    stuck.close(10), fine.close(10), pool.stop(10)
+
+
+def test_a_full_inbox_drops_and_counts_but_never_drops_a_close_or_a_wait() -> None:
+    WRITTEN.clear()
+    GATE.clear()
+    threads: list[threading.Thread] = []
+    pool = ViewPool(1, spawner(threads))
+    writer = ViewWriter(
+        "full",
+        {"r": {"backend": "recording-test", "logging_mode": "global_reduce", "gate": True}},
+        lambda *_: None,
+        pool,
+        max_queued=4,
+    )
+    for step in range(10):
+        writer.step(view("full", step))
+    assert writer.dropped >= 5
+    GATE.set()
+    assert writer.wait_idle(10)
+    writer.close(10)
+    assert writer.closed.is_set()
+    assert writer.wait_idle(0.1)  # a closed writer answers at once: nobody waits on it forever
+    assert writer.report(None, 0.1) == []
+    pool.stop(10)
