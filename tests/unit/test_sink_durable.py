@@ -46,3 +46,22 @@ def test_records_written_before_rows_still_replay(tmp_path: Path) -> None:
     rows = {r["key"]: r["value"] for r in map(json.loads, path.read_text().splitlines())}
     assert rows["loss"] == (3.0 + 4.0) / 4 and rows["peak"] == 10.0 and rows["peak/argmax_rank"] == 1.0
     assert sink.internal_errors == []
+
+
+def test_every_written_step_is_journaled_as_it_is_written_so_a_crash_replays_none_of_them(tmp_path: Path) -> None:
+    """Between two checkpoints (0.1 s apart) the views' steps are in ``written.log``: a log reopened
+    after a crash (no close, no checkpoint) replays no record of a written step, and a torn last
+    line (the crash cut it) is skipped."""
+    from rankscope.sink.wal import JOURNAL, ExperimentLog
+
+    log = ExperimentLog(tmp_path / "run", "x", 1 << 20)
+    seqs = [log.append(step, b"record %d" % step) for step in range(10)]
+    log.sync()
+    for step, seq in enumerate(seqs[:8]):
+        log.written_view(step, seq, step, 0)  # the first checkpoints, the next 7 only journal (within 0.1 s)
+    with open(tmp_path / "run" / JOURNAL, "ab") as journal:
+        journal.write(b"9 10 9")  # a torn line: never counted
+    # SIGKILL here: no close, no checkpoint. The next sink opens the same directory.
+    again = ExperimentLog(tmp_path / "run", "x", 1 << 20)
+    assert [step for _, step, _ in again.replay()] == [8, 9]
+    assert again.last_finalized == 7

@@ -286,7 +286,7 @@ class TraceStore:
         stamp = time.time()
         out: list[Metric] = []
         for phase in self.phases(step) if phases is None else phases:
-            prefix = f"straggler/{phase.name}"
+            prefix = f"{attr.STRAGGLER_PREFIX}{phase.name}"
             out.extend(
                 (
                     Metric(f"{prefix}/max_over_median", phase.ratio, Reduce.MAX, stamp),
