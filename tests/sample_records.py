@@ -8,7 +8,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from rankscope.core import names as attr
-from rankscope.otlp import samples as wire
 from rankscope.otlp.common import key_value
 
 
@@ -22,7 +21,14 @@ def record(row: dict[str, Any] | None = None, **tags: Any) -> LogRecord:
     else:
         for name, value in (row if row is not None else {"reward": 1.0, "text": "hi"}).items():
             out.body.kvlist_value.values.add(key=name, value=any_value(value))
-    given_tags = {wire.TABLE: "t", wire.SIDE: "top", wire.KEY: 1.0, wire.SEQ: 0, wire.K: 2, wire.RANK_BY: "reward"}
+    given_tags = {
+        attr.SAMPLE_TABLE: "t",
+        attr.SAMPLE_SIDE: "top",
+        attr.SAMPLE_KEY: 1.0,
+        attr.SAMPLE_SEQ: 0,
+        attr.SAMPLE_K: 2,
+        attr.SAMPLE_RANK_BY: "reward",
+    }
     given_tags.update({attr.STEP: 0})
     for name, value in {**given_tags, **tags}.items():
         if value is not None:

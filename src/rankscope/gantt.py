@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-CALLER = "rankscope.caller"
-TIMER = "rankscope.timer"
+from .core import names as attr
+
 _THREADS = {"cpu": (1, "cpu"), "gpu": (2, "gpu (CUDA events)")}
 _RANK_IN_LABEL = re.compile(r"_r(\d+)$")
 _GROUP_PIDS = 1_000_000
@@ -110,7 +110,7 @@ class TraceEventWriter:
         attributes = row.get("attributes") or {}
         label = str(row.get("process") or f"{row.get('role')}_r{row.get('rank')}")
         pid = self._pid(label, row.get("rank"), row.get("role"), row.get("replica"))
-        tid = self._tid(pid, "gpu" if attributes.get(TIMER) == "gpu" else "cpu")
+        tid = self._tid(pid, "gpu" if attributes.get(attr.TIMER) == "gpu" else "cpu")
         ts = row["start_ns"] / 1e3
         dur = row["end_ns"] / 1e3 - ts  # from rounded ends, so ts + dur lands exactly where children end
         args = {"step": row.get("step"), "span_id": row.get("span_id"), "trace_id": row.get("trace_id"), **attributes}
@@ -124,7 +124,7 @@ class TraceEventWriter:
         self._event(event)
         self.spans += 1
         self._link(row, pid, tid, ts)
-        caller = attributes.get(CALLER)
+        caller = attributes.get(attr.CALLER)
         if isinstance(caller, str) and caller != label:  # a Monarch call from another process: an arrow
             self._flows += 1
             source = self._pid(caller, None)

@@ -641,7 +641,6 @@ def write_report(timeout: float = 75.0) -> str | None:
 # parent (a shared page remembers that it was said).
 
 _CHILD_SHUTDOWN_TIMEOUT = 2.0
-_PARENT_PID = "process.parent_pid"  # OTel semantic conventions
 
 
 class _ForkOrigin:
@@ -762,7 +761,7 @@ def _rearm_forked_child(origin: _ForkOrigin) -> None:
     attributes: dict[str, Any] = dict(origin.attributes)
     attributes[attr.SERVICE_INSTANCE_ID] = uuid.uuid4().hex
     attributes[attr.PROCESS_PID] = os.getpid()
-    attributes[_PARENT_PID] = origin.parent_pid
+    attributes[attr.PROCESS_PARENT_PID] = origin.parent_pid
     resource = Resource(attributes)
     runtime = _start_runtime(
         resource,

@@ -31,6 +31,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .core import names as attr
+
 SPARKS = "▁▂▃▄▅▆▇█"
 MAX_ROWS = 16
 MAX_PHASES = 8
@@ -136,7 +138,7 @@ def _header(snap: dict[str, Any], status: dict[str, Any], recent: list[dict[str,
 def _values(last: dict[str, Any], recent: list[dict[str, Any]], keys: list[str] | None) -> Table:
     """The chosen keys (else the first six of the last step's own) with sparklines over the recent steps."""
     last_values = last.get("values") or {}
-    shown = keys or [k for k in last_values if not k.startswith(("rankscope/", "straggler/"))][:6]
+    shown = keys or [k for k in last_values if not k.startswith((attr.META_PREFIX, attr.STRAGGLER_PREFIX))][:6]
     values = Table(title="keys", expand=False)
     for column in ("key", "last", "min", "max", f"last {len(recent)} steps"):
         values.add_column(column)

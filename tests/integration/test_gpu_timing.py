@@ -7,8 +7,9 @@ from __future__ import annotations
 import threading
 
 import rankscope as rs
+from rankscope.core import names as attr
 from rankscope.core import runtime as rs_slot
-from rankscope.tracing.gpu_timing import TIMER, CudaTimingProcessor
+from rankscope.tracing.gpu_timing import CudaTimingProcessor
 
 from ..fake_cuda import FakeCuda
 
@@ -37,5 +38,5 @@ def test_gpu_timer_metrics_come_from_events_read_off_the_callers_thread(make_sin
     assert abs(view["train/bwd/duration_max_s"] - 0.020) < 0.004
     assert abs(view["train/total_duration_avg_s"] - 0.060) < 0.006
     spans = {s.name: s for s in sink.spans("gpu-metrics")}
-    assert spans["train/fwd"].attributes[TIMER] == "gpu"
+    assert spans["train/fwd"].attributes[attr.TIMER] == "gpu"
     assert abs((spans["train"].end_ns - spans["train"].start_ns) / 1e9 - 0.060) < 0.006

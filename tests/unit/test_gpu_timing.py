@@ -8,7 +8,8 @@ import time
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from rankscope.tracing.gpu_timing import CPU_END, CPU_START, TIMER, CudaTimingProcessor
+from rankscope.core import names as attr
+from rankscope.tracing.gpu_timing import CudaTimingProcessor
 from rankscope.tracing.spans import BufferProcessor, SpanBuffer, SpanRecord, now_ns
 
 from ..fake_cuda import FakeCuda
@@ -41,8 +42,8 @@ def test_spans_wait_for_their_events_and_get_gpu_times_without_blocking_the_call
         (done,) = wait_for(buffer, 1)
         assert done is span and processor.pending == 0
         assert fake.waiting_threads  # the processor's own thread read the timings
-        assert done.attributes[TIMER] == "gpu"
-        assert done.attributes[CPU_START] == start_cpu and done.attributes[CPU_END] - start_cpu < 5e6
+        assert done.attributes[attr.TIMER] == "gpu"
+        assert done.attributes[attr.CPU_START] == start_cpu and done.attributes[attr.CPU_END] - start_cpu < 5e6
         assert abs((done.end_time - done.start_time) / 1e6 - 60.0) < 3.0  # the GPU's 60 ms, not the CPU's ~0
         assert abs(done.end_time - fake.host_ns_of(end.event.at)) < 2e6  # on the host clock, within 2 ms
     finally:

@@ -27,7 +27,18 @@ nested.kvlist_value.values.add(key="a", value=AnyValue()).value.array_value.valu
 @settings(max_examples=300, deadline=None)
 @given(
     tags=st.dictionaries(
-        st.sampled_from([wire.TABLE, wire.SIDE, wire.KEY, wire.SEQ, wire.K, wire.RANK_BY, attr.STEP, "other"]),
+        st.sampled_from(
+            [
+                attr.SAMPLE_TABLE,
+                attr.SAMPLE_SIDE,
+                attr.SAMPLE_KEY,
+                attr.SAMPLE_SEQ,
+                attr.SAMPLE_K,
+                attr.SAMPLE_RANK_BY,
+                attr.STEP,
+                "other",
+            ]
+        ),
         st.one_of(
             st.none(),
             st.booleans(),

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from ..core import names as attr
 from .base import LoggerBackend, LoggingMode, Metric
 
 
@@ -46,7 +47,7 @@ class ConsoleBackend(LoggerBackend):
         late = " (late update)" if kwargs.get("late") else ""
         lines = [f"=== [{printable(title)}] - METRICS STEP {step}{late} ==="]
         # The sink's housekeeping keys (rankscope/missing_processes ...) show only when non-zero.
-        shown = [m for m in metrics if m.value or not m.key.startswith("rankscope/")]
+        shown = [m for m in metrics if m.value or not m.key.startswith(attr.META_PREFIX)]
         labels = kwargs.get("labels") or {}  # the sink names who holds an extreme: "loss/argmax_rank: 3.0 (trainer_r3)"
         for m in shown:
             who = labels.get(m.key)

@@ -40,6 +40,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..core import names as attr
 from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric
 
 STEP_METRIC = "step"
@@ -107,7 +108,7 @@ class WandbBackend(LoggerBackend):
                 group=c.get("group") or (experiment if run_name else None),
                 mode=c.get("mode"),
                 dir=c.get("dir"),
-                config={"rankscope.experiment.id": experiment, "rankscope.run.id": run_name},
+                config={attr.EXPERIMENT_ID: experiment, attr.RUN_ID: run_name},
                 reinit="create_new",  # the sink holds one run per experiment, side by side
                 settings=wandb.Settings(console="off", silent=True, disable_git=True),
             )
@@ -142,9 +143,9 @@ class WandbBackend(LoggerBackend):
         if global_step is not None:
             row[STEP_METRIC] = global_step
         if kwargs.get("late"):
-            row["rankscope/late_update"] = 1.0
+            row[attr.LATE_UPDATE] = 1.0
         if self._rewound_to is not None:
-            row["rankscope/rewound_to"] = float(self._rewound_to)
+            row[attr.REWOUND_TO] = float(self._rewound_to)
             self._rewound_to = None
         if self._anomaly_rows:
             import wandb
@@ -156,7 +157,7 @@ class WandbBackend(LoggerBackend):
 
             row["logs"] = wandb.Table(columns=_LOG_COLUMNS, data=self._log_rows)  # type: ignore[assignment]
             if self._log_rows_dropped:
-                row["rankscope/log_rows_dropped"] = float(self._log_rows_dropped)
+                row[attr.LOG_ROWS_DROPPED] = float(self._log_rows_dropped)
             self._log_rows, self._log_rows_dropped = [], 0
         self.run.log(row)
 

@@ -206,7 +206,7 @@ def build_resource(
         replica_id = otel.get(attr.REPLICA, replica_hint)
 
     values: dict[str, Any] = {k: v for k, v in found.items() if v is not None}
-    values.update({k: v for k, v in otel.items() if k.startswith("rankscope.")})
+    values.update({k: v for k, v in otel.items() if k.startswith(attr.NAMESPACE)})
     if rank is not None:
         values[attr.RANK] = rank
     if world_size is not None:
@@ -229,7 +229,7 @@ def build_resource(
     # Contract: rankscope.* are strings except the attempt (an int).
     final: dict[str, Any] = {k: str(v) for k, v in values.items()}
     final[attr.EXPERIMENT_ATTEMPT] = int(values[attr.EXPERIMENT_ATTEMPT])
-    final.update({k: v for k, v in otel.items() if not k.startswith("rankscope.")})
+    final.update({k: v for k, v in otel.items() if not k.startswith(attr.NAMESPACE)})
     final[attr.SERVICE_NAME] = env.get("OTEL_SERVICE_NAME") or otel.get(attr.SERVICE_NAME) or role_name
     if final[attr.SERVICE_NAME] == "unknown_service":
         final[attr.SERVICE_NAME] = role_name

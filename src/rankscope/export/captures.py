@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
+from ..core import names as attr
 from ..core.paths import safe_component
 
 log = logging.getLogger("rankscope")
@@ -92,9 +93,7 @@ class Captures:
                 self._finished.append((capture_id, profiler))
                 if self._on_event is not None:  # where the sink puts the file, under its artifact directory
                     where = f"{self.experiment_dir}/captures/{safe_component(capture_id)}/{self.file_name}"
-                    self._on_event(
-                        "rankscope.capture", {"rankscope.capture.id": capture_id, "rankscope.capture.file": where}
-                    )
+                    self._on_event(attr.CAPTURE_EVENT, {attr.CAPTURE_ID: capture_id, attr.CAPTURE_FILE: where})
                 return
             request = self._asked.popleft()
             profiler = _start_profiler()
@@ -173,7 +172,7 @@ class Captures:
 def _mark(step: int) -> Any:
     from torch.profiler import record_function
 
-    marks = cast(Any, record_function(f"rankscope.step {step}"))  # torch leaves its __enter__ untyped
+    marks = cast(Any, record_function(f"{attr.STEP} {step}"))  # torch leaves its __enter__ untyped
     marks.__enter__()
     return marks
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ..core import names as attr
 from ..core.errors import report_internal_error
 from ..metrics.recording import record_metric
 from ..metrics.reduce import Reduce
@@ -110,7 +111,7 @@ def _timed(kind: str, original: Any, measure: Measure, position: int | None) -> 
             record_metric(seconds_key, seconds, _MAX)
             record_metric(bytes_key, nbytes, _SUM)
             if span is not None:
-                span.attributes["rankscope.checkpoint.bytes"] = nbytes  # type: ignore[index]
+                span.attributes[attr.CHECKPOINT_BYTES] = nbytes  # type: ignore[index]
                 close_span(span)
         except Exception as exc:
             report_internal_error(f"checkpoint {kind} instrumentation", exc)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from ..core import names as attr
 from ..core.errors import report_internal_error
 from ..metrics.recording import defer_gpu_duration, record_metric
 from ..metrics.reduce import Reduce
@@ -109,10 +110,10 @@ def _wrap(op: str, position: int | None, original: Any, dist: Any) -> Any:
             start_mark = gpu.mark() if gpu is not None else None
             nbytes = _nbytes(tensors)
             attributes = {
-                "rankscope.comm.op": op,
-                "rankscope.comm.bytes": nbytes,
-                "rankscope.comm.group_size": _group_size(dist, kwargs.get("group")),
-                "rankscope.comm.async": bool(kwargs.get("async_op", False)),
+                attr.COMM_OP: op,
+                attr.COMM_BYTES: nbytes,
+                attr.COMM_GROUP_SIZE: _group_size(dist, kwargs.get("group")),
+                attr.COMM_ASYNC: bool(kwargs.get("async_op", False)),
             }
             span = open_span(span_name, attributes)
             start = now_ns()

@@ -14,6 +14,7 @@ import weakref
 from types import ModuleType
 from typing import Any
 
+from ..core import names as attr
 from ..core.errors import report_internal_error
 from ..core.settings import resolve
 from ..lifecycle import auto_step
@@ -57,7 +58,7 @@ class _Hooks:
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         try:
-            span = open_span("optimizer/step", {"rankscope.optimizer": type(optimizer).__name__})
+            span = open_span("optimizer/step", {attr.OPTIMIZER: type(optimizer).__name__})
             self.started[id(optimizer)] = (time.perf_counter(), span)
             if self.grad_norm:
                 _record_grad_norm(optimizer)

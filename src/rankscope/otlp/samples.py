@@ -22,19 +22,12 @@ from ..core import names as attr
 from ..metrics.samples import MAX_FIELDS, MAX_K, SIDES, Kept, Provenance, Row, check_row
 from .common import INT64_MAX, decode_step, key_value
 
-TABLE = "rankscope.sample.table"
-SIDE = "rankscope.sample.side"
-KEY = "rankscope.sample.key"
-SEQ = "rankscope.sample.seq"
-RANK_BY = "rankscope.sample.rank_by"
-K = "rankscope.sample.k"
-POLICY_VERSION = "rankscope.policy_version"
 _INFO = 9
 MAX_FIELD_NAME_CHARS = 128
 
 
 def is_sample(record_attributes: dict[str, Any]) -> bool:
-    return TABLE in record_attributes
+    return attr.SAMPLE_TABLE in record_attributes
 
 
 def _value(value: str | int | float | bool) -> AnyValue:
@@ -63,15 +56,20 @@ def encode_rows(
         fields = record.body.kvlist_value.values
         for name, value in kept.row.items():
             fields.add(key=name, value=_value(value))
-        tags = [key_value(TABLE, table), key_value(SIDE, kept.side), key_value(SEQ, kept.seq), key_value(K, k)]
+        tags = [
+            key_value(attr.SAMPLE_TABLE, table),
+            key_value(attr.SAMPLE_SIDE, kept.side),
+            key_value(attr.SAMPLE_SEQ, kept.seq),
+            key_value(attr.SAMPLE_K, k),
+        ]
         if kept.side != "stream":
-            tags.append(key_value(KEY, float(kept.key)))
+            tags.append(key_value(attr.SAMPLE_KEY, float(kept.key)))
         if rank_by is not None:
-            tags.append(key_value(RANK_BY, rank_by))
+            tags.append(key_value(attr.SAMPLE_RANK_BY, rank_by))
         if step is not None:
             tags.append(key_value(attr.STEP, step))
         if origin.policy_version is not None:
-            tags.append(key_value(POLICY_VERSION, origin.policy_version))
+            tags.append(key_value(attr.POLICY_VERSION, origin.policy_version))
         record.attributes.extend(tags)
     return request
 
@@ -113,7 +111,7 @@ def _body(record: Any) -> dict[str, Any] | str:
 
 def decode_row(record: Any, a: dict[str, Any], max_chars: int) -> SampleRow | str:
     """A sample record's row, or why it is refused (never raises: client data)."""
-    table = a.get(TABLE)
+    table = a.get(attr.SAMPLE_TABLE)
     if not isinstance(table, str) or not table:
         return "sample row: bad table name"
     tags = _decode_tags(a)
@@ -143,15 +141,15 @@ _Tags = tuple[str, int, str | None, float, int, int | None, int | None]
 
 def _decode_tags(a: dict[str, Any]) -> _Tags | str:
     """A sample record's attributes other than its table, or why they are refused (in the table's words)."""
-    side, k = a.get(SIDE), a.get(K)
+    side, k = a.get(attr.SAMPLE_SIDE), a.get(attr.SAMPLE_K)
     if side not in SIDES:
         return f"side must be one of {', '.join(SIDES)}"
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-        return f"{K} must be an int in [1, {MAX_K}]"
-    rank_by = a.get(RANK_BY)
+        return f"{attr.SAMPLE_K} must be an int in [1, {MAX_K}]"
+    rank_by = a.get(attr.SAMPLE_RANK_BY)
     if rank_by is not None and (not isinstance(rank_by, str) or not rank_by):
-        return f"bad {RANK_BY}"
-    key = a.get(KEY, 0.0) if side != "stream" else 0.0  # a streamed row is not ranked
+        return f"bad {attr.SAMPLE_RANK_BY}"
+    key = a.get(attr.SAMPLE_KEY, 0.0) if side != "stream" else 0.0  # a streamed row is not ranked
     ranking = _check_ranking(side, key, rank_by)
     if ranking is not None:
         return ranking
@@ -164,29 +162,29 @@ def _decode_tags(a: dict[str, Any]) -> _Tags | str:
 def _check_ranking(side: str, key: Any, rank_by: str | None) -> str | None:
     """Why a row's ranking key and ``rank_by`` do not fit its side, if they do not."""
     if isinstance(key, bool) or not isinstance(key, (int, float)):
-        return f"{KEY} must be a number"
+        return f"{attr.SAMPLE_KEY} must be a number"
     if side == "sample" and not 0.0 <= key < 1.0:
         return "a random priority must be in [0, 1)"
     if side in ("top", "bottom", "both") and rank_by is None:
-        return f"side {side} without {RANK_BY}"
+        return f"side {side} without {attr.SAMPLE_RANK_BY}"
     if side == "sample" and rank_by is not None:
-        return f"a random-sample row with {RANK_BY}"
+        return f"a random-sample row with {attr.SAMPLE_RANK_BY}"
     if rank_by is not None and (len(rank_by) > MAX_FIELD_NAME_CHARS or not rank_by.isprintable()):
-        return f"{RANK_BY} is too long or has control characters"
+        return f"{attr.SAMPLE_RANK_BY} is too long or has control characters"
     return None
 
 
 def _decode_order(a: dict[str, Any]) -> tuple[int, int | None, int | None] | str:
     """(seq, step, policy version) of a sample record, or why they are refused."""
-    seq = a.get(SEQ, 0)
+    seq = a.get(attr.SAMPLE_SEQ, 0)
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= INT64_MAX:
-        return f"{SEQ} must be a non-negative int"
+        return f"{attr.SAMPLE_SEQ} must be a non-negative int"
     step = decode_step(a.get(attr.STEP))
     if isinstance(step, str):
         return step
-    version = a.get(POLICY_VERSION)
+    version = a.get(attr.POLICY_VERSION)
     if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
-        return f"{POLICY_VERSION} must be a non-negative int"
+        return f"{attr.POLICY_VERSION} must be a non-negative int"
     return seq, step, version
 
 
@@ -197,5 +195,5 @@ def _rank_mismatch(row: Row, rank_by: str | None, key: float) -> str | None:
         return f"rank_by field {rank_by!r} is not a number in the row"
     same = float(value) == float(key) or (math.isnan(float(value)) and math.isnan(float(key)))
     if not same:
-        return f"{KEY} is not the row's {rank_by!r}"
+        return f"{attr.SAMPLE_KEY} is not the row's {rank_by!r}"
     return None

@@ -24,15 +24,12 @@ from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
 
+from ..core import names as attr
 from .spans import SpanRecord, from_readable, now_ns
 
 _ANCHOR_TRIES = 5
 _TIGHT_ANCHOR_NS = 200_000
 """An anchor bracketed within 0.2 ms is kept at once; else the tightest of a few tries."""
-
-CPU_START = "rankscope.cpu.start_time_unix_nano"
-CPU_END = "rankscope.cpu.end_time_unix_nano"
-TIMER = "rankscope.timer"
 
 
 class Mark:
@@ -153,9 +150,9 @@ class CudaTimingProcessor(SpanProcessor):
     def _finish(self, span: Any, start: Mark, end: Mark) -> None:
         anchor, anchor_ns = self._anchor(start.device)
         attributes = span.attributes if span.attributes is not None else {}
-        attributes[CPU_START] = span.start_time
-        attributes[CPU_END] = span.end_time
-        attributes[TIMER] = "gpu"
+        attributes[attr.CPU_START] = span.start_time
+        attributes[attr.CPU_END] = span.end_time
+        attributes[attr.TIMER] = "gpu"
         span.attributes = attributes
         span.start_time = anchor_ns + round(anchor.elapsed_time(start.event) * 1e6)
         span.end_time = max(span.start_time, anchor_ns + round(anchor.elapsed_time(end.event) * 1e6))

@@ -84,7 +84,8 @@ class SpanRecord:
     def fail(self, error: BaseException, when: int) -> None:
         """Status error plus an OTel ``exception`` event for ``error``."""
         self.error = f"{type(error).__name__}: {error}"
-        self.events = [("exception", when, {"exception.type": type(error).__name__, "exception.message": str(error)})]
+        details = {attr.EXCEPTION_TYPE: type(error).__name__, attr.EXCEPTION_MESSAGE: str(error)}
+        self.events = [(attr.EXCEPTION_EVENT, when, details)]
 
     @property
     def context(self) -> SpanContext:

@@ -47,8 +47,6 @@ _GB = float(1 << 30)
 _MEAN, _MAX = Reduce.MEAN, Reduce.MAX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
-CALLER = "rankscope.caller"
-"""Span attribute: the process label of the remote caller whose span is this span's parent."""
 
 
 class Scope:
@@ -295,7 +293,7 @@ class Tracer:
                 span = self._span = SpanRecord(self.prefix, scope.trace_id, random_id(64) or 1, scope.parent_id, now, 0)
                 span.attributes = {attr.STEP: scope.step}
                 if scope.caller is not None:
-                    span.attributes[CALLER] = scope.caller
+                    span.attributes[attr.CALLER] = scope.caller
                 span_id = span.span_id
             else:
                 span_id = random_id(64) or 1
@@ -358,9 +356,9 @@ class Tracer:
             record_metric(f"{prefix}/memory_peak_max_gb", peak / _GB, _MAX)
             record_metric(f"{prefix}/memory_delta_end_start_avg_gb", delta, _MEAN)
             if span is not None:
-                span.attributes["rankscope.memory.peak_gb"] = peak / _GB  # type: ignore[index]
-                span.attributes["rankscope.memory.peak_exact"] = peak > peak_before  # type: ignore[index]
-                span.attributes["rankscope.memory.delta_gb"] = delta  # type: ignore[index]
+                span.attributes[attr.MEMORY_PEAK_GB] = peak / _GB  # type: ignore[index]
+                span.attributes[attr.MEMORY_PEAK_EXACT] = peak > peak_before  # type: ignore[index]
+                span.attributes[attr.MEMORY_DELTA_GB] = delta  # type: ignore[index]
         if span is not None:
             span.end_time = now
             if error is not None:
@@ -488,10 +486,6 @@ def close_span(span: SpanRecord, end_ns: int | None = None, error: BaseException
         runtime.tracing.processor.on_end(span)
 
 
-LINKS_DROPPED = "rankscope.links.dropped"
-"""Span attribute: links beyond the cap that were not added (``link_active_span``)."""
-
-
 def link_active_span(contexts: list[tuple[int, int]], limit: int, name: str = "rl/consume") -> int:
     """Add OTel links to ``contexts`` (trace id, span id) to the span active here, or, outside any
     recorded span, to a zero-length ``name`` span under the step root. At most ``limit`` links
@@ -515,7 +509,7 @@ def link_active_span(contexts: list[tuple[int, int]], limit: int, name: str = "r
     span.links = have + chosen
     if dropped:
         attributes = span.attributes if span.attributes is not None else {}
-        attributes[LINKS_DROPPED] = int(attributes.get(LINKS_DROPPED, 0)) + dropped
+        attributes[attr.LINKS_DROPPED] = int(attributes.get(attr.LINKS_DROPPED, 0)) + dropped
         span.attributes = attributes
     if opened is not None:
         close_span(opened)

@@ -19,11 +19,8 @@ from ...core.errors import report_internal_error
 from ...metrics.recording import record_metric
 from ...metrics.reduce import Reduce
 from ...tracing.spans import SpanRecord, now_ns, random_id
-from ...tracing.tracer import CALLER, Scope, enter_scope, leave_scope
+from ...tracing.tracer import Scope, enter_scope, leave_scope
 
-ACTOR_CLASS = "rankscope.actor.class"
-ACTOR_ENDPOINT = "rankscope.actor.endpoint"
-ACTOR_COORDS = "rankscope.actor.coords"
 _SERVER = int(trace_pb2.Span.SPAN_KIND_SERVER)
 _SUM, _MEAN, _MAX = Reduce.SUM, Reduce.MEAN, Reduce.MAX
 _keys: dict[tuple[str, str], tuple[str, str, str, str]] = {}
@@ -95,10 +92,10 @@ def start_server_span(carried: Any, actor: str, endpoint: str) -> ServerCall:
         span.kind = _SERVER
         span.attributes = {
             attr.STEP: carried.step,
-            CALLER: carried.caller,
-            ACTOR_CLASS: actor,
-            ACTOR_ENDPOINT: endpoint,
-            ACTOR_COORDS: _mesh_coords(),
+            attr.CALLER: carried.caller,
+            attr.ACTOR_CLASS: actor,
+            attr.ACTOR_ENDPOINT: endpoint,
+            attr.ACTOR_COORDS: _mesh_coords(),
         }
     tokens = enter_scope(Scope(carried.trace_id, span_id, carried.sampled, carried.step, span=span), remote=False)
     return ServerCall(span, tokens, start, endpoint_keys(actor, endpoint))
