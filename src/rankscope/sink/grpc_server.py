@@ -4,7 +4,7 @@ The services are registered with raw-bytes request handling, so an undecodable b
 answered INVALID_ARGUMENT (not INTERNAL) by our own parse. grpcio inflates gzip itself and
 enforces ``max_receive_message_length`` on the inflated message, so oversized and gzip-bomb
 requests end as RESOURCE_EXHAUSTED before we see them. Overload answers UNAVAILABLE, which
-OTLP clients retry with backoff. The bearer token is compared as the HTTP side does.
+OTLP clients retry with backoff. The bearer token is checked by ``sink.auth``, as the HTTP side does.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from ..otlp.raw import parse_metrics
+from .auth import UNAUTHORIZED, authorized
 from .bodies import OverloadedError
-from .http_server import authorized
 
 if TYPE_CHECKING:
     from .service import Sink
@@ -44,7 +44,7 @@ def _handler(
     def handle(body: bytes, context: Any) -> Any:
         sent = dict(context.invocation_metadata()).get("authorization")
         if not authorized(sink.config.token, sent):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
         try:
             request = parse(body)
         except (DecodeError, ValueError, RecursionError) as exc:

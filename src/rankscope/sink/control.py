@@ -1,0 +1,212 @@
+"""The sink's control routes on HTTP, apart from OTLP ingest: what embedded clients and people ask.
+
+``GET /healthz`` (503 naming a dead sink thread; no token needed), and behind the bearer token
+(``sink.auth``):
+``POST /rankscope/v1/config`` (an experiment's views),
+``GET /rankscope/v1/status[?experiment=ID[&run=RUN]]`` (a route that names an experiment
+takes ``run``, else means its latest run; a resuming launch's own run id means the run it
+continues),
+``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]`` (stored spans as
+JSONL, streamed; what ``rankscope gantt --sink`` reads),
+``GET /rankscope/v1/recent?experiment=ID`` (the last 64 finalized steps: values, missing,
+anomalies, rank x phase seconds; what ``rankscope top`` reads), captures (``sink.captures``):
+``POST /rankscope/v1/captures`` (``{"experiment", "steps", "ranks", "reason"}``: ask for one),
+``GET /rankscope/v1/captures?experiment=ID&process=PID`` (a process polls for its requests) and
+``PUT /rankscope/v1/captures/file?experiment=ID&capture=C&process=PID`` (its trace, gzip), and
+``POST /rankscope/v1/report`` (``{"experiment"}``: write its report page now, answer where).
+
+Every body is JSON, checked here; the sink's methods take checked values only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from aiohttp import web
+
+from .auth import UNAUTHORIZED, authorized
+from .bodies import HttpError, OverloadedError
+from .traces import parse_ranks
+
+if TYPE_CHECKING:
+    from .service import Sink
+
+REPORT_TIMEOUT = 60.0
+"""Seconds the report route waits for an experiment's views (``request_report`` waits longer)."""
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class ControlRoutes:
+    """The control routes of one sink. ``call`` runs a blocking sink method off the event loop,
+    ``body`` reads a request body within the sink's size limit (both from the HTTP transport)."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        call: Callable[..., Awaitable[Any]],
+        body: Callable[[web.BaseRequest], Awaitable[bytes]],
+    ) -> None:
+        self.sink = sink
+        self._call = call
+        self._body = body
+        self._report_lock = threading.Lock()
+        self._reporting: set[str] = set()
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/rankscope/v1/status"): self._status,
+            ("GET", "/rankscope/v1/spans"): self._spans,
+            ("GET", "/rankscope/v1/recent"): self._recent,
+            ("GET", "/rankscope/v1/captures"): self._pending,
+            ("POST", "/rankscope/v1/config"): self._config,
+            ("POST", "/rankscope/v1/captures"): self._capture,
+            ("POST", "/rankscope/v1/report"): self._report,
+            ("PUT", "/rankscope/v1/captures/file"): self._capture_file,
+        }
+
+    def serves(self, path: str) -> bool:
+        return path == "/healthz" or path.startswith("/rankscope/")
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.path == "/healthz" and request.method == "GET":
+            return await self._health(request)
+        if not authorized(self.sink.config.token, request.headers.get("Authorization")):
+            raise HttpError(401, UNAUTHORIZED)
+        handler = self.routes.get((request.method, request.path))
+        if handler is None:
+            if any(path == request.path for _, path in self.routes):
+                raise HttpError(405, f"{request.method} is not served at {request.path[:200]!r}")
+            raise HttpError(404, f"nothing at {request.path[:200]!r}")
+        return await handler(request)
+
+    async def _config(self, request: web.BaseRequest) -> web.Response:
+        body = await self._body(request)
+        try:
+            payload = json.loads(body)
+            experiment, backends = payload["experiment"], payload["backends"]
+            if not isinstance(experiment, str) or not isinstance(backends, dict):
+                raise TypeError("experiment must be a string and backends an object")
+            if not all(isinstance(v, dict) for v in backends.values()):
+                raise TypeError("each backend's options must be an object")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HttpError(400, f"bad config body: {exc}") from None
+        answer = self.sink.configure(experiment, backends)
+        return web.json_response({"result": answer})
+
+    async def _health(self, request: web.BaseRequest) -> web.StreamResponse:
+        healthy, problems = self.sink.health()
+        text = "ok\n" if healthy else "".join(f"{p}\n" for p in problems)
+        return web.Response(status=200 if healthy else 503, text=text)
+
+    async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
+        query = parse_qs(request.query_string)
+        experiment = query.get("experiment", [None])[0]
+        if experiment is None:
+            return web.json_response(self.sink.overview())
+        found = self.sink.status(experiment, _run(query))
+        if found is None:
+            raise HttpError(404, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
+        return web.json_response(found)
+
+    async def _recent(self, request: web.BaseRequest) -> web.StreamResponse:
+        query = parse_qs(request.query_string)
+        experiment = query.get("experiment", [""])[0]
+        found = await self._call(self.sink.recent, experiment, _run(query))
+        if found is None:
+            raise HttpError(404, f"no experiment {experiment[:200]!r}")
+        return web.json_response(found)
+
+    async def _pending(self, request: web.BaseRequest) -> web.StreamResponse:
+        query = parse_qs(request.query_string)
+        experiment, process = query.get("experiment", [""])[0], query.get("process", [""])[0]
+        return web.json_response(await self._call(self.sink.pending_captures, experiment, process))
+
+    async def _report(self, request: web.BaseRequest) -> web.Response:
+        body = await self._body(request)
+        try:
+            payload = json.loads(body)
+            experiment, run = payload["experiment"], payload.get("run")
+            if not isinstance(experiment, str) or not isinstance(run, (str, type(None))):
+                raise TypeError("experiment (and run) must be strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HttpError(400, f"bad report request: {exc}") from None
+        with self._report_lock:  # one page at a time per experiment; others' pages go on
+            busy = experiment in self._reporting or len(self._reporting) >= 8
+            if not busy:
+                self._reporting.add(experiment)
+        if busy:
+            raise HttpError(429, "this experiment's report (or 8 others) is being written; ask again", 2)
+        try:  # its own thread: waiting on the views never holds the pool that decodes data
+            answer = await asyncio.to_thread(self.sink.report, experiment, REPORT_TIMEOUT, run)
+        finally:
+            with self._report_lock:
+                self._reporting.discard(experiment)
+        if isinstance(answer, str):
+            raise HttpError(404 if answer.startswith("no experiment") else 409, answer)
+        return web.json_response({"experiment": experiment, "reports": answer})
+
+    async def _capture(self, request: web.BaseRequest) -> web.Response:
+        body = await self._body(request)
+        try:
+            payload = json.loads(body)
+            experiment, steps = payload["experiment"], payload.get("steps", 2)
+            ranks, run = payload.get("ranks"), payload.get("run")
+            reason = str(payload.get("reason") or "asked")
+            if not isinstance(experiment, str) or isinstance(steps, bool) or not isinstance(steps, int):
+                raise TypeError("experiment must be a string and steps an int")
+            if not isinstance(run, (str, type(None))):
+                raise TypeError("run must be a string")
+            if ranks is not None and not (isinstance(ranks, list) and all(type(r) is int for r in ranks)):
+                raise TypeError("ranks must be a list of ints")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HttpError(400, f"bad capture request: {exc}") from None
+        chosen = None if ranks is None else frozenset(ranks)
+        answer = await self._call(self.sink.capture, experiment, reason, steps, chosen, run)
+        if isinstance(answer, str):
+            raise HttpError(404 if answer.startswith("no experiment") else 429, answer)
+        return web.json_response(answer)
+
+    async def _capture_file(self, request: web.BaseRequest) -> web.Response:
+        query = parse_qs(request.query_string)
+        experiment, capture, process = (query.get(k, [""])[0] for k in ("experiment", "capture", "process"))
+        if request.content_length is None:
+            raise HttpError(411, "a capture file needs a Content-Length")
+        try:  # before the body is read: a file nobody asked for costs nothing
+            await self._call(self.sink.capture_target, experiment, capture, process, request.content_length)
+            body = await self._body(request)
+            path = await self._call(self.sink.store_capture, experiment, capture, process, body)
+        except LookupError as exc:
+            raise HttpError(404, str(exc)) from None
+        except OverloadedError as exc:
+            raise HttpError(429, str(exc), exc.retry_after) from None
+        return web.json_response({"path": path})
+
+    async def _spans(self, request: web.BaseRequest) -> web.StreamResponse:
+        query = parse_qs(request.query_string)
+        experiment = query.get("experiment", [""])[0]
+        try:
+            first = int(query["first"][0]) if "first" in query else None
+            last = int(query["last"][0]) if "last" in query else None
+            ranks = parse_ranks(query.get("ranks", [""])[0])
+        except ValueError as exc:
+            raise HttpError(400, f"bad span query: {exc}") from None
+        rows = await self._call(self.sink.span_rows, experiment, first, last, ranks, _run(query))
+        if rows is None:
+            raise HttpError(404, f"no experiment {experiment[:200]!r}")
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        while chunk := await self._call(lambda: list(itertools.islice(rows, 1000))):
+            await response.write("".join(chunk).encode())
+        await response.write_eof()
+        return response
+
+
+def _run(query: dict[str, list[str]]) -> str | None:
+    """The ``run`` a route asks for; absent: the experiment's latest run."""
+    return query.get("run", [None])[0]
