@@ -67,7 +67,9 @@ DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "glob
 class SinkConfig:
     """How a sink listens, what it writes and what one client may make it hold.
 
-    CLI flags and ``RANKSCOPE_SINK_*`` map here."""
+    CLI flags and ``RANKSCOPE_SINK_*`` map here. Flat on purpose, past 25 fields: each is one
+    flag a person sets; the bounds that travel together are nested (``limits`` at the edge,
+    ``experiment_limits`` per run, ``detectors``)."""
 
     host: str = "127.0.0.1"
     grpc_port: int | None = 4317
