@@ -8,11 +8,18 @@ it a step's spread is not computed, the page shows the global value only). Mode
 (the spread), the step's phase times (the heat map) and spans (the Gantt of chosen steps).
 
 Each step becomes events appended to ``report.jsonl`` beside the page (``report.summary``),
-so ``rankscope report`` can rebuild the page from the file. The page is written when the
-sink is asked for it (``rankscope report --sink``, ``rs.write_report()``, ``rankscope run
---report``) and when the view finishes. The page lists the experiment's other runs (linked
-when they follow the same path template) and, after a rewind (a restarted or resumed run
-executing steps again), shows each step's final values.
+so ``rankscope report`` can rebuild the page from the file. The file stays O(summary) however
+long the run: once the events appended since it was last compacted pass ``max(compact_bytes,
+2 × its snapshot)`` (option ``compact_bytes``, default 4 MiB), it is rewritten as one snapshot
+of the summary (``Summary.snapshot``, bounded as the page is) into a temporary file beside it,
+synced, and renamed over it. So it stays under about 3 × the snapshot + ``compact_bytes``,
+reopening it reads no more, and a crash leaves the old file or the new one whole (but for a
+last appended line cut short, which reading skips). A reopened view compacts it first.
+
+The page is written when the sink is asked for it (``rankscope report --sink``,
+``rs.write_report()``, ``rankscope run --report``) and when the view finishes. The page lists
+the experiment's other runs (linked when they follow the same path template) and, after a
+rewind (a restarted or resumed run executing steps again), shows each step's final values.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from ..report.summary import Summary, gantt_spans, heat_of, read, span_seconds, 
 from .base import LoggerBackend, LoggingMode, Metric
 from .jsonl import _component
 
+COMPACT_BYTES = 4 << 20
+"""Bytes appended to ``report.jsonl`` since it was last compacted before it may be again."""
+
 _STATUS_FIELDS = (
     *("points", "late_points", "refused_points", "foreign_points", "series_overflow", "log_records"),
     *("sample_rows", "spans_stored", "spans_dropped", "internal_errors", "processes", "last_finalized_step"),
@@ -39,6 +49,10 @@ class ReportBackend(LoggerBackend):
         config = {"logging_mode": LoggingMode.GLOBAL_REDUCE.value, **(logger_backend_config or {})}
         super().__init__(config)
         self.max_spread_processes = int(self.logger_backend_config.get("max_spread_processes", 4096))
+        self.compact_bytes = int(self.logger_backend_config.get("compact_bytes", COMPACT_BYTES))
+        self._appended = 0
+        """Bytes appended since the file was last compacted (or opened)."""
+        self._snapshot_bytes = 0
         self.summary = Summary()
         self._dirty = False
         self._slowest_ms = -1.0
@@ -64,6 +78,7 @@ class ReportBackend(LoggerBackend):
         self.location = str(self.path.resolve())
         if self.data_path.exists():  # reopened (an idle experiment, a restarted sink): the page keeps its history
             self.summary = read(self.data_path)
+            self._rewrite()  # O(summary) from now on; drops a line a crash cut (the next would be appended to it)
         self._file: IO[str] = self.data_path.open("a", encoding="utf-8")
         self._event({"kind": "experiment", "id": experiment, "run": run})
 
@@ -74,10 +89,35 @@ class ReportBackend(LoggerBackend):
         self._event({"kind": "rewind", "step": step})
 
     def _event(self, event: dict[str, Any]) -> None:
-        line = json.dumps(event, default=str)
+        line = json.dumps(event, default=str)  # ASCII: its length is its size in bytes
         self._file.write(line + "\n")
         self.summary.add(json.loads(line))  # exactly what ``rankscope report`` reads back from the file
         self._dirty = True
+        self._appended += len(line) + 1
+        if self._appended > max(self.compact_bytes, 2 * self._snapshot_bytes):
+            self._file.close()  # before the file is renamed over; reopened whatever happens
+            try:
+                self._rewrite()
+            finally:
+                self._file = self.data_path.open("a", encoding="utf-8")
+
+    def _rewrite(self) -> None:
+        """Rewrite the data file as one snapshot of the summary (module docstring): the old file
+        or the new one, whole, whenever a crash comes."""
+        self._appended = 0  # a failure (a full disk) is tried again after as many bytes more
+        line = json.dumps(self.summary.snapshot(), separators=(",", ":"), default=str)
+        tmp = self.data_path.with_name(f".{self.data_path.name}.tmp")  # one name: a crash leaves at most one
+        try:
+            with tmp.open("w", encoding="utf-8") as out:
+                out.write(line + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.data_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.data_path.parent)
+        self._snapshot_bytes = len(line) + 1
 
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if global_step is None:
@@ -153,3 +193,17 @@ class ReportBackend(LoggerBackend):
         if self._dirty:
             self.report()
         self._file.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (where directories can be synced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

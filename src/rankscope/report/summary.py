@@ -3,7 +3,9 @@
 The report view (``backends.report``) turns each step into *events* (``step_event`` and the
 others below), appends them to ``report.jsonl`` and adds them to a ``Summary``;
 ``rankscope report FILE`` rebuilds the same ``Summary`` from that file (``read``), so a report
-made after a crash shows what the live one would have.
+made after a crash shows what the live one would have. The view compacts the file now and then
+to one ``snapshot`` event (``Summary.snapshot``: the whole summary, which ``add`` restores
+exactly) plus the events since, so the file and the time to read it stay O(summary).
 
 What keeps a 1,000-rank, 100,000-step experiment a page a browser opens:
 
@@ -34,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core import names as attr
+
 MAX_POINTS = 1000
 MAX_SERIES = 500
 MAX_META_SERIES = 200
@@ -45,10 +49,12 @@ SAMPLE_STEPS = 8
 MAX_TABLES = 16
 MAX_ANOMALIES = 250
 MAX_LISTED = 500
+SNAPSHOT_VERSION = 1
+"""The form of a ``snapshot`` event; a file with another (a newer rankscope's) is read without it."""
 _TEXT = 500
 """Characters of a sample cell or name kept for the page."""
 
-META_PREFIXES = ("rankscope/", "straggler/")
+META_PREFIXES = (attr.META_PREFIX, attr.STRAGGLER_PREFIX)
 DERIVED_SUFFIXES = ("/argmax_rank", "/argmin_rank")
 
 
@@ -160,7 +166,7 @@ def gantt_spans(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]]
         }
         if links:
             bar["l"] = links[:16]
-        caller = attributes.get("rankscope.caller")
+        caller = attributes.get(attr.CALLER)
         if isinstance(caller, str):
             bar["c"] = _text(caller)
         kept.append(bar)
@@ -268,6 +274,7 @@ class Summary:
                 "status": self._status,
                 "rewind": self._rewind,
                 "runs": self._runs,
+                "snapshot": self._snapshot,
             }.get(str(event.get("kind")))
         if handler is None:
             self.skipped_events += 1
@@ -321,8 +328,7 @@ class Summary:
                 self.first_step = None
 
     def _status(self, event: dict[str, Any]) -> None:
-        fields = list(event.items())[:64]
-        self.status = {str(k)[:64]: _cell(v) for k, v in fields if k != "kind" and isinstance(v, (int, float, str))}
+        self.status = _status_fields(event)
 
     def _step(self, event: dict[str, Any]) -> None:
         step = _int(event["step"])
@@ -397,10 +403,7 @@ class Summary:
                 series.last[1] = number(values[key])
 
     def _heat(self, step: int, heat: dict[str, Any]) -> None:
-        rows = [_text(r) for r in heat["rows"]][: HEAT_ROWS + 1]
-        phases = [_text(p) for p in heat["phases"]][:MAX_PHASES]
-        z = [[number(v) for v in line[: len(phases)]] for line in heat["z"][: len(rows)]]
-        entry = {"rows": rows, "phases": phases, "z": z, "band": _int(heat.get("band")) or 1}
+        entry = _heat_entry(heat)
         self.last_heat = (step, entry)
         if self._heat_seen % self.heat_stride == 0:
             self.heat[step] = entry
@@ -436,11 +439,129 @@ class Summary:
     def _anomaly(self, event: dict[str, Any]) -> None:
         kind = _text(event.get("type", "?"))[:64]
         self.anomaly_counts[kind] = self.anomaly_counts.get(kind, 0) + 1
-        clean = {str(k)[:64]: _cell(v) for k, v in list(event.items())[:32] if k != "kind"}
+        clean = _anomaly_record(event)
         if len(self.anomalies_first) < MAX_ANOMALIES:
             self.anomalies_first.append(clean)
         else:
             self.anomalies_last.append(clean)
+
+    # -- the whole summary as one event (a compacted ``report.jsonl`` starts with it)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The summary as one ``snapshot`` event: plain JSON (it shares the summary's lists: write
+        it before adding more) that ``add`` restores exactly, in place of what it held, so that
+        the events after it make the summary the events before it and after it would have."""
+        return {
+            "kind": "snapshot",
+            "version": SNAPSHOT_VERSION,
+            "experiment": self.experiment,
+            "run": self.run,
+            "runs": self.runs,
+            "rewinds": self.rewinds,
+            "steps": self.steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "processes": self.processes,
+            "series": [[role, key, _series_state(s)] for (role, key), s in self.series.items()],
+            "globals": [[key, _series_state(s)] for key, s in self.globals.items()],
+            "meta": [[key, _series_state(s)] for key, s in self.meta.items()],
+            "series_not_shown": self.series_not_shown,
+            "refused": [list(name) if isinstance(name, tuple) else name for name in self._refused],
+            "heat": [[step, entry] for step, entry in self.heat.items()],
+            "heat_stride": self.heat_stride,
+            "heat_seen": self._heat_seen,
+            "last_heat": list(self.last_heat) if self.last_heat is not None else None,
+            "gantt": [{"why": why, **g} for why, g in self.gantt.items()],
+            "samples": [{"table": t, "steps": list(kept)} for t, kept in self.samples.items()],
+            "tables_not_shown": self.tables_not_shown,
+            "anomalies_first": self.anomalies_first,
+            "anomalies_last": list(self.anomalies_last),
+            "anomaly_counts": self.anomaly_counts,
+            "missing": list(self.missing),
+            "late": [[step, n] for step, n in self.late.items()],
+            "late_updates": self.late_updates,
+            "status": self.status,
+            "skipped_events": self.skipped_events,
+        }
+
+    def _snapshot(self, event: dict[str, Any]) -> None:
+        """Become the snapshot's summary: built apart, checked as any event (its shapes, the
+        bounds above), then taken whole, so a malformed snapshot changes nothing."""
+        if event.get("version") != SNAPSHOT_VERSION:
+            raise ValueError("snapshot version")
+        new = Summary()
+        experiment = event["experiment"]
+        new.experiment = None if experiment is None else _text(experiment)
+        new.run = _text(event["run"])
+        new._runs({"runs": _list(event["runs"], 100)})
+        new.rewinds = [{"step": _strict(r["step"]), "from": _strict(r["from"])} for r in _list(event["rewinds"])]
+        new.steps = _strict(event["steps"])
+        new.first_step, new.last_step = _optional(event["first_step"]), _optional(event["last_step"])
+        new.processes = {_str(role): _strict(n) for role, n in _dict(event["processes"]).items()}
+        new.series = {
+            (_str(role), _str(key)): new._series_of(state) for role, key, state in _list(event["series"], MAX_SERIES)
+        }
+        room = MAX_SERIES - len(new.series)
+        new.globals = {_str(key): new._series_of(state) for key, state in _list(event["globals"], room)}
+        new.meta = {_str(key): new._series_of(state) for key, state in _list(event["meta"], MAX_META_SERIES)}
+        new.series_not_shown = _strict(event["series_not_shown"])
+        new._refused = {
+            (_str(n[0]), _str(n[1])) if isinstance(n, list) and len(n) == 2 else _str(n)
+            for n in _list(event["refused"], 100_000)
+        }
+        new.heat = {_strict(step): _heat_entry(entry) for step, entry in _list(event["heat"], HEAT_STEPS)}
+        new.heat_stride, new._heat_seen = _strict(event["heat_stride"], 1), _strict(event["heat_seen"])
+        if event["last_heat"] is not None:
+            step, entry = event["last_heat"]
+            new.last_heat = (_strict(step), _heat_entry(entry))
+        for gantt in _list(event["gantt"], 8):
+            new._gantt(gantt)
+        for table in _list(event["samples"], MAX_TABLES):
+            new.samples[_text(table["table"])[:128]] = deque(
+                (
+                    {
+                        "step": _optional(e["step"]),
+                        "late": bool(e["late"]),
+                        "rows": [_sample_row(_dict(r)) for r in _list(e["rows"], 64)],
+                    }
+                    for e in _list(table["steps"], SAMPLE_STEPS)
+                ),
+                maxlen=SAMPLE_STEPS,
+            )
+        new.tables_not_shown = _strict(event["tables_not_shown"])
+        new.anomalies_first = [_anomaly_record(r) for r in _list(event["anomalies_first"], MAX_ANOMALIES)]
+        new.anomalies_last.extend(_anomaly_record(r) for r in _list(event["anomalies_last"], MAX_ANOMALIES))
+        new.anomaly_counts = {_text(kind)[:64]: _strict(n) for kind, n in _dict(event["anomaly_counts"]).items()}
+        new.missing.extend(
+            {
+                "step": _strict(m["step"]),
+                "count": _strict(m["count"]),
+                "processes": [_text(p) for p in m["processes"][:16]],
+            }
+            for m in _list(event["missing"])
+        )
+        new.late = {_strict(step): _strict(n) for step, n in _list(event["late"])}
+        new.late_updates = _strict(event["late_updates"])
+        new.status = _status_fields(_dict(event["status"]))
+        new.skipped_events = _strict(event["skipped_events"])
+        vars(self).update(vars(new))
+
+    def _series_of(self, state: Any) -> Series:
+        points, holders, last, last_holders, seen, stride = state
+        if len(_list(points, MAX_POINTS)) != len(_list(holders, MAX_POINTS)):
+            raise ValueError("series")
+        return Series(
+            [_point(p) for p in points],
+            [self._holders(h) for h in holders],
+            None if last is None else _point(last),
+            None if last_holders is None else self._holders(last_holders),
+            _strict(seen),
+            _strict(stride, 1),
+        )
+
+    def _holders(self, holders: Any) -> list[Any]:
+        low, high = holders
+        return [self._label(low), self._label(high)]
 
     # -- the page's data
 
@@ -503,6 +624,62 @@ class Summary:
         return [{"step": step, **entry} for step, entry in sorted(heat.items())]
 
 
+def _series_state(series: Series) -> list[Any]:
+    return [series.points, series.holders, series.last, series.last_holders, series.seen, series.stride]
+
+
+def _point(point: Any) -> list[Any]:
+    """A series point from a snapshot: ``[step, global, median, min, max]``."""
+    step, value, median, low, high = point
+    return [_strict(step), number(value), number(median), number(low), number(high)]
+
+
+def _strict(value: Any, least: int | None = None) -> int:
+    """An int of a snapshot (at least ``least``; anything else: the snapshot is malformed)."""
+    found = _int(value)
+    if found is None or (least is not None and found < least):
+        raise ValueError("int")
+    return found
+
+
+def _optional(value: Any) -> int | None:
+    return None if value is None else _strict(value)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("str")
+    return value
+
+
+def _list(value: Any, most: int = MAX_LISTED) -> list[Any]:
+    if not isinstance(value, list) or len(value) > most:
+        raise ValueError("list")
+    return value
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("dict")
+    return value
+
+
+def _heat_entry(heat: dict[str, Any]) -> dict[str, Any]:
+    rows = [_text(r) for r in heat["rows"]][: HEAT_ROWS + 1]
+    phases = [_text(p) for p in heat["phases"]][:MAX_PHASES]
+    z = [[number(v) for v in line[: len(phases)]] for line in heat["z"][: len(rows)]]
+    return {"rows": rows, "phases": phases, "z": z, "band": _int(heat.get("band")) or 1}
+
+
+def _status_fields(event: dict[str, Any]) -> dict[str, Any]:
+    fields = list(event.items())[:64]
+    return {str(k)[:64]: _cell(v) for k, v in fields if k != "kind" and isinstance(v, (int, float, str))}
+
+
+def _anomaly_record(event: dict[str, Any]) -> dict[str, Any]:
+    return {str(k)[:64]: _cell(v) for k, v in list(event.items())[:32] if k != "kind"}
+
+
 def _series_data(key: str, series: Series) -> dict[str, Any]:
     points, holders = list(series.points), list(series.holders)
     if series.last is not None and (not points or points[-1][0] != series.last[0]):
@@ -542,7 +719,8 @@ def _cell(value: Any) -> Any:
 
 
 def read(path: Path) -> Summary:
-    """The summary of a ``report.jsonl`` (bad lines, a line cut by a crash: skipped and counted)."""
+    """The summary of a ``report.jsonl``, compacted or not (bad lines, a line cut by a crash:
+    skipped and counted)."""
     summary = Summary()
     for event in _events(path):
         summary.add(event)
