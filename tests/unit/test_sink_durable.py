@@ -65,3 +65,55 @@ def test_every_written_step_is_journaled_as_it_is_written_so_a_crash_replays_non
     again = ExperimentLog(tmp_path / "run", "x", 1 << 20)
     assert [step for _, step, _ in again.replay()] == [8, 9]
     assert again.last_finalized == 7
+
+
+def test_a_record_of_flush_markers_alone_is_covered_by_its_steps_view_and_its_segment_goes(tmp_path: Path) -> None:
+    """A rank that exports its marker apart from its values (a Monarch controller's flush(N), a
+    straggler's marker after the grace period): the marker's record is covered by the step's view,
+    and a marker of a finalized step is not logged at all, so every segment is deleted."""
+    from rankscope.core import names as attr
+    from rankscope.otlp.markers import Marker
+    from rankscope.sink.experiment import Experiment
+    from rankscope.sink.validate import Refusals, ResourceBatch, StateRows
+    from rankscope.sink.wal import ExperimentLog, encode_record
+
+    experiment = Experiment("x", grace=5.0, clock=lambda: 0.0)
+    log = ExperimentLog(tmp_path, "x", 200)  # a segment per record or two
+    resource = {attr.SERVICE_INSTANCE_ID: "a", attr.ROLE: "trainer", attr.RANK: "0", attr.WORLD_SIZE: "1"}
+
+    def send(states: list[StateRows], markers: list[Marker]) -> None:
+        batch = ResourceBatch("x", dict(resource), states=states, markers=markers)
+        refused = Refusals()
+        taken = experiment.take(batch, refused)
+        assert taken is not None
+        seqs = {
+            s: log.append(s, encode_record(b"", p.resource, p.states, p.markers, p.samples))
+            for s, p in taken.parts.items()
+        }
+        experiment.merge(taken, refused, seqs)
+
+    for step in range(6):
+        send([StateRows("sum", step, ["loss"], [(1.0,)])], [])
+        send([], [Marker(step, 0, False)])
+        for view in experiment.ready():
+            log.written_view(view.step, view.seq, view.step, view.attempt, force=True)
+    send([], [Marker(2, 0, False)])  # a finalized step's marker: the process is live, nothing to log
+    log.close()
+    assert [seg.name for seg in tmp_path.glob("seg-*.log")] == []
+    assert list(ExperimentLog(tmp_path, "x", 200).replay()) == []
+
+
+def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_path: Path) -> None:
+    """A crash between the checkpoint and the journal's truncation leaves lines the checkpoint
+    already holds: folding them in again, an older attempt's step does not move the frontier."""
+    from rankscope.sink.wal import JOURNAL, ExperimentLog, _atomic_write
+
+    log = ExperimentLog(tmp_path, "x", 1 << 20)
+    log.written_view(100, 5, 100, 0, force=True)
+    log.written_view(102, 7, 102, 0)  # journaled (within 0.1 s of the checkpoint)
+    log.written_view(3, 9, 3, 1)  # the run restarted: attempt 1 is at step 3
+    state = {"written": {str(k): v for k, v in log.written.items()}, "last_finalized": 3, "attempt": 1, "seq": 9}
+    _atomic_write(tmp_path / "checkpoint.json", state)  # the checkpoint landed; the truncation did not
+    assert len((tmp_path / JOURNAL).read_text().splitlines()) == 2
+    again = ExperimentLog(tmp_path, "x", 1 << 20)
+    assert (again.attempt, again.last_finalized) == (1, 3)

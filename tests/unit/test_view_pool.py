@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -121,4 +122,30 @@ def test_a_full_inbox_drops_and_counts_but_never_drops_a_close_or_a_wait() -> No
     assert writer.closed.is_set()
     assert writer.wait_idle(0.1)  # a closed writer answers at once: nobody waits on it forever
     assert writer.report(None, 0.1) == []
+    pool.stop(10)
+
+
+def test_the_pool_grows_past_views_stuck_longer_than_the_stall_up_to_its_bound() -> None:
+    WRITTEN.clear()
+    GATE.clear()
+    threads: list[threading.Thread] = []
+    pool = ViewPool(1, spawner(threads), max_workers=2, stall=0.2)
+    gated = {"r": {"backend": "recording-test", "logging_mode": "global_reduce", "gate": True}}
+    stuck = [ViewWriter(f"stuck{i}", gated, lambda *_: None, pool) for i in range(3)]
+    fine = ViewWriter(
+        "fine", {"r": {"backend": "recording-test", "logging_mode": "global_reduce"}}, lambda *_: None, pool
+    )
+    stuck[0].step(view("stuck0", 0))
+    time.sleep(0.5)  # the one thread has been held past the stall
+    stuck[1].step(view("stuck1", 0))  # a second thread is added: it takes this run, and is held too
+    time.sleep(0.5)
+    for writer in (stuck[2], fine):
+        writer.step(view(writer.experiment, 0))
+    assert pool.threads == 2  # the bound: stuck runs never take every thread the sink may have
+    assert not fine.wait_idle(0.3)  # both threads are held: the others wait, bounded
+    GATE.set()
+    assert fine.wait_idle(10) and all(w.wait_idle(10) for w in stuck)
+    assert {e for e, _, _ in WRITTEN} == {"stuck0", "stuck1", "stuck2", "fine"}
+    for writer in (*stuck, fine):
+        writer.close(10)
     pool.stop(10)

@@ -102,6 +102,8 @@ class Taken:
     process: Process
     parts: dict[int, ResourceBatch]
     goodbye: bool = False
+    settled: list[Any] = field(default_factory=list)
+    """Flush markers of steps finalized already: they say the process is live, nothing to log."""
 
 
 class Experiment:
@@ -246,11 +248,15 @@ class Experiment:
             refused.add(n, f"from attempt {process.attempt}; the run restarted as attempt {self.attempt}")
             return None
         self.roster.came_back(process)
-        parts = self._split(batch, process, refused)
-        for step, part in parts.items():
+        taken = Taken(process, {}, batch.goodbye)
+        for step, part in sorted(self._split(batch, process, refused).items()):
             part.states = self.admission.states(step, part.states, *self._room(step), refused)
-        parts = {step: part for step, part in sorted(parts.items()) if part.states or part.markers or part.samples}
-        return Taken(process, parts, batch.goodbye)
+            if step <= self.last_finalized:
+                taken.settled += part.markers
+                part.markers = []
+            if part.states or part.markers or part.samples:
+                taken.parts[step] = part
+        return taken
 
     def _reused_reason(self, process: Process) -> str:
         return f"run {self.run[:64]!r} ended (every process said goodbye) and another launch reuses its id: " + (
@@ -324,6 +330,8 @@ class Experiment:
         points taken. Sample rows a step's tables cannot keep are refused here."""
         process, now, points = taken.process, self.clock(), 0
         before = refused.count
+        for marker in taken.settled:
+            self._marker(process, marker, now)
         for step, part in taken.parts.items():
             points += self._merge(process, step, part, (seqs or {}).get(step, 0), now, refused)
         self.counts.refused += refused.count - before
@@ -338,6 +346,8 @@ class Experiment:
         for marker in part.markers:
             self._marker(process, marker, now)
         if not part.states and not part.samples:
+            if step in self._open:  # a marker's record: the step's view covers it (the log drops it then)
+                self._open[step].seq = max(self._open[step].seq, seq)
             return 0
         late = step <= self.last_finalized
         if late:
@@ -483,13 +493,17 @@ class Experiment:
         return out
 
     def late_updates(self, *, force: bool = False) -> list[StepView]:
+        """Views of the late updates due (``late``)."""
+        return [self.view(done) for done in self.late(force=force)]
+
+    def late(self, *, force: bool = False) -> list[Finished]:
         """Late updates due: each step with late data once per ``late_interval`` (all when ``force``)."""
         now = self.clock()
         if not self._late or (not force and now - self._late_written < self.late_interval):
             return []
         self._late_written = now
         late, self._late = self._late, {}
-        return [self.view(self._finished(bucket, [], late=True)) for _, bucket in sorted(late.items())]
+        return [self._finished(bucket, [], late=True) for _, bucket in sorted(late.items())]
 
     def _finished(self, bucket: Step, missing: list[str], *, late: bool = False, rewound: bool = False) -> Finished:
         parts, bucket.parts = bucket.parts, []  # the view owns them; late rows start a new list

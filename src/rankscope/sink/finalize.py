@@ -55,6 +55,7 @@ class Finished:
     """A time bucket's start (Unix seconds), when the run's steps are time buckets."""
     late_points: int = 0
     internal_errors: int = 0
+    """The run's internal errors before this view (its own merge errors are added as it is built)."""
     keep_spans: bool = False
 
 
@@ -157,9 +158,17 @@ def view_of(done: Finished, *, traces: TraceStore, watch: Watch, on_error: OnErr
     global_metrics: list[Metric] = []
     labels: dict[str, str] = {}
     bad: set[str] = set()
+    errors = 0
+
+    def failed(where: str, exc: BaseException) -> None:  # counted into this step's internal_errors too
+        nonlocal errors
+        errors += 1
+        if on_error is not None:
+            on_error(where, exc)
+
     for key, state in done.merged.items():
         reduce = reduce_of(state[0])
-        values = reduced_values(key, state, on_error)
+        values = reduced_values(key, state, failed)
         global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in values)
         if any(not math.isfinite(v) for _, v in values):
             bad.add(key)
@@ -172,11 +181,13 @@ def view_of(done: Finished, *, traces: TraceStore, watch: Watch, on_error: OnErr
     )
     view.samples, view.attempt, view.rewound = done.samples, done.attempt, done.rewound
     if not done.late:
-        _judge(view, done, bad, traces, watch, stamp)
+        _judge(view, done, bad, traces, watch, stamp, done.internal_errors + errors)
     return view
 
 
-def _judge(view: StepView, done: Finished, bad: set[str], traces: TraceStore, watch: Watch, stamp: float) -> None:
+def _judge(
+    view: StepView, done: Finished, bad: set[str], traces: TraceStore, watch: Watch, stamp: float, errors: int
+) -> None:
     """A step's phases, stragglers, anomalies and the sink's own per-step metrics, onto its view."""
     if done.keep_spans:  # a view draws a Gantt (the report): the step's spans ride with its view
         view.spans = traces.spans(done.step)[:MAX_VIEW_SPANS]
@@ -195,8 +206,8 @@ def _judge(view: StepView, done: Finished, bad: set[str], traces: TraceStore, wa
     metrics.append(Metric(attr.MISSING_PROCESSES, float(len(done.missing)), Reduce.MAX, stamp))
     if done.late_points:
         metrics.append(Metric(attr.LATE_POINTS, float(done.late_points), Reduce.MAX, stamp))
-    if done.internal_errors:
-        metrics.append(Metric(attr.INTERNAL_ERRORS, float(done.internal_errors), Reduce.MAX, stamp))
+    if errors:
+        metrics.append(Metric(attr.INTERNAL_ERRORS, float(errors), Reduce.MAX, stamp))
     if done.bucket_time is not None:
         metrics.append(Metric(attr.BUCKET_TIME, done.bucket_time, Reduce.MAX, stamp))
 

@@ -904,8 +904,9 @@ class Sink:
             experiment = tenant.experiment
 
             def written(view: StepView) -> None:
-                if log_ is not None and view.seq:
-                    log_.written_view(view.step, view.seq, -1 if view.late else view.step, view.attempt)
+                if log_ is not None and view.seq:  # a late update moves neither the frontier nor the attempt
+                    late = view.late
+                    log_.written_view(view.step, view.seq, -1 if late else view.step, 0 if late else view.attempt)
 
             if self._views is None:
                 raise RuntimeError("the sink's views run once it is started (Sink.start)")
@@ -916,22 +917,25 @@ class Sink:
         return tenant.writer
 
     def _finalize(self, tenant: Tenant, force: bool = False) -> None:
-        """The tenant's finished steps and due late updates: finalized, acted on, to its views."""
+        """The tenant's finished steps and due late updates: finalized, acted on, to its views.
+        A step whose view fails to build is counted and skipped; the steps after it still go."""
         try:
             with tenant.lock:
                 experiment = tenant.experiment
-                views = [experiment.view(done) for done in experiment.finished(force=force)]
-                views += experiment.late_updates(force=force)
+                finished = experiment.finished(force=force) + experiment.late(force=force)
                 tenant.dirty = False
-                if views:
-                    writer = self._writer(tenant)
-                    for view in views:
+                for done in finished:
+                    try:
+                        view = experiment.view(done)
                         self._act(tenant, view)
-                        writer.step(view)
-                        if not view.late:
-                            if tenant.recent:  # the rank x phase map of the last step only
-                                tenant.recent[-1].pop("phases", None)
-                            tenant.recent.append(_recent(view))
+                    except Exception as exc:  # a bug: logged once, counted, this step only
+                        self._tenant_error(tenant, f"finalizing step {done.step}", exc)
+                        continue
+                    self._writer(tenant).step(view)
+                    if not view.late:
+                        if tenant.recent:  # the rank x phase map of the last step only
+                            tenant.recent[-1].pop("phases", None)
+                        tenant.recent.append(_recent(view))
         except Exception as exc:  # a bug: logged once, counted, this experiment only
             self._tenant_error(tenant, "finalizing", exc)
 

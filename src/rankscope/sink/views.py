@@ -1,5 +1,6 @@
 """Every run's backends, written on a bounded pool of threads, so a slow or failing view never
-stalls ingest or another run, and a sink with 300 open runs does not hold 300 threads.
+stalls ingest, a view stuck in a slow call holds one thread (the pool grows past stuck ones, up
+to a bound), and a sink with 300 open runs does not hold 300 threads.
 
 The sink calls the same ``LoggerBackend`` interface the SDK does; extra keyword arguments
 say whose values they are: ``per_process`` (global views: every process's values),
@@ -21,6 +22,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -91,25 +93,65 @@ Message = Step | Stream | Anomaly | Row | Log | Report | Sync | Close
 
 
 class ViewPool:
-    """A fixed number of threads that run every writer with mail (``ViewWriter``)."""
+    """The threads that run every writer with mail (``ViewWriter``): ``workers`` of them, and one
+    more, up to ``max_workers``, each time every thread has been held by one turn for ``stall``
+    seconds (views stuck in a slow call hold their threads; the other runs' views go on)."""
 
-    def __init__(self, workers: int, spawn: Callable[[str, Callable[[], None]], threading.Thread]) -> None:
+    def __init__(
+        self,
+        workers: int,
+        spawn: Callable[[str, Callable[[], None]], threading.Thread],
+        *,
+        max_workers: int | None = None,
+        stall: float = 5.0,
+    ) -> None:
+        self._spawn = spawn
         self._ready: queue.SimpleQueue[ViewWriter | None] = queue.SimpleQueue()
-        self._threads = [spawn(f"views-{i}", self._work) for i in range(max(1, workers))]
+        self._lock = threading.Lock()
+        self._busy: dict[int, float] = {}
+        """Thread ident -> when its current turn began (monotonic)."""
+        self._threads: list[threading.Thread] = []
+        self.max_workers = max(1, max_workers if max_workers is not None else 4 * workers)
+        self.stall = stall
+        with self._lock:
+            for _ in range(max(1, workers)):
+                self._add()
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
 
     def schedule(self, writer: ViewWriter) -> None:
         self._ready.put(writer)
+        with self._lock:
+            now = time.monotonic()
+            stalled = len(self._busy) == len(self._threads) and all(now - t >= self.stall for t in self._busy.values())
+            if stalled and len(self._threads) < self.max_workers:
+                self._add()
 
     def stop(self, timeout: float) -> None:
         """End the threads after the writers scheduled so far."""
-        for _ in self._threads:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
             self._ready.put(None)
-        for thread in self._threads:
-            thread.join(timeout)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _add(self) -> None:
+        self._threads.append(self._spawn(f"views-{len(self._threads)}", self._work))
 
     def _work(self) -> None:
+        me = threading.get_ident()
         while (writer := self._ready.get()) is not None:
-            writer.turn()
+            with self._lock:
+                self._busy[me] = time.monotonic()
+            try:
+                writer.turn()
+            finally:
+                with self._lock:
+                    del self._busy[me]
 
 
 def _identity(process: Process) -> dict[str, Any]:

@@ -77,6 +77,7 @@ class ExperimentLog:
         self._segments: dict[Path, dict[int, int]] = {}  # segment -> {step: newest seq in it}
         self._checkpointed = 0.0
         self._journal: int | None = None
+        self._closed = False
         directory.mkdir(parents=True, exist_ok=True)
         meta = directory / "meta.json"
         if not meta.exists():
@@ -184,6 +185,8 @@ class ExperimentLog:
         """A view wrote ``step`` covering records up to ``seq``: journaled now, checkpointed at most every 0.1 s."""
         with self._lock:
             self._note_written(step, seq, last_finalized, attempt)
+            if self._closed:  # a view that finished after the run's log closed (eviction, stop): replay covers it
+                return
             if self._journal is None:
                 self._journal = os.open(self.directory / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.write(self._journal, f"{step} {seq} {last_finalized} {attempt}\n".encode())
@@ -194,11 +197,13 @@ class ExperimentLog:
             self._checkpoint()
 
     def _note_written(self, step: int, seq: int, last_finalized: int, attempt: int) -> None:
+        """Idempotent, so a journal folded in twice (a crash between the checkpoint and the
+        journal's truncation) changes nothing: an older attempt's step never moves the frontier."""
         if seq > self.written.get(step, 0):
             self.written[step] = seq
         if attempt > self.attempt:  # a restarted run: its steps went back
             self.attempt, self.last_finalized = attempt, last_finalized
-        else:
+        elif attempt == self.attempt:
             self.last_finalized = max(self.last_finalized, last_finalized)
 
     def _checkpoint(self) -> None:
@@ -235,6 +240,7 @@ class ExperimentLog:
             if self._journal is not None:
                 os.close(self._journal)
                 self._journal = None
+            self._closed = True
 
 
 class WriteAheadLog:
