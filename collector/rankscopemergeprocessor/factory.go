@@ -6,21 +6,26 @@ import (
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/processor"
+
+	"github.com/rankscope/rankscope/collector/rankscopemergeprocessor/internal/metadata"
 )
 
-var componentType = component.MustNewType("rankscopemerge")
-
-// NewFactory is the processor's factory, registered in the ocb manifest.
+// NewFactory is the processor's factory, registered in the ocb manifest. Its type and stability
+// are metadata.yaml's, through the code mdatagen generates from it.
 func NewFactory() processor.Factory {
 	return processor.NewFactory(
-		componentType,
+		metadata.Type,
 		func() component.Config { return createDefaultConfig() },
-		processor.WithMetrics(createMetrics, component.StabilityLevelDevelopment),
+		processor.WithMetrics(createMetrics, metadata.MetricsStability),
 	)
 }
 
 func createMetrics(
 	_ context.Context, set processor.Settings, cfg component.Config, next consumer.Metrics,
 ) (processor.Metrics, error) {
-	return newMergeProcessor(set, cfg.(*Config), next), nil
+	p, err := newMergeProcessor(set, cfg.(*Config), next)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }

@@ -1,18 +1,3 @@
-// Package rankscopemergeprocessor merges rankscope reduce states as they pass a Collector,
-// so that a tree of Collectors (an agent per node, a gateway per experiment) reduces an
-// experiment of thousands of ranks before its sink sees it: the sink receives one state per
-// key per step per upstream instead of one per rank.
-//
-// A state merges exactly (MEAN by count, STD pooled, SUM and COUNT added, MIN/MAX with the
-// rank holding the extreme, LAST by time, DISTRIBUTION bucket-wise), so merging in any
-// grouping gives the sink's own result. Everything else travels on unmerged and in order:
-// flush markers and goodbyes (they name the contributors, so the sink still knows who
-// reported and who is missing), points without a step, custom reduce types, keys asked for
-// per rank, and whatever this processor does not understand (the sink's edge judges it).
-//
-// A request is answered only once its window has been forwarded to the next stage (the
-// exporter's persistent queue): what a client has been told was taken is never only in
-// memory here.
 package rankscopemergeprocessor
 
 import (
@@ -30,16 +15,20 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/processor"
+	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/zap"
+
+	"github.com/rankscope/rankscope/collector/rankscopemergeprocessor/internal/metadata"
 )
 
 type mergeProcessor struct {
-	cfg      *Config
-	next     consumer.Metrics
-	logger   *zap.Logger
-	perRank  *regexp.Regexp
-	host     string
-	instance string
+	cfg       *Config
+	next      consumer.Metrics
+	logger    *zap.Logger
+	telemetry *metadata.TelemetryBuilder // the counters metadata.yaml declares
+	perRank   *regexp.Regexp
+	host      string
+	instance  string
 
 	mu  sync.Mutex // guards win and taken
 	win *window
@@ -54,19 +43,24 @@ type mergeProcessor struct {
 	done       sync.WaitGroup
 }
 
-func newMergeProcessor(set processor.Settings, cfg *Config, next consumer.Metrics) *mergeProcessor {
+func newMergeProcessor(set processor.Settings, cfg *Config, next consumer.Metrics) (*mergeProcessor, error) {
+	telemetry, err := metadata.NewTelemetryBuilder(set.TelemetrySettings)
+	if err != nil {
+		return nil, err
+	}
 	host, _ := os.Hostname()
 	return &mergeProcessor{
-		cfg:      cfg,
-		next:     next,
-		logger:   set.Logger,
-		perRank:  cfg.keyMatcher(),
-		host:     host,
-		instance: fmt.Sprintf("rankscope-merge/%s/%s/%d-%d", host, set.ID.String(), os.Getpid(), time.Now().UnixNano()),
-		win:      newWindow(),
-		taken:    map[string]struct{}{},
-		stop:     make(chan struct{}),
-	}
+		cfg:       cfg,
+		next:      next,
+		logger:    set.Logger,
+		telemetry: telemetry,
+		perRank:   cfg.keyMatcher(),
+		host:      host,
+		instance:  fmt.Sprintf("rankscope-merge/%s/%s/%d-%d", host, set.ID.String(), os.Getpid(), time.Now().UnixNano()),
+		win:       newWindow(),
+		taken:     map[string]struct{}{},
+		stop:      make(chan struct{}),
+	}, nil
 }
 
 func (p *mergeProcessor) Capabilities() consumer.Capabilities {
@@ -100,6 +94,7 @@ func (p *mergeProcessor) Shutdown(context.Context) error {
 	}
 	p.done.Wait()
 	p.forward()
+	p.telemetry.Shutdown()
 	return nil
 }
 
@@ -108,14 +103,18 @@ func (p *mergeProcessor) Shutdown(context.Context) error {
 // state twice, as it would behind any retrying exporter).
 func (p *mergeProcessor) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {
 	if !hasExperiment(md) {
+		if n := md.DataPointCount(); n > 0 {
+			p.telemetry.ProcessorRankscopemergePointsPassedThrough.Add(ctx, int64(n))
+		}
 		return p.next.ConsumeMetrics(ctx, md) // not rankscope's: no reason to hold it
 	}
 	p.mu.Lock()
 	w := p.win
-	p.add(w, md)
+	t := p.add(w, md)
 	w.requests++
 	full := w.points >= p.cfg.MaxPoints
 	p.mu.Unlock()
+	t.count(ctx, p.telemetry)
 	if full {
 		p.forward()
 	}
@@ -236,7 +235,6 @@ type window struct {
 	points   int
 	requests int      // added to this window (the tests wait on it)
 	upstream []string // upstream windows merged here (remembered once this one is forwarded)
-	replays  int      // upstream windows skipped as copies of ones already taken
 	sent     chan struct{}
 	err      error
 }
@@ -254,29 +252,50 @@ func newWindow() *window {
 	return &window{groups: map[groupKey]*group{}, unmerged: pmetric.NewMetrics(), sent: make(chan struct{})}
 }
 
+// tally is what one request brought to a window, for the processor's counters (added once per
+// request, outside the lock, rather than once per point).
+type tally struct {
+	merged   int // states merged into the window's groups
+	unmerged int // points moved to the window's unmerged part
+	replays  int // upstream windows skipped as copies of ones already taken
+}
+
+func (t tally) count(ctx context.Context, tb *metadata.TelemetryBuilder) {
+	add := func(c metric.Int64Counter, n int) {
+		if n > 0 {
+			c.Add(ctx, int64(n))
+		}
+	}
+	add(tb.ProcessorRankscopemergeStatesMerged, t.merged)
+	add(tb.ProcessorRankscopemergePointsUnmerged, t.unmerged)
+	add(tb.ProcessorRankscopemergeWindowsDuplicate, t.replays)
+}
+
 // add takes md apart: states it merges go into the window's groups, the rest (per resource,
 // in order) into the window's unmerged part.
-func (p *mergeProcessor) add(w *window, md pmetric.Metrics) {
+func (p *mergeProcessor) add(w *window, md pmetric.Metrics) (t tally) {
 	rms := md.ResourceMetrics()
 	for i := 0; i < rms.Len(); i++ {
 		rm := rms.At(i)
 		res := rm.Resource().Attributes()
 		if id := upstreamWindow(res); id != "" {
 			if _, seen := p.taken[id]; seen || w.hasUpstream(id) {
-				w.replays++
+				t.replays++
 				continue // an upstream queue's second copy of a window already taken
 			}
 			w.upstream = append(w.upstream, id)
 		}
 		g, from, ok := p.groupOf(w, res)
 		if ok {
-			p.takeStates(w, g, rm, from)
+			t.merged += p.takeStates(w, g, rm, from)
 		}
 		if points := countPoints(rm); points > 0 {
 			w.points += points
+			t.unmerged += points
 			rm.MoveTo(w.unmerged.ResourceMetrics().AppendEmpty())
 		}
 	}
+	return t
 }
 
 // groupOf is the (experiment, run, attempt) group of a resource and the process it describes,
@@ -326,8 +345,9 @@ func label(res pcommon.Map, rank int64) string {
 	return b.String()
 }
 
-// takeStates removes from rm every point it merges into g.
-func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetrics, from holder) {
+// takeStates removes from rm every point it merges into g, and says how many.
+func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetrics, from holder) int {
+	taken := 0
 	rm.ScopeMetrics().RemoveIf(func(sm pmetric.ScopeMetrics) bool {
 		sm.Metrics().RemoveIf(func(m pmetric.Metric) bool {
 			name := m.Name()
@@ -335,7 +355,11 @@ func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetr
 				return false // markers, goodbyes and per-rank keys travel unmerged
 			}
 			take := func(attrs pcommon.Map, decode func(reduceKind) (*state, bool)) bool {
-				return p.take(w, g, m, attrs, decode)
+				ok := p.take(w, g, m, attrs, decode)
+				if ok {
+					taken++
+				}
+				return ok
 			}
 			switch m.Type() {
 			case pmetric.MetricTypeSum:
@@ -364,6 +388,7 @@ func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetr
 		})
 		return sm.Metrics().Len() == 0
 	})
+	return taken
 }
 
 // take merges one point into g when it is a rankscope state this processor knows.

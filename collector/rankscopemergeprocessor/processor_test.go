@@ -9,10 +9,14 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/consumer/consumertest"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/processor"
 	"go.opentelemetry.io/collector/processor/processortest"
+
+	"github.com/rankscope/rankscope/collector/rankscopemergeprocessor/internal/metadata"
 )
 
 // -- building requests as rankscope's SDK encodes them -----------------------------------
@@ -104,9 +108,23 @@ func addMarker(ms pmetric.MetricSlice, step int64) {
 
 // -- running the processor ---------------------------------------------------------------
 
-func start(t *testing.T, cfg *Config, next *consumertest.MetricsSink) *mergeProcessor {
+func newProcessor(t testing.TB, set processor.Settings, cfg *Config, next consumer.Metrics) *mergeProcessor {
 	t.Helper()
-	p := newMergeProcessor(processortest.NewNopSettings(componentType), cfg, next)
+	p, err := newMergeProcessor(set, cfg, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func start(t *testing.T, cfg *Config, next consumer.Metrics) *mergeProcessor {
+	t.Helper()
+	return startWith(t, processortest.NewNopSettings(metadata.Type), cfg, next)
+}
+
+func startWith(t *testing.T, set processor.Settings, cfg *Config, next consumer.Metrics) *mergeProcessor {
+	t.Helper()
+	p := newProcessor(t, set, cfg, next)
 	if err := p.Start(context.Background(), componenttest.NewNopHost()); err != nil {
 		t.Fatal(err)
 	}
@@ -438,11 +456,7 @@ func TestExtremeTiesGoToTheLowestRankAndNaNWins(t *testing.T) {
 // A failing next stage fails every request of the window: the senders keep their data and retry.
 func TestADownstreamFailureIsAnsweredToEverySender(t *testing.T) {
 	failing := consumertest.NewErr(errors.New("queue full"))
-	p := newMergeProcessor(processortest.NewNopSettings(componentType), &Config{Interval: 20 * time.Millisecond, MaxPoints: 1 << 20}, failing)
-	if err := p.Start(context.Background(), componenttest.NewNopHost()); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Shutdown(context.Background()) }()
+	p := start(t, &Config{Interval: 20 * time.Millisecond, MaxPoints: 1 << 20}, failing)
 	md, ms := request(proc{"trainer", 0}, "exp")
 	addNumber(ms, "x", "sum", 0, 1, 0)
 	if err := p.ConsumeMetrics(context.Background(), md); err == nil || err.Error() != "queue full" {
@@ -486,7 +500,7 @@ func FuzzConsumeNeverPanics(f *testing.F) {
 			return
 		}
 		sink := new(consumertest.MetricsSink)
-		p := newMergeProcessor(processortest.NewNopSettings(componentType), &Config{Interval: time.Hour, MaxPoints: 1 << 20}, sink)
+		p := newProcessor(t, processortest.NewNopSettings(metadata.Type), &Config{Interval: time.Hour, MaxPoints: 1 << 20}, sink)
 		p.mu.Lock()
 		p.add(p.win, in)
 		p.mu.Unlock()
@@ -565,11 +579,7 @@ func TestAnUpstreamWindowSentAgainIsTakenOnce(t *testing.T) {
 	}
 
 	failing := consumertest.NewErr(errors.New("queue full"))
-	f := newMergeProcessor(processortest.NewNopSettings(componentType), &Config{Interval: 20 * time.Millisecond, MaxPoints: 1 << 20}, failing)
-	if err := f.Start(context.Background(), componenttest.NewNopHost()); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = f.Shutdown(context.Background()) }()
+	f := start(t, &Config{Interval: 20 * time.Millisecond, MaxPoints: 1 << 20}, failing)
 	copied := pmetric.NewMetrics()
 	window.CopyTo(copied)
 	if err := f.ConsumeMetrics(context.Background(), copied); err == nil {
