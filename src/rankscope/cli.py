@@ -45,6 +45,7 @@ def _sink_config(args: argparse.Namespace) -> Any:
         spans_dir=Path(args.spans_dir) if args.spans_dir else None,
         max_span_file_bytes=args.max_span_file_bytes,
         time_bucket=args.time_bucket,
+        view_workers=max(1, args.view_workers),
         resume_window=args.resume_window,
         report=args.report,
         trust_posted_paths=args.command == "run" or args.trust_posted_paths,
@@ -384,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
             type=float,
             default=1.0,
             help="seconds per step of an experiment none of whose processes steps (default 1)",
+        )
+        p.add_argument(
+            "--view-workers",
+            type=int,
+            default=4,
+            help="threads that write every run's views, however many runs are open (default 4)",
         )
         p.add_argument(
             "--report",
