@@ -191,3 +191,43 @@ def test_custom_async_backend_registered_by_class() -> None:
     rs.flush(1)
     assert rs.force_flush(10)
     assert AsyncCollect.batches == [(1, {"x": 2.0})]
+
+
+def test_every_step_holds_only_its_own_values_while_the_export_thread_recycles_accumulators(tmp_path) -> None:
+    """Accumulators go round (step in progress -> exported -> reset spare -> next step's first
+    value): 20 steps of five reduce types, some keys skipped some steps, each step exact."""
+    import time
+
+    from rankscope.core import runtime
+
+    path = tmp_path / "v.jsonl"
+    rs.init(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}})
+    recorder = runtime.get().recorder  # type: ignore[union-attr]
+    reused = 0
+    for step in range(20):
+        deadline = time.monotonic() + 5
+        while step and "mean" not in recorder.spare and time.monotonic() < deadline:
+            time.sleep(0.001)  # the export thread has not recycled the last step yet
+        spares = dict(recorder.spare)
+        for i in range(3):
+            rs.record_metric("mean", step + i)
+            rs.record_metric("max", step * 10 + i, rs.Reduce.MAX)
+            rs.record_metric("sum", 1, rs.Reduce.SUM)
+            if step % 3 == 0:
+                rs.record_metric("sometimes", step, rs.Reduce.MIN)
+        rs.record_metric("last", step, rs.Reduce.LAST)
+        reused += sum(recorder.accs.get(k) is a for k, a in spares.items())
+        rs.flush(step)
+    rs.shutdown()
+    assert reused >= 19 * 4  # from step 1 on, every key recorded the step before took its spare
+    rows: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if "key" in row and "step" in row:
+            rows.setdefault(row["step"], {})[row["key"]] = row["value"]
+    assert sorted(rows) == list(range(20))
+    for step, values in rows.items():
+        expected = {"mean": step + 1.0, "max": step * 10 + 2.0, "sum": 3.0, "last": float(step)}
+        if step % 3 == 0:
+            expected["sometimes"] = float(step)
+        assert {k: v for k, v in values.items() if not k.startswith("rankscope/")} == expected, step

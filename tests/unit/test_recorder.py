@@ -44,3 +44,50 @@ def test_accumulator_subclasses_keep_their_own_attributes_and_weak_references() 
 
     acc = Ema(Reduce.MEAN)
     assert acc.alpha == 0.1 and weakref.ref(acc)() is acc
+
+
+def test_a_recycled_accumulator_serves_the_keys_next_first_value_empty_and_of_its_own_reduce() -> None:
+    from rankscope.metrics import recording
+
+    recorder = Recorder(streams=[])
+    recording._follow(recorder, False)  # record_metric's fast path reads this recorder
+    try:
+        for key, reduce in (("loss", Reduce.MEAN), ("peak", Reduce.MAX), ("n", Reduce.SUM), ("last", Reduce.LAST)):
+            recording.record_metric(key, 3.0, reduce)
+        first = recorder.take(0)
+        assert first is not None
+        states = {k: a.get_state() for k, a in first.accs.items()}
+        objects = dict(first.accs)
+        recorder.recycle(first.accs)  # what the export thread does once the step is encoded
+        assert set(recorder.spare) == {"loss", "peak", "n", "last"}
+        recording.record_metric("loss", 5.0)
+        recording.record_metric("loss", 7.0)
+        recording.record_metric("peak", 1.0, Reduce.MAX)
+        with pytest.raises(ValueError, match="one key has one reduce type"):
+            recording.record_metric("n", 1.0, Reduce.MAX)  # a spare never turns a wrong reduce into a right one
+        second = recorder.take(1)
+        assert second is not None
+        assert second.accs["loss"] is objects["loss"] and second.accs["peak"] is objects["peak"]
+        assert second.accs["loss"].get_state() == {"reduction_type": "mean", "sum": 12.0, "count": 2}
+        assert second.accs["peak"].get_value() == 1.0  # nothing of step 0's 3.0 is left in it
+        assert set(second.accs) == {"loss", "peak"}  # keys not recorded this step are not exported
+        assert states["loss"] == {"reduction_type": "mean", "sum": 3.0, "count": 1}  # read before the recycle
+    finally:
+        recording._follow(None, False)
+
+
+def test_a_users_accumulator_type_is_never_recycled() -> None:
+    class Ema(MetricAccumulator):
+        def __init__(self, reduction: Reduce) -> None:
+            super().__init__(reduction)
+            self.value = 0.0
+
+        def append(self, value: float) -> None:
+            self.value = 0.9 * self.value + 0.1 * value
+
+        def reset(self) -> None:
+            raise AssertionError("never reset by rankscope")
+
+    recorder = Recorder(streams=[])
+    recorder.recycle({"ema": Ema(Reduce.MEAN), "loss": Reduce.MEAN.accumulator_class(Reduce.MEAN)})
+    assert set(recorder.spare) == {"loss"}

@@ -592,9 +592,11 @@ class ExportThread:
         values and metric requests, oldest first, until one fails (then back off) or all are out."""
         if self.otlp is None:  # local backends only: nothing leaves the process
             self._release(len(batches), sum(b.held_points for b in batches))
+            self._recycle(batches)
             return
         try:
             self._encode(batches, goodbye)
+            self._recycle(batches)
         except Exception:
             self._release(len(batches), sum(b.held_points for b in batches))
             self._drop(sum(len(b.accs) for b in batches), "a step could not be encoded")
@@ -630,6 +632,14 @@ class ExportThread:
             self._warned_down = False
         self._failures, self._down_since, self._next_attempt = 0, None, 0.0
         self._report_drops(final=False)
+
+    def _recycle(self, batches: list[StepBatch]) -> None:
+        """The newest step's accumulators, encoded and seen by the local views, serve the next
+        step's first values (``Recorder.recycle``); the batches are not read again."""
+        if batches:
+            self.recorder.recycle(batches[-1].accs)
+            for batch in batches:
+                batch.accs = {}
 
     def _attempt(self, send: Callable[..., Attempt], request: Any, deadline: float | None) -> Attempt:
         timeout = None if deadline is None else max(0.001, deadline - time.monotonic())

@@ -1,10 +1,11 @@
 """``record_metric``: the hot path, from any function of any process.
 
 A value for a key already seen this step costs one global read (this module's copy of the runtime
-slot's recorder), a dict lookup and an ``append`` on a slotted accumulator. Everything else (first
-use of a key, a changed reduce type, tensors, streaming, auto-init) goes through
-``Recorder.record``. Flush hooks run before a step is closed, so gauges sampled there (memory,
-rates) land in the step they describe.
+slot's recorder), a dict lookup and an ``append`` on a slotted accumulator; a key's first value of
+a step takes a reset accumulator from the spares the export thread recycled (``Recorder.recycle``)
+instead of building one. Everything else (first use of a key, a changed reduce type, tensors,
+streaming, auto-init) goes through ``Recorder.record``. Flush hooks run before a step is closed,
+so gauges sampled there (memory, rates) land in the step they describe.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
         r = runtime.recorder
     if r.fast and (type(value) is float or type(value) is int):
         acc = r.accs.get(key)
-        if acc is not None and acc.reduction_type is reduce:
+        if acc is None:  # the key's first value of the step: a spare from the last exported step
+            acc = r.spare.pop(key, None)
+            if acc is not None and acc.reduction_type is reduce:
+                r.accs[key] = acc
+                acc.append(value)
+                return
+        elif acc.reduction_type is reduce:
             acc.append(value)
             return
     if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
