@@ -59,7 +59,7 @@ def test_a_recycled_accumulator_serves_the_keys_next_first_value_empty_and_of_it
         states = {k: a.get_state() for k, a in first.accs.items()}
         objects = dict(first.accs)
         recorder.recycle(first.accs)  # what the export thread does once the step is encoded
-        assert set(recorder.spare) == {"loss", "peak", "n", "last"}
+        assert [set(d) for d in recorder.spares_waiting] == [{"loss", "peak", "n", "last"}]
         recording.record_metric("loss", 5.0)
         recording.record_metric("loss", 7.0)
         recording.record_metric("peak", 1.0, Reduce.MAX)
@@ -90,4 +90,4 @@ def test_a_users_accumulator_type_is_never_recycled() -> None:
 
     recorder = Recorder(streams=[])
     recorder.recycle({"ema": Ema(Reduce.MEAN), "loss": Reduce.MEAN.accumulator_class(Reduce.MEAN)})
-    assert set(recorder.spare) == {"loss"}
+    assert [set(d) for d in recorder.spares_waiting] == [{"loss"}]

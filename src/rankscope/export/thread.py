@@ -634,12 +634,11 @@ class ExportThread:
         self._report_drops(final=False)
 
     def _recycle(self, batches: list[StepBatch]) -> None:
-        """The newest step's accumulators, encoded and seen by the local views, serve the next
-        step's first values (``Recorder.recycle``); the batches are not read again."""
-        if batches:
-            self.recorder.recycle(batches[-1].accs)
-            for batch in batches:
-                batch.accs = {}
+        """The steps' accumulators, encoded and seen by the local views, serve later steps' first
+        values (``Recorder.recycle``); the batches are not read again."""
+        for batch in batches:  # the newest last: the next take pops it first (its keys are the likeliest)
+            self.recorder.recycle(batch.accs)
+            batch.accs = {}
 
     def _attempt(self, send: Callable[..., Attempt], request: Any, deadline: float | None) -> Attempt:
         timeout = None if deadline is None else max(0.001, deadline - time.monotonic())

@@ -118,6 +118,7 @@ class Recorder:
         "_lock",
         "_lower",
         "_reduce_of",
+        "_spares",
         "_step_start",
         "_streams",
         "_tables",
@@ -134,8 +135,12 @@ class Recorder:
     def __init__(self, streams: list[StreamSink]) -> None:
         self.accs: dict[str, MetricAccumulator] = {}
         self.spare: dict[str, MetricAccumulator] = {}
-        """Reset accumulators of an exported step, by key: a key's first value of the next step takes
-        one from here instead of building one (``recycle``; the export thread refills it)."""
+        """Reset accumulators of an exported step, by key: a key's first value of the step in progress
+        takes one from here instead of building one (``recycle``)."""
+        self._spares: list[dict[str, MetricAccumulator]] = []
+        """Recycled steps waiting to become ``spare`` (at a take): the export thread appends, the
+        caller pops, each whole (list append and pop are atomic), so one request that carries
+        several steps refills every one of the next steps, not only the first."""
         self._reduce_of: dict[str, Reduce] = {}
         self._lower: dict[str, str] = {}
         self._device: DeviceValues | None = None
@@ -220,20 +225,30 @@ class Recorder:
     def _fresh(self, key: str, reduce: Reduce) -> MetricAccumulator:
         """An empty accumulator for ``key``: a recycled one when there is one (``recycle``)."""
         acc = self.spare.pop(key, None)
+        if acc is None and self._spares:  # a step recycled since this one began
+            self.spare = self._spares.pop()
+            acc = self.spare.pop(key, None)
         return acc if acc is not None and acc.reduction_type is reduce else reduce.accumulator_class(reduce)
 
     def recycle(self, accs: dict[str, MetricAccumulator]) -> None:
         """The export thread is done with a step's accumulators (encoded, given to the local views):
-        the built-in ones are reset and become the spares of the next step's first values. Building
+        the built-in ones are reset and become the spares of a later step's first values. Building
         an accumulator costs the training thread ~250 ns per key and step; a reset here costs the
         export thread about as much, off the training thread. An accumulator is only ever in one
         place: the step in progress, a step being exported, or the spares."""
+        if len(self._spares) >= _MAX_SPARE_STEPS:
+            return
         spare = {}
         for key, acc in accs.items():
             if type(acc) in RECYCLED:
                 acc.reset()
                 spare[key] = acc
-        self.spare = spare
+        self._spares.append(spare)
+
+    @property
+    def spares_waiting(self) -> tuple[dict[str, MetricAccumulator], ...]:
+        """Recycled steps not yet serving first values (oldest first)."""
+        return tuple(self._spares)
 
     def _keep_device_value(self, key: str, tensor: Any) -> None:
         device = self._device
@@ -357,6 +372,8 @@ class Recorder:
         now = time.time_ns()
         start, self._step_start = self._step_start, now
         self.accs, self._device = {}, None
+        if self._spares:
+            self.spare = self._spares.pop()
         if deferred:
             self._deferred = []
         if samples:
@@ -393,6 +410,9 @@ class Recorder:
 
 
 _SAMPLE = Reduce.SAMPLE
+_MAX_SPARE_STEPS = 32
+"""Recycled steps kept for the next steps' first values (more steps than this wait for one request
+only while the endpoint is slow; then first values build accumulators, as without recycling)."""
 
 RECYCLED = frozenset(
     {MeanAccumulator, SumAccumulator, CountAccumulator, MaxAccumulator, MinAccumulator, StdAccumulator, LastAccumulator}
