@@ -164,10 +164,10 @@ def _requests() -> dict[str, Any]:
 
 def _send_all(senders: Senders) -> dict[str, Any]:
     requests = _requests()
-    sent = {
-        "metrics": senders.send(requests["metrics"], 5.0),
-        "logs": senders.send_logs(requests["logs"], 5.0),
-        "spans": senders.send_spans(requests["spans"], 5.0),
+    sent = {  # senders take serialized requests (the export thread encodes them)
+        "metrics": senders.send(requests["metrics"].SerializeToString(), 5.0),
+        "logs": senders.send_logs(requests["logs"].SerializeToString(), 5.0),
+        "spans": senders.send_spans(requests["spans"].SerializeToString(), 5.0),
     }
     return {"requests": requests, "sent": sent}
 
@@ -249,7 +249,7 @@ def test_a_missing_exporter_attribute_is_a_clear_error_at_init_not_dropped_point
         rs.init(experiment="otel-compat", endpoint=otlp.grpc_endpoint)
     assert len(rs_errors.internal_errors) == 1 and expected in rs_errors.internal_errors[0]
     senders = Senders(otlp.grpc_endpoint, "grpc", stream=False)  # what the export thread sends through
-    refused = senders.send(_requests()["metrics"], 5.0)
+    refused = senders.send(_requests()["metrics"].SerializeToString(), 5.0)
     assert not refused.sent and not refused.retry and refused.detail.startswith(expected)
     rs_errors.internal_errors.clear()
 

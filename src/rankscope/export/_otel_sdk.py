@@ -15,8 +15,10 @@ opentelemetry-exporter-otlp-proto-grpc and -http 1.45.2, and the opentelemetry-e
   (``rankscope.distro``; ``ConfiguratorBase``).
 - ``opentelemetry.exporter.otlp.proto.{grpc,http}._log_exporter``: the OTLP log exporters (streamed
   raw values go as log records).
-- On a gRPC exporter: ``_client`` (the stub), ``_headers``, ``_timeout``, ``_shutdown``,
-  ``_retryable_error_codes`` (``grpc_export``).
+- On a gRPC exporter: ``_channel``, ``_headers``, ``_timeout``, ``_shutdown``,
+  ``_retryable_error_codes`` (``grpc_export``: rankscope's requests are bytes already, so they go
+  as they are through a call of the service's ``Export`` method on the exporter's channel, with
+  the exporter's headers, compression and TLS).
 - On an HTTP exporter: ``_client`` and ``_shutdown``; on that client (``_OTLPHTTPClient``):
   ``_timeout``, ``_compress(data)``, ``_submit(data, timeout)`` (``http_post``).
 
@@ -109,7 +111,13 @@ _STATIC = (
         _SENDS_FAIL.format(what="streamed values (OTLP logs)", protocol="http/protobuf"),
     ),
 )
-_GRPC_ATTRIBUTES = ("_client", "_headers", "_timeout", "_shutdown", "_retryable_error_codes")
+_GRPC_ATTRIBUTES = ("_channel", "_headers", "_timeout", "_shutdown", "_retryable_error_codes")
+GRPC_METHODS: dict[str, str] = {
+    "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    "spans": "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+}
+"""The OTLP services' Export methods (the proto files' package, service and method names)."""
 _HTTP_ATTRIBUTES = ("_client", "_shutdown")
 _HTTP_CLIENT_METHODS = (("_compress", "(data)", (b"",)), ("_submit", "(data, timeout)", (b"", 1.0)))
 
@@ -221,8 +229,8 @@ def _transport_problem(exporter: Any, protocol: str, what: str) -> str | None:
         for name in _GRPC_ATTRIBUTES:
             if not hasattr(exporter, name):
                 return _mismatch(GRPC, f"{owner}().{name}", what)
-        if not callable(getattr(exporter._client, "Export", None)):
-            return _mismatch(GRPC, f"{owner}()._client.Export", what)
+        if not callable(getattr(exporter._channel, "unary_unary", None)):
+            return _mismatch(GRPC, f"{owner}()._channel.unary_unary", what)
         return None
     for name in _HTTP_ATTRIBUTES:
         if not hasattr(exporter, name):
@@ -239,14 +247,19 @@ def _transport_problem(exporter: Any, protocol: str, what: str) -> str | None:
     return None
 
 
-def grpc_export(exporter: Any, request: Any, timeout: float | None) -> bool:
-    """One ``Export`` call with one deadline (at most the exporter's) on the exporter's channel,
-    stub and headers; False when the exporter is shut down. Raises ``grpc.RpcError`` as the stub does.
+def grpc_export(exporter: Any, signal: Signal, payload: bytes, timeout: float | None) -> bool:
+    """One ``Export`` call of a serialized request, with one deadline (at most the exporter's), on the
+    exporter's channel with its headers; False when the exporter is shut down. Raises
+    ``grpc.RpcError`` as a stub does.
     """
-    if exporter._shutdown or exporter._client is None:
+    if exporter._shutdown or exporter._channel is None:
         return False
+    calls = exporter.__dict__.setdefault("_rankscope_calls", {})
+    call = calls.get(signal)
+    if call is None:  # no serializers: bytes go as they are, the (empty) response is not parsed
+        call = calls[signal] = exporter._channel.unary_unary(GRPC_METHODS[signal])
     deadline = exporter._timeout if timeout is None else max(0.001, min(timeout, exporter._timeout))
-    exporter._client.Export(request=request, metadata=exporter._headers, timeout=deadline)
+    call(payload, metadata=exporter._headers, timeout=deadline)
     return True
 
 

@@ -1,9 +1,10 @@
-"""Where a process's OTLP goes: the SDK's own exporters, fed with ready protobuf requests.
+"""Where a process's OTLP goes: the SDK's own exporters, fed with serialized requests.
 
-rankscope builds the OTLP protobuf itself (its states are already aggregated, and the
-SDK's dataclass round trip costs ~5x more on the export thread), then hands the request
-to the SDK exporter's transport, so endpoint, headers, TLS, compression and timeouts
-follow the SDK and its ``OTEL_EXPORTER_OTLP_*`` variables.
+rankscope encodes its OTLP requests itself (its states are already aggregated; metric requests
+from per-key templates, ``otlp.templates``), then hands the bytes to the SDK exporter's
+transport, so endpoint, headers, TLS, compression and timeouts follow the SDK and its
+``OTEL_EXPORTER_OTLP_*`` variables. Every sender (gRPC, HTTP, the embedded sink's, a forked
+child's relay) is a ``Sender``: bytes in, one ``Attempt`` out.
 
 Each ``send`` is **one attempt**, never the SDK's retry loop: the SDK exporters retry with
 exponential backoff inside ``export()`` for up to ``OTEL_EXPORTER_OTLP_TIMEOUT`` and then
@@ -46,7 +47,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 # gRPC's fork handlers restart its threads in every forked child, and in our stress test (a parent
 # recording, flushing and exporting on two threads while it forks 16 children per run) those
@@ -85,15 +86,24 @@ class Attempt:
 SENT = Attempt(True)
 
 
+class Sender(Protocol):
+    """Where one signal's serialized OTLP requests go: one attempt per ``send``, never a retry loop."""
+
+    def send(self, payload: bytes, timeout: float | None = None) -> Attempt: ...
+
+    def shutdown(self, **kwargs: Any) -> None: ...
+
+
 class _GrpcSender:
-    """One ``Export`` call with one deadline on an SDK gRPC exporter's channel, stub and headers."""
+    """One ``Export`` call with one deadline on an SDK gRPC exporter's channel, with its headers."""
 
-    def __init__(self, exporter: Any) -> None:
+    def __init__(self, exporter: Any, signal: _otel_sdk.Signal) -> None:
         self._exporter = exporter
+        self._signal = signal
 
-    def send(self, request: Any, timeout: float | None = None) -> Attempt:
+    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
         try:
-            if not _otel_sdk.grpc_export(self._exporter, request, timeout):
+            if not _otel_sdk.grpc_export(self._exporter, self._signal, payload, timeout):
                 return Attempt(False, detail="the exporter is shut down")
             return SENT
         except grpc.RpcError as error:
@@ -126,8 +136,8 @@ class _HttpSender:
     def __init__(self, exporter: Any) -> None:
         self._exporter = exporter
 
-    def send(self, request: Any, timeout: float | None = None) -> Attempt:
-        result = _otel_sdk.http_post(self._exporter, request.SerializeToString(), timeout)
+    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
+        result = _otel_sdk.http_post(self._exporter, payload, timeout)
         if result is None:
             return Attempt(False, detail="the exporter is shut down")
         status = result.status_code
@@ -155,20 +165,20 @@ class _Refused:
     def __init__(self, why: str) -> None:
         self._attempt = Attempt(False, detail=why)
 
-    def send(self, request: Any, timeout: float | None = None) -> Attempt:
+    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
         return self._attempt
 
     def shutdown(self, **kwargs: Any) -> None:
         pass
 
 
-def _sender(protocol: _otel_sdk.Protocol, signal: _otel_sdk.Signal, **kwargs: Any) -> Any:
+def _sender(protocol: _otel_sdk.Protocol, signal: _otel_sdk.Signal, **kwargs: Any) -> Sender:
     try:
         exporter = _otel_sdk.make_exporter(protocol, signal, **kwargs)
     except _otel_sdk.OtelSdkMismatchError as exc:
         report_internal_error(f"OTLP {signal} export over {protocol}", exc)
         return _Refused(str(exc))
-    return _GrpcSender(exporter) if protocol == "grpc" else _HttpSender(exporter)
+    return _GrpcSender(exporter, signal) if protocol == "grpc" else _HttpSender(exporter)
 
 
 def _grpc_options() -> dict[str, Any]:
@@ -193,14 +203,14 @@ class Senders:
     def __init__(self, endpoint: str | None, protocol: str, stream: bool) -> None:
         _otel_sdk.report_problems()
         url = _url(endpoint)
-        self._spans: Any = None
-        self._logs: Any = None
+        self._spans: Sender | None = None
+        self._logs: Sender | None = None
         self._endpoint, self._protocol, self._url, self._stream = endpoint, protocol, url, stream
         if protocol == "http/protobuf":
             base = None if url is None else url.rstrip("/").removesuffix("/v1/metrics")
             self._base = base
             http: _otel_sdk.Protocol = "http/protobuf"
-            self.metrics: Any = _sender(http, "metrics", endpoint=None if base is None else f"{base}/v1/metrics")
+            self.metrics: Sender = _sender(http, "metrics", endpoint=None if base is None else f"{base}/v1/metrics")
         else:
             self.metrics = _sender("grpc", "metrics", endpoint=url, **_grpc_options())
 
@@ -212,24 +222,24 @@ class Senders:
             or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "the OTLP endpoint")
         )
 
-    def _made(self, signal: Literal["logs", "spans"], path: str) -> Any:
+    def _made(self, signal: Literal["logs", "spans"], path: str) -> Sender:
         if self._protocol == "http/protobuf":
             return _sender("http/protobuf", signal, endpoint=None if self._base is None else f"{self._base}{path}")
         return _sender("grpc", signal, endpoint=self._url, **_grpc_options())
 
-    def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
+    def send_spans(self, payload: bytes, timeout: float | None = None) -> Attempt:
         if self._spans is None:  # made on first use: most processes of a metrics-only job never trace
             self._spans = self._made("spans", "/v1/traces")
-        return self._spans.send(request, timeout)  # type: ignore[no-any-return]
+        return self._spans.send(payload, timeout)
 
-    def send(self, request: Any, timeout: float | None = None) -> Attempt:
-        return self.metrics.send(request, timeout)  # type: ignore[no-any-return]
+    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
+        return self.metrics.send(payload, timeout)
 
-    def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
+    def send_logs(self, payload: bytes, timeout: float | None = None) -> Attempt:
         """Streamed values and sample rows (made on first use: most processes send neither)."""
         if self._logs is None:
             self._logs = self._made("logs", "/v1/logs")
-        return self._logs.send(request, timeout)  # type: ignore[no-any-return]
+        return self._logs.send(payload, timeout)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         self.metrics.shutdown(timeout_millis=timeout_millis)
@@ -264,17 +274,17 @@ class EmbeddedSenders:
             self._inner = Senders(endpoint or None, self._protocol, self._stream)
         return self._inner
 
-    def send(self, request: Any, timeout: float | None = None) -> Attempt:
+    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
         inner = self._ready()
-        return inner.send(request, timeout) if inner is not None else Attempt(False, detail="no sink")
+        return inner.send(payload, timeout) if inner is not None else Attempt(False, detail="no sink")
 
-    def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
+    def send_logs(self, payload: bytes, timeout: float | None = None) -> Attempt:
         inner = self._ready()
-        return inner.send_logs(request, timeout) if inner is not None else Attempt(False, detail="no sink")
+        return inner.send_logs(payload, timeout) if inner is not None else Attempt(False, detail="no sink")
 
-    def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
+    def send_spans(self, payload: bytes, timeout: float | None = None) -> Attempt:
         inner = self._ready()
-        return inner.send_spans(request, timeout) if inner is not None else Attempt(False, detail="no sink")
+        return inner.send_spans(payload, timeout) if inner is not None else Attempt(False, detail="no sink")
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         if self._inner is not None:
@@ -325,14 +335,14 @@ class RelaySenders:
             return Attempt(False, detail=f"{self.target} is gone ({exc})")
         return SENT
 
-    def send(self, request: Any, timeout: float | None = None) -> Attempt:
-        return self._post(METRICS, request.SerializeToString(), timeout)
+    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
+        return self._post(METRICS, payload, timeout)
 
-    def send_spans(self, request: Any, timeout: float | None = None) -> Attempt:
-        return self._post(SPANS, request.SerializeToString(), timeout)
+    def send_spans(self, payload: bytes, timeout: float | None = None) -> Attempt:
+        return self._post(SPANS, payload, timeout)
 
-    def send_logs(self, request: Any, timeout: float | None = None) -> Attempt:
-        return self._post(LOGS, request.SerializeToString(), timeout)
+    def send_logs(self, payload: bytes, timeout: float | None = None) -> Attempt:
+        return self._post(LOGS, payload, timeout)
 
     def ack(self) -> None:
         self._post(_ACK, b"", 1.0)

@@ -59,10 +59,9 @@ from ..metrics.reduce import Reduce
 from ..metrics.samples import Kept, Provenance, Row
 from ..otlp.common import encode_resource
 from ..otlp.logs import encode_streams
-from ..otlp.markers import add_flush_marker, add_goodbye
-from ..otlp.metrics import PointAttributes, encode
 from ..otlp.samples import encode_rows
 from ..otlp.spans import encode_spans
+from ..otlp.templates import MetricEncoder
 from ..tracing.spans import SpanBuffer
 from ._otel_sdk import SdkGauge
 from .captures import Captures
@@ -189,7 +188,7 @@ SampleRow = tuple[str, str | None, int, Kept, int | None]
 class _Unsent:
     """One encoded OTLP metrics request waiting for the endpoint, and what it holds."""
 
-    request: Any
+    request: bytes
     steps: int
     points: int
     held_points: int
@@ -234,15 +233,16 @@ class ExportThread:
         self._streamed: deque[SampleRow] = deque()
         """Every recorded row, for a sink's ``per_rank_no_reduce`` views (bounded apart, so they
         never push out the selections)."""
-        self._row_requests: deque[tuple[Any, int]] = deque()
+        self._row_requests: deque[tuple[bytes, int]] = deque()
         """Encoded row requests (and their row counts) not sent yet: a retry resends the same
         bytes, so a sink recognizes a request it already took."""
-        self._relayed_logs: deque[Any] = deque()
+        self._relayed_logs: deque[tuple[bytes, int]] = deque()
+        """Forked children's serialized log requests and their record counts."""
         self._streamed_rows = 0
         self.rows_dropped = 0
         self._resource_pb = encode_resource(resource.attributes)
         self._scope = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version=__version__)
-        self._point_attributes = PointAttributes()
+        self._metric_encoder = MetricEncoder(self._resource_pb, self._scope)
         self._reader = _PullReader()
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], shutdown_on_exit=False)
         meter = self.meter_provider.get_meter(attr.INSTRUMENTATION_SCOPE, __version__)
@@ -259,7 +259,7 @@ class ExportThread:
         # Export-thread state.
         self._unsent: deque[_Unsent] = deque()
         self._span_retry: list[Any] = []
-        self._relayed_spans: deque[Any] = deque()  # forked children's span requests
+        self._relayed_spans: deque[tuple[bytes, int]] = deque()  # forked children's span requests, span counts
         self._failures = 0
         self._next_attempt = 0.0
         self._down_since: float | None = None
@@ -502,13 +502,11 @@ class ExportThread:
             self._drop(sum(u.points for u in self._unsent), "shutdown ended before the endpoint answered")
             self._unsent.clear()
             self.spans.dropped += len(self._span_retry)
-            self.spans.dropped += sum(
-                len(ss.spans) for r in self._relayed_spans for rs in r.resource_spans for ss in rs.scope_spans
-            )
+            self.spans.dropped += sum(n for _, n in self._relayed_spans)
             self._span_retry = []
             self._relayed_spans.clear()
             rows = len(self._rows) + len(self._streamed) + sum(n for _, n in self._row_requests)
-            rows += sum(_records(r) for r in self._relayed_logs)
+            rows += sum(n for _, n in self._relayed_logs)
             if rows:
                 self._drop_rows(rows, "shutdown ended before the endpoint answered")
             self._rows.clear()
@@ -529,20 +527,21 @@ class ExportThread:
     def _take_relayed(self, kind: bytes, payload: bytes) -> None:
         """A forked child's request joins ours: metrics count in the step bound, spans in a bounded line."""
         if kind == LOGS:
-            logs = ExportLogsServiceRequest.FromString(payload)
+            records = _records(ExportLogsServiceRequest.FromString(payload))
             if len(self._relayed_logs) >= _MAX_RELAYED_SPAN_REQUESTS:
-                self._drop_rows(_records(logs), "too many relayed rows wait")
+                self._drop_rows(records, "too many relayed rows wait")
             else:
-                self._relayed_logs.append(logs)
+                self._relayed_logs.append((payload, records))
             return
         if kind == SPANS:
             request = ExportTraceServiceRequest.FromString(payload)
+            spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             if len(self._relayed_spans) >= _MAX_RELAYED_SPAN_REQUESTS:
-                self.spans.dropped += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+                self.spans.dropped += spans
             else:
-                self._relayed_spans.append(request)
+                self._relayed_spans.append((payload, spans))
             return
-        request = ExportMetricsServiceRequest.FromString(payload)
+        request = ExportMetricsServiceRequest.FromString(payload)  # counted here, sent as it came
         points = sum(len(sm.metrics) for rm in request.resource_metrics for sm in rm.scope_metrics)
         with self._lock:
             full = self._held_steps >= self.max_queued_steps
@@ -551,7 +550,7 @@ class ExportThread:
         if full:
             self._drop(points, "the export queue is full")
         else:
-            self._unsent.append(_Unsent(request, 1, points, 0))
+            self._unsent.append(_Unsent(payload, 1, points, 0))
 
     def _release_waiting(self) -> None:
         for done in self._waiting:
@@ -674,25 +673,26 @@ class ExportThread:
         goodbye = goodbye and not self._goodbye_queued and not isinstance(self.otlp, RelaySenders)
         if not batches and not goodbye:
             return
-        sdk_data = self._reader.pull()
-        request = encode_metrics(sdk_data) if sdk_data is not None else ExportMetricsServiceRequest()
+        sdk_data = self._reader.pull()  # the SDK MeterProvider's own instruments (dropped points)
+        before = bytes(encode_metrics(sdk_data).SerializeToString()) if sdk_data is not None else b""
+        encoder = self._metric_encoder
         made: list[_Unsent] = []  # all or nothing: a step that fails to encode drops the round, counted once
-        scope: Any = None
+        metrics: list[bytes] = []
         steps = points = held = 0
         for batch in batches:
             if points and points + len(batch.accs) > _MAX_POINTS_PER_REQUEST:
-                made.append(_Unsent(request, steps, points, held))
-                request, scope, steps, points, held = ExportMetricsServiceRequest(), None, 0, 0, 0
-            if scope is None:
-                scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
-            self._encode_batch(batch, scope)
+                made.append(_Unsent(encoder.request(metrics, before), steps, points, held))
+                metrics, before, steps, points, held = [], b"", 0, 0, 0
+            t0, t1 = batch.start_time_unix_nano, batch.time_unix_nano
+            metrics += encoder.step(batch.step, t0, t1, batch.accs)
+            if batch.step is not None:  # "this process closed step N" (value: number of keys)
+                metrics.append(encoder.marker(batch.step, len(batch.accs), t0, t1, batch.expected, batch.driven))
             steps, points, held = steps + 1, points + len(batch.accs), held + batch.held_points
+            time.sleep(0)  # hand the GIL back to the training thread between steps
         if goodbye:  # "this process is done: stop waiting for its steps"
-            if scope is None:
-                scope = request.resource_metrics.add(resource=self._resource_pb).scope_metrics.add(scope=self._scope)
-            add_goodbye(scope)
-        if request.resource_metrics:
-            made.append(_Unsent(request, steps, points, held))
+            metrics.append(encoder.goodbye())
+        if metrics or before:
+            made.append(_Unsent(encoder.request(metrics, before), steps, points, held))
         self._unsent.extend(made)
         for batch in batches:
             if batch.samples:
@@ -700,36 +700,23 @@ class ExportThread:
                 self._hold_rows(self._rows, rows)
         self._goodbye_queued = self._goodbye_queued or goodbye
 
-    def _encode_batch(self, batch: StepBatch, scope: Any) -> None:
-        t0, t1 = batch.start_time_unix_nano, batch.time_unix_nano
-        for i, (key, acc) in enumerate(batch.accs.items()):
-            metric = encode(key, acc, batch.step, t0, t1, self._point_attributes)
-            if metric is not None:
-                scope.metrics.append(metric)
-            if i % 32 == 31:
-                time.sleep(0)  # hand the GIL back to the training thread between chunks
-        if batch.step is not None:  # "this process closed step N" (value: number of keys)
-            step_attributes = self._point_attributes.get("flush", batch.step)[1:]
-            add_flush_marker(scope, step_attributes, len(batch.accs), t0, t1, batch.expected, batch.driven)
-
     def _send_spans(self, deadline: float | None) -> Attempt | None:
         """Send the span buffer (a chunk a failed attempt left first). Returns the failed attempt
         when the endpoint should be tried again later; refused spans are counted."""
         assert self.otlp is not None
         while self._relayed_spans:
-            attempt = self._attempt(self.otlp.send_spans, self._relayed_spans[0], deadline)
+            attempt = self._attempt(self.otlp.send_spans, self._relayed_spans[0][0], deadline)
             if attempt.retry and not attempt.sent:
                 return attempt
-            request = self._relayed_spans.popleft()
+            _, n = self._relayed_spans.popleft()
             if not attempt.sent:
-                self.spans.dropped += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+                self.spans.dropped += n
         records = self._span_retry or self.spans.drain(_MAX_SPANS_PER_REQUEST)
         self._span_retry = []
         sent = False
         while records:
-            attempt = self._attempt(
-                self.otlp.send_spans, encode_spans(records, self._resource_pb, self._scope), deadline
-            )
+            request = bytes(encode_spans(records, self._resource_pb, self._scope).SerializeToString())
+            attempt = self._attempt(self.otlp.send_spans, request, deadline)
             if attempt.retry and not attempt.sent:
                 self._span_retry = records  # the buffer behind it stays bounded (its overflow is counted)
                 return attempt
@@ -800,7 +787,8 @@ class ExportThread:
             chunk.append(held.popleft())
             chars += size
         try:
-            self._row_requests.append((encode_rows(chunk, self._resource_pb, self._scope), len(chunk)))
+            request = encode_rows(chunk, self._resource_pb, self._scope)
+            self._row_requests.append((bytes(request.SerializeToString()), len(chunk)))
         except Exception:  # a bug, not the endpoint: these rows are lost, counted, the rest go on
             self._drop_rows(len(chunk), "they could not be encoded")
             raise
@@ -811,12 +799,12 @@ class ExportThread:
         keeps its request (and the metric requests behind it) for the next one."""
         assert self.otlp is not None
         while self._relayed_logs:
-            attempt = self._attempt(self.otlp.send_logs, self._relayed_logs[0], deadline)
+            attempt = self._attempt(self.otlp.send_logs, self._relayed_logs[0][0], deadline)
             if attempt.retry and not attempt.sent:
                 return attempt
-            request = self._relayed_logs.popleft()
+            _, n = self._relayed_logs.popleft()
             if not attempt.sent:
-                self._drop_rows(_records(request), f"the OTLP endpoint refused them ({attempt.detail})")
+                self._drop_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
         while self._row_requests or self._next_row_request():
             request, n = self._row_requests[0]
             attempt = self._attempt(self.otlp.send_logs, request, deadline)
@@ -832,9 +820,9 @@ class ExportThread:
             self._warned_unreachable = True
             warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
 
-    def _logs_request(self, streams: list[tuple[Metric, int | None]]) -> ExportLogsServiceRequest:
+    def _logs_request(self, streams: list[tuple[Metric, int | None]]) -> bytes:
         values = ((m.key, m.value, m.timestamp, step) for m, step in streams)
-        return encode_streams(values, self._resource_pb, self._scope)
+        return bytes(encode_streams(values, self._resource_pb, self._scope).SerializeToString())
 
     def _report_drops(self, final: bool) -> None:
         with self._lock:

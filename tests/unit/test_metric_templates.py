@@ -1,0 +1,159 @@
+"""The template encoder (``otlp.templates``) against the protobuf encoder it replaces (``otlp.metrics.encode``).
+
+Both run on the same steps; the template's bytes must parse to exactly the request the protobuf
+objects make (compared canonically: parsed, then serialized deterministically, so NaN payloads and
+field order are compared as bytes). No thread, no socket.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+
+from rankscope.core import names as attr
+from rankscope.metrics.reduce import MetricAccumulator, Reduce
+from rankscope.otlp.common import encode_resource
+from rankscope.otlp.markers import add_flush_marker, add_goodbye
+from rankscope.otlp.metrics import PointAttributes, encode
+from rankscope.otlp.templates import MetricEncoder, varint
+
+RESOURCE = encode_resource({"service.name": "trainer", attr.EXPERIMENT_ID: "exp", "rank": 3, "ratio": 0.5})
+SCOPE = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version="1.2.3")
+REDUCES = [Reduce.MEAN, Reduce.SUM, Reduce.COUNT, Reduce.MAX, Reduce.MIN, Reduce.LAST, Reduce.STD, Reduce.DISTRIBUTION]
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+FLOATS = st.floats(allow_nan=True, allow_infinity=True)
+
+
+class Ema(MetricAccumulator):
+    """A user's reduce state: goes through the protobuf encoder inside a templated request."""
+
+    def __init__(self, reduction: Reduce) -> None:
+        super().__init__(reduction)
+        self.value = 0.0
+
+    def append(self, value: float) -> None:
+        self.value = 0.5 * self.value + 0.5 * value
+
+    def get_state(self) -> dict[str, object]:
+        return {"reduction_type": "test_templates_ema", "value": self.value, "label": "not a number"}
+
+
+EMA = Reduce.register("test_templates_ema", Ema)
+
+
+def _old(steps: list[tuple[int | None, int, int, dict[str, MetricAccumulator]]], goodbye: bool) -> bytes:
+    """What the export thread built before the templates: protobuf objects, key by key."""
+    request = ExportMetricsServiceRequest()
+    scope = request.resource_metrics.add(resource=RESOURCE).scope_metrics.add(scope=SCOPE)
+    kvs = PointAttributes()
+    for step, t0, t1, accs in steps:
+        for key, acc in accs.items():
+            metric = encode(key, acc, step, t0, t1, kvs)
+            if metric is not None:
+                scope.metrics.append(metric)
+        if step is not None:
+            add_flush_marker(scope, kvs.get("flush", step)[1:], len(accs), t0, t1, 4, True)
+    if goodbye:
+        add_goodbye(scope)
+    return bytes(request.SerializeToString())
+
+
+def _new(steps: list[tuple[int | None, int, int, dict[str, MetricAccumulator]]], goodbye: bool) -> bytes:
+    encoder = MetricEncoder(RESOURCE, SCOPE)
+    metrics: list[bytes] = []
+    for step, t0, t1, accs in steps:
+        metrics.extend(encoder.step(step, t0, t1, accs))
+        if step is not None:
+            metrics.append(encoder.marker(step, len(accs), t0, t1, 4, True))
+    if goodbye:
+        metrics.append(encoder.goodbye())
+    return encoder.request(metrics)
+
+
+def _canonical(data: bytes, drop_goodbye_time: bool = True) -> bytes:
+    request = ExportMetricsServiceRequest.FromString(data)
+    if drop_goodbye_time:  # the goodbye is stamped with the clock when it is made
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == attr.GOODBYE:
+                        m.sum.data_points[0].time_unix_nano = 0
+    return bytes(request.SerializeToString(deterministic=True))
+
+
+@st.composite
+def steps(draw: st.DrawFn) -> list[tuple[int | None, int, int, dict[str, MetricAccumulator]]]:
+    keys = draw(
+        st.lists(st.from_regex(r"[a-zA-Z][a-zA-Z0-9_./-]{0,40}", fullmatch=True), min_size=1, max_size=12, unique=True)
+    )
+    reduces = {key: draw(st.sampled_from(REDUCES)) for key in keys}
+    out = []
+    t = draw(st.integers(min_value=0, max_value=2**62))
+    for step in draw(st.lists(st.one_of(st.none(), st.integers(0, 2**62)), min_size=1, max_size=4)):
+        accs: dict[str, MetricAccumulator] = {}
+        for key in draw(st.lists(st.sampled_from(keys), unique=True)):
+            reduce = reduces[key]
+            acc = reduce.accumulator_class(reduce)
+            for value in draw(st.lists(st.one_of(FLOATS, INT64), min_size=1, max_size=5)):
+                if reduce is Reduce.DISTRIBUTION and not (isinstance(value, float) and math.isfinite(value)):
+                    continue  # the distribution's own checks live in its tests
+                acc.append(value)  # ints too: record_metric's fast path appends them as they come
+            if reduce is Reduce.LAST and draw(st.booleans()):
+                acc.time_unix_nano = 0  # type: ignore[attr-defined]  # no time of its own: the step's
+            accs[key] = acc
+        if draw(st.booleans()):
+            accs["user/ema"] = ema = Ema(EMA)
+            ema.append(draw(FLOATS))
+        t1 = t + draw(st.integers(0, 10**12))
+        out.append((step, t, t1, accs))
+        t = t1
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps(), st.booleans())
+def test_the_template_encoder_decodes_to_exactly_what_the_protobuf_encoder_makes(
+    batches: list[tuple[int | None, int, int, dict[str, MetricAccumulator]]], goodbye: bool
+) -> None:
+    assert _canonical(_new(batches, goodbye)) == _canonical(_old(batches, goodbye))
+
+
+def test_templates_follow_the_step_attribute_across_its_varint_lengths() -> None:
+    """A key's head is cached per length of the step attribute (steps 127, 128, 16384 change it)."""
+    batches = []
+    for step in (0, 127, 128, 16383, 16384, 2**35, None, 5):
+        accs: dict[str, MetricAccumulator] = {}
+        kinds = (("loss", Reduce.MEAN), ("grad/std", Reduce.STD), ("tokens", Reduce.SUM), ("lr", Reduce.LAST))
+        for key, reduce in kinds:
+            acc = accs[key] = reduce.accumulator_class(reduce)
+            acc.append(1.5)
+        batches.append((step, 10, 20, accs))
+    assert _canonical(_new(batches, True)) == _canonical(_old(batches, True))
+
+
+def test_the_sdk_readers_request_joins_as_bytes() -> None:
+    """Concatenated requests parse as one: the SDK reader's own instruments go first."""
+    encoder = MetricEncoder(RESOURCE, SCOPE)
+    sdk = ExportMetricsServiceRequest()
+    sdk.resource_metrics.add().scope_metrics.add().metrics.add(name="sdk.counter")
+    acc = Reduce.MAX.accumulator_class(Reduce.MAX)
+    acc.append(7)
+    joined = ExportMetricsServiceRequest.FromString(
+        encoder.request(encoder.step(3, 1, 2, {"peak": acc}), bytes(sdk.SerializeToString()))
+    )
+    assert [[m.name for sm in rm.scope_metrics for m in sm.metrics] for rm in joined.resource_metrics] == [
+        ["sdk.counter"],
+        ["peak"],
+    ]
+    assert joined.resource_metrics[1].scope_metrics[0].metrics[0].gauge.data_points[0].as_int == 7
+
+
+def test_varint_matches_protobuf() -> None:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    for n in (0, 1, 127, 128, 300, 16383, 16384, 2**35, 2**63 - 1):
+        assert b"\x18" + varint(n) == AnyValue(int_value=n).SerializeToString()
