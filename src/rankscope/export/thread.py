@@ -1,8 +1,9 @@
 """The export thread: local backends and OTLP, off the caller's thread, bounded.
 
-``flush`` puts a ``StepBatch`` on a queue and returns (O(1): a lock, a counter, a put). This
-thread reads device values (waiting on CUDA events here, never on the caller), hands reduced
-values to the local backends, and sends the queued steps as OTLP requests.
+``flush`` puts a ``StepBatch`` in the inbox and returns (O(1): a lock, a counter, an append;
+no wake-up while steps come faster than the export cadence, ``inbox``). This thread reads device
+values (waiting on CUDA events here, never on the caller), hands reduced values to the local
+backends, and sends the queued steps as OTLP requests, at most 5 a second (``_MIN_EXPORT_GAP``).
 
 Why it retries itself: the OTel SDK exporters retry with exponential backoff *inside*
 ``export()`` and then drop the batch, so an endpoint outage used to lose every step while this
@@ -24,7 +25,6 @@ exports on its parent's request at the parent's shutdown (``poll``).
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
@@ -65,6 +65,7 @@ from ..otlp.templates import MetricEncoder
 from ..tracing.spans import SpanBuffer
 from ._otel_sdk import SdkGauge
 from .captures import Captures
+from .inbox import Inbox
 from .local_views import BackendSet
 from .senders import LOGS, SPANS, Attempt, EmbeddedSenders, RelaySenders, Senders
 
@@ -85,9 +86,10 @@ _MAX_ROW_CHARS_PER_REQUEST = 1 << 20
 """Sample rows go out in requests of at most this many rows and characters of text (4 KiB
 strings, 64 fields: one row can be 256 KiB), under a receiver's 4 MiB message limit."""
 _MAX_HELD_ROWS = 65536
-_MIN_EXPORT_GAP = 0.1
-"""Seconds between OTLP requests of one process: steps flushed faster than this share a
-request (a 20 ms training step would otherwise pay a gRPC call per step)."""
+_MIN_EXPORT_GAP = 0.2
+"""Seconds between OTLP requests of one process (at most 5 a second): steps flushed faster than
+this share a request (a 20 ms training step would otherwise pay a gRPC call per step), and a step
+still leaves within this gap of its flush; a slower step leaves at its flush (``Inbox``)."""
 
 
 class _PullReader(MetricReader):
@@ -249,7 +251,7 @@ class ExportThread:
         self._dropped_counter = meter.create_counter(
             attr.DROPPED_POINTS, unit="{point}", description="points rankscope could not queue or export"
         )
-        self._queue: queue.Queue[_Message] = queue.Queue(_STREAM_QUEUE_LIMIT)
+        self._inbox: Inbox[_Message] = Inbox(_STREAM_QUEUE_LIMIT)
         self._lock = threading.Lock()
         self._held_steps = 0  # flushed steps not yet sent or dropped: queued, pending or unsent
         self._held_points = 0
@@ -314,19 +316,18 @@ class ExportThread:
     def poll(self, done: Callable[[], None]) -> None:
         """Export what the process holds now, even unflushed values (a forked child whose parent
         shuts down), then call ``done`` on the export thread."""
-        if not self._put(_Poll(done)):
+        if not self._put(_Poll(done), urgent=True):
             done()
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued before this call has been handled (sent, when there is an endpoint)."""
         done = threading.Event()
-        if not self._put(_Sync(done)):
-            return False
+        self._put(_Sync(done), urgent=True)
         return done.wait(timeout)
 
     def shutdown(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        self._put(_Stop(deadline), block=True, timeout=timeout)
+        self._put(_Stop(deadline), urgent=True)
         self._thread.join(timeout + 1.0)  # the thread bounds its own attempts by the deadline
         if self._thread.is_alive():
             # Stuck (a local backend's finish, a send that ignores its deadline): stop the exporter.
@@ -341,12 +342,8 @@ class ExportThread:
             self.otlp.shutdown()
         self.meter_provider.shutdown()
 
-    def _put(self, item: _Message, block: bool = False, timeout: float | None = None) -> bool:
-        try:
-            self._queue.put(item, block=block, timeout=timeout)
-            return True
-        except queue.Full:
-            return False
+    def _put(self, item: _Message, urgent: bool = False) -> bool:
+        return self._inbox.put(item, urgent)
 
     def _release(self, steps: int, points: int) -> None:
         with self._lock:
@@ -388,7 +385,8 @@ class ExportThread:
         last_export = 0.0
         deadline: float | None = None
         while deadline is None:
-            items = self._take_items(self._wait_time(pending, last_export))
+            wait, idle = self._wait_time(pending, last_export)
+            items = self._inbox.take(wait, idle, _MAX_ITEMS_PER_ROUND)
             taken = _Round(pending)
             for item in items:
                 self._handlers[type(item)](item, taken)
@@ -397,27 +395,14 @@ class ExportThread:
                 pending, last_export = self._end_round(taken, bool(items), last_export)
         self._finish(pending, deadline)
 
-    def _wait_time(self, pending: list[StepBatch], last_export: float) -> float:
-        """How long the next round waits for a message."""
+    def _wait_time(self, pending: list[StepBatch], last_export: float) -> tuple[float, bool]:
+        """How long the next round waits for a message, and whether it is idle (a new step wakes it)."""
         now = time.monotonic()
         if self._failures:  # the endpoint is down: wait out the backoff (new steps keep queueing)
-            return max(0.0, self._next_attempt - now)
+            return max(0.0, self._next_attempt - now), False
         if pending or self._streams or self._unsent_work():
-            return max(0.0, last_export + _MIN_EXPORT_GAP - now)
-        return self.export_interval
-
-    def _take_items(self, wait: float) -> list[_Message]:
-        """The next message (waiting up to ``wait``) and what is already waiting behind it."""
-        try:
-            items = [self._queue.get(timeout=wait)]
-        except queue.Empty:
-            items = []
-        while items and len(items) < _MAX_ITEMS_PER_ROUND:  # take what is already waiting
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return items
+            return max(0.0, last_export + _MIN_EXPORT_GAP - now), False
+        return self.export_interval, True
 
     def _on_step(self, item: _Step, taken: _Round) -> None:
         self._guarded(self._prepare, item.batch)

@@ -48,8 +48,6 @@ _D = struct.Struct("<d").pack  # double
 # Tags (field number << 3 | wire type) of the fields written here, from metrics.proto.
 _START, _TIME = b"\x11", b"\x19"  # {Number,Histogram}DataPoint.start_time_unix_nano = 2, time_unix_nano = 3 (fixed64)
 _AS_DOUBLE, _AS_INT = b"\x21", b"\x31"  # NumberDataPoint.as_double = 4 (double), as_int = 6 (sfixed64)
-_COUNT, _SUM = b"\x21", b"\x29"  # HistogramDataPoint.count = 4 (fixed64), sum = 5 (double)
-_ONE_BUCKET = b"\x32\x08"  # HistogramDataPoint.bucket_counts = 6, packed, one fixed64
 _NUMBER_ATTRIBUTE, _HISTOGRAM_ATTRIBUTE = 7, 9  # NumberDataPoint.attributes, HistogramDataPoint.attributes
 _GAUGE, _SUM_FIELD, _HISTOGRAM = 5, 7, 9  # Metric.gauge, Metric.sum, Metric.histogram
 _DELTA = b"\x10\x01"  # Sum/Histogram.aggregation_temporality = 2: DELTA (1)
@@ -69,6 +67,11 @@ _OWN_BYTES = {"last": 9 + 9, "mean": 9 + 9 + 10}
 """Bytes of a point after its step's shared part (tag and 8 bytes a number): the value (9), for
 ``last`` its own time too, for a histogram count, sum and one bucket; std adds its sum of squares."""
 _SUM_SQ_VALUE = b"\x12\x09\x21"  # KeyValue.value = 2 (AnyValue, 9 bytes): double_value = 4
+_DOUBLE_FIELD = struct.Struct("<Bd").pack  # tag, double
+_HISTOGRAM_FIELDS = struct.Struct("<BQBdBBQ").pack
+"""HistogramDataPoint.count = 4 (tag 0x21, fixed64), sum = 5 (0x29, double), bucket_counts = 6
+(0x32, packed: 8 bytes, one fixed64 = count)."""
+_LAST_FIELDS = struct.Struct("<BQBd").pack  # time, as_double
 
 
 def varint(n: int) -> bytes:
@@ -140,28 +143,22 @@ class MetricEncoder:
                 head = self._head_of(key, kind, len(shared))
             if kind == "mean":
                 count = acc.count  # type: ignore[attr-defined]
-                out.append(head + shared + _COUNT + _Q(count) + _SUM + _D(acc.sum) + _ONE_BUCKET + _Q(count))  # type: ignore[attr-defined]
+                out.append(head + shared + _HISTOGRAM_FIELDS(0x21, count, 0x29, acc.sum, 0x32, 8, count))  # type: ignore[attr-defined]
             elif kind == "std":
                 count = acc.count  # type: ignore[attr-defined]
-                out.append(
-                    head
-                    + shared
-                    + _COUNT
-                    + _Q(count)
-                    + _SUM
-                    + _D(acc.sum)  # type: ignore[attr-defined]
-                    + _ONE_BUCKET
-                    + _Q(count)
-                    + self._sum_sq
-                    + _SUM_SQ_VALUE
-                    + _D(float(acc.sum_sq))  # type: ignore[attr-defined]
-                )
+                fields = _HISTOGRAM_FIELDS(0x21, count, 0x29, acc.sum, 0x32, 8, count)  # type: ignore[attr-defined]
+                sum_sq = self._sum_sq + _SUM_SQ_VALUE + _D(float(acc.sum_sq))  # type: ignore[attr-defined]
+                out.append(head + shared + fields + sum_sq)
             elif kind == "last":
                 value = acc.value  # type: ignore[attr-defined]
                 when = acc.time_unix_nano or time_unix_nano  # type: ignore[attr-defined]
-                out.append(head + shared + _TIME + _Q(when) + _value(value))
+                if type(value) is float:
+                    out.append(head + shared + _LAST_FIELDS(0x19, when, 0x21, value))
+                else:
+                    out.append(head + shared + _TIME + _Q(when) + _value(value))
             else:
-                out.append(head + shared + _value(getattr(acc, kind)))
+                value = getattr(acc, kind)
+                out.append(head + shared + (_DOUBLE_FIELD(0x21, value) if type(value) is float else _value(value)))
         return out
 
     def marker(
