@@ -2,12 +2,14 @@
 
 Prints ns/call (median over interleaved child processes) for: rankscope record_metric on a
 float (a key's repeated value, and its first value of a step: 100 keys, the spares the export
-thread recycles), on an int, on a CPU tensor, on a CUDA tensor (when there is a GPU); disabled; and the
-OTel SDK's Histogram.record and Counter.add with the same attributes rankscope stamps; then
-the ratios the brief budgets. Also ``record_sample`` of a five-field rollout row (ranked, and
-a random sample) next to what a plain OTel program would do with the row: ``Logger.emit``
-through the SDK's batch processor. Every figure comes from fresh child processes, run in
-interleaved rounds, so a slow moment of the machine hits every row alike.
+thread recycles), ``flush(step)`` after 100 keys (timed alone), ``Tracer.step`` with its span
+recorded (spans go to an OTLP receiver in another process), record_metric on an int, on a CPU
+tensor, on a CUDA tensor (when there is a GPU); disabled; and the OTel SDK's Histogram.record
+and Counter.add with the same attributes rankscope stamps; then the ratios the brief budgets.
+Also ``record_sample`` of a five-field rollout row (ranked, and a random sample) next to what a
+plain OTel program would do with the row: ``Logger.emit`` through the SDK's batch processor.
+Every figure comes from fresh child processes, run in interleaved rounds, so a slow moment of
+the machine hits every row alike.
 
 ``--before DIR`` also measures the rankscope rows with another checkout's ``src`` (e.g. a
 ``git worktree`` of an earlier commit) in the same interleaved rounds and prints after/before.
@@ -28,6 +30,8 @@ from pathlib import Path
 N = 200_000
 REPEATS = 5
 SRC = Path(__file__).resolve().parent.parent / "src"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_overhead import Receiver  # noqa: E402 - an OTLP/gRPC receiver in its own process
 
 CHILD = """
 import statistics, sys, timeit
@@ -35,7 +39,11 @@ setup, stmt, n, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.ar
 namespace = {}
 exec(setup, namespace)
 timer = timeit.Timer(stmt, globals=namespace)
-print(statistics.median(timer.repeat(repeat=repeats, number=n)) / n * 1e9)
+times = timer.repeat(repeat=repeats, number=n)
+if "SPENT" in namespace:  # the statement times its own part (ns), e.g. flush without the records before it
+    print(namespace["SPENT"][0] / (n * repeats))
+else:
+    print(statistics.median(times) / n * 1e9)
 """
 
 RANKSCOPE_SETUP = """
@@ -101,13 +109,37 @@ if SPARES:
 else:
     r.accs = {}
 """
+FLUSH_SETUP = (
+    FIRST_SETUP
+    + """
+import time
+clock, SPENT, STEP = time.perf_counter_ns, [0], [0]
+"""
+)
+FLUSH_STMT = """
+for k in KEYS:
+    rs.record_metric(k, x)
+t0 = clock()
+rs.flush(STEP[0])
+SPENT[0] += clock() - t0
+STEP[0] += 1
+"""
+TRACE_SETUP = """
+import os, rankscope as rs
+rs.init(experiment="bench", role="bench", endpoint=os.environ["BENCH_OTLP_ENDPOINT"])  # spans are recorded
+tracer = rs.Tracer("train").start()
+"""
 PER = "_CALLS_PER_STATEMENT"
 """A row's statement makes this many calls (ns/call divides by it); not passed to the child."""
+STATEMENTS = "_STATEMENTS_PER_CALL"
+"""A row whose statement times one call itself (``SPENT``) runs n / this many statements."""
 
 Row = tuple[str, str, str, dict[str, str], bool]
 ROWS: list[Row] = [  # (name, setup, statement, extra environment, a rankscope row)
     ("rankscope record_metric(float)", RANKSCOPE_SETUP, 'rs.record_metric("loss", x)', {}, True),
     ("rankscope record_metric(float), first of a step", FIRST_SETUP, FIRST_STMT, {PER: "100"}, True),
+    ("rankscope flush(step) after 100 keys", FLUSH_SETUP, FLUSH_STMT, {STATEMENTS: "100"}, True),
+    ("rankscope Tracer.step(phase), spans recorded", TRACE_SETUP, 'tracer.step("fwd")', {}, True),
     ("rankscope record_metric(int)", RANKSCOPE_SETUP, 'rs.record_metric("count", 3)', {}, True),
     ("rankscope record_metric(CPU tensor)", RANKSCOPE_SETUP, 'rs.record_metric("ct", t)', {}, True),
     (
@@ -134,10 +166,11 @@ CUDA_ROW: Row = ("rankscope record_metric(CUDA tensor)", RANKSCOPE_SETUP, 'rs.re
 
 def child_ns(src: Path, setup: str, stmt: str, env: dict[str, str], n: int) -> float:
     full = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
-    full.update({k: v for k, v in env.items() if k != PER}, PYTHONPATH=str(src))
+    full.update({k: v for k, v in env.items() if k not in (PER, STATEMENTS)}, PYTHONPATH=str(src))
     per = int(env.get(PER, "1"))
+    statements = max(1, n // per // int(env.get(STATEMENTS, "1")))
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, setup, stmt, str(max(1, n // per)), str(REPEATS)],
+        [sys.executable, "-c", CHILD, setup, stmt, str(statements), str(REPEATS)],
         env=full,
         check=True,
         capture_output=True,
@@ -162,12 +195,17 @@ def main() -> None:
     rows = ROWS + ([CUDA_ROW] if has_cuda() else [])
     trees = [("after", SRC)] + ([("before", args.before / "src")] if args.before else [])
     found: dict[tuple[str, str], list[float]] = {}
-    for r in range(rounds):
-        order = trees if r % 2 == 0 else trees[::-1]
-        for name, setup, stmt, env, ours in rows:
-            for tree, src in order if ours else trees[:1]:
-                found.setdefault((name, tree), []).append(child_ns(src, setup, stmt, env, n))
-        print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    receiver = Receiver(max_seconds=7200)  # where the Tracer row's spans go (another process)
+    os.environ["BENCH_OTLP_ENDPOINT"] = receiver.endpoint
+    try:
+        for r in range(rounds):
+            order = trees if r % 2 == 0 else trees[::-1]
+            for name, setup, stmt, env, ours in rows:
+                for tree, src in order if ours else trees[:1]:
+                    found.setdefault((name, tree), []).append(child_ns(src, setup, stmt, env, n))
+            print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    finally:
+        receiver.close()
     import torch
 
     print(
@@ -196,10 +234,14 @@ def main() -> None:
     ranked = median[("rankscope record_sample(row, rank_by, k=8)", "after")]
     print(f"ratio Logger.emit(row) / record_sample(row, rank_by): {emit / ranked:.1f}x (no budget)")
     first = median[("rankscope record_metric(float), first of a step", "after")]
+    flush = median[("rankscope flush(step) after 100 keys", "after")]
+    step = median[("rankscope Tracer.step(phase), spans recorded", "after")]
     budgets = [
         f"float <= 500 ns: {'OK' if rs_float <= 500 else 'OVER'}",
         f"float (a repeated value) <= 150 ns (issue 29): {'OK' if rs_float <= 150 else 'OVER'}",
         f"a key's first value of a step <= 300 ns (issue 29): {'OK' if first <= 300 else 'OVER'}",
+        f"flush with 100 keys <= 20 us (issue 29): {'OK' if flush <= 20_000 else 'OVER'}",
+        f"Tracer.step <= 1.5 us (issue 29): {'OK' if step <= 1_500 else 'OVER'}",
         f"disabled <= 150 ns: {'OK' if off <= 150 else 'OVER'}",
         f"vs Histogram.record >= 4x: {'OK' if hist / rs_float >= 4 else 'UNDER'}",
     ]

@@ -1,7 +1,8 @@
 """``record_metric``: the hot path, from any function of any process.
 
 A value for a key already seen this step costs one global read (this module's copy of the runtime
-slot's recorder), a dict lookup and an ``append`` on a slotted accumulator; a key's first value of
+slot's recorder), a dict lookup and an ``append`` on a slotted accumulator (for MEAN, the default,
+two additions in place); a key's first value of
 a step takes a reset accumulator from the spares the export thread recycled (``Recorder.recycle``)
 instead of building one. Everything else (first use of a key, a changed reduce type, tensors,
 streaming, auto-init) goes through ``Recorder.record``. Flush hooks run before a step is closed,
@@ -17,6 +18,7 @@ from typing import Any
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error
 from .recorder import Recorder
+from .reduce import MeanAccumulator as _MeanAccumulator
 from .reduce import Reduce
 from .samples import check_row, check_selection
 
@@ -47,7 +49,11 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
                 acc.append(value)
                 return
         elif acc.reduction_type is reduce:
-            acc.append(value)
+            if type(acc) is _MeanAccumulator:  # the default reduce, added in place: no method call
+                acc.sum += value
+                acc.count += 1
+            else:
+                acc.append(value)
             return
     if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
         return

@@ -31,7 +31,7 @@ _perf_ns = time.perf_counter_ns
 random_id = random.getrandbits  # ids need uniqueness, not secrecy (the OTel SDK does the same)
 
 _TRACE_ID_LIMIT = (1 << 64) - 1
-_KIND_INTERNAL = trace_pb2.Span.SPAN_KIND_INTERNAL
+_KIND_INTERNAL = int(trace_pb2.Span.SPAN_KIND_INTERNAL)
 
 
 def now_ns() -> int:
@@ -77,7 +77,7 @@ class SpanRecord:
         self.attributes = attributes
         self.events: list[tuple[str, int, dict[str, Any]]] | None = None
         self.error: str | None = None
-        self.kind = int(_KIND_INTERNAL)
+        self.kind = _KIND_INTERNAL
         self.links: list[tuple[int, int]] | None = None
         """(trace id, span id) of spans this one follows from (OTel span links)."""
 

@@ -45,6 +45,7 @@ from .spans import BufferProcessor, SpanBuffer, SpanRecord, is_sampled, now_ns, 
 F = TypeVar("F", bound=Callable[..., Any])
 _GB = float(1 << 30)
 _MEAN, _MAX = Reduce.MEAN, Reduce.MAX
+_STEP = attr.STEP
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -212,17 +213,30 @@ def _state() -> TracingState | None:
     return None if runtime is None else runtime.tracing
 
 
-_names: dict[tuple[str, str], tuple[str, str, str]] = {}
+_names: dict[str, dict[str, tuple[str, str, str]]] = {}
+"""Metric and span names of each (prefix, phase), by prefix then phase (two lookups of strings,
+whose hashes are cached, cost less than hashing a tuple each call)."""
 
 
 def _phase_names(prefix: str, name: str) -> tuple[str, str, str]:
-    found = _names.get((prefix, name))
+    phases = _names.get(prefix)
+    if phases is None:
+        phases = _names[prefix] = {}
+    found = phases.get(name)
     if found is None:
-        found = _names[(prefix, name)] = (
+        found = phases[name] = (
             f"{prefix}/{name}/duration_avg_s",
             f"{prefix}/{name}/duration_max_s",
             f"{prefix}/{name}",
         )
+    return found
+
+
+_total_names: dict[str, tuple[str, str]] = {}
+
+
+def _total_names_of(prefix: str) -> tuple[str, str]:
+    found = _total_names[prefix] = (f"{prefix}/total_duration_avg_s", f"{prefix}/total_duration_max_s")
     return found
 
 
@@ -324,11 +338,11 @@ class Tracer:
         parent = self._span
         if parent is not None:
             span = SpanRecord(span_name, parent.trace_id, random_id(64) or 1, parent.span_id, self._last, now)
-            span.attributes = {attr.STEP: parent.attributes[attr.STEP]}  # type: ignore[index]
+            span.attributes = {_STEP: parent.attributes[_STEP]}  # type: ignore[index]
             if gpu is not None:
                 gpu.submit(span, self._last_mark, mark)
             else:
-                self._state.processor.on_end(span)  # type: ignore[union-attr]
+                self._state.buffer.add(span)  # type: ignore[union-attr]  # the processor's only stage
         self._last = now
         self._last_mark = mark
 
@@ -347,8 +361,9 @@ class Tracer:
         else:
             started = start_ns if start_ns is not None else self._first_ns()
             seconds = (now - started) / 1e9
-            record_metric(f"{prefix}/total_duration_avg_s", seconds, _MEAN)
-            record_metric(f"{prefix}/total_duration_max_s", seconds, _MAX)
+            avg_key, max_key = _total_names.get(prefix) or _total_names_of(prefix)
+            record_metric(avg_key, seconds, _MEAN)
+            record_metric(max_key, seconds, _MAX)
         if self._memory is not None and (cuda := _cuda()) is not None:
             allocated, peak_before = self._memory
             peak = cuda.max_memory_allocated()
