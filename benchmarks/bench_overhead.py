@@ -1,4 +1,4 @@
-"""What rankscope costs a training loop, measured so that a 1 % budget can be judged.
+"""What rankscope costs a training loop, measured so that issue 29's budgets can be judged.
 
 The older loop benchmarks (``bench_flush.py``, ``bench_trace.py``) time both loops in one process
 on a busy 2-core box and swing from +2 % to +30 % for the same code. This one:
@@ -30,7 +30,9 @@ The step is ~20 ms of single-threaded torch matmuls in a few phases, each closed
 - ``local``: no endpoint, no backends: recording, per-step reduction and the export thread's
   bookkeeping, nothing encoded or sent (spans are not sampled without an endpoint).
 
-The 1 % budget is judged on the training thread's cost in the ``otlp`` variant. The wall-clock
+The budgets (``BUDGETS_PERCENT``: the training thread <= 0.5 %, the export thread <= 1 %, the whole
+process <= 2 % of the step) are judged on the ``otlp`` variant. ``--before DIR`` runs the ``otlp``
+and ``local`` loops with another checkout's ``src`` too, in the same rounds. The wall-clock
 overhead is printed too, but on a small shared box it mostly measures the export thread and
 other jobs competing for the same cores.
 
@@ -53,6 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,9 +63,12 @@ sys.path.insert(0, os.path.join(ROOT, "src"))  # benchmark this checkout
 
 HERE = os.path.abspath(__file__)
 RESULT = "RESULT "
-BUDGET_PERCENT = 1.0
+BUDGETS_PERCENT = {"training thread": 0.5, "export thread": 1.0, "whole process": 2.0}
+"""Issue 29's budgets, in % of a 20 ms step: the training thread's CPU (<= 100 us), the export
+thread's (<= 200 us), the whole process's (<= 400 us), each the median over interleaved rounds."""
 MATRIX = 256
 EXPORT_THREAD = "rankscope-export"  # rankscope/export/thread.py names its thread so
+BEFORE = "@before"
 OTLP_SERVICES = {
     "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
     "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
@@ -199,12 +205,16 @@ def run_steps(a: Any, reps: int, phases: Sequence[str], first: int, steps: int, 
     return out
 
 
-def loop_main(variant: str, endpoint: str | None, reps: int, phases: int, steps: int, warmup: int) -> None:
-    """One measured loop in this fresh process; prints its figures as one JSON line."""
+def loop_main(
+    variant: str, endpoint: str | None, reps: int, phases: int, steps: int, warmup: int, src: str | None = None
+) -> None:
+    """One measured loop in this fresh process (rankscope from ``src`` if given); prints one JSON line."""
     a = _matrix()
     names = [f"phase_{i}" for i in range(phases)]
     rs: Any = None
     if variant != "baseline":
+        if src is not None:  # --before: another checkout's rankscope
+            sys.path.insert(0, src)
         import rankscope
 
         rs = rankscope
@@ -400,6 +410,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-local", action="store_true", help="skip the local (no endpoint) variant")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 rounds of 40 steps, 5 warm-up")
     parser.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout (e.g. a git worktree of an earlier commit) measured in the same rounds",
+    )
+    parser.add_argument("--src", help=argparse.SUPPRESS)
+    parser.add_argument(
         "--child", choices=["receiver", "calibrate", "baseline", "otlp", "local"], help=argparse.SUPPRESS
     )
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -420,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.child == "calibrate":
         calibrate_main(args.step_ms, args.phases)
     elif args.child is not None:
-        loop_main(args.child, args.endpoint, args.reps, args.phases, args.steps, args.warmup)
+        loop_main(args.child, args.endpoint, args.reps, args.phases, args.steps, args.warmup, args.src)
     else:
         benchmark(args)
 
@@ -428,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 def benchmark(args: argparse.Namespace) -> None:
     """Calibrate once, start the receiver, run the rounds of children, print the report."""
     variants = ["baseline", "otlp"] + ([] if args.no_local else ["local"])
+    if args.before is not None:  # the same loops with the other checkout's rankscope, in the same rounds
+        variants += [f"{v}{BEFORE}" for v in variants if v != "baseline"]
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     calibration = run_child(["--child", "calibrate", "--step-ms", str(args.step_ms), "--phases", str(args.phases)], 120)
     reps = int(calibration["reps"])
@@ -440,7 +458,9 @@ def benchmark(args: argparse.Namespace) -> None:
         for round_index in range(args.pairs):
             order = variants if round_index % 2 == 0 else variants[::-1]
             for variant in order:
-                command = ["--child", variant, "--reps", str(reps), "--phases", str(args.phases)]
+                command = ["--child", variant.removesuffix(BEFORE), "--reps", str(reps), "--phases", str(args.phases)]
+                if variant.endswith(BEFORE):
+                    command += ["--src", str(args.before / "src")]
                 command += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--endpoint", receiver.endpoint]
                 results[variant].append(run_child(command, child_timeout))
             line = ", ".join(f"{v} {1000 * float(results[v][-1]['wall_s']) / args.steps:.2f}" for v in order)
@@ -524,6 +544,29 @@ def report(
     print("each instrumented child vs the baseline child of its round; % of the baseline step's training-thread CPU")
     print_table("per round: median [IQR] over rounds", instrumented, rows)
 
+    print_notes(instrumented, results)
+    steps_exported = args.pairs * (args.steps + args.warmup) if "otlp" in variants else 0
+    if received is not None and steps_exported:
+        counts = received["counts"]
+        print(
+            "receiver (own process, its CPU not counted above): "
+            + ", ".join(f"{kind} {n} requests / {size / 1e6:.1f} MB" for kind, (n, size) in counts.items())
+            + f"; {1e6 * float(received['cpu_s']) / steps_exported:.0f} us CPU per exported step (warm-up included)"
+        )
+
+    if "otlp" in variants:
+        print()
+        judged = {
+            "training thread": paired("otlp", percent(diff("caller_cpu_s"))),
+            "export thread": paired("otlp", percent(lambda i, b: per_step(i, "export_cpu_s"))),
+            "whole process": paired("otlp", percent(diff("process_cpu_s"))),
+        }
+        for line in verdicts(judged, paired("otlp", percent(diff("inside_cpu_s")))):
+            print(line)
+
+
+def print_notes(instrumented: Sequence[str], results: dict[str, list[dict[str, Any]]]) -> None:
+    """What went wrong in a child (no export thread, a flush that timed out, drops, stderr)."""
     for variant in instrumented:
         for r in results[variant]:
             notes = []
@@ -537,44 +580,40 @@ def report(
                 notes.append("stderr: " + r["stderr"].splitlines()[-1][:200])
             if notes:
                 print(f"note ({variant}): " + "; ".join(notes))
-    steps_exported = args.pairs * (args.steps + args.warmup) if "otlp" in variants else 0
-    if received is not None and steps_exported:
-        counts = received["counts"]
-        print(
-            "receiver (own process, its CPU not counted above): "
-            + ", ".join(f"{kind} {n} requests / {size / 1e6:.1f} MB" for kind, (n, size) in counts.items())
-            + f"; {1e6 * float(received['cpu_s']) / steps_exported:.0f} us CPU per exported step (warm-up included)"
-        )
-
-    if "otlp" in variants:
-        print()
-        print(verdict(paired("otlp", percent(diff("caller_cpu_s"))), paired("otlp", percent(diff("inside_cpu_s")))))
 
 
-def verdict(total: Sequence[float | None], inside: Sequence[float | None]) -> str:
-    """The budget line: judged on the training thread's CPU per step, in % of the baseline step.
+def verdicts(judged: dict[str, Sequence[float | None]], inside: Sequence[float | None]) -> list[str]:
+    """The budget lines (``BUDGETS_PERCENT``), each judged on its median and IQR over rounds, in % of
+    the baseline step's training-thread CPU.
 
-    ``total`` is the whole difference of the thread's CPU (complete, but as noisy as the box);
-    ``inside`` the CPU spent inside rankscope's own calls (precise, but a lower bound: it misses
-    what rankscope does to the caches and the allocator between its calls).
+    The training thread's figure is the whole difference of its CPU per step (complete, but as noisy
+    as the box); ``inside`` is the CPU spent inside rankscope's own calls (precise, but a lower bound:
+    it misses what rankscope does to the caches and the allocator between its calls).
     """
-    q1, median, q3 = quartiles([v for v in total if v is not None])
-    low_q1, low_median, _ = quartiles([v for v in inside if v is not None])
-    if low_q1 > BUDGET_PERCENT:
-        judged = "DOES NOT HOLD: the time inside rankscope's own calls alone exceeds it"
-    elif q3 <= BUDGET_PERCENT:
-        judged = "HOLDS (the whole IQR is within it)"
-    elif q1 > BUDGET_PERCENT:
-        judged = "DOES NOT HOLD (the whole IQR is above it)"
-    else:
-        judged = f"INCONCLUSIVE on this run (the IQR straddles {BUDGET_PERCENT:g} %: more --pairs or a quieter box)"
-    return (
-        f"{BUDGET_PERCENT:g} % budget, measured on the training thread's cost (its CPU per step exporting over OTLP "
-        f"minus without, in % of the baseline step's thread CPU): {median:+.2f} % [IQR {q1:+.2f}, {q3:+.2f}] over "
-        f"{len(total)} rounds, of which inside rankscope's calls {low_median:+.2f} %: {judged}. The wall-time and "
-        "whole-process figures are reported, not judged: on a small shared box they mostly measure who else uses "
-        "the cores."
+    lines = []
+    for name, values in judged.items():
+        budget = BUDGETS_PERCENT[name]
+        found = [v for v in values if v is not None]
+        if not found:
+            lines.append(f"{name} <= {budget:g} %: not measured")
+            continue
+        q1, median, q3 = quartiles(found)
+        if median <= budget:
+            judgement = "HOLDS" + (" (the whole IQR is within it)" if q3 <= budget else " (the IQR reaches past it)")
+        else:
+            judgement = "DOES NOT HOLD" + (" (the whole IQR is above it)" if q1 > budget else " (median above it)")
+        extra = ""
+        if name == "training thread" and any(v is not None for v in inside):
+            low = quartiles([v for v in inside if v is not None])[1]
+            extra = f"; of which inside rankscope's calls {low:+.2f} %"
+        lines.append(
+            f"{name} <= {budget:g} % of the step (issue 29): {median:+.2f} % [IQR {q1:+.2f}, {q3:+.2f}] over "
+            f"{len(found)} rounds{extra}: {judgement}"
+        )
+    lines.append(
+        "The wall time is reported, not judged: on a small shared box it mostly measures who else uses the cores."
     )
+    return lines
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 ``flush`` puts a ``StepBatch`` in the inbox and returns (O(1): a lock, a counter, an append;
 no wake-up while steps come faster than the export cadence, ``inbox``). This thread reads device
 values (waiting on CUDA events here, never on the caller), hands reduced values to the local
-backends, and sends the queued steps as OTLP requests, at most 5 a second (``_MIN_EXPORT_GAP``).
+backends, and sends the queued steps as OTLP requests, at most 5 a second (``_REQUEST_GAP``).
 
 Why it retries itself: the OTel SDK exporters retry with exponential backoff *inside*
 ``export()`` and then drop the batch, so an endpoint outage used to lose every step while this
@@ -86,10 +86,14 @@ _MAX_ROW_CHARS_PER_REQUEST = 1 << 20
 """Sample rows go out in requests of at most this many rows and characters of text (4 KiB
 strings, 64 fields: one row can be 256 KiB), under a receiver's 4 MiB message limit."""
 _MAX_HELD_ROWS = 65536
-_MIN_EXPORT_GAP = 0.2
-"""Seconds between OTLP requests of one process (at most 5 a second): steps flushed faster than
-this share a request (a 20 ms training step would otherwise pay a gRPC call per step), and a step
-still leaves within this gap of its flush; a slower step leaves at its flush (``Inbox``)."""
+_REQUEST_GAP = 0.2
+"""Seconds per OTLP request between export rounds (at most 5 requests a second): a round that sent
+metrics and spans waits 0.4 s. Steps flushed faster than this share a request (a 20 ms training step
+would otherwise pay a gRPC call per step and signal); a slower step leaves at its flush (``Inbox``)."""
+_MAX_ROUND_GAP = 0.6
+"""The longest wait between rounds, however many requests the last one sent: a step reaches the
+endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
+ask 0.8 s)."""
 
 
 class _PullReader(MetricReader):
@@ -269,6 +273,7 @@ class ExportThread:
         self._warned_unreachable = False
         self._goodbye_queued = False
         self._waiting: list[threading.Event] = []
+        self._requests = 0  # sent (or tried) by the last export round
         self._handlers: dict[type[_Message], Callable[[Any, _Round], None]] = {
             _Step: self._on_step,
             _Stream: self._on_stream,
@@ -395,13 +400,18 @@ class ExportThread:
                 pending, last_export = self._end_round(taken, bool(items), last_export)
         self._finish(pending, deadline)
 
+    @property
+    def _round_gap(self) -> float:
+        """Seconds from one export round to the next: ``_REQUEST_GAP`` per request the last one sent."""
+        return min(_MAX_ROUND_GAP, _REQUEST_GAP * max(1, self._requests))
+
     def _wait_time(self, pending: list[StepBatch], last_export: float) -> tuple[float, bool]:
         """How long the next round waits for a message, and whether it is idle (a new step wakes it)."""
         now = time.monotonic()
         if self._failures:  # the endpoint is down: wait out the backoff (new steps keep queueing)
             return max(0.0, self._next_attempt - now), False
         if pending or self._streams or self._unsent_work():
-            return max(0.0, last_export + _MIN_EXPORT_GAP - now), False
+            return max(0.0, last_export + self._round_gap - now), False
         return self.export_interval, True
 
     def _on_step(self, item: _Step, taken: _Round) -> None:
@@ -459,7 +469,7 @@ class ExportThread:
             self._hold_and_prepare(self.recorder.take_periodic(grace=self.export_interval), pending)
         work = pending or self._streams or self._unsent_work() or len(self.spans)
         ready = now >= self._next_attempt or taken.synced  # a force_flush tries at once
-        if work and ready and (taken.synced or now - last_export >= _MIN_EXPORT_GAP):
+        if work and ready and (taken.synced or now - last_export >= self._round_gap):
             self._try_cycle(pending, None, False)
             pending, last_export = [], time.monotonic()
         if not pending and not self._unsent_work():
@@ -503,6 +513,7 @@ class ExportThread:
         self._guarded(self.backends.finish)
 
     def _try_cycle(self, pending: list[StepBatch], deadline: float | None, goodbye: bool) -> None:
+        self._requests = 0
         try:
             self._cycle(pending, deadline, goodbye)
         except Exception as exc:
@@ -625,6 +636,7 @@ class ExportThread:
             batch.accs = {}
 
     def _attempt(self, send: Callable[..., Attempt], request: Any, deadline: float | None) -> Attempt:
+        self._requests += 1
         timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
         try:
             return send(request, timeout)
