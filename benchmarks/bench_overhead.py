@@ -54,7 +54,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -582,7 +582,7 @@ def print_notes(instrumented: Sequence[str], results: dict[str, list[dict[str, A
                 print(f"note ({variant}): " + "; ".join(notes))
 
 
-def verdicts(judged: dict[str, Sequence[float | None]], inside: Sequence[float | None]) -> list[str]:
+def verdicts(judged: Mapping[str, Sequence[float | None]], inside: Sequence[float | None]) -> list[str]:
     """The budget lines (``BUDGETS_PERCENT``), each judged on its median and IQR over rounds, in % of
     the baseline step's training-thread CPU.
 

@@ -24,11 +24,14 @@ Request = metrics_service_pb2.ExportMetricsServiceRequest
 class _Store:
     def __init__(self) -> None:
         self.requests: list[Any] = []
+        self.arrived: list[int] = []
+        """When each request arrived (``time.time_ns()``), in the order of ``requests``."""
         self._cond = threading.Condition()
 
     def add(self, request: Any) -> None:
         with self._cond:
             self.requests.append(request)
+            self.arrived.append(time.time_ns())
             self._cond.notify_all()
 
     def points(self) -> list[DecodedPoint]:

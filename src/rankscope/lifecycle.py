@@ -36,12 +36,13 @@ from .core.settings import Settings, resolve
 from .export.captures import Captures
 from .export.local_views import BackendSet
 from .export.senders import (
-    EmbeddedSenders,
+    EmbeddedSender,
     ForkRelay,
-    RelaySenders,
-    Senders,
+    RelaySender,
+    Sender,
     fork_pair,
     has_endpoint,
+    make_sender,
     post_config,
     request_report,
     sink_status,
@@ -228,7 +229,7 @@ def init(
         experiment_id = str(resource.attributes[attr.EXPERIMENT_ID])
         views: dict[str, Any] = {k: dict(v) for k, v in (settings.backends or {}).items()}
         stream = any(v.get("logging_mode") == LoggingMode.PER_RANK_NO_REDUCE.value for v in views.values())
-        senders, views_in_sink = _make_senders(resource, settings, views, stream)
+        senders, views_in_sink = _make_senders(resource, settings, views)
         world = resource.attributes.get(attr.WORLD_SIZE)
         backend_objects = [] if views_in_sink else _make_backends(views, alone=world == "1" and senders is None)
         init_kwargs = {
@@ -297,7 +298,7 @@ def _provenance(tracing: TracingState) -> Provenance:
 def _start_runtime(
     resource: Resource,
     settings: Settings,
-    senders: Senders | EmbeddedSenders | RelaySenders | None,
+    senders: Sender | None,
     backend_set: BackendSet,
     *,
     stream_to_sink: bool,
@@ -319,7 +320,7 @@ def _start_runtime(
     a = resource.attributes
     process_id = str(a.get(attr.SERVICE_INSTANCE_ID) or a.get(attr.PROCESS_PID) or "?")
     captures = None
-    if not isinstance(senders, RelaySenders):  # forked children (DataLoader workers) are not profiled
+    if not isinstance(senders, RelaySender):  # forked children (DataLoader workers) are not profiled
         captures = Captures(
             lambda: getattr(senders, "control_url", None) or settings.sink_control,
             str(a[attr.EXPERIMENT_ID]),
@@ -331,7 +332,7 @@ def _start_runtime(
         resource=resource,
         recorder=recorder,
         backends=backend_set,
-        otlp=senders,
+        sender=senders,
         captures=captures,
         stream_to_sink=stream_to_sink,
         export_interval=settings.export_interval,
@@ -377,8 +378,8 @@ def _install_monarch_propagation() -> None:
 
 
 def _make_senders(
-    resource: Resource, settings: Settings, views: dict[str, Any], stream: bool
-) -> tuple[Senders | EmbeddedSenders | None, bool]:
+    resource: Resource, settings: Settings, views: dict[str, Any]
+) -> tuple[Sender | None, bool]:
     """Where this process's OTLP goes, and whether its views run in that sink.
 
     An endpoint: export there; views run in the sink only when it takes posted configs
@@ -390,13 +391,13 @@ def _make_senders(
     endpoint, protocol, control = settings.endpoint, settings.protocol, settings.sink_control
     if has_endpoint(endpoint):
         if control is None:
-            return Senders(endpoint, protocol, stream=False), False
+            return make_sender(endpoint, protocol), False
 
         def post_then_send() -> tuple[str, str]:
             _post_views(control, experiment, views)
             return endpoint or "", control
 
-        return EmbeddedSenders(post_then_send, protocol, stream), True
+        return EmbeddedSender(post_then_send, protocol), True
     mode = settings.sink
     multi = resource.attributes.get(attr.WORLD_SIZE) != "1" or "monarch" in sys.modules
     if mode == "embedded" or (mode == "auto" and multi):
@@ -408,7 +409,7 @@ def _make_senders(
             _post_views(found[1], experiment, views)
             return found
 
-        return EmbeddedSenders(connect, "grpc", stream), True
+        return EmbeddedSender(connect, "grpc"), True
     return None, False
 
 
@@ -533,7 +534,7 @@ def _close_last_auto_step(runtime: Runtime) -> None:
 def _wait_for_sink_views(runtime: Runtime) -> None:
     """With a sink that this job owns, return once it has written this process's last step,
     so the job's final views are out when the program ends (bounded by the shutdown timeout)."""
-    senders = runtime.thread.otlp
+    senders = runtime.thread.sender
     control = getattr(senders, "control_url", None)
     last = runtime.steps.last
     if control is None or last is None:
@@ -598,7 +599,7 @@ def write_report(timeout: float = 75.0) -> str | None:
     if runtime is None:
         return None
     force_flush(min(timeout, runtime.shutdown_timeout))
-    control = getattr(runtime.thread.otlp, "control_url", None)
+    control = getattr(runtime.thread.sender, "control_url", None)
     if control is None:
         warn(
             "rankscope: write_report needs this experiment's sink (the embedded sink of a multi-process job, "
@@ -649,14 +650,14 @@ class _ForkOrigin:
     def __init__(self, parent: Runtime, sock: Any, warned: mmap.mmap | None) -> None:
         self.attributes = dict(parent.resource.attributes)
         self.parent_pid = os.getppid()  # runs in the child, right after fork
-        otlp = parent.thread.otlp
-        self.senders: RelaySenders | None = None
+        otlp = parent.thread.sender
+        self.senders: RelaySender | None = None
         self.listen = False  # whether the parent may ask this child to flush (its own socket)
         self.why_not = "it keeps its views in its own process (no endpoint, no sink)"
-        if isinstance(otlp, RelaySenders):  # a grandchild: the same way up to the process that exports
+        if isinstance(otlp, RelaySender):  # a grandchild: the same way up to the process that exports
             self.senders = otlp.for_child()
         elif otlp is not None and sock is not None:
-            self.senders, self.listen = RelaySenders(sock, self.parent_pid), True
+            self.senders, self.listen = RelaySender(sock, self.parent_pid), True
         elif otlp is not None:
             self.why_not = "no relay socket could be made for this child"
         self.settings = replace(  # the parent's, read once at its init; a child's shutdown is shorter
@@ -695,11 +696,11 @@ def _before_fork() -> None:
     if runtime is None or _slot.disabled:
         return
     try:
-        otlp = runtime.thread.otlp
+        otlp = runtime.thread.sender
         if otlp is None:
             if _refusal_page is None:
                 _refusal_page = mmap.mmap(-1, 1)
-        elif not isinstance(otlp, RelaySenders):
+        elif not isinstance(otlp, RelaySender):
             if _relay is None:
                 _relay = ForkRelay(_deliver_relayed)
             _fork_pair = fork_pair()

@@ -31,7 +31,7 @@ from opentelemetry.sdk._configuration import _BaseConfigurator
 import rankscope as rs
 from rankscope.core import errors as rs_errors
 from rankscope.export import _otel_sdk
-from rankscope.export.senders import SENT, Senders
+from rankscope.export.senders import SENT, Sender, make_sender
 
 SIGNALS: dict[str, tuple[Any, Any, Any, Any, str]] = {
     "metrics": (
@@ -162,12 +162,12 @@ def _requests() -> dict[str, Any]:
     }
 
 
-def _send_all(senders: Senders) -> dict[str, Any]:
+def _send_all(sender: Sender) -> dict[str, Any]:
     requests = _requests()
     sent = {  # senders take serialized requests (the export thread encodes them)
-        "metrics": senders.send(requests["metrics"].SerializeToString(), 5.0),
-        "logs": senders.send_logs(requests["logs"].SerializeToString(), 5.0),
-        "spans": senders.send_spans(requests["spans"].SerializeToString(), 5.0),
+        "metrics": sender.send("metrics", requests["metrics"].SerializeToString(), 5.0),
+        "logs": sender.send("logs", requests["logs"].SerializeToString(), 5.0),
+        "spans": sender.send("spans", requests["spans"].SerializeToString(), 5.0),
     }
     return {"requests": requests, "sent": sent}
 
@@ -192,7 +192,7 @@ def test_each_exporter_path_carries_one_request_to_a_real_receiver(
 ) -> None:
     if compression is not None:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", compression)
-    senders = Senders(otlp.endpoint(protocol), protocol, stream=True)
+    senders = make_sender(otlp.endpoint(protocol), protocol)
     try:
         result = _send_all(senders)
     finally:
@@ -205,7 +205,7 @@ def test_each_exporter_path_carries_one_request_to_a_real_receiver(
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_busy_receiver_is_retried_after_its_own_hint(protocol: str) -> None:
     busy = Receiver(refuse=True)
-    senders = Senders(busy.endpoint(protocol), protocol, stream=True)
+    senders = make_sender(busy.endpoint(protocol), protocol)
     try:
         result = _send_all(senders)
     finally:
@@ -248,8 +248,8 @@ def test_a_missing_exporter_attribute_is_a_clear_error_at_init_not_dropped_point
     with pytest.warns(RuntimeWarning, match=re.escape(expected)):
         rs.init(experiment="otel-compat", endpoint=otlp.grpc_endpoint)
     assert len(rs_errors.internal_errors) == 1 and expected in rs_errors.internal_errors[0]
-    senders = Senders(otlp.grpc_endpoint, "grpc", stream=False)  # what the export thread sends through
-    refused = senders.send(_requests()["metrics"].SerializeToString(), 5.0)
+    senders = make_sender(otlp.grpc_endpoint, "grpc")  # what the export thread sends through
+    refused = senders.send("metrics", _requests()["metrics"].SerializeToString(), 5.0)
     assert not refused.sent and not refused.retry and refused.detail.startswith(expected)
     rs_errors.internal_errors.clear()
 
@@ -264,7 +264,7 @@ def test_a_changed_http_client_method_is_a_clear_error(otlp: Receiver, monkeypat
         "_OTLPHTTPClient._submit(data, timeout) (rankscope read it from 0.66b2)"
     )
     with pytest.warns(RuntimeWarning, match=re.escape(expected)):
-        senders = Senders(otlp.http_endpoint, "http/protobuf", stream=True)
+        senders = make_sender(otlp.http_endpoint, "http/protobuf")
     result = _send_all(senders)
     senders.shutdown()
     for attempt in result["sent"].values():

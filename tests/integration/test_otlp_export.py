@@ -145,3 +145,53 @@ rs.shutdown()
     assert len(warnings) == 1 and "3 metric points were dropped at shutdown" in warnings[0], done.stderr
     assert "within RANKSCOPE_SHUTDOWN_TIMEOUT" in warnings[0], done.stderr  # it gave up on the deadline
     assert done.stderr.count("does not take exports now") == 1, done.stderr
+
+
+def _marker_latencies(receiver: GrpcReceiver) -> dict[int, float]:
+    """Seconds from each step's flush (its marker's time) to the arrival of the request that carried it."""
+    found = {}
+    for request, arrived in zip(list(receiver.requests), list(receiver.arrived), strict=True):
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == attr.FLUSH_MARKER:
+                        for dp in m.sum.data_points:
+                            found[dp.attributes[0].value.int_value] = (arrived - dp.time_unix_nano) / 1e9
+    return found
+
+
+@pytest.mark.timeout(90)
+def test_fast_steps_share_requests_at_most_five_a_second_and_each_arrives_within_a_second(
+    receiver: GrpcReceiver,
+) -> None:
+    import time
+
+    rs.init(experiment="cadence", endpoint=receiver.endpoint)
+    started = time.monotonic()
+    for step in range(200):  # ~100 steps a second
+        for i in range(20):
+            rs.record_metric(f"k{i}", float(step))
+        rs.flush(step)
+        time.sleep(0.01)
+    seconds = time.monotonic() - started
+    requests_during = len(receiver.requests)
+    assert rs.force_flush(20)
+    latencies = _marker_latencies(receiver)
+    assert sorted(latencies) == list(range(200))
+    slowest = sorted(latencies.values())
+    assert slowest[int(0.99 * len(slowest))] <= 1.0, slowest[-5:]  # p99 within 1 s of the flush
+    assert requests_during <= 5 * seconds + 2, (requests_during, seconds)  # 200 steps, a handful of requests
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_step_leaves_at_its_flush(receiver: GrpcReceiver) -> None:
+    import time
+
+    rs.init(experiment="cadence", endpoint=receiver.endpoint, export_interval=30.0)
+    for step in range(4):
+        time.sleep(0.5)  # slower than the cadence: the export thread is idle when the flush comes
+        rs.record_metric("loss", 1.0)
+        rs.flush(step)
+    receiver.wait_for(lambda _: len(_marker_latencies(receiver)) == 4, timeout=10)
+    latencies = _marker_latencies(receiver)
+    assert max(latencies.values()) < 0.3, latencies  # not the 30 s export interval, nor a round gap late

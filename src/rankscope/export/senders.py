@@ -21,12 +21,12 @@ and a sender whose exporter lacks them refuses every send with a message that na
 its version and the missing name (reported once, at init).
 
 Metrics go as metrics; streamed raw values (``per_rank_no_reduce`` views in the sink) go
-as OTLP log records. ``EmbeddedSenders`` finds or starts the experiment's embedded sink the
+as OTLP log records. ``EmbeddedSender`` finds or starts the experiment's embedded sink the
 first time it has something to send, on the export thread, never on the caller's.
 
 Forked children never touch gRPC: a child that uses the gRPC core it inherited crashed now and
 then in our stress test (SIGSEGV in 2 of 160 forks: a thread of the parent was in a call at the
-moment of the fork). ``RelaySenders`` in the child hands each request to the parent over a Unix
+moment of the fork). ``RelaySender`` in the child hands each request to the parent over a Unix
 ``SOCK_SEQPACKET`` socket pair made at fork; ``ForkRelay`` in the parent reads every child's
 socket on one thread and gives the requests to the parent's export thread, which sends them with
 its own bounded, retried queue. The same pair carries the parent's "flush now" at its shutdown.
@@ -47,7 +47,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 # gRPC's fork handlers restart its threads in every forked child, and in our stress test (a parent
 # recording, flushing and exporting on two threads while it forks 16 children per run) those
@@ -86,18 +86,38 @@ class Attempt:
 SENT = Attempt(True)
 
 
+Signal = Literal["metrics", "spans", "logs"]
+
+
 class Sender(Protocol):
-    """Where one signal's serialized OTLP requests go: one attempt per ``send``, never a retry loop."""
+    """Where a process's serialized OTLP requests go: one attempt per ``send``, never a retry loop.
+
+    Implemented by ``GrpcSender`` and ``HttpSender`` (the SDK exporters' transports),
+    ``EmbeddedSender`` (the experiment's embedded sink, found or started on first use) and
+    ``RelaySender`` (a forked child's: through its parent process)."""
+
+    @property
+    def target(self) -> str:
+        """Where the requests go, in words (for log lines)."""
+        ...
+
+    def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt: ...
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None: ...
+
+
+class _Transport(Protocol):
+    """One signal's way to the endpoint (an SDK exporter's channel or HTTP client)."""
 
     def send(self, payload: bytes, timeout: float | None = None) -> Attempt: ...
 
     def shutdown(self, **kwargs: Any) -> None: ...
 
 
-class _GrpcSender:
+class _GrpcTransport:
     """One ``Export`` call with one deadline on an SDK gRPC exporter's channel, with its headers."""
 
-    def __init__(self, exporter: Any, signal: _otel_sdk.Signal) -> None:
+    def __init__(self, exporter: Any, signal: Signal) -> None:
         self._exporter = exporter
         self._signal = signal
 
@@ -130,7 +150,7 @@ def _hint(error: Any) -> float | None:
         return None
 
 
-class _HttpSender:
+class _HttpTransport:
     """One POST with one deadline through an SDK HTTP exporter's client (its retry loop unused)."""
 
     def __init__(self, exporter: Any) -> None:
@@ -160,7 +180,7 @@ class _HttpSender:
 
 
 class _Refused:
-    """A sender whose SDK exporter lacks a private name rankscope needs: every send is refused, saying so."""
+    """A transport whose SDK exporter lacks a private name rankscope needs: every send is refused, saying so."""
 
     def __init__(self, why: str) -> None:
         self._attempt = Attempt(False, detail=why)
@@ -172,17 +192,13 @@ class _Refused:
         pass
 
 
-def _sender(protocol: _otel_sdk.Protocol, signal: _otel_sdk.Signal, **kwargs: Any) -> Sender:
+def _transport(protocol: _otel_sdk.Protocol, signal: Signal, **kwargs: Any) -> _Transport:
     try:
         exporter = _otel_sdk.make_exporter(protocol, signal, **kwargs)
     except _otel_sdk.OtelSdkMismatchError as exc:
         report_internal_error(f"OTLP {signal} export over {protocol}", exc)
         return _Refused(str(exc))
-    return _GrpcSender(exporter, signal) if protocol == "grpc" else _HttpSender(exporter)
-
-
-def _grpc_options() -> dict[str, Any]:
-    return {"channel_options": _CHANNEL_OPTIONS}
+    return _GrpcTransport(exporter, signal) if protocol == "grpc" else _HttpTransport(exporter)
 
 
 def _url(endpoint: str | None) -> str | None:
@@ -197,22 +213,19 @@ def has_endpoint(endpoint: str | None) -> bool:
     )
 
 
-class Senders:
-    """The metric, span and log senders of one process."""
+class _OtlpSender:
+    """An OTLP endpoint over the SDK exporters: a transport per signal, the metrics' made at once (so a
+    private-name mismatch is reported at ``init``), the others on first use (most processes of a
+    metrics-only job never trace, and few stream)."""
 
-    def __init__(self, endpoint: str | None, protocol: str, stream: bool) -> None:
+    def __init__(self, endpoint: str | None) -> None:
         _otel_sdk.report_problems()
-        url = _url(endpoint)
-        self._spans: Sender | None = None
-        self._logs: Sender | None = None
-        self._endpoint, self._protocol, self._url, self._stream = endpoint, protocol, url, stream
-        if protocol == "http/protobuf":
-            base = None if url is None else url.rstrip("/").removesuffix("/v1/metrics")
-            self._base = base
-            http: _otel_sdk.Protocol = "http/protobuf"
-            self.metrics: Sender = _sender(http, "metrics", endpoint=None if base is None else f"{base}/v1/metrics")
-        else:
-            self.metrics = _sender("grpc", "metrics", endpoint=url, **_grpc_options())
+        self._url = _url(endpoint)
+        self._transports: dict[Signal, _Transport] = {}
+        self._transports["metrics"] = self._make("metrics")
+
+    def _make(self, signal: Signal) -> _Transport:
+        raise NotImplementedError
 
     @property
     def target(self) -> str:
@@ -222,41 +235,50 @@ class Senders:
             or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "the OTLP endpoint")
         )
 
-    def _made(self, signal: Literal["logs", "spans"], path: str) -> Sender:
-        if self._protocol == "http/protobuf":
-            return _sender("http/protobuf", signal, endpoint=None if self._base is None else f"{self._base}{path}")
-        return _sender("grpc", signal, endpoint=self._url, **_grpc_options())
-
-    def send_spans(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        if self._spans is None:  # made on first use: most processes of a metrics-only job never trace
-            self._spans = self._made("spans", "/v1/traces")
-        return self._spans.send(payload, timeout)
-
-    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        return self.metrics.send(payload, timeout)
-
-    def send_logs(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        """Streamed values and sample rows (made on first use: most processes send neither)."""
-        if self._logs is None:
-            self._logs = self._made("logs", "/v1/logs")
-        return self._logs.send(payload, timeout)
+    def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+        transport = self._transports.get(signal)
+        if transport is None:
+            transport = self._transports[signal] = self._make(signal)
+        return transport.send(payload, timeout)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
-        self.metrics.shutdown(timeout_millis=timeout_millis)
-        for sender in (self._logs, self._spans):
-            if sender is not None:
-                sender.shutdown()
+        for signal, transport in self._transports.items():
+            if signal == "metrics":
+                transport.shutdown(timeout_millis=timeout_millis)
+            else:
+                transport.shutdown()
 
 
-class EmbeddedSenders:
-    """Senders that connect to the experiment's embedded sink on first use."""
+class GrpcSender(_OtlpSender):
+    """OTLP/gRPC: every signal on the endpoint's address."""
 
-    def __init__(self, connect: Callable[[], tuple[str, str]], protocol: str, stream: bool) -> None:
+    def _make(self, signal: Signal) -> _Transport:
+        return _transport("grpc", signal, endpoint=self._url, channel_options=_CHANNEL_OPTIONS)
+
+
+class HttpSender(_OtlpSender):
+    """OTLP/HTTP (protobuf): ``/v1/metrics``, ``/v1/traces``, ``/v1/logs`` under the endpoint's base."""
+
+    _PATHS: ClassVar[dict[Signal, str]] = {"metrics": "/v1/metrics", "spans": "/v1/traces", "logs": "/v1/logs"}
+
+    def _make(self, signal: Signal) -> _Transport:
+        base = None if self._url is None else self._url.rstrip("/").removesuffix("/v1/metrics")
+        return _transport("http/protobuf", signal, endpoint=None if base is None else base + self._PATHS[signal])
+
+
+def make_sender(endpoint: str | None, protocol: str) -> GrpcSender | HttpSender:
+    """The sender for an OTLP endpoint (None: the ``OTEL_EXPORTER_OTLP_*`` variables say where)."""
+    return HttpSender(endpoint) if protocol == "http/protobuf" else GrpcSender(endpoint)
+
+
+class EmbeddedSender:
+    """The experiment's embedded sink, found or started on the first send (on the export thread)."""
+
+    def __init__(self, connect: Callable[[], tuple[str, str]], protocol: str) -> None:
         _otel_sdk.report_problems()
         self._connect = connect
         self._protocol = protocol
-        self._stream = stream
-        self._inner: Senders | None = None
+        self._inner: GrpcSender | HttpSender | None = None
         self._failed = False
         self.control_url: str | None = None
 
@@ -264,27 +286,17 @@ class EmbeddedSenders:
     def target(self) -> str:
         return self._inner.target if self._inner is not None else "the experiment's sink"
 
-    def _ready(self) -> Senders | None:
-        if self._inner is None and not self._failed:
+    def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+        if self._inner is None:
+            if self._failed:
+                return Attempt(False, detail="no sink")
             try:
                 endpoint, self.control_url = self._connect()
             except Exception:
                 self._failed = True  # counted as dropped by the caller; the job goes on
                 raise
-            self._inner = Senders(endpoint or None, self._protocol, self._stream)
-        return self._inner
-
-    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        inner = self._ready()
-        return inner.send(payload, timeout) if inner is not None else Attempt(False, detail="no sink")
-
-    def send_logs(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        inner = self._ready()
-        return inner.send_logs(payload, timeout) if inner is not None else Attempt(False, detail="no sink")
-
-    def send_spans(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        inner = self._ready()
-        return inner.send_spans(payload, timeout) if inner is not None else Attempt(False, detail="no sink")
+            self._inner = make_sender(endpoint or None, self._protocol)
+        return self._inner.send(signal, payload, timeout)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         if self._inner is not None:
@@ -294,6 +306,8 @@ class EmbeddedSenders:
 _FRAGMENT = 32 * 1024
 _HEADER = struct.Struct("!IIHHc")  # sender pid, message id, fragment index, fragment count, kind
 METRICS, SPANS, LOGS = b"m", b"s", b"l"
+KINDS: dict[Signal, bytes] = {"metrics": METRICS, "spans": SPANS, "logs": LOGS}
+SIGNALS: dict[bytes, Signal] = {kind: signal for signal, kind in KINDS.items()}
 _HELLO, _ACK, _FLUSH = b"h", b"a", b"f"  # child: "I export through you", "flushed"; parent: "flush now"
 
 
@@ -302,8 +316,8 @@ def fork_pair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-class RelaySenders:
-    """A forked child's senders: requests go to the parent process, which exports them.
+class RelaySender:
+    """A forked child's sender: requests go to the parent process, which exports them.
 
     ``listen(on_flush)`` says hello to the parent and answers its "flush now" (sent when the
     parent shuts down while this child still runs, e.g. persistent DataLoader workers): the
@@ -335,14 +349,8 @@ class RelaySenders:
             return Attempt(False, detail=f"{self.target} is gone ({exc})")
         return SENT
 
-    def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        return self._post(METRICS, payload, timeout)
-
-    def send_spans(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        return self._post(SPANS, payload, timeout)
-
-    def send_logs(self, payload: bytes, timeout: float | None = None) -> Attempt:
-        return self._post(LOGS, payload, timeout)
+    def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+        return self._post(KINDS[signal], payload, timeout)
 
     def ack(self) -> None:
         self._post(_ACK, b"", 1.0)
@@ -368,9 +376,9 @@ class RelaySenders:
 
         threading.Thread(target=run, name="rankscope-relay-listener", daemon=True).start()
 
-    def for_child(self) -> RelaySenders:
+    def for_child(self) -> RelaySender:
         """A grandchild shares the socket: each message is one atomic record, tagged with its pid."""
-        return RelaySenders(self._sock, self._parent_pid)
+        return RelaySender(self._sock, self._parent_pid)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         pass  # the socket stays open for grandchildren; the process's exit closes it

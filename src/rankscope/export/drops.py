@@ -1,0 +1,148 @@
+"""One drop accounting for everything a process could not export.
+
+Metric points, streamed values and sample rows that are lost (a full queue, a bound reached while
+the endpoint is away, a request refused for good, shutdown before the endpoint answered) are counted
+here, under one lock (callers' threads and the export thread both drop); the first loss of an
+episode is a warning, and the count goes out as the ``rankscope.dropped_points`` counter of the
+SDK MeterProvider this module owns, in the next metrics request, once export works again (or at
+shutdown). Spans have their own counter in the span buffer (overflow counts there); refused spans
+are added to it here and reported after the next span request that goes through.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    MeterProvider,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReader, MetricsData
+from opentelemetry.sdk.resources import Resource
+
+from .._version import __version__
+from ..core import names as attr
+from ..core.errors import warn
+from ..tracing.spans import SpanBuffer
+from ._otel_sdk import SdkGauge
+
+_INSTRUMENT_TYPES = (
+    Counter,
+    UpDownCounter,
+    Histogram,
+    ObservableCounter,
+    ObservableUpDownCounter,
+    ObservableGauge,
+    SdkGauge,
+)
+
+
+class _PullReader(MetricReader):
+    """Collects the MeterProvider's own instruments when the export thread asks (delta)."""
+
+    def __init__(self) -> None:
+        super().__init__(preferred_temporality=dict.fromkeys(_INSTRUMENT_TYPES, AggregationTemporality.DELTA))
+        self._data: MetricsData | None = None
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+        self._data = metrics_data
+
+    def pull(self) -> MetricsData | None:
+        self.collect()
+        data, self._data = self._data, None
+        return data
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+class Drops:
+    """Counts, warns about and reports what was lost (any thread)."""
+
+    def __init__(self, resource: Resource, spans: SpanBuffer, target: Callable[[], str]) -> None:
+        self._reader = _PullReader()
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], shutdown_on_exit=False)
+        meter = self.meter_provider.get_meter(attr.INSTRUMENTATION_SCOPE, __version__)
+        self._counter = meter.create_counter(
+            attr.DROPPED_POINTS, unit="{point}", description="points rankscope could not queue or export"
+        )
+        self._spans = spans
+        self._target = target
+        self._lock = threading.Lock()
+        self.total = 0
+        """Points and rows lost since init (``rankscope.dropped_points()``)."""
+        self.rows = 0
+        self._unreported = 0
+        self._warned = False
+        self._spans_reported = 0
+        self._spans_warned = False
+
+    def points(self, n: int, why: str, warn_first: bool = True) -> None:
+        """``n`` metric points (or streamed values) lost because ``why`` (``warn_first``: the first loss
+        of an episode is a warning; off at exit, where the shutdown count says it all)."""
+        with self._lock:
+            self.total += n
+            self._unreported += n
+            first = not self._warned
+            self._warned = True
+        if first and n and warn_first:
+            warn(
+                f"rankscope: dropping metric points because {why}; the job is unaffected "
+                "and the count is reported when export recovers"
+            )
+
+    def lose_rows(self, n: int, why: str) -> None:
+        """``n`` sample rows lost: counted with the points (the metric), warned the first time."""
+        if n <= 0:
+            return
+        with self._lock:
+            first = not self.rows
+            self.rows += n
+            self.total += n
+            self._unreported += n
+        if first:
+            warn(f"rankscope: dropping sample rows because {why}; the job is unaffected (counted as dropped points)")
+
+    def lose_spans(self, n: int, detail: str) -> None:
+        """``n`` spans the endpoint refused for good (export thread)."""
+        self._spans.dropped += n
+        if not self._spans_warned:
+            self._spans_warned = True
+            warn(f"rankscope: dropping spans: the OTLP endpoint refused them ({detail})")
+
+    def spans_went_through(self) -> None:
+        """A span request was taken: say how many were lost before it (export thread)."""
+        if self._spans.dropped > self._spans_reported:
+            n = self._spans.dropped - self._spans_reported
+            self._spans_reported = self._spans.dropped
+            self._spans_warned = False
+            warn(f"rankscope: {n} spans were dropped ({self._spans.dropped} in total)")
+
+    def report(self, final: bool) -> None:
+        """Export works again (or the process shuts down): count the losses on the metric, say so once."""
+        with self._lock:
+            n, self._unreported = self._unreported, 0
+            self._warned = False
+        if n:
+            self._counter.add(n)
+            if final:
+                state = f"at shutdown: {self._target()} did not take them within RANKSCOPE_SHUTDOWN_TIMEOUT"
+            else:
+                state = "before export recovered"
+            warn(f"rankscope: {n} metric points were dropped {state} ({self.total} in total)")
+
+    def sdk_request(self) -> bytes:
+        """The MeterProvider's own instruments (the drop counter) since the last call, as a serialized request."""
+        data = self._reader.pull()
+        return bytes(encode_metrics(data).SerializeToString()) if data is not None else b""
+
+    def shutdown(self) -> None:
+        self.meter_provider.shutdown()

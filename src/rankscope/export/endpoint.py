@@ -1,0 +1,91 @@
+"""The endpoint as the outboxes see it: a ``Sender``, one backoff, one warning when it is away.
+
+Every outbox sends through ``Endpoint.attempt``: one attempt with the round's deadline, counted (the
+export cadence spaces rounds by the requests they sent), an exception turned into a refused attempt
+(an embedded sink that cannot start is counted as dropped, warned once). When an attempt that may
+work later fails, the export round stops and ``failed`` schedules the next one: doubling from 0.5 s,
+capped at 2 s (one small request per 2 s is less than a process sends when all is well), jittered,
+stretched to the endpoint's own hint (gRPC RetryInfo, HTTP Retry-After) up to 30 s. While it is away
+nothing is lost: the outboxes hold their data, within their bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from ..core.errors import warn
+from .senders import Attempt, Sender, Signal
+
+RETRY_FIRST = 0.5
+RETRY_MAX = 2.0
+RETRY_AFTER_MAX = 30.0
+
+log = logging.getLogger("rankscope")
+
+
+class Endpoint:
+    """One process's way out: attempts, the backoff between failed rounds, and what to say about it."""
+
+    def __init__(self, sender: Sender, max_queued_steps: int) -> None:
+        self.sender = sender
+        self.requests = 0
+        """Attempts since ``start_round`` (the cadence's measure of a round)."""
+        self.failures = 0
+        self.next_attempt = 0.0
+        self._max_queued_steps = max_queued_steps
+        self._down_since: float | None = None
+        self._warned_down = False
+        self._warned_unreachable = False
+
+    def start_round(self) -> None:
+        self.requests = 0
+
+    def attempt(self, signal: Signal, payload: bytes, deadline: float | None) -> Attempt:
+        self.requests += 1
+        timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
+        try:
+            return self.sender.send(signal, payload, timeout)
+        except Exception as exc:  # e.g. the embedded sink could not start: counted, warned once
+            if not self._warned_unreachable:
+                self._warned_unreachable = True
+                warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
+            return Attempt(False, detail=repr(exc))
+
+    def ready(self, now: float) -> bool:
+        return now >= self.next_attempt
+
+    def failed(self, attempt: Attempt) -> None:
+        """The endpoint did not take a request it may take later: keep everything, retry after a backoff."""
+        self.failures += 1
+        backoff = min(RETRY_MAX, RETRY_FIRST * 2 ** (self.failures - 1)) * random.uniform(0.8, 1.2)
+        if attempt.retry_after is not None:
+            backoff = min(max(backoff, attempt.retry_after), RETRY_AFTER_MAX)
+        now = time.monotonic()
+        self.next_attempt = now + backoff
+        if self._down_since is None:
+            self._down_since = now
+        if not self._warned_down:  # a log line, not a warning: nothing is lost (yet)
+            self._warned_down = True
+            log.warning(
+                "rankscope: %s does not take exports now (%s); flushed steps wait for it (up to %d, "
+                "RANKSCOPE_MAX_QUEUED_STEPS) and go out when it answers; the job is unaffected",
+                self.sender.target,
+                attempt.detail,
+                self._max_queued_steps,
+            )
+
+    def recovered(self) -> None:
+        """A round went through: say so once if the endpoint was away, and reset the backoff."""
+        if self.failures and self._warned_down:
+            down = time.monotonic() - (self._down_since or time.monotonic())
+            log.warning(
+                "rankscope: %s answers again after %.1fs; the steps held meanwhile were sent", self.sender.target, down
+            )
+            self._warned_down = False
+        self.failures, self._down_since, self.next_attempt = 0, None, 0.0
+
+    def after_bug(self) -> None:
+        """A round raised (a bug, not the endpoint): never a busy loop over it."""
+        self.next_attempt = time.monotonic() + RETRY_FIRST

@@ -1,0 +1,327 @@
+"""The export path's outboxes: one per kind of outgoing data, each with its queue, bound and drop reason.
+
+An export round asks each outbox, in ``ORDER``, to send what it holds, oldest first; the first
+that fails in a way that may work later stops the round (``Endpoint.failed`` schedules the next),
+so nothing overtakes what it should follow. The order is the sink's: a step's spans and sample
+rows are taken before the metrics request that carries its flush marker (the sink closes the step
+on the marker). A request that failed is resent as the same bytes, so a sink recognizes one it
+already took. Adding a signal means one class here and its place in ``ORDER``.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from ..backends.base import Metric
+from ..metrics.recorder import StepBatch
+from ..metrics.samples import Kept, Provenance, Row
+from ..otlp.logs import encode_streams
+from ..otlp.samples import encode_rows
+from ..otlp.spans import encode_spans
+from ..otlp.templates import MetricEncoder
+from ..tracing.spans import SpanBuffer, SpanRecord
+from .drops import Drops
+from .encode import Encoded, SampleRow, encode_steps, row_chunk
+from .endpoint import Endpoint
+from .senders import Attempt, Signal
+
+MAX_RELAYED_REQUESTS = 256
+"""Forked children's span or row requests held per outbox (their metrics count in the step bound)."""
+
+
+class StepBound:
+    """At most ``max_steps`` flushed steps held (queued, waiting to be encoded, or unsent); any thread."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self._lock = threading.Lock()
+        self._steps = 0
+        self._points = 0
+
+    def hold(self, points: int) -> bool:
+        """Count a step in, or False when ``max_steps`` are held already."""
+        with self._lock:
+            if self._steps >= self.max_steps:
+                return False
+            self._steps += 1
+            self._points += points
+            return True
+
+    def release(self, steps: int, points: int) -> None:
+        with self._lock:
+            self._steps = max(0, self._steps - steps)
+            self._points = max(0, self._points - points)
+
+    def clear(self) -> int:
+        """Forget everything held (a shutdown that could not finish); the points it held."""
+        with self._lock:
+            points, self._points, self._steps = self._points, 0, 0
+            return points
+
+
+class Outbox(ABC):
+    """One kind of outgoing data: what it holds, how it sends it, what it counts as lost."""
+
+    signal: ClassVar[Signal]
+
+    @abstractmethod
+    def held(self) -> bool:
+        """Anything waiting for the endpoint (a ``force_flush`` waits until nothing is)."""
+
+    def fresh(self) -> bool:
+        """New data that starts an export round without being held yet (spans in their buffer)."""
+        return False
+
+    @abstractmethod
+    def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
+        """Send what is held, oldest first; the failed attempt when the endpoint should be tried
+        again later (what it held stays), else None (sent, or refused for good and counted)."""
+
+    @abstractmethod
+    def abandon(self, why: str) -> None:
+        """Shutdown ended before the endpoint took it all: count what is left as lost."""
+
+
+class SpanOutbox(Outbox):
+    """Spans from the span buffer (rankscope's and the user's SDK spans) and forked children's span requests."""
+
+    signal = "spans"
+    MAX_SPANS_PER_REQUEST = 4096
+
+    def __init__(self, buffer: SpanBuffer, drops: Drops, resource: Any, scope: Any) -> None:
+        self._buffer = buffer
+        self._drops = drops
+        self._resource, self._scope = resource, scope
+        self._retry: list[SpanRecord] = []
+        """The chunk a failed attempt left (the buffer behind it stays bounded; its overflow is counted)."""
+        self._relayed: deque[tuple[bytes, int]] = deque()
+
+    def relay(self, payload: bytes) -> None:
+        """A forked child's span request (kept as it came), or counted when too many wait."""
+        request = ExportTraceServiceRequest.FromString(payload)
+        n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        if len(self._relayed) >= MAX_RELAYED_REQUESTS:
+            self._buffer.dropped += n
+        else:
+            self._relayed.append((payload, n))
+
+    def held(self) -> bool:
+        return bool(self._retry or self._relayed)
+
+    def fresh(self) -> bool:
+        return len(self._buffer) > 0
+
+    def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
+        while self._relayed:
+            attempt = endpoint.attempt(self.signal, self._relayed[0][0], deadline)
+            if attempt.retry and not attempt.sent:
+                return attempt
+            _, n = self._relayed.popleft()
+            if not attempt.sent:
+                self._buffer.dropped += n
+        records = self._retry or self._buffer.drain(self.MAX_SPANS_PER_REQUEST)
+        self._retry = []
+        sent = False
+        while records:
+            request = bytes(encode_spans(records, self._resource, self._scope).SerializeToString())
+            attempt = endpoint.attempt(self.signal, request, deadline)
+            if attempt.retry and not attempt.sent:
+                self._retry = records
+                return attempt
+            if attempt.sent:
+                sent = True
+            else:
+                self._drops.lose_spans(len(records), attempt.detail)
+            records = self._buffer.drain(self.MAX_SPANS_PER_REQUEST)
+        if sent:
+            self._drops.spans_went_through()
+        return None
+
+    def abandon(self, why: str) -> None:
+        self._buffer.dropped += len(self._retry) + sum(n for _, n in self._relayed)
+        self._retry = []
+        self._relayed.clear()
+
+
+class StreamOutbox(Outbox):
+    """Streamed raw values (``per_rank_no_reduce`` views in a sink), as OTLP log records."""
+
+    signal = "logs"
+    LIMIT = 65536
+
+    def __init__(self, drops: Drops, resource: Any, scope: Any) -> None:
+        self._drops = drops
+        self._resource, self._scope = resource, scope
+        self._values: list[tuple[Metric, int | None]] = []
+
+    def add(self, metric: Metric, step: int | None) -> None:
+        self._values.append((metric, step))
+
+    def held(self) -> bool:
+        return bool(self._values)
+
+    def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
+        values = self._values
+        if not values:
+            return None
+        request = encode_streams(
+            ((m.key, m.value, m.timestamp, step) for m, step in values), self._resource, self._scope
+        )
+        attempt = endpoint.attempt(self.signal, bytes(request.SerializeToString()), deadline)
+        if attempt.sent:
+            self._values = []
+            return None
+        if attempt.retry:
+            over = len(values) - self.LIMIT
+            if over > 0:
+                del values[:over]
+                self._drops.points(over, "too many streamed values wait for the endpoint")
+            return attempt
+        self._values = []
+        self._drops.points(len(values), f"the OTLP endpoint refused streamed values ({attempt.detail})")
+        return None
+
+    def abandon(self, why: str) -> None:
+        self._drops.points(len(self._values), why, warn_first=False)
+        self._values = []
+
+
+class RowOutbox(Outbox):
+    """Sample rows: each step's kept rows (selections first), every recorded row for
+    ``per_rank_no_reduce`` views (bounded apart, so they never push out the selections), and forked
+    children's row requests."""
+
+    signal = "logs"
+    MAX_HELD_ROWS = 65536
+
+    def __init__(self, drops: Drops, resource: Any, scope: Any) -> None:
+        self._drops = drops
+        self._resource, self._scope = resource, scope
+        self._selected: deque[SampleRow] = deque()
+        self._streamed: deque[SampleRow] = deque()
+        self._streamed_rows = 0
+        self._requests: deque[tuple[bytes, int]] = deque()
+        """Encoded requests not sent yet, with their row counts: a retry resends the same bytes."""
+        self._relayed: deque[tuple[bytes, int]] = deque()
+
+    def select(self, batch: StepBatch) -> None:
+        """A step's kept rows (before the step's flush marker leaves)."""
+        rows = [(t.table, t.rank_by, t.k, kept, batch.step) for t in batch.samples or () for kept in t.distinct()]
+        self._hold(self._selected, rows)
+
+    def stream(self, table: str, row: Row, origin: Provenance, step: int | None) -> None:
+        self._streamed_rows += 1
+        kept = Kept(0.0, self._streamed_rows, "stream", row, origin)
+        self._hold(self._streamed, [(table, None, 1, kept, step)])
+
+    def relay(self, payload: bytes) -> None:
+        request = ExportLogsServiceRequest.FromString(payload)
+        n = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+        if len(self._relayed) >= MAX_RELAYED_REQUESTS:
+            self._drops.lose_rows(n, "too many relayed rows wait")
+        else:
+            self._relayed.append((payload, n))
+
+    def held(self) -> bool:
+        return bool(self._selected or self._streamed or self._requests or self._relayed)
+
+    def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
+        while self._relayed:
+            attempt = endpoint.attempt(self.signal, self._relayed[0][0], deadline)
+            if attempt.retry and not attempt.sent:
+                return attempt
+            _, n = self._relayed.popleft()
+            if not attempt.sent:
+                self._drops.lose_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
+        while self._requests or self._next_request():
+            request, n = self._requests[0]
+            attempt = endpoint.attempt(self.signal, request, deadline)
+            if attempt.retry and not attempt.sent:
+                return attempt
+            self._requests.popleft()
+            if not attempt.sent:
+                self._drops.lose_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
+        return None
+
+    def abandon(self, why: str) -> None:
+        n = len(self._selected) + len(self._streamed)
+        n += sum(k for _, k in self._requests) + sum(k for _, k in self._relayed)
+        self._drops.lose_rows(n, why)
+        self._selected.clear()
+        self._streamed.clear()
+        self._requests.clear()
+        self._relayed.clear()
+
+    def _hold(self, held: deque[SampleRow], rows: list[SampleRow]) -> None:
+        held.extend(rows)
+        over = len(held) - self.MAX_HELD_ROWS
+        if over > 0:
+            for _ in range(over):
+                held.popleft()
+            self._drops.lose_rows(over, f"{self.MAX_HELD_ROWS} sample rows already wait for the endpoint")
+
+    def _next_request(self) -> bool:
+        """Encode the next chunk of held rows (selections first)."""
+        chunk = row_chunk(self._selected or self._streamed)
+        if not chunk:
+            return False
+        try:
+            request = encode_rows(chunk, self._resource, self._scope)
+        except Exception:  # a bug, not the endpoint: these rows are lost, counted, the rest go on
+            self._drops.lose_rows(len(chunk), "they could not be encoded")
+            raise
+        self._requests.append((bytes(request.SerializeToString()), len(chunk)))
+        return True
+
+
+class MetricOutbox(Outbox):
+    """Flushed steps as metric requests (each step with its flush marker), and forked children's."""
+
+    signal = "metrics"
+
+    def __init__(self, drops: Drops, bound: StepBound, encoder: MetricEncoder) -> None:
+        self._drops = drops
+        self._bound = bound
+        self._encoder = encoder
+        self._unsent: deque[Encoded] = deque()
+
+    def add_steps(self, batches: list[StepBatch], goodbye: bool, pause: Callable[[], None] | None = None) -> None:
+        """Encode the steps (all or none: a step that cannot be encoded raises, and nothing is added)."""
+        self._unsent.extend(encode_steps(self._encoder, batches, goodbye, self._drops.sdk_request(), pause=pause))
+
+    def relay(self, payload: bytes) -> None:
+        """A forked child's request: held in the step bound like one of our steps, sent as it came."""
+        request = ExportMetricsServiceRequest.FromString(payload)
+        points = sum(len(sm.metrics) for rm in request.resource_metrics for sm in rm.scope_metrics)
+        if self._bound.hold(0):
+            self._unsent.append(Encoded(payload, 1, points, 0))
+        else:
+            self._drops.points(points, "the export queue is full")
+
+    def held(self) -> bool:
+        return bool(self._unsent)
+
+    def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
+        while self._unsent:
+            item = self._unsent[0]
+            attempt = endpoint.attempt(self.signal, item.request, deadline)
+            if attempt.retry and not attempt.sent:
+                return attempt
+            self._unsent.popleft()
+            self._bound.release(item.steps, item.held_points)
+            if not attempt.sent:
+                self._drops.points(item.points, f"the OTLP endpoint refused an export ({attempt.detail})")
+        return None
+
+    def abandon(self, why: str) -> None:
+        self._bound.release(sum(u.steps for u in self._unsent), sum(u.held_points for u in self._unsent))
+        self._drops.points(sum(u.points for u in self._unsent), why, warn_first=False)  # the count at exit says it
+        self._unsent.clear()

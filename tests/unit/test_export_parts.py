@@ -1,0 +1,352 @@
+"""The export path's parts, each alone: no export thread, no socket.
+
+The outboxes send through an ``Endpoint`` over a scripted ``Sender`` (it answers each attempt as
+told and keeps the bytes), so what goes out, in which order, what stays held after a failed
+attempt and what is counted as lost are read directly. The requests are parsed back with the
+OTLP protobuf classes.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import deque
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.sdk.resources import Resource
+
+from rankscope.backends.base import Metric
+from rankscope.core import names as attr
+from rankscope.export import senders as senders_module
+from rankscope.export.drops import Drops
+from rankscope.export.encode import MAX_ROW_CHARS_PER_REQUEST, encode_steps, row_chunk
+from rankscope.export.endpoint import RETRY_AFTER_MAX, Endpoint
+from rankscope.export.inbox import Inbox
+from rankscope.export.outboxes import MetricOutbox, RowOutbox, SpanOutbox, StepBound, StreamOutbox
+from rankscope.export.senders import SENT, Attempt, Signal
+from rankscope.metrics.recorder import StepBatch
+from rankscope.metrics.reduce import MetricAccumulator, Reduce
+from rankscope.metrics.samples import Kept, Provenance
+from rankscope.otlp.common import encode_resource
+from rankscope.otlp.templates import MetricEncoder
+from rankscope.tracing.spans import SpanBuffer, SpanRecord
+
+RESOURCE = Resource.create({"service.name": "trainer", attr.EXPERIMENT_ID: "parts"})
+RESOURCE_PB = encode_resource(RESOURCE.attributes)
+SCOPE = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version="0")
+RETRY = Attempt(False, retry=True, detail="UNAVAILABLE: down")
+REFUSED = Attempt(False, detail="INVALID_ARGUMENT: no")
+
+
+class ScriptedSender:
+    """A ``Sender`` that answers from a script (then ``SENT``) and keeps what it was sent."""
+
+    target = "the scripted endpoint"
+
+    def __init__(self, *answers: Attempt) -> None:
+        self.answers = deque(answers)
+        self.sent: list[tuple[Signal, bytes]] = []
+        self.tried = 0
+
+    def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+        self.tried += 1
+        answer = self.answers.popleft() if self.answers else SENT
+        if answer.sent:
+            self.sent.append((signal, payload))
+        return answer
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        pass
+
+
+def _drops(buffer: SpanBuffer | None = None) -> Drops:
+    return Drops(RESOURCE, buffer if buffer is not None else SpanBuffer(16), lambda: "the scripted endpoint")
+
+
+def _batch(step: int | None, keys: int, value: float = 1.0) -> StepBatch:
+    accs: dict[str, MetricAccumulator] = {}
+    for i in range(keys):
+        acc = accs[f"k{i}"] = Reduce.MEAN.accumulator_class(Reduce.MEAN)
+        acc.append(value)
+    batch = StepBatch(step, 10, 20, accs, None)
+    batch.held_points = keys
+    return batch
+
+
+def _metric_names(payload: bytes) -> list[str]:
+    request = ExportMetricsServiceRequest.FromString(payload)
+    return [m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+
+
+def _steps_of(payload: bytes) -> list[int]:
+    """The steps whose flush markers a request carries, in order."""
+    request = ExportMetricsServiceRequest.FromString(payload)
+    steps: list[int] = []
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == attr.FLUSH_MARKER:
+                    point = m.sum.data_points[0]
+                    steps.extend(kv.value.int_value for kv in point.attributes if kv.key == attr.STEP)
+    return steps
+
+
+# -- the encode stage ------------------------------------------------------------------
+
+
+def test_encode_steps_never_splits_a_step_and_leads_with_the_given_request() -> None:
+    before = ExportMetricsServiceRequest()
+    before.resource_metrics.add().scope_metrics.add().metrics.add(name="sdk.counter")
+    made = encode_steps(
+        MetricEncoder(RESOURCE_PB, SCOPE),
+        [_batch(0, 5), _batch(1, 5), _batch(2, 2)],
+        goodbye=True,
+        before=bytes(before.SerializeToString()),
+        max_points=8,
+    )
+    assert [(e.steps, e.points, e.held_points) for e in made] == [(1, 5, 5), (2, 7, 7)]
+    assert _metric_names(made[0].request)[0] == "sdk.counter"  # leads the first request only
+    assert "sdk.counter" not in _metric_names(made[1].request)
+    assert [_steps_of(e.request) for e in made] == [[0], [1, 2]]
+    assert _metric_names(made[-1].request)[-1] == attr.GOODBYE
+
+
+def test_encode_steps_of_nothing_is_no_request_and_a_periodic_step_has_no_marker() -> None:
+    encoder = MetricEncoder(RESOURCE_PB, SCOPE)
+    assert encode_steps(encoder, [], goodbye=False) == []
+    (made,) = encode_steps(encoder, [_batch(None, 3)], goodbye=False)
+    assert _metric_names(made.request) == ["k0", "k1", "k2"] and _steps_of(made.request) == []
+
+
+def test_row_chunks_are_bounded_by_rows_and_characters_and_take_at_least_one() -> None:
+    def row(chars: int) -> Any:
+        return ("t", None, 1, Kept(0.0, 0, "top", {"text": "x" * chars}, Provenance(0)), 0)
+
+    held = deque([row(MAX_ROW_CHARS_PER_REQUEST), row(10), row(10)])
+    assert len(row_chunk(held)) == 1  # one huge row still goes, alone
+    assert len(row_chunk(held)) == 2 and not held
+    held = deque(row(1) for _ in range(600))
+    assert len(row_chunk(held)) == 512 and len(held) == 88
+
+
+# -- the metric outbox -------------------------------------------------------------------
+
+
+def test_a_failed_attempt_keeps_the_steps_in_order_and_the_bound_until_they_are_sent() -> None:
+    bound, drops = StepBound(3), _drops()
+    outbox = MetricOutbox(drops, bound, MetricEncoder(RESOURCE_PB, SCOPE))
+    for _ in range(3):
+        assert bound.hold(4)
+    outbox.add_steps([_batch(0, 4), _batch(1, 4)], goodbye=False)
+    outbox.add_steps([_batch(2, 4)], goodbye=False)
+    sender = ScriptedSender(RETRY)
+    endpoint = Endpoint(sender, 3)
+    assert outbox.send(endpoint, None) is RETRY
+    assert outbox.held() and sender.sent == [] and not bound.hold(0)  # still held: the bound is full
+    assert outbox.send(endpoint, None) is None and not outbox.held()
+    assert [_steps_of(p) for _, p in sender.sent] == [[0, 1], [2]]
+    assert [s for s, _ in sender.sent] == ["metrics", "metrics"]
+    assert bound.hold(0) and drops.total == 0  # released as they were sent
+
+
+def test_a_refused_request_is_dropped_and_counted_with_its_reason_and_the_rest_go_on() -> None:
+    bound, drops = StepBound(10), _drops()
+    outbox = MetricOutbox(drops, bound, MetricEncoder(RESOURCE_PB, SCOPE))
+    outbox.add_steps([_batch(0, 3)], goodbye=False)
+    outbox.add_steps([_batch(1, 2)], goodbye=False)
+    sender = ScriptedSender(REFUSED)
+    with pytest.warns(RuntimeWarning, match=r"refused an export \(INVALID_ARGUMENT: no\)"):
+        assert outbox.send(Endpoint(sender, 10), None) is None
+    assert drops.total == 3 and [_steps_of(p) for _, p in sender.sent] == [[1]]
+
+
+def test_relayed_requests_count_in_the_step_bound_and_go_as_they_came() -> None:
+    bound, drops = StepBound(1), _drops()
+    outbox = MetricOutbox(drops, bound, MetricEncoder(RESOURCE_PB, SCOPE))
+    (child,) = encode_steps(MetricEncoder(RESOURCE_PB, SCOPE), [_batch(7, 2)], goodbye=False)
+    outbox.relay(child.request)
+    with pytest.warns(RuntimeWarning, match="the export queue is full"):
+        outbox.relay(child.request)  # the bound (1 step) is full: its 3 metrics are lost, counted
+    assert drops.total == 3
+    sender = ScriptedSender()
+    assert outbox.send(Endpoint(sender, 1), None) is None
+    assert sender.sent == [("metrics", child.request)]
+
+
+def test_abandon_at_shutdown_counts_what_is_left_without_a_second_warning() -> None:
+    bound, drops = StepBound(10), _drops()
+    outbox = MetricOutbox(drops, bound, MetricEncoder(RESOURCE_PB, SCOPE))
+    assert bound.hold(6)
+    outbox.add_steps([_batch(0, 6)], goodbye=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outbox.abandon("shutdown ended before the endpoint answered")
+    assert drops.total == 6 and not outbox.held() and bound.clear() == 0
+    with pytest.warns(RuntimeWarning, match="6 metric points were dropped at shutdown: the scripted endpoint"):
+        drops.report(final=True)
+
+
+# -- spans, streams, rows ------------------------------------------------------------------
+
+
+def _span(i: int) -> SpanRecord:
+    return SpanRecord(f"s{i}", 1, i + 1, 0, 10, 20, {attr.STEP: 0})
+
+
+def test_spans_wait_as_one_chunk_after_a_failure_and_refusals_are_counted() -> None:
+    buffer = SpanBuffer(100)
+    drops = _drops(buffer)
+    outbox = SpanOutbox(buffer, drops, RESOURCE_PB, SCOPE)
+    for i in range(3):
+        buffer.add(_span(i))
+    assert outbox.fresh() and not outbox.held()
+    sender = ScriptedSender(RETRY)
+    assert outbox.send(Endpoint(sender, 1), None) is RETRY
+    assert outbox.held() and len(buffer) == 0  # the chunk waits in the outbox, the buffer takes new spans
+    buffer.add(_span(3))
+    assert outbox.send(Endpoint(sender, 1), None) is None
+    names = [
+        [s.name for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+        for r in (ExportTraceServiceRequest.FromString(p) for _, p in sender.sent)
+    ]
+    assert names == [["s0", "s1", "s2"], ["s3"]]
+    buffer.add(_span(4))
+    with pytest.warns(RuntimeWarning, match="dropping spans"):
+        outbox.send(Endpoint(ScriptedSender(REFUSED), 1), None)
+    assert buffer.dropped == 1
+    buffer.add(_span(5))
+    with pytest.warns(RuntimeWarning, match="1 spans were dropped"):
+        outbox.send(Endpoint(ScriptedSender(), 1), None)
+
+
+def test_streamed_values_beyond_their_limit_are_trimmed_oldest_first_while_the_endpoint_is_away() -> None:
+    drops = _drops()
+    outbox = StreamOutbox(drops, RESOURCE_PB, SCOPE)
+    outbox.LIMIT = 3
+    for i in range(5):
+        outbox.add(Metric("loss", float(i), Reduce.MEAN, 1.0), i)
+    with pytest.warns(RuntimeWarning, match="too many streamed values"):
+        assert outbox.send(Endpoint(ScriptedSender(RETRY), 1), None) is RETRY
+    sender = ScriptedSender()
+    assert outbox.send(Endpoint(sender, 1), None) is None and not outbox.held()
+    (request,) = [ExportLogsServiceRequest.FromString(p) for _, p in sender.sent]
+    records = request.resource_logs[0].scope_logs[0].log_records
+    assert [r.body.string_value for r in records] == ["loss: 2.0", "loss: 3.0", "loss: 4.0"] and drops.total == 2
+
+
+def test_held_rows_are_bounded_and_selections_leave_before_streamed_rows() -> None:
+    drops = _drops()
+    outbox = RowOutbox(drops, RESOURCE_PB, SCOPE)
+    outbox.MAX_HELD_ROWS = 2
+    for i in range(3):
+        outbox.stream("all", {"i": i}, Provenance(0), 0)
+    assert drops.rows == 1
+    sender = ScriptedSender()
+    outbox.relay(ExportLogsServiceRequest().SerializeToString())
+    assert outbox.send(Endpoint(sender, 1), None) is None and not outbox.held()
+    assert len(sender.sent) == 2 and all(signal == "logs" for signal, _ in sender.sent)
+
+
+# -- the step bound, the endpoint's backoff, the inbox ---------------------------------------
+
+
+def test_the_step_bound_holds_at_most_its_steps() -> None:
+    bound = StepBound(2)
+    assert bound.hold(3) and bound.hold(4) and not bound.hold(1)
+    bound.release(1, 3)
+    assert bound.hold(1) and bound.clear() == 5
+
+
+def test_the_backoff_doubles_is_capped_follows_the_endpoints_hint_and_resets() -> None:
+    endpoint = Endpoint(ScriptedSender(), 300)
+    waits = []
+    for _ in range(5):
+        endpoint.failed(RETRY)
+        waits.append(endpoint.next_attempt - time.monotonic())
+    assert 0.39 < waits[0] <= 0.6 and 0.79 < waits[1] <= 1.2 and all(1.59 < w <= 2.4 for w in waits[2:])
+    endpoint.failed(Attempt(False, retry=True, retry_after=1e6))  # a hint beyond the cap is capped
+    assert RETRY_AFTER_MAX - 1 < endpoint.next_attempt - time.monotonic() <= RETRY_AFTER_MAX
+    endpoint.failed(Attempt(False, retry=True, retry_after=5.0))  # the endpoint's own hint
+    assert 4 < endpoint.next_attempt - time.monotonic() <= 5.0
+    endpoint.recovered()
+    assert endpoint.failures == 0 and endpoint.ready(time.monotonic())
+
+
+def test_an_exception_in_a_sender_is_a_refused_attempt_warned_once() -> None:
+    class Broken(ScriptedSender):
+        def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+            raise OSError("no sink could start")
+
+    endpoint = Endpoint(Broken(), 1)
+    with pytest.warns(RuntimeWarning, match="no sink could be reached"):
+        first = endpoint.attempt("metrics", b"", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = endpoint.attempt("metrics", b"", None)
+    assert not first.sent and not first.retry and not second.sent and endpoint.requests == 2
+
+
+def test_the_inbox_is_bounded_but_never_refuses_an_urgent_message() -> None:
+    inbox: Inbox[int] = Inbox(2)
+    assert inbox.put(1) and inbox.put(2) and not inbox.put(3)
+    assert inbox.put(4, urgent=True)
+    assert inbox.take(0.0, idle=False, most=2) == [1, 2] and inbox.take(0.0, idle=False, most=9) == [4]
+    assert inbox.take(0.01, idle=True, most=9) == []  # nothing came: it waited and returned
+
+
+# -- a transport's answers, classified -----------------------------------------------------
+
+
+class _Result:
+    def __init__(self, status: int | None, retry_after: str | None = None) -> None:
+        self.status_code, self.reason, self.error = status, "why", "refused"
+        self._headers = {} if retry_after is None else {"retry-after": retry_after}
+
+    def headers(self) -> dict[str, str]:
+        return self._headers
+
+
+class _Client:
+    _timeout = 10.0
+
+    def __init__(self, result: _Result) -> None:
+        self.result = result
+        self.posted: list[tuple[bytes, float]] = []
+
+    def _compress(self, data: bytes) -> bytes:
+        return data
+
+    def _submit(self, data: bytes, timeout: float) -> _Result:
+        self.posted.append((data, timeout))
+        return self.result
+
+
+class _Exporter:
+    _shutdown = False
+
+    def __init__(self, result: _Result) -> None:
+        self._client = _Client(result)
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "sent", "retry", "hint"),
+    [
+        (200, None, True, False, None),
+        (503, "7", False, True, 7.0),
+        (429, None, False, True, None),
+        (400, None, False, False, None),
+        (None, None, False, True, None),  # no answer at all: the connection was refused
+    ],
+)
+def test_http_answers_are_sent_retried_or_refused(
+    status: int | None, retry_after: str | None, sent: bool, retry: bool, hint: float | None
+) -> None:
+    exporter = _Exporter(_Result(status, retry_after))
+    attempt = senders_module._HttpTransport(exporter).send(b"payload", 3.0)
+    assert (attempt.sent, attempt.retry, attempt.retry_after) == (sent, retry, hint)
+    assert exporter._client.posted == [(b"payload", 3.0)]  # one POST with the round's deadline, no retry loop
