@@ -377,9 +377,7 @@ def _install_monarch_propagation() -> None:
         report_internal_error("Monarch context propagation", exc)
 
 
-def _make_senders(
-    resource: Resource, settings: Settings, views: dict[str, Any]
-) -> tuple[Sender | None, bool]:
+def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any]) -> tuple[Sender | None, bool]:
     """Where this process's OTLP goes, and whether its views run in that sink.
 
     An endpoint: export there; views run in the sink only when it takes posted configs
