@@ -598,14 +598,19 @@ def verdicts(judged: Mapping[str, Sequence[float | None]], inside: Sequence[floa
             lines.append(f"{name} <= {budget:g} %: not measured")
             continue
         q1, median, q3 = quartiles(found)
-        if median <= budget:
-            judgement = "HOLDS" + (" (the whole IQR is within it)" if q3 <= budget else " (the IQR reaches past it)")
-        else:
-            judgement = "DOES NOT HOLD" + (" (the whole IQR is above it)" if q1 > budget else " (median above it)")
         extra = ""
+        low_q1 = None
         if name == "training thread" and any(v is not None for v in inside):
-            low = quartiles([v for v in inside if v is not None])[1]
+            low_q1, low, _ = quartiles([v for v in inside if v is not None])
             extra = f"; of which inside rankscope's calls {low:+.2f} %"
+        if low_q1 is not None and low_q1 > budget:
+            judgement = "DOES NOT HOLD: the time inside rankscope's own calls alone exceeds it"
+        elif q3 <= budget:
+            judgement = "HOLDS (the whole IQR is within it)"
+        elif q1 > budget:
+            judgement = "DOES NOT HOLD (the whole IQR is above it)"
+        else:
+            judgement = f"INCONCLUSIVE on this run (the IQR straddles {budget:g} %: more --pairs or a quieter box)"
         lines.append(
             f"{name} <= {budget:g} % of the step (issue 29): {median:+.2f} % [IQR {q1:+.2f}, {q3:+.2f}] over "
             f"{len(found)} rounds{extra}: {judgement}"

@@ -33,7 +33,7 @@ from rankscope.metrics.recorder import StepBatch
 from rankscope.metrics.reduce import MetricAccumulator, Reduce
 from rankscope.metrics.samples import Kept, Provenance
 from rankscope.otlp.common import encode_resource
-from rankscope.otlp.templates import MetricEncoder
+from rankscope.otlp.templates import MetricEncoder, SpanEncoder
 from rankscope.tracing.spans import SpanBuffer, SpanRecord
 
 RESOURCE = Resource.create({"service.name": "trainer", attr.EXPERIMENT_ID: "parts"})
@@ -201,7 +201,7 @@ def _span(i: int) -> SpanRecord:
 def test_spans_wait_as_one_chunk_after_a_failure_and_refusals_are_counted() -> None:
     buffer = SpanBuffer(100)
     drops = _drops(buffer)
-    outbox = SpanOutbox(buffer, drops, RESOURCE_PB, SCOPE)
+    outbox = SpanOutbox(buffer, drops, SpanEncoder(RESOURCE_PB, SCOPE))
     for i in range(3):
         buffer.add(_span(i))
     assert outbox.fresh() and not outbox.held()

@@ -1,4 +1,5 @@
-"""The template encoder (``otlp.templates``) against the protobuf encoder it replaces (``otlp.metrics.encode``).
+"""The template encoders (``otlp.templates``) against the protobuf encoders they replace (``otlp.metrics.encode``,
+``otlp.spans.encode_spans``).
 
 Both run on the same steps; the template's bytes must parse to exactly the request the protobuf
 objects make (compared canonically: parsed, then serialized deterministically, so NaN payloads and
@@ -12,6 +13,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 
 from rankscope.core import names as attr
@@ -19,7 +21,9 @@ from rankscope.metrics.reduce import MetricAccumulator, Reduce
 from rankscope.otlp.common import encode_resource
 from rankscope.otlp.markers import add_flush_marker, add_goodbye
 from rankscope.otlp.metrics import PointAttributes, encode
-from rankscope.otlp.templates import MetricEncoder, varint
+from rankscope.otlp.spans import encode_spans
+from rankscope.otlp.templates import MetricEncoder, SpanEncoder, varint
+from rankscope.tracing.spans import SpanRecord
 
 RESOURCE = encode_resource({"service.name": "trainer", attr.EXPERIMENT_ID: "exp", "rank": 3, "ratio": 0.5})
 SCOPE = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version="1.2.3")
@@ -157,3 +161,55 @@ def test_varint_matches_protobuf() -> None:
 
     for n in (0, 1, 127, 128, 300, 16383, 16384, 2**35, 2**63 - 1):
         assert b"\x18" + varint(n) == AnyValue(int_value=n).SerializeToString()
+
+
+# -- spans ---------------------------------------------------------------------------------
+
+ATTRIBUTE_VALUES = st.one_of(
+    st.text(max_size=20), INT64, FLOATS, st.booleans(), st.lists(st.integers(0, 9), max_size=3), st.none()
+)
+
+
+@st.composite
+def span_records(draw: st.DrawFn) -> list[SpanRecord]:
+    records = []
+    for _ in range(draw(st.integers(0, 6))):
+        start = draw(st.integers(0, 2**63))
+        record = SpanRecord(
+            draw(st.text(max_size=30)),
+            draw(st.integers(0, 2**128 - 1)),
+            draw(st.integers(0, 2**64 - 1)),
+            draw(st.one_of(st.just(0), st.integers(1, 2**64 - 1))),
+            start,
+            draw(st.integers(0, 2**63)),
+            draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=12), ATTRIBUTE_VALUES, max_size=4))),
+        )
+        record.kind = draw(st.integers(0, 5))
+        if draw(st.integers(0, 4)) == 0:
+            record.fail(ValueError(draw(st.text(max_size=10))), start)
+        if draw(st.integers(0, 4)) == 0:
+            record.links = [(draw(st.integers(1, 2**128 - 1)), draw(st.integers(1, 2**64 - 1)))]
+        records.append(record)
+    return records
+
+
+@settings(max_examples=300, deadline=None)
+@given(span_records())
+def test_the_span_template_encoder_decodes_to_exactly_what_the_protobuf_encoder_makes(
+    records: list[SpanRecord],
+) -> None:
+    encoder = SpanEncoder(RESOURCE, SCOPE)
+    first, again = encoder.request(records), encoder.request(records)  # the second from the caches
+    expected = bytes(encode_spans(records, RESOURCE, SCOPE).SerializeToString(deterministic=True))
+    for data in (first, again):
+        assert ExportTraceServiceRequest.FromString(data).SerializeToString(deterministic=True) == expected
+
+
+def test_a_cached_attribute_never_stands_for_an_equal_value_of_another_type() -> None:
+    """True == 1 == 1.0 and -0.0 == 0.0 as dict keys: each is encoded as its own type."""
+    encoder = SpanEncoder(RESOURCE, SCOPE)
+    for value in (1, True, 1.0, 0.0, -0.0, 0, False):
+        record = SpanRecord("s", 1, 2, 0, 3, 4, {"v": value})
+        expected = bytes(encode_spans([record], RESOURCE, SCOPE).SerializeToString(deterministic=True))
+        got = ExportTraceServiceRequest.FromString(encoder.request([record]))
+        assert got.SerializeToString(deterministic=True) == expected, value

@@ -25,8 +25,7 @@ from ..metrics.recorder import StepBatch
 from ..metrics.samples import Kept, Provenance, Row
 from ..otlp.logs import encode_streams
 from ..otlp.samples import encode_rows
-from ..otlp.spans import encode_spans
-from ..otlp.templates import MetricEncoder
+from ..otlp.templates import MetricEncoder, SpanEncoder
 from ..tracing.spans import SpanBuffer, SpanRecord
 from .drops import Drops
 from .encode import Encoded, SampleRow, encode_steps, row_chunk
@@ -96,10 +95,10 @@ class SpanOutbox(Outbox):
     signal = "spans"
     MAX_SPANS_PER_REQUEST = 4096
 
-    def __init__(self, buffer: SpanBuffer, drops: Drops, resource: Any, scope: Any) -> None:
+    def __init__(self, buffer: SpanBuffer, drops: Drops, encoder: SpanEncoder) -> None:
         self._buffer = buffer
         self._drops = drops
-        self._resource, self._scope = resource, scope
+        self._encoder = encoder
         self._retry: list[SpanRecord] = []
         """The chunk a failed attempt left (the buffer behind it stays bounded; its overflow is counted)."""
         self._relayed: deque[tuple[bytes, int]] = deque()
@@ -131,7 +130,7 @@ class SpanOutbox(Outbox):
         self._retry = []
         sent = False
         while records:
-            request = bytes(encode_spans(records, self._resource, self._scope).SerializeToString())
+            request = self._encoder.request(records)  # type: ignore[arg-type]  # SpanRecords are SpanLike
             attempt = endpoint.attempt(self.signal, request, deadline)
             if attempt.retry and not attempt.sent:
                 self._retry = records

@@ -43,7 +43,7 @@ from ..metrics.recorder import Recorder, StepBatch
 from ..metrics.reduce import Reduce
 from ..metrics.samples import Provenance, Row
 from ..otlp.common import encode_resource
-from ..otlp.templates import MetricEncoder
+from ..otlp.templates import MetricEncoder, SpanEncoder
 from ..tracing.spans import SpanBuffer
 from .captures import Captures
 from .drops import Drops
@@ -163,7 +163,7 @@ class ExportThread:
         self.endpoint = Endpoint(sender, max_queued_steps) if sender is not None else None
         resource_pb = encode_resource(resource.attributes)
         scope = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version=__version__)
-        self.spans = SpanOutbox(buffer, self.drops, resource_pb, scope)
+        self.spans = SpanOutbox(buffer, self.drops, SpanEncoder(resource_pb, scope))
         self.streams = StreamOutbox(self.drops, resource_pb, scope)
         self.rows = RowOutbox(self.drops, resource_pb, scope)
         self.metrics = MetricOutbox(self.drops, self.bound, MetricEncoder(resource_pb, scope))

@@ -49,36 +49,45 @@ class SpanLike(Protocol):
     def error(self) -> str | None: ...
 
 
-def _value(v: Any) -> Any:
+def attribute_value(v: Any) -> Any:
+    """An attribute value as OTLP carries it: str, bool, int, float, or its text."""
     return v if isinstance(v, (str, bool, int, float)) else str(v)
 
 
+
 def encode_spans(records: Iterable[SpanLike], resource: Any, scope: Any) -> ExportTraceServiceRequest:
-    """One OTLP request for a process's spans (rankscope's protobuf, sent by the SDK exporter)."""
+    """One OTLP request for a process's spans, as protobuf objects (``templates.SpanEncoder`` writes
+    the same request as bytes, and is held to it by a property test)."""
     request = ExportTraceServiceRequest()
     spans = request.resource_spans.add(resource=resource).scope_spans.add(scope=scope).spans
     for r in records:
-        span = spans.add(
-            trace_id=r.trace_id.to_bytes(16, "big"),
-            span_id=r.span_id.to_bytes(8, "big"),
-            name=r.name,
-            kind=r.kind,
-            start_time_unix_nano=r.start_time,
-            end_time_unix_nano=r.end_time,
-        )
-        if r.parent_id:
-            span.parent_span_id = r.parent_id.to_bytes(8, "big")
-        if r.attributes:
-            span.attributes.extend(key_value(k, _value(v)) for k, v in r.attributes.items())
-        if r.events:
-            for name, when, attrs in r.events:
-                event = span.events.add(name=name, time_unix_nano=when)
-                event.attributes.extend(key_value(k, _value(v)) for k, v in attrs.items())
-        links = getattr(r, "links", None)  # rankscope's spans; an OTel SDK span's links are not carried
-        if links:
-            for trace_id, span_id in links:
-                span.links.add(trace_id=trace_id.to_bytes(16, "big"), span_id=span_id.to_bytes(8, "big"))
-        if r.error is not None:
-            span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
-            span.status.message = r.error
+        add_span(spans, r)
     return request
+
+
+def add_span(spans: Any, r: SpanLike) -> Any:
+    """Append ``r`` to a repeated ``Span`` field; the new span."""
+    span = spans.add(
+        trace_id=r.trace_id.to_bytes(16, "big"),
+        span_id=r.span_id.to_bytes(8, "big"),
+        name=r.name,
+        kind=r.kind,
+        start_time_unix_nano=r.start_time,
+        end_time_unix_nano=r.end_time,
+    )
+    if r.parent_id:
+        span.parent_span_id = r.parent_id.to_bytes(8, "big")
+    if r.attributes:
+        span.attributes.extend(key_value(k, attribute_value(v)) for k, v in r.attributes.items())
+    if r.events:
+        for name, when, attrs in r.events:
+            event = span.events.add(name=name, time_unix_nano=when)
+            event.attributes.extend(key_value(k, attribute_value(v)) for k, v in attrs.items())
+    links = getattr(r, "links", None)  # rankscope's spans; an OTel SDK span's links are not carried
+    if links:
+        for trace_id, span_id in links:
+            span.links.add(trace_id=trace_id.to_bytes(16, "big"), span_id=span_id.to_bytes(8, "big"))
+    if r.error is not None:
+        span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
+        span.status.message = r.error
+    return span

@@ -1,4 +1,4 @@
-"""OTLP metric requests at the cost of their values: what never changes is encoded once.
+"""OTLP requests at the cost of their values: what never changes is encoded once.
 
 A training process sends the same keys every step: the same names, units, reduce attributes and
 Resource, with new numbers. ``encode`` (``otlp.metrics``) builds protobuf objects for all of it,
@@ -11,9 +11,11 @@ serialized messages of one type, concatenated, parse as their merge, so the SDK 
 and the markers (still built as protobuf objects, one or two a step) are joined as bytes.
 
 The built-in reduce states (sum, count, max, min, last, mean, std) take the template; a
-distribution or a user's reduce type goes through ``encode`` and is joined as its bytes. A
-property test holds the two encoders to the same decoded request for any keys, values, reduce
-types and steps (``tests/unit/test_metric_templates.py``).
+distribution or a user's reduce type goes through ``encode`` and is joined as its bytes. Spans
+the same way (``SpanEncoder``): the Resource and scope once, each name and attribute's bytes
+once, per span its ids and times; a span with events, links or an error status goes through
+``otlp.spans``. Property tests hold each pair of encoders to the same decoded request for any
+input (``tests/unit/test_metric_templates.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from ..core import names as attr
 from ..metrics.reduce import (
@@ -40,6 +43,7 @@ from ..metrics.reduce import (
 from .common import key_value
 from .markers import add_flush_marker, add_goodbye
 from .metrics import PointAttributes, _unit, encode
+from .spans import SpanLike, add_span, attribute_value
 
 _Q = struct.Struct("<Q").pack  # fixed64
 _q = struct.Struct("<q").pack  # sfixed64 (NumberDataPoint.as_int)
@@ -214,3 +218,71 @@ def _value(value: float | int) -> bytes:
     if isinstance(value, int):
         return _AS_INT + _q(value)
     return _AS_DOUBLE + _D(value)
+
+
+_SPAN_IDS = struct.Struct(">BBQQBBQ").pack
+"""Span.trace_id = 1 (tag 0x0a, 16 bytes: two big-endian halves), span_id = 2 (0x12, 8 bytes)."""
+_PARENT = struct.Struct(">BBQ").pack  # Span.parent_span_id = 4 (0x22, 8 bytes)
+_SPAN_TIMES = struct.Struct("<BQBQ").pack  # Span.start_time_unix_nano = 7 (0x39), end = 8 (0x41): fixed64
+_LOW64 = (1 << 64) - 1
+
+
+class SpanEncoder:
+    """One process's ``ExportTraceServiceRequest`` bytes; names and attributes encoded once each.
+
+    Not thread-safe: the export thread owns it. Its caches are bounded (cleared at their bound).
+    """
+
+    def __init__(self, resource: Resource, scope: InstrumentationScope) -> None:
+        self._resource = field(1, resource.SerializeToString())  # ResourceSpans.resource
+        self._scope = field(1, scope.SerializeToString())  # ScopeSpans.scope
+        self._names: dict[tuple[str, int], bytes] = {}
+        self._attributes: dict[tuple[str, str | int], bytes] = {}
+
+    def request(self, records: list[SpanLike]) -> bytes:
+        spans = [self._span(r) for r in records]
+        scope_spans = self._scope + b"".join(spans)
+        resource_spans = self._resource + _head(2, len(scope_spans)) + scope_spans
+        return _head(1, len(resource_spans)) + resource_spans
+
+    def _span(self, r: SpanLike) -> bytes:
+        """One ``ScopeSpans.spans`` field."""
+        if r.events or r.error is not None or getattr(r, "links", None):
+            scope = trace_pb2.ScopeSpans()
+            add_span(scope.spans, r)
+            return bytes(scope.SerializeToString())
+        trace_id = r.trace_id
+        body = _SPAN_IDS(0x0A, 16, trace_id >> 64, trace_id & _LOW64, 0x12, 8, r.span_id)
+        if r.parent_id:
+            body += _PARENT(0x22, 8, r.parent_id)
+        named = self._names.get((r.name, r.kind))
+        if named is None:
+            named = self._named(r.name, r.kind)
+        body += named + _SPAN_TIMES(0x39, r.start_time, 0x41, r.end_time)
+        if r.attributes:
+            cache = self._attributes
+            for key, value in r.attributes.items():
+                kind = type(value)
+                kv = cache.get((key, value)) if kind is str or kind is int else None
+                if kv is None:
+                    kv = self._attribute(key, value)
+                body += kv
+        return _head(2, len(body)) + body
+
+    def _named(self, name: str, kind: int) -> bytes:
+        named = field(5, name.encode()) + (b"\x30" + varint(kind) if kind else b"")  # Span.name, Span.kind
+        if len(self._names) > 4096:
+            self._names.clear()
+        self._names[(name, kind)] = named
+        return named
+
+    def _attribute(self, key: str, value: Any) -> bytes:
+        """A ``Span.attributes`` field; kept for str and int values (a float's -0.0 equals 0.0 and a
+        bool equals an int as dict keys, so those are encoded each time)."""
+        kv = field(9, _kv(key, attribute_value(value)))
+        kind = type(value)
+        if kind is str or kind is int:
+            if len(self._attributes) > 65536:
+                self._attributes.clear()
+            self._attributes[(key, value)] = kv
+        return kv
