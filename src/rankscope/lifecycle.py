@@ -340,6 +340,7 @@ def _start_runtime(
         periodic=lambda: not steps.flushed and not steps.monarch,
         on_error=report_internal_error,
         spans=tracing.buffer,
+        ahead=tracing.prefetch,
     )
     runtime = Runtime(resource, settings, recorder, steps, thread, tracing)
     recorder.on_take = thread.submit  # periodic steps taken on the caller's thread

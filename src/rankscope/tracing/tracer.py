@@ -23,6 +23,7 @@ import functools
 import inspect
 import random
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -120,6 +121,7 @@ class TracingState:
         self._gpu: CudaTimingProcessor | None = None
         self._gpu_checked = False
         self._ids: dict[int, tuple[int, int, bool]] = {}
+        self._ids_lock = threading.Lock()
         self.steps = steps
         self.step_started_ns: int | None = None
         self.env_parent = _env_parent()
@@ -133,11 +135,26 @@ class TracingState:
         return 0 if current is None else current
 
     def ids(self, step: int) -> tuple[int, int, bool]:
+        """(trace id, root span id, sampled) of ``step``: usually computed ahead on the export thread
+        (``prefetch``), so the first span of a step does not hash on the training thread."""
         found = self._ids.get(step)
         if found is None:
-            trace_id, root_id = step_ids(self.experiment, self.attempt, step)
-            found = self._ids[step] = (trace_id, root_id, is_sampled(trace_id, self.ratio))
-            if len(self._ids) > 64:
+            found = self._add_ids(step)
+        return found
+
+    def prefetch(self, step: int, count: int = 32) -> None:
+        """Compute the ids of ``step`` and the ``count`` - 1 steps after it (the export thread, as it
+        takes a flushed step: the training thread's next steps find them ready)."""
+        for ahead in range(step, step + count):
+            if ahead not in self._ids:
+                self._add_ids(ahead)
+
+    def _add_ids(self, step: int) -> tuple[int, int, bool]:
+        trace_id, root_id = step_ids(self.experiment, self.attempt, step)
+        found = (trace_id, root_id, is_sampled(trace_id, self.ratio))
+        with self._ids_lock:  # both threads add; the oldest entries go
+            self._ids[step] = found
+            while len(self._ids) > 256:
                 del self._ids[next(iter(self._ids))]
         return found
 
