@@ -54,7 +54,6 @@ def attribute_value(v: Any) -> Any:
     return v if isinstance(v, (str, bool, int, float)) else str(v)
 
 
-
 def encode_spans(records: Iterable[SpanLike], resource: Any, scope: Any) -> ExportTraceServiceRequest:
     """One OTLP request for a process's spans, as protobuf objects (``templates.SpanEncoder`` writes
     the same request as bytes, and is held to it by a property test)."""
