@@ -51,3 +51,19 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
     assert page.is_relative_to(tmp_path / "rankscope_logs") and page.with_suffix(".jsonl").is_file()
     data = json.loads(page.read_text().split('id="rankscope-data">', 1)[1].split("</script>", 1)[0])
     assert data["steps"] == 3 and data["stragglers"][0]["process"] == "trainer_r3"
+
+
+def test_trl_example_under_torchrun() -> None:
+    """A GRPOTrainer in 2 processes: each step's global view and its completions table ranked by reward."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "examples/trl_grpo.py"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in (1, 2, 3):
+        view = result.stdout.split(f"=== [GlobalReduce] - METRICS STEP {step} ===", 1)[1].split("=== [", 1)[0]
+        assert "\nreward: " in view and "grpo/generate/total_duration_avg_s" in view
+        assert f"--- sample table grpo/completions step {step}: 4 rows ---" in view
+        rewards = [float(line.split("reward=")[1].split(",")[0]) for line in view.splitlines() if "reward=" in line]
+        assert len(rewards) == 4 and min(rewards[:2]) >= max(rewards[2:])  # the top two, then the bottom two
