@@ -224,19 +224,41 @@ def test_spans_wait_as_one_chunk_after_a_failure_and_refusals_are_counted() -> N
         outbox.send(Endpoint(ScriptedSender(), 1), None)
 
 
-def test_streamed_values_beyond_their_limit_are_trimmed_oldest_first_while_the_endpoint_is_away() -> None:
+def test_streamed_values_wait_as_the_same_request_and_beyond_their_limit_the_oldest_are_dropped() -> None:
     drops = _drops()
     outbox = StreamOutbox(drops, RESOURCE_PB, SCOPE)
     outbox.LIMIT = 3
-    for i in range(5):
+    for i in range(8):
         outbox.add(Metric("loss", float(i), Reduce.MEAN, 1.0), i)
+    away = ScriptedSender(RETRY)
     with pytest.warns(RuntimeWarning, match="too many streamed values"):
-        assert outbox.send(Endpoint(ScriptedSender(RETRY), 1), None) is RETRY
+        assert outbox.send(Endpoint(away, 1), None) is RETRY  # 0-2 in the request, 3-4 dropped, 5-7 wait
+    outbox.add(Metric("loss", 8.0, Reduce.MEAN, 1.0), 8)
     sender = ScriptedSender()
     assert outbox.send(Endpoint(sender, 1), None) is None and not outbox.held()
-    (request,) = [ExportLogsServiceRequest.FromString(p) for _, p in sender.sent]
-    records = request.resource_logs[0].scope_logs[0].log_records
-    assert [r.body.string_value for r in records] == ["loss: 2.0", "loss: 3.0", "loss: 4.0"] and drops.total == 2
+    bodies = [
+        [r.body.string_value for r in ExportLogsServiceRequest.FromString(p).resource_logs[0].scope_logs[0].log_records]
+        for _, p in sender.sent
+    ]
+    assert bodies == [["loss: 0.0", "loss: 1.0", "loss: 2.0"], ["loss: 5.0", "loss: 6.0", "loss: 7.0"], ["loss: 8.0"]]
+    assert drops.total == 2
+
+
+def test_a_retried_stream_request_is_the_same_bytes() -> None:
+    outbox = StreamOutbox(_drops(), RESOURCE_PB, SCOPE)
+    outbox.add(Metric("loss", 1.0, Reduce.MEAN, 1.0), 0)
+
+    class Keeping(ScriptedSender):
+        def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+            self.tried_payloads = [*getattr(self, "tried_payloads", []), payload]
+            return super().send(signal, payload, timeout)
+
+    sender = Keeping(RETRY)
+    outbox.send(Endpoint(sender, 1), None)
+    outbox.add(Metric("loss", 2.0, Reduce.MEAN, 1.0), 1)  # arrives while the first request waits
+    outbox.send(Endpoint(sender, 1), None)
+    first, again, second = sender.tried_payloads
+    assert again == first and second != first and len(sender.sent) == 2
 
 
 def test_held_rows_are_bounded_and_selections_leave_before_streamed_rows() -> None:

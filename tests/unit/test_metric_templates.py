@@ -139,6 +139,25 @@ def test_templates_follow_the_step_attribute_across_its_varint_lengths() -> None
     assert _canonical(_new(batches, True)) == _canonical(_old(batches, True))
 
 
+def test_a_reduce_type_of_the_users_on_a_built_in_state_keeps_its_own_name_on_the_wire() -> None:
+    """``Reduce.register("tokens", SumAccumulator)``: not the template's ``sum``, the user's reduce type."""
+    from rankscope.metrics.reduce import SumAccumulator
+
+    tokens = Reduce.register("test_templates_tokens", SumAccumulator)
+    acc = tokens.accumulator_class(tokens)
+    acc.append(3.0)
+    batches = [(5, 10, 20, {"tokens": acc})]
+    assert _canonical(_new(batches, False)) == _canonical(_old(batches, False))
+    (metric,) = [
+        m
+        for rm in ExportMetricsServiceRequest.FromString(_new(batches, False)).resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "tokens"
+    ]
+    assert metric.WhichOneof("data") == "gauge"  # a custom state's numbers, named by its reduce type
+
+
 def test_the_sdk_readers_request_joins_as_bytes() -> None:
     """Concatenated requests parse as one: the SDK reader's own instruments go first."""
     encoder = MetricEncoder(RESOURCE, SCOPE)

@@ -254,10 +254,13 @@ def grpc_export(exporter: Any, signal: Signal, payload: bytes, timeout: float | 
     """
     if exporter._shutdown or exporter._channel is None:
         return False
+    channel = exporter._channel
     calls = exporter.__dict__.setdefault("_rankscope_calls", {})
-    call = calls.get(signal)
-    if call is None:  # no serializers: bytes go as they are, the (empty) response is not parsed
-        call = calls[signal] = exporter._channel.unary_unary(GRPC_METHODS[signal])
+    found = calls.get(signal)
+    if found is None or found[0] is not channel:  # first use, or a channel the SDK has made anew
+        # No serializers: bytes go as they are, the (empty) response is not parsed.
+        found = calls[signal] = (channel, channel.unary_unary(GRPC_METHODS[signal]))
+    call = found[1]
     deadline = exporter._timeout if timeout is None else max(0.001, min(timeout, exporter._timeout))
     call(payload, metadata=exporter._headers, timeout=deadline)
     return True

@@ -14,7 +14,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -31,6 +31,8 @@ from .drops import Drops
 from .encode import Encoded, SampleRow, encode_steps, row_chunk
 from .endpoint import Endpoint
 from .senders import Attempt, Signal
+
+Q = TypeVar("Q")
 
 MAX_RELAYED_REQUESTS = 256
 """Forked children's span or row requests held per outbox (their metrics count in the step bound)."""
@@ -64,6 +66,24 @@ class StepBound:
         with self._lock:
             points, self._points, self._steps = self._points, 0, 0
             return points
+
+
+def send_oldest_first(
+    endpoint: Endpoint,
+    signal: Signal,
+    queue: deque[Q],
+    deadline: float | None,
+    payload: Callable[[Q], bytes],
+    done: Callable[[Q, Attempt], None],
+) -> Attempt | None:
+    """Send ``queue``'s requests oldest first. One the endpoint may take later stops the round and stays
+    first (resent as the same bytes); each other leaves the queue through ``done`` (sent or refused)."""
+    while queue:
+        attempt = endpoint.attempt(signal, payload(queue[0]), deadline)
+        if attempt.retry and not attempt.sent:
+            return attempt
+        done(queue.popleft(), attempt)
+    return None
 
 
 class Outbox(ABC):
@@ -119,13 +139,9 @@ class SpanOutbox(Outbox):
         return len(self._buffer) > 0
 
     def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
-        while self._relayed:
-            attempt = endpoint.attempt(self.signal, self._relayed[0][0], deadline)
-            if attempt.retry and not attempt.sent:
-                return attempt
-            _, n = self._relayed.popleft()
-            if not attempt.sent:
-                self._buffer.dropped += n
+        failed = send_oldest_first(endpoint, self.signal, self._relayed, deadline, _payload, self._relayed_done)
+        if failed is not None:
+            return failed
         records = self._retry or self._buffer.drain(self.MAX_SPANS_PER_REQUEST)
         self._retry = []
         sent = False
@@ -144,6 +160,10 @@ class SpanOutbox(Outbox):
             self._drops.spans_went_through()
         return None
 
+    def _relayed_done(self, item: tuple[bytes, int], attempt: Attempt) -> None:
+        if not attempt.sent:
+            self._buffer.dropped += item[1]
+
     def abandon(self, why: str) -> None:
         self._buffer.dropped += len(self._retry) + sum(n for _, n in self._relayed)
         self._retry = []
@@ -151,7 +171,9 @@ class SpanOutbox(Outbox):
 
 
 class StreamOutbox(Outbox):
-    """Streamed raw values (``per_rank_no_reduce`` views in a sink), as OTLP log records."""
+    """Streamed raw values (``per_rank_no_reduce`` views in a sink), as OTLP log records, in
+    requests of at most ``LIMIT`` values; at most ``LIMIT`` more wait behind a request the endpoint
+    has not taken (the oldest of them are dropped and counted)."""
 
     signal = "logs"
     LIMIT = 65536
@@ -160,37 +182,39 @@ class StreamOutbox(Outbox):
         self._drops = drops
         self._resource, self._scope = resource, scope
         self._values: list[tuple[Metric, int | None]] = []
+        self._frozen: tuple[bytes, int] | None = None
+        """The request a failed attempt left (resent as the same bytes) and how many values it holds."""
 
     def add(self, metric: Metric, step: int | None) -> None:
         self._values.append((metric, step))
 
     def held(self) -> bool:
-        return bool(self._values)
+        return bool(self._values or self._frozen)
 
     def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
-        values = self._values
-        if not values:
-            return None
-        request = encode_streams(
-            ((m.key, m.value, m.timestamp, step) for m, step in values), self._resource, self._scope
-        )
-        attempt = endpoint.attempt(self.signal, bytes(request.SerializeToString()), deadline)
-        if attempt.sent:
-            self._values = []
-            return None
-        if attempt.retry:
-            over = len(values) - self.LIMIT
-            if over > 0:
-                del values[:over]
-                self._drops.points(over, "too many streamed values wait for the endpoint")
-            return attempt
-        self._values = []
-        self._drops.points(len(values), f"the OTLP endpoint refused streamed values ({attempt.detail})")
+        while self._frozen is not None or self._values:
+            if self._frozen is None:
+                values, self._values = self._values[: self.LIMIT], self._values[self.LIMIT :]
+                rows = ((m.key, m.value, m.timestamp, step) for m, step in values)
+                request = encode_streams(rows, self._resource, self._scope)
+                self._frozen = (bytes(request.SerializeToString()), len(values))
+            payload, n = self._frozen
+            attempt = endpoint.attempt(self.signal, payload, deadline)
+            if attempt.retry and not attempt.sent:
+                over = len(self._values) - self.LIMIT
+                if over > 0:
+                    del self._values[:over]
+                    self._drops.points(over, "too many streamed values wait for the endpoint")
+                return attempt
+            self._frozen = None
+            if not attempt.sent:
+                self._drops.points(n, f"the OTLP endpoint refused streamed values ({attempt.detail})")
         return None
 
     def abandon(self, why: str) -> None:
-        self._drops.points(len(self._values), why, warn_first=False)
-        self._values = []
+        left = len(self._values) + (self._frozen[1] if self._frozen is not None else 0)
+        self._drops.points(left, why, warn_first=False)
+        self._values, self._frozen = [], None
 
 
 class RowOutbox(Outbox):
@@ -233,22 +257,14 @@ class RowOutbox(Outbox):
         return bool(self._selected or self._streamed or self._requests or self._relayed)
 
     def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
-        while self._relayed:
-            attempt = endpoint.attempt(self.signal, self._relayed[0][0], deadline)
-            if attempt.retry and not attempt.sent:
-                return attempt
-            _, n = self._relayed.popleft()
-            if not attempt.sent:
-                self._drops.lose_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
-        while self._requests or self._next_request():
-            request, n = self._requests[0]
-            attempt = endpoint.attempt(self.signal, request, deadline)
-            if attempt.retry and not attempt.sent:
-                return attempt
-            self._requests.popleft()
-            if not attempt.sent:
-                self._drops.lose_rows(n, f"the OTLP endpoint refused them ({attempt.detail})")
-        return None
+        failed = send_oldest_first(endpoint, self.signal, self._relayed, deadline, _payload, self._done)
+        while failed is None and (self._requests or self._next_request()):
+            failed = send_oldest_first(endpoint, self.signal, self._requests, deadline, _payload, self._done)
+        return failed
+
+    def _done(self, item: tuple[bytes, int], attempt: Attempt) -> None:
+        if not attempt.sent:
+            self._drops.lose_rows(item[1], f"the OTLP endpoint refused them ({attempt.detail})")
 
     def abandon(self, why: str) -> None:
         n = len(self._selected) + len(self._streamed)
@@ -309,18 +325,22 @@ class MetricOutbox(Outbox):
         return bool(self._unsent)
 
     def send(self, endpoint: Endpoint, deadline: float | None) -> Attempt | None:
-        while self._unsent:
-            item = self._unsent[0]
-            attempt = endpoint.attempt(self.signal, item.request, deadline)
-            if attempt.retry and not attempt.sent:
-                return attempt
-            self._unsent.popleft()
-            self._bound.release(item.steps, item.held_points)
-            if not attempt.sent:
-                self._drops.points(item.points, f"the OTLP endpoint refused an export ({attempt.detail})")
-        return None
+        return send_oldest_first(endpoint, self.signal, self._unsent, deadline, _request, self._done)
+
+    def _done(self, item: Encoded, attempt: Attempt) -> None:
+        self._bound.release(item.steps, item.held_points)
+        if not attempt.sent:
+            self._drops.points(item.points, f"the OTLP endpoint refused an export ({attempt.detail})")
 
     def abandon(self, why: str) -> None:
         self._bound.release(sum(u.steps for u in self._unsent), sum(u.held_points for u in self._unsent))
         self._drops.points(sum(u.points for u in self._unsent), why, warn_first=False)  # the count at exit says it
         self._unsent.clear()
+
+
+def _payload(item: tuple[bytes, int]) -> bytes:
+    return item[0]
+
+
+def _request(item: Encoded) -> bytes:
+    return item.request

@@ -242,7 +242,7 @@ class _OtlpSender:
         return transport.send(payload, timeout)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
-        for signal, transport in self._transports.items():
+        for signal, transport in list(self._transports.items()):  # the export thread may still add one
             if signal == "metrics":
                 transport.shutdown(timeout_millis=timeout_millis)
             else:

@@ -6,8 +6,8 @@ no wake-up while steps come faster than the export cadence). This thread reads d
 and runs export rounds: the new steps are encoded (``encode``, bytes from per-key templates), then
 each outbox (``outboxes``: spans, streamed values, sample rows, metrics, in the sink's order) sends
 what it holds through the ``Endpoint`` (a ``Sender`` and one backoff). Rounds are spaced 0.2 s per
-request they sent (at most 5 requests a second per process): steps flushed faster share a request,
-and a slower step leaves at its flush.
+request they sent, up to 0.6 s (5 requests a second per process in a training loop, which sends
+metrics and spans): steps flushed faster share a request, and a slower step leaves at its flush.
 
 Why it retries itself: the OTel SDK exporters retry with exponential backoff *inside*
 ``export()`` and then drop the batch, so an endpoint outage used to lose every step while this
@@ -56,8 +56,8 @@ from .senders import SIGNALS, RelaySender, Sender
 _INBOX_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
 _REQUEST_GAP = 0.2
-"""Seconds per OTLP request between export rounds (at most 5 requests a second): a round that sent
-metrics and spans waits 0.4 s. Steps flushed faster than this share a request (a 20 ms training step
+"""Seconds per OTLP request between export rounds (5 requests a second, up to ``_MAX_ROUND_GAP``): a
+round that sent metrics and spans waits 0.4 s. Steps flushed faster than this share a request (a 20 ms training step
 would otherwise pay a gRPC call per step and signal); a slower step leaves at its flush (``Inbox``)."""
 _MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
@@ -284,7 +284,8 @@ class ExportThread:
         if self.endpoint is not None and self.endpoint.failures:  # away: wait out the backoff (steps keep queueing)
             return max(0.0, self.endpoint.next_attempt - now), False
         if pending or self._held():
-            return max(0.0, last_export + self._round_gap() - now), False
+            after_bug = self.endpoint.next_attempt if self.endpoint is not None else 0.0  # set by a round that raised
+            return max(0.0, last_export + self._round_gap() - now, after_bug - now), False
         return self.export_interval, True
 
     def _on_step(self, item: _Step, taken: _Round) -> None:

@@ -226,7 +226,7 @@ class Recorder:
         """An empty accumulator for ``key``: a recycled one when there is one (``recycle``)."""
         acc = self.spare.pop(key, None)
         if acc is None and self._spares:  # a step recycled since this one began
-            self.spare = self._spares.pop()
+            self._next_spare()
             acc = self.spare.pop(key, None)
         return acc if acc is not None and acc.reduction_type is reduce else reduce.accumulator_class(reduce)
 
@@ -244,6 +244,15 @@ class Recorder:
                 acc.reset()
                 spare[key] = acc
         self._spares.append(spare)
+
+    def _next_spare(self) -> None:
+        """The newest recycled step becomes the spares. Two threads may both see one waiting (a flush
+        and another thread's first value): one of them takes it, the other keeps its spares."""
+        try:
+            spare = self._spares.pop()
+        except IndexError:  # the other thread took the last one
+            return
+        self.spare = spare
 
     @property
     def spares_waiting(self) -> tuple[dict[str, MetricAccumulator], ...]:
@@ -372,8 +381,7 @@ class Recorder:
         now = time.time_ns()
         start, self._step_start = self._step_start, now
         self.accs, self._device = {}, None
-        if self._spares:
-            self.spare = self._spares.pop()
+        self._next_spare()
         if deferred:
             self._deferred = []
         if samples:

@@ -37,6 +37,7 @@ from ..metrics.reduce import (
     MeanAccumulator,
     MetricAccumulator,
     MinAccumulator,
+    Reduce,
     StdAccumulator,
     SumAccumulator,
 )
@@ -67,6 +68,8 @@ _KIND = {
     StdAccumulator: "std",
 }
 """Reduce states whose bytes are templated, by exact type (a subclass may change its state)."""
+_BUILTIN = {kind: Reduce.get(kind) for kind in _KIND.values()}
+"""The reduce type each template stands for (``Reduce.register("tokens", SumAccumulator)`` is another)."""
 _OWN_BYTES = {"last": 9 + 9, "mean": 9 + 9 + 10}
 """Bytes of a point after its step's shared part (tag and 8 bytes a number): the value (9), for
 ``last`` its own time too, for a histogram count, sum and one bucket; std adds its sum of squares."""
@@ -128,6 +131,8 @@ class MetricEncoder:
         heads = self._heads
         for key, acc in accs.items():
             kind = _KIND.get(type(acc))
+            if kind is not None and acc.reduction_type is not _BUILTIN[kind]:
+                kind = None  # a reduce type of the user's on a built-in state: its own name on the wire
             if kind is None:
                 metric = encode(key, acc, step, start_time_unix_nano, time_unix_nano, self._point_attributes)
                 if metric is not None:
