@@ -44,7 +44,7 @@ from ..metrics.reduce import Reduce
 from ..metrics.samples import Provenance, Row
 from ..otlp.common import encode_resource
 from ..otlp.templates import MetricEncoder, SpanEncoder
-from ..tracing.spans import SpanBuffer
+from ..tracing.spans import SpanBuffer, phase_span
 from .captures import Captures
 from .drops import Drops
 from .endpoint import Endpoint
@@ -161,7 +161,7 @@ class ExportThread:
         """Work for the steps after a flushed one, done here rather than on the training thread (tracing's ids)."""
         self._inbox: Inbox[_Message] = Inbox(_INBOX_LIMIT)
         self.bound = StepBound(max_queued_steps)
-        buffer = spans if spans is not None else SpanBuffer(1)
+        buffer = self.span_buffer = spans if spans is not None else SpanBuffer(1)
         self.drops = Drops(resource, buffer, lambda: self.sender.target if self.sender else "the OTLP endpoint")
         self.endpoint = Endpoint(sender, max_queued_steps) if sender is not None else None
         resource_pb = encode_resource(resource.attributes)
@@ -432,9 +432,16 @@ class ExportThread:
             batch.accs = {}
 
     def _prepare(self, batch: StepBatch) -> None:
-        """Read device values and GPU-timed durations, then give the step to the local backends."""
+        """Read device values and GPU-timed durations, make the CPU-timed phases' durations and spans,
+        then give the step to the local backends."""
         if batch.deferred:
             self.recorder.resolve_deferred(batch)
+        if batch.phases:
+            self.recorder.resolve_phases(batch)
+            for (_, _, name), start, end, parent in batch.phases:
+                if parent is not None and name:  # sampled: the phase's span, before the step's marker leaves
+                    self.span_buffer.add(phase_span(name, start, end, parent))
+            batch.phases = None
         if batch.device is not None:
             self.recorder.stream_device_values(batch, batch.device.values())
             batch.device = None

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import warn_once
 from .reduce import (
     CountAccumulator,
     LastAccumulator,
@@ -30,6 +31,8 @@ from .samples import MAX_TABLES, Provenance, Row, TableSample, check_row, check_
 from .values import check_key, to_number
 
 StreamSink = Callable[[str, float, Reduce, float], None]
+Phase = tuple[tuple[str, str, str], int, int, Any]
+"""A traced phase: (average key, max key, span name), start and end (ns), the parent span or None."""
 RowSink = Callable[[str, Row, Provenance], None]
 
 
@@ -103,6 +106,8 @@ class StepBatch:
     """Points this step holds in the export queue's bound (set when it is queued)."""
     samples: list[TableSample] | None = None
     """Sample tables of the step (``record_sample``): each table's pre-selection of at most 2k rows."""
+    phases: list[Phase] | None = None
+    """CPU-timed ``Tracer`` phases of the step: their durations (and spans) are made on the export thread."""
 
 
 class Recorder:
@@ -125,6 +130,7 @@ class Recorder:
         "accs",
         "fast",
         "on_take",
+        "phases",
         "provenance",
         "rng",
         "row_streams",
@@ -146,6 +152,8 @@ class Recorder:
         self._device: DeviceValues | None = None
         self._device_kinds: dict[str, tuple[Any, Any]] = {}
         self._deferred: list[tuple[str, str, Any, Any, Any]] = []
+        self.phases: list[Phase] = []
+        """The step's CPU-timed phases (``recording.defer_phase``: one append on the caller's thread)."""
         self._streams = streams
         # The hot path may skip ``record`` only when nothing else must see the value.
         self.fast = not streams
@@ -377,21 +385,25 @@ class Recorder:
         if self._asked_at is not None:
             self._asked_at = None
             self.fast = not self._streams
-        accs, device, deferred, samples = self.accs, self._device, self._deferred, self.samples
+        accs, device, deferred, samples, phases = self.accs, self._device, self._deferred, self.samples, self.phases
         now = time.time_ns()
         start, self._step_start = self._step_start, now
         self.accs, self._device = {}, None
         self._next_spare()
         if deferred:
             self._deferred = []
+        if phases:
+            self.phases = []
         if samples:
             self.samples = {}
         if device is not None:
             device.start()
-        if not accs and not deferred and not samples and step is None:
+        if not accs and not deferred and not samples and not phases and step is None:
             return None
         tables = list(samples.values()) if samples else None
-        return StepBatch(step, start, now, accs, device, deferred=deferred or None, samples=tables)
+        batch = StepBatch(step, start, now, accs, device, deferred=deferred or None, samples=tables)
+        batch.phases = phases or None
+        return batch
 
     def resolve_deferred(self, batch: StepBatch) -> None:
         """Wait for a batch's GPU-timed durations (export thread) and accumulate them."""
@@ -406,6 +418,27 @@ class Recorder:
                     acc = batch.accs[key] = reduce.accumulator_class(reduce)
                 acc.append(seconds)
         batch.deferred = None
+
+    def resolve_phases(self, batch: StepBatch) -> None:
+        """A batch's CPU-timed phases into their MEAN and MAX durations (export thread). A key already
+        recorded with another reduce type is reported once, not raised: the caller has moved on."""
+        for (avg_key, max_key, _), start, end, _ in batch.phases or ():
+            seconds = (end - start) / 1e9
+            for key, reduce in ((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)):
+                known = self._reduce_of.get(key)
+                if known is None:
+                    try:
+                        self._register(key, reduce)
+                    except (TypeError, ValueError) as exc:
+                        warn_once(f"rankscope trace: {exc}")
+                        continue
+                elif known is not reduce:
+                    warn_once(f"rankscope trace: {key!r} was recorded with {known!r} before; phase durations are not")
+                    continue
+                acc = batch.accs.get(key)
+                if acc is None:
+                    acc = batch.accs[key] = reduce.accumulator_class(reduce)
+                acc.append(seconds)
 
     def stream_device_values(self, batch: StepBatch, values: list[float]) -> None:
         """Feed host copies of a batch's device values into its accumulators (export thread)."""

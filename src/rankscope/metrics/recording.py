@@ -115,6 +115,17 @@ def bind_compile_check() -> None:
         _is_compiling = torch.compiler.is_compiling
 
 
+def defer_phase(names: tuple[str, str, str], start: int, end: int, parent: Any) -> bool:
+    """A CPU-timed ``Tracer`` phase: one append here; its two durations and its span are made on the
+    export thread (``Recorder.resolve_phases``). False (do it now) while values are streamed as they
+    come or the export thread waits for a periodic step, and when rankscope is off."""
+    r = _recorder
+    if r is None or not r.fast:
+        return False
+    r.phases.append((names, start, end, parent))
+    return True
+
+
 def defer_gpu_duration(avg_key: str, max_key: str, start: Any, end: Any, processor: Any) -> None:
     """A ``timer="gpu"`` phase: its duration is read from CUDA events on the export thread."""
     r = _slot.recorder

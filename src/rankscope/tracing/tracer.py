@@ -37,7 +37,7 @@ from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn_once
 from ..core.identity import process_label
-from ..metrics.recording import defer_gpu_duration, record_metric
+from ..metrics.recording import defer_gpu_duration, defer_phase, record_metric
 from ..metrics.reduce import Reduce
 from ..steps.clock import StepClock
 from .gpu_timing import CudaTimingProcessor, Mark
@@ -343,8 +343,12 @@ class Tracer:
     def step(self, name: str) -> None:
         """Close the phase ``name``: the time since ``start()`` or the previous ``step``."""
         now = now_ns()
-        avg_key, max_key, span_name = _phase_names(self.prefix, name)
+        names = _phase_names(self.prefix, name)
         gpu = self._gpu
+        if gpu is None and defer_phase(names, self._last, now, self._span):
+            self._last = now  # its durations and its span are made on the export thread
+            return
+        avg_key, max_key, span_name = names
         mark = gpu.mark() if gpu is not None else None
         if mark is None or self._last_mark is None:
             seconds = (now - self._last) / 1e9
@@ -377,10 +381,11 @@ class Tracer:
             )
         else:
             started = start_ns if start_ns is not None else self._first_ns()
-            seconds = (now - started) / 1e9
             avg_key, max_key = _total_names.get(prefix) or _total_names_of(prefix)
-            record_metric(avg_key, seconds, _MEAN)
-            record_metric(max_key, seconds, _MAX)
+            if not defer_phase((avg_key, max_key, ""), started, now, None):  # the block's own span is below
+                seconds = (now - started) / 1e9
+                record_metric(avg_key, seconds, _MEAN)
+                record_metric(max_key, seconds, _MAX)
         if self._memory is not None and (cuda := _cuda()) is not None:
             allocated, peak_before = self._memory
             peak = cuda.max_memory_allocated()
