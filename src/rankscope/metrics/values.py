@@ -24,6 +24,24 @@ def check_key(key: object) -> str:
     return key
 
 
+_UNIT_RE = re.compile(r"\(([^()]*)\)")
+_INVALID_RE = re.compile(r"[^-_./a-zA-Z0-9]+")
+
+
+def as_metric_name(key: str) -> str | None:
+    """A framework's log key as a metric name, or None when none is left of it.
+
+    Frameworks log keys OTel does not take (``throughput(tps)``, ``mfu(%)``, ``reward/mean@4``):
+    a unit in parentheses becomes a suffix (``throughput_tps``, ``mfu_pct``), ``@`` reads ``_at``,
+    any other run of invalid characters one ``_``. Valid keys are returned unchanged.
+    """
+    if _KEY_RE.fullmatch(key) is not None:
+        return key
+    name = _UNIT_RE.sub(lambda unit: "_" + unit.group(1), key.replace("(%)", "(pct)").replace("@", "_at"))
+    name = _INVALID_RE.sub("_", name).strip("_")
+    return name if _KEY_RE.fullmatch(name) is not None else None
+
+
 def to_number(key: str, value: Any) -> Any:
     """Return a float, or a 1-element device tensor to be read at flush (no sync now).
 
