@@ -10,12 +10,11 @@ when it is built), so on CPU this script runs torchtitan's step the way ``Traine
 around a tiny model: torchtitan's structured logger (``set_step``, ``log_trace_span``,
 ``log_trace_scalar``), its loss reductions (``dist_sum``/``dist_max`` over a device mesh) and
 ``RankscopeMetricsProcessor`` built from its ``Config``, with a CPU stand-in for the memory monitor.
-Each rank prints the step's global view as rankscope's console backend reduces it.
+The embedded sink prints each step's global view (rankscope's console backend); each rank its loss.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -113,13 +112,14 @@ class _Keep(titan_metrics.BaseLogger):  # type: ignore[misc]
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RANKSCOPE_EXPERIMENT", "torchtitan-example")
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    dist.init_process_group("gloo")
-    with tempfile.TemporaryDirectory() as tmp:
-        for entry in train(steps, tmp):
-            print(f"rank {dist.get_rank()} step {entry['step']}: loss {entry['loss_metrics/global_avg_loss']:.4f}")
-    dist.destroy_process_group()
     import rankscope
 
+    rankscope.init(
+        experiment="torchtitan-example", role="trainer", backends={"console": {"logging_mode": "global_reduce"}}
+    )
+    dist.init_process_group("gloo")
+    with tempfile.TemporaryDirectory() as tmp:
+        for entry in train(int(sys.argv[1]) if len(sys.argv) > 1 else 3, tmp):
+            print(f"rank {dist.get_rank()} step {entry['step']}: loss {entry['loss_metrics/global_avg_loss']:.4f}")
+    dist.destroy_process_group()
     rankscope.shutdown()

@@ -26,17 +26,17 @@ Needs ``torchtitan`` (read from 0.3.0); rankscope itself does not, and imports i
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
 
-from .api import Tracer, flush, record_metric, set_step
+from .api import Tracer, record_metric
 from .core.errors import report_internal_error, warn_once
 from .metrics.reduce import Reduce
 from .metrics.values import as_metric_name
+from .stepping import StepFollower
 
 REDUCES: Mapping[str, Reduce] = {
     "loss_metrics/global_max_loss": Reduce.MAX,
@@ -54,31 +54,6 @@ def reduce_for(key: str, reduces: Mapping[str, Reduce] | None = None) -> Reduce:
     if key in REDUCES:
         return REDUCES[key]
     return Reduce.MAX if key.startswith(_MAX_PREFIXES) else Reduce.MEAN
-
-
-class StepFollower:
-    """torchtitan's step as rankscope's: ``follow(N)`` closes the open step when N is later."""
-
-    def __init__(self) -> None:
-        self._open: int | None = None
-        self._lock = threading.Lock()
-
-    def follow(self, step: int | None) -> None:
-        if step is None or isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            return
-        with self._lock:
-            if self._open is not None and step <= self._open:
-                return
-            if self._open is not None:
-                flush(self._open)
-            self._open = step
-            set_step(step)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._open is not None:
-                flush(self._open)
-                self._open = None
 
 
 follower = StepFollower()  # one per process, as torchtitan's step is

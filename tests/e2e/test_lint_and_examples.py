@@ -67,3 +67,33 @@ def test_trl_example_under_torchrun() -> None:
         assert f"--- sample table grpo/completions step {step}: 4 rows ---" in view
         rewards = [float(line.split("reward=")[1].split(",")[0]) for line in view.splitlines() if "reward=" in line]
         assert len(rewards) == 4 and min(rewards[:2]) >= max(rewards[2:])  # the top two, then the bottom two
+
+
+def test_torchtitan_example_under_torchrun() -> None:
+    """torchtitan's step in 2 processes: each step's global view holds its reduced metrics and phases."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env["TITAN_STRUCT_LOGGER_HANDLERS"] = "rankscope.torchtitan.register_handler"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    result = subprocess.run(
+        [*cmd, "examples/torchtitan_metrics.py"], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in (1, 2, 3):
+        view = result.stdout.split(f"=== [GlobalReduce] - METRICS STEP {step} ===", 1)[1].split("=== [", 1)[0]
+        assert "\nloss_metrics/global_avg_loss: " in view and "\nthroughput_tps: " in view
+        assert "fwd_bwd/total_duration_avg_s" in view and "\nlocal_valid_tokens: 96.0" in view
+
+
+def test_verl_example_in_a_ray_actor() -> None:
+    """verl's Tracking with rankscope among its backends, built in a Ray actor: each global step's view."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    cmd = [sys.executable, "examples/verl_tracking.py"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in (0, 1, 2, 3):
+        assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
+    assert "val-core/gsm8k/reward/mean_at4: 0.12" in result.stdout and "actor/pg_loss: -0.03" in result.stdout
