@@ -97,5 +97,5 @@ def register(reduces: Mapping[str, Reduce] | None = None) -> None:
         if isinstance(ours, RankscopeVerlLogger):
             ours.finish()
 
-    Tracking.__init__ = tracking_init
-    Tracking.finish = tracking_finish
+    Tracking.__init__ = tracking_init  # type: ignore[method-assign]
+    Tracking.finish = tracking_finish  # type: ignore[method-assign]

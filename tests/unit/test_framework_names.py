@@ -1,0 +1,62 @@
+"""Framework keys as metric names (``as_metric_name``) and a framework's step as rankscope's
+(``StepFollower``): what the torchtitan and verl integrations stand on."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import rankscope as rs
+from rankscope.metrics.values import as_metric_name, check_key
+from rankscope.stepping import StepFollower
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [
+        ("loss", "loss"),
+        ("throughput(tps)", "throughput_tps"),
+        ("mfu(%)", "mfu_pct"),
+        ("memory/max_reserved(GiB)", "memory/max_reserved_GiB"),
+        ("time_metrics/data_loading(%)", "time_metrics/data_loading_pct"),
+        ("val-core/gsm8k/reward/mean@4", "val-core/gsm8k/reward/mean_at4"),
+        ("a b", "a_b"),
+        ("1st", None),
+        ("", None),
+        ("(%)", "pct"),
+    ],
+)
+def test_framework_keys_become_valid_names(key: str, name: str | None) -> None:
+    assert as_metric_name(key) == name
+
+
+@given(st.text(max_size=300))
+def test_a_name_is_valid_or_none_and_valid_keys_stay(key: str) -> None:
+    name = as_metric_name(key)
+    if name is not None:
+        assert check_key(name) == name
+    try:
+        check_key(key)
+    except (TypeError, ValueError):
+        return
+    assert name == key
+
+
+def test_the_follower_closes_a_step_when_a_later_one_shows_up() -> None:
+    rs.init(experiment="follow", role="trainer", backends={"console": {"logging_mode": "global_reduce"}})
+    follower = StepFollower()
+    for seen in (None, "3", True, -1):  # not a step: ignored
+        follower.follow(seen)
+    assert rs.current_step() is None
+    follower.follow(5)
+    assert rs.current_step() == 5
+    rs.record_metric("x", 1.0)
+    follower.follow(5)  # the same step again (a second log of it): still open
+    follower.follow(4)  # an earlier one: ignored
+    assert rs.current_step() == 5
+    follower.follow(7)  # a later one: 5 is closed, 7 in progress
+    assert rs.current_step() == 7
+    follower.close()
+    assert rs.current_step() == 8  # nothing in progress: the one after the last closed
+    rs.shutdown()
