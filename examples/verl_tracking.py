@@ -1,92 +1,95 @@
-"""verl's experiment tracking with ``rankscope`` among its backends, inside a Ray actor as in verl.
+"""verl with ``rankscope`` among its tracking backends and its workers timed by role, on CPU.
 
-    python examples/verl_tracking.py [steps]
+    rankscope run -- python examples/verl_tracking.py [steps]
 
-In a real verl job the two settings that matter are on its command line:
+In a real verl job the settings that matter are on its command line:
 
-    python -m verl.trainer.main_ppo ... 'trainer.logger=[console,rankscope]' \\
+    RANKSCOPE_EXPERIMENT=my-run python -m verl.trainer.main_ppo ... 'trainer.logger=[console,rankscope]' \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=rankscope.verl.register
 
-verl's PPO trainer needs GPUs and a rollout engine, so on CPU this script stands in for verl's
-``TaskRunner``: it starts Ray with the same setup hook, and a Ray actor builds verl's own
-``Tracking(default_backend=["console", "rankscope"])`` and logs what verl's trainer logs at each
-global step (validation at step 0, then the actor's, critic's and rollout's metrics and the
-``timing_s/*`` phases, with made-up numbers). Its console view prints each step's global view (``RANKSCOPE_BACKENDS``).
+verl's PPO trainer needs GPUs and a rollout engine, so on CPU this script plays verl's trainer with
+verl's own parts: Ray started with that setup hook; a Ray actor in the place of verl's
+``TaskRunner`` that builds worker groups with verl's single controller (``RayWorkerGroup`` over
+CPU resource pools: two ``actor`` workers and a ``ref`` worker, ``examples/verl_cpu_workers.py``),
+calls them each step as verl's trainer does (log-probs, reference log-probs, the update), reduces
+their metrics with verl's ``reduce_metrics``, logs them with ``Tracking(default_backend=["console",
+"rankscope"])`` and finishes it. ``rankscope run`` starts the sink every process reports to and
+prints each step's global view: the trainer's numbers beside the workers' phases, by role and rank.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
 
-
-def verl_metrics(step: int) -> dict[str, Any]:
-    """The shape of what verl's ``RayPPOTrainer.fit`` logs at a global step (numbers made up)."""
-    if step == 0:
-        return {"val-core/gsm8k/reward/mean@4": 0.12, "val-aux/gsm8k/reward/std@4": 0.05}
-    return {
-        "actor/pg_loss": -0.01 * step,
-        "actor/entropy": 1.5 / step,
-        "actor/grad_norm": 0.3 + 0.01 * step,
-        "actor/ppo_kl": 0.001 * step,
-        "critic/score/mean": 0.1 * step,
-        "critic/advantages/max": 2.0,
-        "response_length/mean": 100.0 + step,
-        "prompt_length/mean": 42,
-        "timing_s/gen": 1.25 + 0.01 * step,
-        "timing_s/ref": 0.31,
-        "timing_s/old_log_prob": 0.27,
-        "timing_s/update_actor": 0.9,
-        "timing_s/step": 3.1,
-        "perf/throughput": 1234.5 * math.sqrt(step),
-        "training/global_step": step,
-        "training/epoch": 0,
-    }
+STEPS, BATCH = 3, 8
 
 
 @ray.remote
 class TaskRunner:
-    """Where verl builds its ``Tracking``: a Ray actor, not the process that started the job."""
+    """Where verl builds its workers and its ``Tracking``: a Ray actor, not the process that started the job."""
 
-    def run(self, steps: int, experiment_name: str) -> list[dict[str, Any]]:
+    def run(self, steps: int) -> list[dict[str, Any]]:
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.utils.metric import reduce_metrics
         from verl.utils.tracking import Tracking
 
-        backends = ["console", "rankscope"]
-        tracking = Tracking(project_name="examples", experiment_name=experiment_name, default_backend=backends)
-        logged = []
-        for step in range(steps + 1):
-            data = verl_metrics(step)
-            tracking.log(data=data, step=step)
-            logged.append({"step": step, **data})
-        tracking.finish()
+        from verl_cpu_workers import ActorWorker, RefWorker
+
+        def group(cls: type, processes: int) -> Any:
+            pool = RayResourcePool(process_on_nodes=[processes], use_gpu=False, max_colocate_count=1)
+            return RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(cls)))
+
+        actor, ref = group(ActorWorker, 2), group(RefWorker, 1)
+        tracking = Tracking(
+            project_name="examples", experiment_name="verl-cpu", default_backend=["console", "rankscope"]
+        )
+        tracking.log(data={"val-core/toy/reward/mean@4": 0.12}, step=0)  # validation before training
+        logged: list[dict[str, Any]] = []
+        for step in range(1, steps + 1):
+            timing: dict[str, float] = {}
+            start = time.perf_counter()
+            actor.compute_log_prob(BATCH)
+            timing["timing_s/old_log_prob"] = time.perf_counter() - start
+            start = time.perf_counter()
+            ref.compute_ref_log_prob(BATCH)
+            timing["timing_s/ref"] = time.perf_counter() - start
+            start = time.perf_counter()
+            outputs = actor.update_actor(BATCH)
+            timing["timing_s/update_actor"] = time.perf_counter() - start
+            metrics = reduce_metrics({key: [out[key] for out in outputs] for key in outputs[0]})
+            metrics.update(timing)
+            metrics["training/global_step"] = step
+            tracking.log(data=metrics, step=step)
+            logged.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
+        tracking.finish()  # as verl's TaskRunner does: the workers deliver what they hold
         import rankscope
 
         rankscope.shutdown()
         return logged
 
 
-def main(steps: int = 3, experiment_name: str = "verl-example") -> list[dict[str, Any]]:
+def main(steps: int = STEPS) -> list[dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k.startswith(("RANKSCOPE_", "OTEL_"))}
-    env.setdefault("RANKSCOPE_BACKENDS", '{"console": {"logging_mode": "global_reduce"}}')
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     ray.init(
-        num_cpus=1,
+        num_cpus=4,
         include_dashboard=False,
         runtime_env={"worker_process_setup_hook": "rankscope.verl.register", "env_vars": env},
     )
     try:
-        logged: list[dict[str, Any]] = ray.get(TaskRunner.remote().run.remote(steps, experiment_name))
-        time.sleep(2.0)  # Ray forwards the actor's printout (the global view) a moment later
+        logged: list[dict[str, Any]] = ray.get(TaskRunner.remote().run.remote(steps))
         return logged
     finally:
         ray.shutdown()
 
 
 if __name__ == "__main__":
-    for entry in main(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
+    for entry in main(int(sys.argv[1]) if len(sys.argv) > 1 else STEPS):
         print("logged", json.dumps(entry))

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -96,6 +96,7 @@ class Runtime:
             captures.at_flush(step)
         batch = self.recorder.take(step)
         steps.close(step)
+        asked = 0
         if steps.controller:
             try:
                 from .integrations.monarch.actors import flush_actors  # only a Monarch program gets here
@@ -103,9 +104,13 @@ class Runtime:
                 asked = flush_actors(step)
             except Exception as exc:
                 report_internal_error("Monarch actor flush", exc)
-                asked = 0
-            if batch is not None and asked:
-                batch.expected = asked + 1
+        for fan_out in _fan_outs:
+            try:
+                asked += fan_out(step)
+            except Exception as exc:
+                report_internal_error("driven processes' flush", exc)
+        if batch is not None and asked:
+            batch.expected = asked + 1
         try:
             self.tracing.closed(step)
         except Exception as exc:
@@ -466,6 +471,32 @@ def _auto_init() -> Runtime | None:
 
 
 _slot.set_starter(_auto_init)
+
+
+_fan_outs: list[Callable[[int], int]] = []
+
+
+def drive_processes(fan_out: Callable[[int], int]) -> None:
+    """This process's ``flush(N)`` also closes step N in the processes it drives (as a Monarch
+    controller's does): ``fan_out(N)`` asks them (``flush_driven``) and returns how many it asked,
+    which the step's marker carries so the sink waits for them."""
+    if fan_out not in _fan_outs:
+        _fan_outs.append(fan_out)
+
+
+def follow_driver() -> None:
+    """This process's steps are closed by a driving process's flush (``flush_driven``): what it
+    records waits for that instead of leaving without a step."""
+    runtime = _slot.get()
+    if runtime is not None:
+        runtime.steps.driven = True
+
+
+def flush_driven(step: int) -> None:
+    """Close ``step`` here, asked by the process that drives this one (``drive_processes``)."""
+    runtime = _slot.get()
+    if runtime is not None:
+        runtime.flush_driven(step)
 
 
 def flush(step: int) -> None:

@@ -1,6 +1,6 @@
 """A framework's own step as rankscope's, for integrations that only see step numbers go by.
 
-torchtitan, verl and others log "step N" at some point inside step N, possibly more than once.
+torchtitan (and frameworks like it) report "step N" at some point inside step N, possibly more than once.
 ``StepFollower.follow(N)`` closes the step in progress when a later one shows up, so everything a
 step records, logs and traces shares its number; ``close`` closes the last one.
 """

@@ -1,10 +1,10 @@
-"""verl: ``rankscope`` as one of verl's own tracking backends (``verl.utils.tracking.Tracking``).
+"""verl: ``rankscope`` as one of verl's own tracking backends, and verl's workers timed by role.
 
-The example's Ray actor stands in for verl's ``TaskRunner`` (verl's trainer needs GPUs and a rollout
-engine): Ray runs ``rankscope.verl.register`` in it through the runtime environment's setup hook,
-as the documented ``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook`` does, and the actor
-builds verl's real ``Tracking(default_backend=["console", "rankscope"])`` and logs verl-shaped
-metrics at global steps 0..3, into a real sink."""
+verl's trainer needs GPUs and a rollout engine, so the example plays it with verl's own parts on
+CPU (``examples/verl_tracking.py``): Ray started with the documented setup hook
+(``rankscope.verl.register``), a Ray actor in the place of verl's ``TaskRunner`` that drives worker
+groups of verl's single controller (two ``actor`` workers, one ``ref``) and logs their reduced
+metrics through verl's real ``Tracking(default_backend=["console", "rankscope"])``, into a real sink."""
 
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ STEPS = 3
 
 
 @pytest.mark.timeout(240)
-def test_verl_tracking_backend_records_each_global_step(make_sink, tmp_path: Path) -> None:
+def test_verl_trainer_steps_and_worker_roles_land_in_one_experiment(make_sink, tmp_path: Path) -> None:
     views = {
         "global": {"backend": "jsonl", "logging_mode": "global_reduce", "path": str(tmp_path / "global.jsonl")},
         "per_rank": {"backend": "jsonl", "logging_mode": "per_rank_reduce", "path": str(tmp_path / "ranks.jsonl")},
     }
     sink = make_sink(backends=views, grace=30)
-    env = clean_env(RANKSCOPE_ENDPOINT=sink.endpoint)  # no RANKSCOPE_EXPERIMENT: verl's experiment name
+    env = clean_env(RANKSCOPE_ENDPOINT=sink.endpoint)  # no RANKSCOPE_EXPERIMENT
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "verl_tracking.py"), str(STEPS)],
         env=env,
@@ -44,24 +44,45 @@ def test_verl_tracking_backend_records_each_global_step(make_sink, tmp_path: Pat
     )
     assert done.returncode == 0, done.stderr[-4000:]
     logged = [json.loads(line[len("logged ") :]) for line in done.stdout.splitlines() if line.startswith("logged ")]
-    assert [entry["step"] for entry in logged] == list(range(STEPS + 1))
-    sink.finalize("verl-example")
-    assert sink.wait_written("verl-example")
+    assert [entry["step"] for entry in logged] == list(range(1, STEPS + 1))
+    sink.finalize("verl")
+    assert sink.wait_written("verl")
+    spans = sink.spans("verl") or []
     sink.stop()
 
     views_by_step: dict[int, dict[str, float]] = defaultdict(dict)
     for row in _rows(tmp_path / "global.jsonl"):
-        if "key" in row and row.get("kind") == "global_reduce":
-            assert row["experiment"] == "verl-example"
+        if "key" in row and row.get("kind") == "global_reduce" and not row.get("late"):
+            assert row["experiment"] == "verl"  # RANKSCOPE_EXPERIMENT unset: every process of the job in one
             views_by_step[row["step"]][row["key"]] = row["value"]
-    processes = {row["process"] for row in _rows(tmp_path / "ranks.jsonl") if "key" in row}
-    assert processes == {"trainer_r0"}  # the Ray actor that builds Tracking: the trainer
+    assert views_by_step[0]["val-core/toy/reward/mean_at4"] == 0.12  # validation, at step 0
 
-    for entry in logged:  # every number verl logged, at its global step, under a valid name
+    for entry in logged:  # every number the trainer logged, at its global step
         step = entry.pop("step")
-        expected = {key.replace("@", "_at"): float(value) for key, value in entry.items()}
-        got = {key: value for key, value in views_by_step[step].items() if not key.startswith("rankscope/")}
-        assert got == pytest.approx(expected), step
+        got = {key: views_by_step[step][key] for key in entry}
+        assert got == pytest.approx(entry), step
+
+    # Each worker process reports as its verl role and rank; each verl method it offers is timed.
+    per_rank = [row for row in _rows(tmp_path / "ranks.jsonl") if "key" in row]
+    assert {row["process"] for row in per_rank} == {"trainer_r0", "actor_r0", "actor_r1", "ref_r0"}
+    timed = {(row["process"], row["key"]) for row in per_rank if row["key"].endswith("/total_duration_avg_s")}
+    for process in ("actor_r0", "actor_r1"):
+        assert {
+            (process, "compute_log_prob/total_duration_avg_s"),
+            (process, "update_actor/total_duration_avg_s"),
+        } <= timed
+    assert ("ref_r0", "compute_ref_log_prob/total_duration_avg_s") in timed
+
+    # The workers' spans land in the trainer's steps by time, in the order the trainer called them.
+    by_step: dict[int, dict[tuple[str, int], Any]] = defaultdict(dict)
+    for span in spans:
+        by_step[span.step][(span.name, span.process.rank, span.process.role)] = span
+    for step in range(1, STEPS + 1):
+        found = by_step[step]
+        for rank in (0, 1):
+            old, update = found[("compute_log_prob", rank, "actor")], found[("update_actor", rank, "actor")]
+            ref = found[("compute_ref_log_prob", 0, "ref")]
+            assert old.end_ns <= ref.start_ns and ref.end_ns <= update.start_ns, (step, rank)
 
 
 def test_register_keeps_verl_tracking_as_it_was() -> None:
