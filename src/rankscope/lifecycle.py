@@ -756,6 +756,7 @@ def _after_fork_in_child() -> None:
     _slot.install(None, off=_slot.disabled)
     _dropped_before_shutdown = 0
     _multiprocessing_finalizer = _fork_pair = _relay = _fork_origin = None
+    _fan_outs.clear()  # the processes the parent drives are the parent's
     if parent is not None:
         _forked_from = parent
     try:
