@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 from .api import flush, set_step
+from .core import runtime as _slot
 
 
 class StepFollower:
@@ -32,8 +33,9 @@ class StepFollower:
             set_step(step)
 
     def close(self) -> None:
-        """Close the step in progress, if any (the end of training)."""
+        """Close the step in progress, if any (the end of training; never after rankscope's own
+        shutdown, which would start it again)."""
         with self._lock:
-            if self._open is not None:
-                flush(self._open)
-                self._open = None
+            step, self._open = self._open, None
+            if step is not None and _slot.current is not None:
+                flush(step)

@@ -78,9 +78,15 @@ class RankscopeLogger(BaseLogger):  # type: ignore[misc]
         self._reduces = dict(reduces or {})
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        follower.follow(step)
+        try:
+            follower.follow(step)
+        except Exception as exc:  # telemetry never breaks the training loop
+            report_internal_error("torchtitan step", exc)
         for key, value in metrics.items():
-            _record(key, value, reduce_for(key, self._reduces))
+            try:
+                _record(key, value, reduce_for(key, self._reduces))
+            except Exception as exc:  # one key's trouble (a reduce conflict) is that key's
+                warn_once(f"rankscope.torchtitan: {key!r} not recorded: {exc}")
 
     def close(self) -> None:
         follower.close()

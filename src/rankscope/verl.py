@@ -12,12 +12,14 @@ settings on), before verl's classes are loaded there. It
   Ray actor that runs the trainer): every number the trainer logs at a global step (its workers'
   metrics, gathered under their role's prefix: ``actor/pg_loss``, ``critic/score/mean``,
   ``timing_s/gen``, validation's ``val-core/...``) is recorded at that step, which is closed as it
-  is logged (verl logs a step once, at its end);
+  is logged (verl's PPO trainers log a step once, at its end; a second log of a closed step is
+  not recorded, with one warning);
 - times every method verl's workers register for the trainer to call (``update_actor``,
   ``compute_log_prob``, ``compute_ref_log_prob``, ...; verl's ``@register``): in each worker
-  process, a span and ``<method>/total_duration_avg_s``/``_max_s``, under the worker's role
-  (``actor_rollout_ref``, ``actor``, ``ref``, ``critic``...) and rank. Workers do not know the
-  global step; the sink places their data in the step whose time window holds it;
+  process, a span and ``<method>/total_duration_avg_s``/``_max_s`` (``<role>/<method>`` where
+  verl colocates several roles in one process), in a process of the worker's role and rank. The
+  trainer drives its workers' steps as a Monarch controller drives its actors: its flush of step
+  N closes step N in every worker process it created (``WorkerProcesses``);
 - gives the Ray job one rankscope run (``RANKSCOPE_RUN_ID`` from Ray's session and job ids) and,
   unless ``RANKSCOPE_EXPERIMENT`` says otherwise, the experiment ``verl``: the trainer and the
   workers are siblings, not children, so they would not inherit one otherwise.
@@ -33,8 +35,11 @@ import functools
 import inspect
 import os
 import re
+import sys
+import threading
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping
+from contextvars import ContextVar
 from numbers import Real
 from typing import Any
 
@@ -56,6 +61,7 @@ class RankscopeVerlLogger:
             init(role=os.environ.get("RANKSCOPE_ROLE") or "trainer")
         self._reduces = dict(reduces or {})
         self._closed: int | None = None
+        self._finished = False
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         try:
@@ -63,16 +69,29 @@ class RankscopeVerlLogger:
             if self._closed is not None and step <= self._closed:
                 warn_once(f"rankscope.verl: verl logged step {step} after step {self._closed} closed; not recorded")
                 return
+        except Exception as exc:
+            report_internal_error("verl tracking", exc)
+            return
+        try:
             set_step(step)
             for key, value in data.items():
-                self._record(key, value)
-            flush(step)  # verl logs a step once, at its end
+                try:
+                    self._record(key, value)
+                except Exception as exc:  # one key's trouble (a reduce conflict) is that key's
+                    warn_once(f"rankscope.verl: {key!r} not recorded: {exc}")
+        finally:
             self._closed = step
-        except Exception as exc:  # telemetry never breaks the training loop
-            report_internal_error("verl tracking", exc)
+            try:
+                flush(step)  # verl's PPO trainers log a step once, at its end
+            except Exception as exc:  # telemetry never breaks the training loop
+                report_internal_error("verl tracking", exc)
 
-    def finish(self, timeout: float = 10.0) -> None:
-        """The end of training: the workers and this process deliver what they hold."""
+    def finish(self, timeout: float = 5.0) -> None:
+        """The end of training: the workers and this process deliver what they hold (once; never
+        while the interpreter shuts down, where verl's ``__del__`` may call it)."""
+        if self._finished or sys.is_finalizing():
+            return
+        self._finished = True
         try:
             workers.drain(timeout)
             force_flush(timeout)
@@ -92,19 +111,27 @@ class RankscopeVerlLogger:
 def register(reduces: Mapping[str, Reduce] | None = None) -> None:
     """Set up rankscope for verl in this process (see the module docstring); idempotent.
 
-    A Ray setup hook runs in every process of the job, verl's or not: without verl, nothing."""
+    A Ray setup hook runs in every process of the job, verl's or not: without verl, nothing. It
+    never raises (Ray ends a process whose setup hook raised): trouble is reported, verl runs on."""
     try:
-        from verl.single_controller.base import decorator
-        from verl.utils.tracking import Tracking
-    except ImportError:
+        import verl  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name == "verl":
+            return
+        report_internal_error("rankscope.verl: importing verl", exc)
         return
-    from verl.single_controller.base import Worker
-    from verl.single_controller.ray import RayWorkerGroup
+    try:
+        from verl.single_controller import ray as verl_ray
+        from verl.single_controller.base import Worker, decorator
+        from verl.utils.tracking import Tracking
 
-    _pin_ray_job(os.environ)
-    _add_backend(Tracking, reduces)
-    _time_worker_methods(decorator)
-    workers.install(Worker, RayWorkerGroup)
+        _pin_ray_job(os.environ)
+        _add_backend(Tracking, reduces)
+        _time_worker_methods(decorator)
+        _name_colocated_roles(verl_ray)
+        workers.install(Worker, verl_ray.RayWorkerGroup)
+    except Exception as exc:
+        report_internal_error("rankscope.verl: setting up for verl", exc)
 
 
 def _pin_ray_job(env: MutableMapping[str, str]) -> None:
@@ -164,25 +191,86 @@ def _time_worker_methods(decorator: Any) -> None:
     decorator.register = register
 
 
+_inside: ContextVar[bool] = ContextVar("rankscope_verl_inside", default=False)
+
+
 def _timed(method: Callable[..., Any]) -> Callable[..., Any]:
-    name = method.__name__
+    """Times the outermost registered call only: verl's workers call each other's (an
+    ``ActorRolloutRefWorker`` its ``TrainingWorker``'s) in the same process."""
+    name = getattr(method, "__name__", "call")
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
         async def timed_async(self: Any, *args: Any, **kwargs: Any) -> Any:
-            _join(self)
-            with trace(name):
+            if _inside.get():
                 return await method(self, *args, **kwargs)
+            token = _inside.set(True)
+            try:
+                _join(self)
+                with trace(_span_name(self, name)):
+                    return await method(self, *args, **kwargs)
+            finally:
+                _inside.reset(token)
 
         return timed_async
 
     @functools.wraps(method)
     def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _join(self)
-        with trace(name):
+        if _inside.get():
             return method(self, *args, **kwargs)
+        token = _inside.set(True)
+        try:
+            _join(self)
+            with trace(_span_name(self, name)):
+                return method(self, *args, **kwargs)
+        finally:
+            _inside.reset(token)
 
     return timed
+
+
+def _span_name(worker: Any, method: str) -> str:
+    key = getattr(worker, _KEY, None)
+    return f"{key}/{method}" if isinstance(key, str) and key else method
+
+
+_KEY, _ROLE = "_rankscope_key", "_rankscope_role"
+
+
+def _name_colocated_roles(verl_ray: Any) -> None:
+    """verl puts several roles in one process (``create_colocated_worker_cls``: a ``WorkerDict``
+    holding one worker per role key). Tag each inner worker with its key, and the process with all
+    of them (``actor_rollout+critic``), so names say whose call it was."""
+    from verl.single_controller.ray import base
+
+    original = base.create_colocated_worker_cls
+    if getattr(original, "rankscope", False):
+        return
+
+    @functools.wraps(original)
+    def create_colocated_worker_cls(*args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        made = original(*args, **kwargs)
+        colocated = made.cls.__ray_actor_class__
+
+        class WorkerDict(colocated):  # type: ignore[misc,valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                role = "+".join(self.worker_dict)
+                setattr(self, _ROLE, role)
+                for key, inner in self.worker_dict.items():
+                    setattr(inner, _KEY, key)
+                    setattr(inner, _ROLE, role)
+
+        WorkerDict.__qualname__ = colocated.__qualname__
+        made.cls = ray.remote(WorkerDict)  # Ray has already taken verl's class as it was
+        return made
+
+    create_colocated_worker_cls.rankscope = True  # type: ignore[attr-defined]
+    base.create_colocated_worker_cls = create_colocated_worker_cls
+    if getattr(verl_ray, "create_colocated_worker_cls", None) is original:
+        verl_ray.create_colocated_worker_cls = create_colocated_worker_cls
 
 
 class WorkerProcesses:
@@ -244,18 +332,23 @@ workers = WorkerProcesses()
 
 
 _joined: list[str] = []
+_join_lock = threading.Lock()
 
 
 def _join(worker: Any) -> None:
-    """The first timed call in a worker process names the process's role after the worker's."""
+    """The first call in a worker process names the process's role after its worker(s): verl's
+    colocated role keys, else the worker's ``role``, else its class (``CriticWorker`` → ``critic``)."""
     if _joined:
         return
-    role = getattr(worker, "role", None)
-    if not isinstance(role, str) or not role:
-        role = re.sub(r"(?<!^)(?=[A-Z])", "_", type(worker).__name__.removesuffix("Worker")).lower() or "worker"
-    _joined.append(role)
-    try:
-        init(role=os.environ.get("RANKSCOPE_ROLE") or role)
-        follow_driver()  # the trainer's flush closes this process's steps
-    except Exception as exc:
-        report_internal_error("verl worker", exc)
+    with _join_lock:
+        if _joined:
+            return
+        role = getattr(worker, _ROLE, None) or getattr(worker, "role", None)
+        if not isinstance(role, str) or not role:
+            role = re.sub(r"(?<!^)(?=[A-Z])", "_", type(worker).__name__.removesuffix("Worker")).lower() or "worker"
+        try:
+            init(role=os.environ.get("RANKSCOPE_ROLE") or role)
+            follow_driver()  # the trainer's flush closes this process's steps
+        except Exception as exc:
+            report_internal_error("verl worker", exc)
+        _joined.append(role)

@@ -3,8 +3,9 @@
 verl's trainer needs GPUs and a rollout engine, so the example plays it with verl's own parts on
 CPU (``examples/verl_tracking.py``): Ray started with the documented setup hook
 (``rankscope.verl.register``), a Ray actor in the place of verl's ``TaskRunner`` that drives worker
-groups of verl's single controller (two ``actor`` workers, one ``ref``) and logs their reduced
-metrics through verl's real ``Tracking(default_backend=["console", "rankscope"])``, into a real sink."""
+groups of verl's single controller (``actor`` and ``ref`` colocated in two processes, ``critic`` in
+one, as verl's ``create_colocated_worker_cls`` builds them) and logs their reduced metrics through
+verl's real ``Tracking(default_backend=["console", "rankscope"])``, into a real sink."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_verl_trainer_steps_and_worker_roles_land_in_one_experiment(make_sink, t
 
     views_by_step: dict[int, dict[str, float]] = defaultdict(dict)
     for row in _rows(tmp_path / "global.jsonl"):
-        if "key" in row and row.get("kind") == "global_reduce" and not row.get("late"):
+        if "key" in row and row.get("kind") == "global_reduce":
+            assert not row.get("late"), row
             assert row["experiment"] == "verl"  # RANKSCOPE_EXPERIMENT unset: every process of the job in one
             views_by_step[row["step"]][row["key"]] = row["value"]
     assert views_by_step[0]["val-core/toy/reward/mean_at4"] == 0.12  # validation, at step 0
@@ -62,27 +64,38 @@ def test_verl_trainer_steps_and_worker_roles_land_in_one_experiment(make_sink, t
         got = {key: views_by_step[step][key] for key in entry}
         assert got == pytest.approx(entry), step
 
-    # Each worker process reports as its verl role and rank; each verl method it offers is timed.
-    per_rank = [row for row in _rows(tmp_path / "ranks.jsonl") if "key" in row]
-    assert {row["process"] for row in per_rank} == {"trainer_r0", "actor_r0", "actor_r1", "ref_r0"}
-    timed = {(row["process"], row["key"]) for row in per_rank if row["key"].endswith("/total_duration_avg_s")}
-    for process in ("actor_r0", "actor_r1"):
-        assert {
-            (process, "compute_log_prob/total_duration_avg_s"),
-            (process, "update_actor/total_duration_avg_s"),
-        } <= timed
-    assert ("ref_r0", "compute_ref_log_prob/total_duration_avg_s") in timed
+    # Each worker process reports as its verl roles (colocated as verl colocates them) and rank, each
+    # verl method it offers timed once (not the registered call it makes itself: actor/lr), stamped
+    # with the trainer's step in the worker itself, in time: no step waited out its grace period.
+    timed = {
+        "actor+ref_r0": ("actor/compute_log_prob", "ref/compute_ref_log_prob", "actor/update_actor"),
+        "actor+ref_r1": ("actor/compute_log_prob", "ref/compute_ref_log_prob", "actor/update_actor"),
+        "critic_r0": ("critic/update_critic",),
+    }
+    per_rank: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for row in _rows(tmp_path / "ranks.jsonl"):
+        if "key" in row:
+            assert not row.get("late"), row
+            per_rank[(row["process"], row["step"])][row["key"]] = row["value"]
+    assert {process for process, _ in per_rank} == {"trainer_r0", *timed}
+    for step in range(1, STEPS + 1):
+        assert views_by_step[step]["rankscope/missing_processes"] == 0.0, step
+        for process, methods in timed.items():
+            keys = {key for key in per_rank[(process, step)] if key.endswith("/total_duration_avg_s")}
+            assert keys == {f"{method}/total_duration_avg_s" for method in methods}, (process, step)
 
-    # The workers' spans land in the trainer's steps by time, in the order the trainer called them.
+    # Each step's trace holds the workers' spans, in the order the trainer called them.
     by_step: dict[int, dict[tuple[str, int], Any]] = defaultdict(dict)
     for span in spans:
-        by_step[span.step][(span.name, span.process.rank, span.process.role)] = span
+        by_step[span.step][(span.name, span.process.rank)] = span
     for step in range(1, STEPS + 1):
         found = by_step[step]
+        critic = found[("critic/update_critic", 0)]
         for rank in (0, 1):
-            old, update = found[("compute_log_prob", rank, "actor")], found[("update_actor", rank, "actor")]
-            ref = found[("compute_ref_log_prob", 0, "ref")]
-            assert old.end_ns <= ref.start_ns and ref.end_ns <= update.start_ns, (step, rank)
+            old, ref = found[("actor/compute_log_prob", rank)], found[("ref/compute_ref_log_prob", rank)]
+            update = found[("actor/update_actor", rank)]
+            assert old.end_ns <= ref.start_ns and ref.end_ns <= critic.start_ns, (step, rank)
+            assert critic.end_ns <= update.start_ns and old.trace_id == update.trace_id == critic.trace_id
 
 
 def test_register_keeps_verl_tracking_as_it_was() -> None:
