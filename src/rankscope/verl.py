@@ -1,8 +1,9 @@
 """verl: ``trainer.logger=['console','rankscope']``, and verl's workers as processes of their roles.
 
-One setting on verl's command line does both, in every process of the Ray job::
+One setting on verl's command line does both, in every process of the Ray job (docs/verl.md
+adds the ``RANKSCOPE_*`` variables through ``runtime_env.env_vars``)::
 
-    RANKSCOPE_EXPERIMENT=gsm8k-grpo python -m verl.trainer.main_ppo ... 'trainer.logger=[console,rankscope]' \\
+    python -m verl.trainer.main_ppo ... 'trainer.logger=[console,rankscope]' \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=rankscope.verl.register
 
 Ray calls ``register`` as each of the job's processes starts (verl passes its ``ray_init``
@@ -16,8 +17,8 @@ settings on), before verl's classes are loaded there. It
   not recorded, with one warning);
 - times every method verl's workers register for the trainer to call (``update_actor``,
   ``compute_log_prob``, ``compute_ref_log_prob``, ...; verl's ``@register``): in each worker
-  process, a span and ``<method>/total_duration_avg_s``/``_max_s`` (``<role>/<method>`` where
-  verl colocates several roles in one process), in a process of the worker's role and rank. The
+  process, a span and ``<key>/<method>/total_duration_avg_s``/``_max_s`` (verl's role key:
+  ``actor_rollout/update_actor``), in a process named by its role keys and rank. The
   trainer drives its workers' steps as a Monarch controller drives its actors: its flush of step
   N closes step N in every worker process it created (``WorkerProcesses``);
 - gives the Ray job one rankscope run (``RANKSCOPE_RUN_ID`` from Ray's session and job ids) and,
