@@ -22,6 +22,8 @@ from rankscope.stepping import StepFollower
         ("time_metrics/data_loading(%)", "time_metrics/data_loading_pct"),
         ("val-core/gsm8k/reward/mean@4", "val-core/gsm8k/reward/mean_at4"),
         ("a b", "a_b"),
+        ("mfu (%)", "mfu_pct"),
+        ("loss @ 4", "loss_at_4"),
         ("1st", None),
         ("", None),
         ("(%)", "pct"),

@@ -26,6 +26,7 @@ def check_key(key: object) -> str:
 
 _UNIT_RE = re.compile(r"\(([^()]*)\)")
 _INVALID_RE = re.compile(r"[^-_./a-zA-Z0-9]+")
+_UNDERSCORES_RE = re.compile(r"__+")
 
 
 def as_metric_name(key: str) -> str | None:
@@ -33,12 +34,13 @@ def as_metric_name(key: str) -> str | None:
 
     Frameworks log keys OTel does not take (``throughput(tps)``, ``mfu(%)``, ``reward/mean@4``):
     a unit in parentheses becomes a suffix (``throughput_tps``, ``mfu_pct``), ``@`` reads ``_at``,
-    any other run of invalid characters one ``_``. Valid keys are returned unchanged.
+    any other run of invalid characters one ``_`` (never two in a row). Valid keys are returned
+    unchanged.
     """
     if _KEY_RE.fullmatch(key) is not None:
         return key
     name = _UNIT_RE.sub(lambda unit: "_" + unit.group(1), key.replace("(%)", "(pct)").replace("@", "_at"))
-    name = _INVALID_RE.sub("_", name).strip("_")
+    name = _UNDERSCORES_RE.sub("_", _INVALID_RE.sub("_", name)).strip("_")
     return name if _KEY_RE.fullmatch(name) is not None else None
 
 
