@@ -11,7 +11,8 @@ the numbers of every ``on_log`` (loss, learning rate, grad norm, eval metrics ..
 unless ``reduces`` names another reduce type for a key (the Trainer's logged loss is already
 averaged over processes, so its mean is itself). A step is closed (``flush``) when a later
 global step logs, and at the end of training; logs of one global step (training and
-evaluation) arrive as one step. Non-numeric entries are skipped.
+evaluation) arrive as one step. Non-numeric entries are skipped; a key that is not a valid
+metric name is renamed by one rule (``metrics.recording.record_logged``).
 
 Needs ``transformers`` (``pip install transformers accelerate``); rankscope itself does not.
 """
@@ -23,7 +24,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .api import flush, record_metric
+from .api import flush
+from .metrics.recording import record_logged
 from .metrics.reduce import Reduce
 
 
@@ -41,8 +43,7 @@ class RankscopeCallback(TrainerCallback):
             flush(self._open)
         self._open = step
         for key, value in (logs or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                record_metric(key, float(value), self._reduces.get(key, self._reduce))
+            record_logged(key, value, self._reduces.get(key, self._reduce), source=__name__)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._open is not None:

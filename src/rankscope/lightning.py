@@ -26,9 +26,10 @@ from typing import Any
 
 from lightning.pytorch.loggers.logger import Logger
 
-from .api import flush, get_resource, record_metric
+from .api import flush, get_resource
 from .core import names as attr
 from .core.identity import pin_run
+from .metrics.recording import record_logged
 from .metrics.reduce import Reduce
 
 
@@ -62,7 +63,7 @@ class RankscopeLogger(Logger):
         if step is not None:
             self._open = step
         for key, value in metrics.items():
-            record_metric(key, float(value), self._reduces.get(key, self._reduce))
+            record_logged(key, value, self._reduces.get(key, self._reduce), source=__name__)
 
     def finalize(self, status: str) -> None:
         if self._open is not None:

@@ -32,10 +32,10 @@ from typing import Any
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
 
-from .api import Tracer, record_metric
-from .core.errors import report_internal_error, warn_once
+from .api import Tracer
+from .core.errors import report_internal_error
+from .metrics.recording import record_logged
 from .metrics.reduce import Reduce
-from .metrics.values import as_metric_name
 from .stepping import StepFollower
 
 REDUCES: Mapping[str, Reduce] = {
@@ -59,18 +59,6 @@ def reduce_for(key: str, reduces: Mapping[str, Reduce] | None = None) -> Reduce:
 follower = StepFollower()  # one per process, as torchtitan's step is
 
 
-def _record(key: str, value: Any, reduce: Reduce) -> None:
-    """One of torchtitan's numbers under a valid metric name (``throughput(tps)`` is recorded as
-    ``throughput_tps``); a key with no valid name left is skipped with one warning."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return
-    name = as_metric_name(key)
-    if name is None:
-        warn_once(f"rankscope.torchtitan: {key!r} has no valid metric name; not recorded")
-        return
-    record_metric(name, float(value), reduce)
-
-
 class RankscopeLogger(BaseLogger):  # type: ignore[misc]
     """A torchtitan logger that records each value at torchtitan's step, on every rank."""
 
@@ -83,10 +71,7 @@ class RankscopeLogger(BaseLogger):  # type: ignore[misc]
         except Exception as exc:  # telemetry never breaks the training loop
             report_internal_error("torchtitan step", exc)
         for key, value in metrics.items():
-            try:
-                _record(key, value, reduce_for(key, self._reduces))
-            except Exception as exc:  # one key's trouble (a reduce conflict) is that key's
-                warn_once(f"rankscope.torchtitan: {key!r} not recorded: {exc}")
+            record_logged(key, value, reduce_for(key, self._reduces), source=__name__)
 
     def close(self) -> None:
         follower.close()
@@ -148,7 +133,8 @@ class RankscopeHandler(logging.Handler):
         elif kind == "instant" and name == "metric_value":
             key = getattr(record, "event_name", None)
             if isinstance(key, str):
-                _record(key, getattr(record, "value", None), self._reduces.get(key, Reduce.MEAN))
+                value = getattr(record, "value", None)
+                record_logged(key, value, self._reduces.get(key, Reduce.MEAN), source=__name__)
 
 
 class _OpenSpan:

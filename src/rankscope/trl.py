@@ -35,9 +35,10 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .api import Tracer, flush, record_metric, record_sample, set_step, trace
+from .api import Tracer, flush, record_sample, set_step, trace
 from .core.errors import report_internal_error, warn_once
 from .huggingface import RankscopeCallback
+from .metrics.recording import record_logged
 from .metrics.reduce import Reduce
 
 TABLE = "grpo/completions"
@@ -60,8 +61,7 @@ class RankscopeGRPOCallback(RankscopeCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         for key, value in (logs or {}).items():  # step ``global_step``'s: it closes at the next step's begin
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                record_metric(key, float(value), self._reduces.get(key, self._reduce))
+            record_logged(key, value, self._reduces.get(key, self._reduce), source=__name__)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close(int(state.global_step))

@@ -41,15 +41,14 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
-from numbers import Real
 from typing import Any
 
-from .api import flush, force_flush, init, record_metric, set_step, trace
+from .api import flush, force_flush, init, set_step, trace
 from .core import runtime as _slot
 from .core.errors import report_internal_error, warn_once
 from .lifecycle import drive_processes, flush_driven, follow_driver
+from .metrics.recording import record_logged
 from .metrics.reduce import Reduce
-from .metrics.values import as_metric_name
 
 BACKEND = "rankscope"
 
@@ -76,10 +75,7 @@ class RankscopeVerlLogger:
         try:
             set_step(step)
             for key, value in data.items():
-                try:
-                    self._record(key, value)
-                except Exception as exc:  # one key's trouble (a reduce conflict) is that key's
-                    warn_once(f"rankscope.verl: {key!r} not recorded: {exc}")
+                record_logged(key, value, self._reduces.get(str(key), Reduce.MEAN), source=__name__)
         finally:
             self._closed = step
             try:
@@ -98,15 +94,6 @@ class RankscopeVerlLogger:
             force_flush(timeout)
         except Exception as exc:
             report_internal_error("verl tracking finish", exc)
-
-    def _record(self, key: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, Real):
-            return  # verl also logs strings and tables to some backends: numbers only here
-        name = as_metric_name(str(key))
-        if name is None:
-            warn_once(f"rankscope.verl: {key!r} has no valid metric name; not recorded")
-            return
-        record_metric(name, float(value), self._reduces.get(str(key), Reduce.MEAN))
 
 
 def register(reduces: Mapping[str, Reduce] | None = None) -> None:

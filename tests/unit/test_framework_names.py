@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rankscope as rs
+from rankscope.metrics.recording import record_logged
 from rankscope.metrics.values import as_metric_name, check_key
 from rankscope.stepping import StepFollower
 
@@ -62,3 +63,22 @@ def test_the_follower_closes_a_step_when_a_later_one_shows_up() -> None:
     follower.close()
     assert rs.current_step() == 8  # nothing in progress: the one after the last closed
     rs.shutdown()
+
+
+def test_a_logged_number_is_recorded_renamed_or_skipped_never_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    """What a framework logs goes through ``record_logged``: renamed when OTel would refuse the
+    key, skipped with a warning when it cannot be recorded, never raised into the framework's loop."""
+    rs.init(experiment="logged", role="trainer", backends={"console": {"logging_mode": "global_reduce"}})
+    record_logged("throughput(tps)", 1200, source="test")
+    record_logged("note", "not a number", source="test")  # for other backends: skipped
+    record_logged("flag", True, source="test")
+    record_logged("loss", 2.0, rs.Reduce.MEAN, source="test")
+    with pytest.warns(RuntimeWarning, match="'loss' not recorded"):
+        record_logged("loss", 4.0, rs.Reduce.MAX, source="test")  # two reduce types: that key's trouble
+    with pytest.warns(RuntimeWarning, match="no valid metric name"):
+        record_logged("1st", 1.0, source="test")
+    rs.flush(0)
+    rs.shutdown()
+    out = capsys.readouterr().out
+    assert "throughput_tps: 1200.0" in out and "loss: 2.0" in out
+    assert "note" not in out and "flag" not in out and "1st" not in out

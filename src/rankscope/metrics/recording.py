@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
+from numbers import Real
 from typing import Any
 
 from ..core import runtime as _slot
-from ..core.errors import report_internal_error
+from ..core.errors import report_internal_error, warn_once
 from .recorder import Recorder
 from .reduce import MeanAccumulator as _MeanAccumulator
 from .reduce import Reduce
 from .samples import check_row, check_selection
+from .values import as_metric_name
 
 _MEAN = Reduce.MEAN
 
@@ -58,6 +60,24 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
     if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
         return
     r.record(key, value, reduce)
+
+
+def record_logged(key: str, value: Any, reduce: Reduce = _MEAN, *, source: str) -> None:
+    """A number a framework logged (Lightning, Transformers, TRL, verl, torchtitan), recorded under
+    a valid metric name (``as_metric_name``: ``throughput(tps)`` is ``throughput_tps``) and never
+    raised into the framework's loop: a key with no valid name, or one ``record_metric`` refuses
+    (two reduce types for one key), is skipped with one warning naming ``source``. Non-numbers
+    (strings, tables) are skipped: the framework logged them for other backends."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return
+    name = as_metric_name(str(key))
+    if name is None:
+        warn_once(f"{source}: {key!r} has no valid metric name; not recorded")
+        return
+    try:
+        record_metric(name, float(value), reduce)
+    except (TypeError, ValueError) as exc:
+        warn_once(f"{source}: {key!r} not recorded: {exc}")
 
 
 def record_sample(table: str, row: Mapping[str, Any], *, rank_by: str | None = None, k: int = 8) -> None:
