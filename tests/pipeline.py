@@ -93,6 +93,19 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def jsonl_views(directory: Path) -> dict[str, Any]:
+    """A sink's two JSONL views: ``global.jsonl`` (the cross-process view) and ``ranks.jsonl``
+    (each process's own reduction)."""
+    return {
+        "global": {"backend": "jsonl", "logging_mode": "global_reduce", "path": str(directory / "global.jsonl")},
+        "per_rank": {"backend": "jsonl", "logging_mode": "per_rank_reduce", "path": str(directory / "ranks.jsonl")},
+    }
+
+
+def jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 @contextmanager
 def collector(binary: str, config: str, tmp: Path, name: str = "", **env: str) -> Iterator[dict[str, Any]]:
     """The built Collector running ``collector-config/<config>.yaml`` on loopback ports; ``name``

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ..conftest import ROOT, free_port
-from ..pipeline import clean_env
+from ..pipeline import clean_env, jsonl_rows, jsonl_views
 
 pytest.importorskip("torchtitan")
 
@@ -37,11 +37,7 @@ PHASES = ("fetching_batch", "fwd_bwd", "optim", "collect_dist_metrics")
 
 @pytest.mark.timeout(300)
 def test_torchtitan_metrics_and_phases_land_per_rank_and_reduced(make_sink, tmp_path: Path) -> None:
-    views = {
-        "global": {"backend": "jsonl", "logging_mode": "global_reduce", "path": str(tmp_path / "global.jsonl")},
-        "per_rank": {"backend": "jsonl", "logging_mode": "per_rank_reduce", "path": str(tmp_path / "ranks.jsonl")},
-    }
-    sink = make_sink(backends=views, grace=30)
+    sink = make_sink(backends=jsonl_views(tmp_path), grace=30)
     env = clean_env(
         RANKSCOPE_EXPERIMENT="titan",
         RANKSCOPE_ENDPOINT=sink.endpoint,
@@ -66,11 +62,11 @@ def test_torchtitan_metrics_and_phases_land_per_rank_and_reduced(make_sink, tmp_
     sink.stop()
 
     reduced: dict[int, dict[str, float]] = defaultdict(dict)
-    for row in _rows(tmp_path / "global.jsonl"):
+    for row in jsonl_rows(tmp_path / "global.jsonl"):
         if "key" in row and row.get("kind") == "global_reduce":
             reduced[row["step"]][row["key"]] = row["value"]
     per_rank: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
-    for row in _rows(tmp_path / "ranks.jsonl"):
+    for row in jsonl_rows(tmp_path / "ranks.jsonl"):
         if "key" in row:
             per_rank[(row["process"], row["step"])][row["key"]] = row["value"]
 
@@ -110,7 +106,3 @@ def test_torchtitan_metrics_and_phases_land_per_rank_and_reduced(make_sink, tmp_
 
 def _load(path: Path) -> Any:
     return json.loads(path.read_text())
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]

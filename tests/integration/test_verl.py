@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ..conftest import ROOT
-from ..pipeline import clean_env
+from ..pipeline import clean_env, jsonl_rows, jsonl_views
 
 pytest.importorskip("verl")
 pytest.importorskip("ray")
@@ -29,11 +29,7 @@ STEPS = 3
 
 @pytest.mark.timeout(240)
 def test_verl_trainer_steps_and_worker_roles_land_in_one_experiment(make_sink, tmp_path: Path) -> None:
-    views = {
-        "global": {"backend": "jsonl", "logging_mode": "global_reduce", "path": str(tmp_path / "global.jsonl")},
-        "per_rank": {"backend": "jsonl", "logging_mode": "per_rank_reduce", "path": str(tmp_path / "ranks.jsonl")},
-    }
-    sink = make_sink(backends=views, grace=30)
+    sink = make_sink(backends=jsonl_views(tmp_path), grace=30)
     env = clean_env(RANKSCOPE_ENDPOINT=sink.endpoint)  # no RANKSCOPE_EXPERIMENT
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "verl_tracking.py"), str(STEPS)],
@@ -52,7 +48,7 @@ def test_verl_trainer_steps_and_worker_roles_land_in_one_experiment(make_sink, t
     sink.stop()
 
     views_by_step: dict[int, dict[str, float]] = defaultdict(dict)
-    for row in _rows(tmp_path / "global.jsonl"):
+    for row in jsonl_rows(tmp_path / "global.jsonl"):
         if "key" in row and row.get("kind") == "global_reduce":
             assert not row.get("late"), row
             assert row["experiment"] == "verl"  # RANKSCOPE_EXPERIMENT unset: every process of the job in one
@@ -73,7 +69,7 @@ def test_verl_trainer_steps_and_worker_roles_land_in_one_experiment(make_sink, t
         "critic_r0": ("critic/update_critic",),
     }
     per_rank: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
-    for row in _rows(tmp_path / "ranks.jsonl"):
+    for row in jsonl_rows(tmp_path / "ranks.jsonl"):
         if "key" in row:
             assert not row.get("late"), row
             per_rank[(row["process"], row["step"])][row["key"]] = row["value"]
@@ -112,7 +108,3 @@ def test_register_keeps_verl_tracking_as_it_was() -> None:
         Tracking(project_name="p", experiment_name="e", default_backend=["nonesuch"])
     plain = Tracking(project_name="p", experiment_name="e", default_backend="console")
     assert set(plain.logger) == {"console"}
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
