@@ -30,6 +30,12 @@ The step is ~20 ms of single-threaded torch matmuls in a few phases, each closed
 - ``local``: no endpoint, no backends: recording, per-step reduction and the export thread's
   bookkeeping, nothing encoded or sent (spans are not sampled without an endpoint).
 
+``--device cuda`` runs the same loops on a GPU: the phases' matmuls (``GPU_MATRIX``, float32) on the
+device, 10 of the 100 metrics 0-d CUDA tensors (what a loop records for its loss and norms, no
+``.item()``), and one ``torch.cuda.synchronize()`` at the end of every step in every variant (a loop
+that reads one number back per step); the step is then the GPU's time, and the training thread's
+CPU what it spends launching, waiting and in rankscope.
+
 The budgets (``BUDGETS_PERCENT``: the training thread <= 0.5 %, the export thread <= 1 %, the whole
 process <= 2 % of the step) are judged on the ``otlp`` variant. ``--before DIR`` runs the ``otlp``
 and ``local`` loops with another checkout's ``src`` too, in the same rounds. The wall-clock
@@ -67,6 +73,9 @@ BUDGETS_PERCENT = {"training thread": 0.5, "export thread": 1.0, "whole process"
 """Issue 29's budgets, in % of a 20 ms step: the training thread's CPU (<= 100 us), the export
 thread's (<= 200 us), the whole process's (<= 400 us), each the median over interleaved rounds."""
 MATRIX = 256
+GPU_MATRIX = 4096
+DEVICE_KEYS = 10
+"""With ``--device cuda``, this many of the 100 metrics are 0-d CUDA tensors."""
 EXPORT_THREAD = "rankscope-export"  # rankscope/export/thread.py names its thread so
 BEFORE = "@before"
 OTLP_SERVICES = {
@@ -121,29 +130,45 @@ def receiver_main(max_seconds: float) -> None:
     print(RESULT + json.dumps({"counts": counts, "cpu_s": time.process_time() - cpu0}), flush=True)
 
 
-def _matrix() -> Any:
+def _matrix(device: str) -> Any:
     import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # a steady, GPU-bound step
+        return torch.randn(GPU_MATRIX, GPU_MATRIX, device="cuda") / GPU_MATRIX**0.5
     return torch.randn(MATRIX, MATRIX)
 
 
-def calibrate_main(step_ms: float, phases: int) -> None:
+def _sync(device: str) -> Callable[[], None]:
+    """What ends a step: nothing on CPU; on a GPU, waiting for its work (in every variant alike)."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def calibrate_main(step_ms: float, phases: int, device: str) -> None:
     """Matmuls per phase for a ``step_ms`` step; measured once, used by every child alike."""
     import torch
 
-    a = _matrix()
+    a, sync = _matrix(device), _sync(device)
     for _ in range(50):
         a @ a
+    sync()
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(20):
             a @ a
+        sync()
         best = min(best, (time.perf_counter() - t0) / 20)
     reps = max(1, round(step_ms / 1000 / phases / best))
     info = {"reps": reps, "matmul_ms": best * 1000, "torch": torch.__version__}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
     print(RESULT + json.dumps(info), flush=True)
 
 
@@ -166,15 +191,21 @@ class Steps:
         self.wall: list[int] = []  # wall time per step
 
 
-def run_steps(a: Any, reps: int, phases: Sequence[str], first: int, steps: int, rs: Any) -> Steps:
+def run_steps(a: Any, reps: int, phases: Sequence[str], first: int, steps: int, rs: Any, device: str = "cpu") -> Steps:
     """``steps`` training steps: ``phases`` of matmuls, each closed by ``Tracer.step``, then 100 metrics and a flush.
 
     ``rs`` is the rankscope module, or None for the baseline. The baseline reads the clocks around
-    the same (empty) sections, so both loops pay the same clock reads.
+    the same (empty) sections, so both loops pay the same clock reads. On a GPU the first
+    ``DEVICE_KEYS`` metrics are 0-d CUDA tensors (made once, recorded every step) and every step
+    ends with a synchronize.
     """
     clock, wall = time.thread_time_ns, time.perf_counter_ns
+    sync = _sync(device)
     keys = [f"train/metric_{i}" for i in range(100)]
     weights = [1.0 + i / 100 for i in range(100)]
+    tensors = list((a[0, :DEVICE_KEYS] + 1).unbind()) if device == "cuda" else []
+    keys, device_keys = keys[len(tensors) :], keys[: len(tensors)]
+    weights = weights[len(tensors) :]
     out = Steps()
     cpu_marks, wall_marks = out.cpu, out.wall  # step boundaries first, turned into durations below
     for step in range(first, first + steps):
@@ -196,8 +227,11 @@ def run_steps(a: Any, reps: int, phases: Sequence[str], first: int, steps: int, 
             loss = 1.0 / (step + 1)
             for key, weight in zip(keys, weights, strict=True):
                 rs.record_metric(key, loss * weight)
+            for key, tensor in zip(device_keys, tensors, strict=True):
+                rs.record_metric(key, tensor)
             rs.flush(step)
         out.inside += clock() - t0
+        sync()
     wall_marks.append(wall())
     cpu_marks.append(clock())
     out.cpu = [end - start for start, end in itertools.pairwise(cpu_marks)]
@@ -206,10 +240,17 @@ def run_steps(a: Any, reps: int, phases: Sequence[str], first: int, steps: int, 
 
 
 def loop_main(
-    variant: str, endpoint: str | None, reps: int, phases: int, steps: int, warmup: int, src: str | None = None
+    variant: str,
+    endpoint: str | None,
+    reps: int,
+    phases: int,
+    steps: int,
+    warmup: int,
+    src: str | None = None,
+    device: str = "cpu",
 ) -> None:
     """One measured loop in this fresh process (rankscope from ``src`` if given); prints one JSON line."""
-    a = _matrix()
+    a = _matrix(device)
     names = [f"phase_{i}" for i in range(phases)]
     rs: Any = None
     if variant != "baseline":
@@ -219,14 +260,14 @@ def loop_main(
 
         rs = rankscope
         rs.init(experiment="bench-overhead", role="trainer", endpoint=endpoint if variant == "otlp" else None)
-    run_steps(a, reps, names, 0, warmup, rs)
+    run_steps(a, reps, names, 0, warmup, rs, device)
     flushed = rs.force_flush(30) if rs is not None else True
     export = next((t for t in threading.enumerate() if t.name == EXPORT_THREAD), None)
     threads = sorted(t.name for t in threading.enumerate())
 
     export0, process0 = _thread_cpu(export), time.process_time()
     wall0, caller0 = time.perf_counter(), time.thread_time()
-    measured = run_steps(a, reps, names, warmup, steps, rs)
+    measured = run_steps(a, reps, names, warmup, steps, rs, device)
     wall1, caller1 = time.perf_counter(), time.thread_time()
     if rs is not None:  # the export of the measured steps belongs to them
         flushed = rs.force_flush(60) and flushed
@@ -408,6 +449,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-ms", type=float, default=20.0, help="target CPU time of a step (default 20)")
     parser.add_argument("--phases", type=int, default=4, help="Tracer phases per step (default 4)")
     parser.add_argument("--no-local", action="store_true", help="skip the local (no endpoint) variant")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where the step's matmuls run (default cpu)"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 rounds of 40 steps, 5 warm-up")
     parser.add_argument(
         "--before",
@@ -434,9 +478,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.child == "receiver":
         receiver_main(args.max_seconds)
     elif args.child == "calibrate":
-        calibrate_main(args.step_ms, args.phases)
+        calibrate_main(args.step_ms, args.phases, args.device)
     elif args.child is not None:
-        loop_main(args.child, args.endpoint, args.reps, args.phases, args.steps, args.warmup, args.src)
+        loop_main(args.child, args.endpoint, args.reps, args.phases, args.steps, args.warmup, args.src, args.device)
     else:
         benchmark(args)
 
@@ -447,7 +491,10 @@ def benchmark(args: argparse.Namespace) -> None:
     if args.before is not None:  # the same loops with the other checkout's rankscope, in the same rounds
         variants += [f"{v}{BEFORE}" for v in variants if v != "baseline"]
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
-    calibration = run_child(["--child", "calibrate", "--step-ms", str(args.step_ms), "--phases", str(args.phases)], 120)
+    calibration = run_child(
+        ["--child", "calibrate", "--step-ms", str(args.step_ms), "--phases", str(args.phases), "--device", args.device],
+        120,
+    )
     reps = int(calibration["reps"])
     expected_step_s = reps * args.phases * float(calibration["matmul_ms"]) / 1000
     # A child: interpreter + imports (seconds on a busy box), its steps, a flush; 5x slack on the steps.
@@ -462,6 +509,7 @@ def benchmark(args: argparse.Namespace) -> None:
                 if variant.endswith(BEFORE):
                     command += ["--src", str(args.before / "src")]
                 command += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--endpoint", receiver.endpoint]
+                command += ["--device", args.device]
                 results[variant].append(run_child(command, child_timeout))
             line = ", ".join(f"{v} {1000 * float(results[v][-1]['wall_s']) / args.steps:.2f}" for v in order)
             print(f"round {round_index + 1}/{args.pairs}: ms/step {line}", file=sys.stderr, flush=True)
@@ -494,10 +542,15 @@ def report(
     )
     if load_before is not None and load_after is not None:
         print(f"load average (1 min) before / after: {load_before[0]:.2f} / {load_after[0]:.2f}")
+    if args.device == "cuda":
+        where = f"{GPU_MATRIX}x{GPU_MATRIX} float32 ({calibration.get('gpu', 'a GPU')}, synchronized per step"
+        recorded = f"100 record_metric ({DEVICE_KEYS} of them 0-d CUDA tensors)"
+    else:
+        where, recorded = f"{MATRIX}x{MATRIX} (1 thread", "100 record_metric"
     print(
-        f"step: {args.phases} phases x {calibration['reps']} matmuls {MATRIX}x{MATRIX} (1 thread, "
+        f"step: {args.phases} phases x {calibration['reps']} matmuls {where}, "
         f"{calibration['matmul_ms']:.2f} ms each, calibrated for ~{args.step_ms:g} ms); instrumented: a Tracer "
-        f"phase span per phase + 100 record_metric + flush(step). {args.steps} measured steps per child after "
+        f"phase span per phase + {recorded} + flush(step). {args.steps} measured steps per child after "
         f"{args.warmup} warm-up; {args.pairs} rounds, each a fresh process per variant, order alternating"
     )
 

@@ -166,7 +166,8 @@ CUDA_ROW: Row = ("rankscope record_metric(CUDA tensor)", RANKSCOPE_SETUP, 'rs.re
 
 def child_ns(src: Path, setup: str, stmt: str, env: dict[str, str], n: int) -> float:
     full = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
-    full.update({k: v for k, v in env.items() if k not in (PER, STATEMENTS)}, PYTHONPATH=str(src))
+    path = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])  # src first, others kept
+    full.update({k: v for k, v in env.items() if k not in (PER, STATEMENTS)}, PYTHONPATH=path)
     per = int(env.get(PER, "1"))
     statements = max(1, n // per // int(env.get(STATEMENTS, "1")))
     out = subprocess.run(
@@ -247,7 +248,7 @@ def main() -> None:
     ]
     if ("rankscope record_metric(CUDA tensor)", "after") in median:
         cuda = median[("rankscope record_metric(CUDA tensor)", "after")]
-        budgets.append(f"CUDA tensor <= 1000 ns: {'OK' if cuda <= 1000 else 'OVER'}")
+        budgets.append(f"CUDA tensor <= 500 ns (issue 29): {'OK' if cuda <= 500 else 'OVER'}")
     print("budgets: " + "; ".join(budgets))
 
 

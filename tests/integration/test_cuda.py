@@ -80,7 +80,8 @@ def test_cuda_values_are_not_synced_at_record_and_arrive_exactly(capsys: pytest.
             rs.record_metric("gpu_sum", v, rs.Reduce.SUM)
             rs.record_metric("gpu_max", v * 2, rs.Reduce.MAX)
         # Other shapes and dtypes, and a tensor with an autograd node: read in the same batch.
-        rs.record_metric("gpu_grad", torch.ones(1, device="cuda", requires_grad=True).sum() * 3)
+        for _ in range(2):  # the second through the device path, detached there too
+            rs.record_metric("gpu_grad", torch.ones(1, device="cuda", requires_grad=True).sum() * 3)
         rs.record_metric("gpu_half", half)
         rs.record_metric("gpu_int", count, rs.Reduce.SUM)
     rs.flush(0)
@@ -88,3 +89,23 @@ def test_cuda_values_are_not_synced_at_record_and_arrive_exactly(capsys: pytest.
     out = capsys.readouterr().out
     assert "gpu_sum: 10.0" in out and "gpu_max: 8.0" in out
     assert "gpu_grad: 3.0" in out and "gpu_half: 0.5" in out and "gpu_int: 7.0" in out
+
+
+def test_the_device_path_still_refuses_what_the_first_check_would() -> None:
+    """After a key's first CUDA tensor, ``record_metric`` keeps one of its kind after a one-element
+    check (``recording.record_metric``'s device path); anything else is checked in full, and raises."""
+    rs.init(backends={})
+    ok = torch.tensor(1.0, device="cuda")
+    two = torch.ones(2, device="cuda")
+    wide = torch.tensor(1.0, dtype=torch.complex64, device="cuda")
+    with no_sync_allowed():
+        rs.record_metric("gpu_key", ok)
+        rs.record_metric("gpu_key", ok)  # the device path
+    with pytest.raises(ValueError, match="gpu_key"):
+        rs.record_metric("gpu_key", two)
+    with pytest.raises(TypeError, match="gpu_key"):
+        rs.record_metric("gpu_key", wide)
+    with pytest.raises(ValueError, match="gpu_key"):
+        rs.record_metric("gpu_key", ok, rs.Reduce.SUM)
+    rs.flush(0)
+    rs.shutdown()

@@ -70,7 +70,7 @@ class DeviceValues:
                 if device.type == "cuda":
                     host = torch.empty(stacked.shape, dtype=torch.float64, pin_memory=True)
                     host.copy_(stacked, non_blocking=True)
-                    event = torch.cuda.Event()
+                    event = torch.cuda.Event(blocking=True)  # its waiter sleeps: a spinning one burns a core
                     event.record(torch.cuda.current_stream(device))  # the copy's stream, on any GPU
                     self._copies.append((indices, host, event))
                 else:  # other accelerators (and CPU): copy on the export thread
@@ -118,8 +118,6 @@ class Recorder:
     __slots__ = (
         "_asked_at",
         "_deferred",
-        "_device",
-        "_device_kinds",
         "_lock",
         "_lower",
         "_reduce_of",
@@ -128,6 +126,8 @@ class Recorder:
         "_streams",
         "_tables",
         "accs",
+        "device",
+        "device_kinds",
         "fast",
         "on_take",
         "phases",
@@ -149,8 +149,11 @@ class Recorder:
         several steps refills every one of the next steps, not only the first."""
         self._reduce_of: dict[str, Reduce] = {}
         self._lower: dict[str, str] = {}
-        self._device: DeviceValues | None = None
-        self._device_kinds: dict[str, tuple[Any, Any]] = {}
+        self.device = DeviceValues()
+        """The step's device tensors (``recording.record_metric`` appends to it directly)."""
+        self.device_kinds: dict[str, tuple[Any, Reduce, Any]] = {}
+        """Keys whose CUDA tensor was checked in full: its (type, reduce, dtype). A later tensor of
+        that kind takes ``recording.record_metric``'s device path: its one-element check, no more."""
         self._deferred: list[tuple[str, str, Any, Any, Any]] = []
         self.phases: list[Phase] = []
         """The step's CPU-timed phases (``recording.defer_phase``: one append on the caller's thread)."""
@@ -190,7 +193,7 @@ class Recorder:
             # A known key's first value of the step (the fast path found no accumulator yet).
             acc = self.accs.get(key)
             if acc is None:
-                acc = self.accs[key] = self._fresh(key, reduce)
+                acc = self.accs[key] = self.fresh(key, reduce)
             acc.append(float(value))
             return
         if known is None:
@@ -200,37 +203,29 @@ class Recorder:
                 f"record_metric({key!r}): recorded with {known!r} before, now with {reduce!r}; "
                 "one key has one reduce type per process"
             )
-        # A CUDA tensor like the one checked under this key before (same type and dtype, one
-        # element): kept, read in the flush's batch. Everything else is checked in full.
-        seen = self._device_kinds.get(key)
-        if (
-            seen is not None
-            and type(value) is seen[0]
-            and value.is_cuda
-            and value.dtype is seen[1]
-            and value.numel() == 1
-        ):
-            number = value
-        else:
-            number = to_number(key, value)
-        acc = self.accs.get(key)
-        if acc is None:
-            acc = self.accs[key] = self._fresh(key, reduce)
+        number = to_number(key, value)
         if type(number) is float:
+            acc = self.accs.get(key)
+            if acc is None:
+                acc = self.accs[key] = self.fresh(key, reduce)
             acc.append(number)
             if self._streams:
                 now = time.time()
                 for stream in self._streams:
                     stream(key, number, reduce, now)
             return
-        # A device tensor: read at flush, streamed then with its record time. One that requires
-        # grad is detached now, so its autograd graph (and the activations it saved) is not
-        # kept alive until the flush.
-        if seen is None and number.is_cuda:
-            self._device_kinds[key] = (type(number), number.dtype)
-        self._keep_device_value(key, number.detach() if number.requires_grad else number)
+        # A device tensor: read at flush, streamed then with its record time.
+        if number.is_cuda:
+            self.device_kinds[key] = (type(number), reduce, number.dtype)
+        if key not in self.accs:
+            self.accs[key] = self.fresh(key, reduce)
+        device = self.device
+        device.keys.append(key)
+        device.tensors.append(number.detach() if number.requires_grad else number)
+        if self._streams:
+            device.times.append(time.time())
 
-    def _fresh(self, key: str, reduce: Reduce) -> MetricAccumulator:
+    def fresh(self, key: str, reduce: Reduce) -> MetricAccumulator:
         """An empty accumulator for ``key``: a recycled one when there is one (``recycle``)."""
         acc = self.spare.pop(key, None)
         if acc is None and self._spares:  # a step recycled since this one began
@@ -266,14 +261,6 @@ class Recorder:
     def spares_waiting(self) -> tuple[dict[str, MetricAccumulator], ...]:
         """Recycled steps not yet serving first values (oldest first)."""
         return tuple(self._spares)
-
-    def _keep_device_value(self, key: str, tensor: Any) -> None:
-        device = self._device
-        if device is None:
-            device = self._device = DeviceValues()
-        device.keys.append(key)
-        device.tensors.append(tensor)
-        device.times.append(time.time())
 
     def _register(self, key: str, reduce: Reduce) -> None:
         if not isinstance(reduce, Reduce):
@@ -363,7 +350,7 @@ class Recorder:
                 self._asked_at = now
                 self.fast = False
             return None
-        if now - asked < grace or self._device is not None:
+        if now - asked < grace or self.device.keys:
             return None
         with self._lock:
             if self._asked_at is None:  # the caller served it meanwhile
@@ -385,10 +372,13 @@ class Recorder:
         if self._asked_at is not None:
             self._asked_at = None
             self.fast = not self._streams
-        accs, device, deferred, samples, phases = self.accs, self._device, self._deferred, self.samples, self.phases
+        accs, deferred, samples, phases = self.accs, self._deferred, self.samples, self.phases
         now = time.time_ns()
         start, self._step_start = self._step_start, now
-        self.accs, self._device = {}, None
+        self.accs = {}
+        device: DeviceValues | None = None
+        if self.device.keys:
+            device, self.device = self.device, DeviceValues()
         self._next_spare()
         if deferred:
             self._deferred = []
@@ -441,9 +431,13 @@ class Recorder:
                 acc.append(seconds)
 
     def stream_device_values(self, batch: StepBatch, values: list[float]) -> None:
-        """Feed host copies of a batch's device values into its accumulators (export thread)."""
+        """Feed host copies of a batch's device values into its accumulators (export thread). Their
+        record times are kept only while values are streamed; otherwise each has the step's end."""
         assert batch.device is not None
-        for key, value, when in zip(batch.device.keys, values, batch.device.times, strict=True):
+        times = batch.device.times
+        if len(times) != len(values):  # not streamed (or streams were set mid-step)
+            times = [batch.time_unix_nano / 1e9] * len(values)
+        for key, value, when in zip(batch.device.keys, values, times, strict=True):
             acc = batch.accs[key]
             acc.append(value)
             for stream in self._streams:

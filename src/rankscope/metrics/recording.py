@@ -4,8 +4,10 @@ A value for a key already seen this step costs one global read (this module's co
 slot's recorder), a dict lookup and an ``append`` on a slotted accumulator (for MEAN, the default,
 two additions in place); a key's first value of
 a step takes a reset accumulator from the spares the export thread recycled (``Recorder.recycle``)
-instead of building one. Everything else (first use of a key, a changed reduce type, tensors,
-streaming, auto-init) goes through ``Recorder.record``. Flush hooks run before a step is closed,
+instead of building one. A CUDA tensor of the kind already checked under its key (type, reduce,
+dtype) is checked for one element and kept by reference: four tensor attribute reads, no sync.
+Everything else (first use of a key, a changed reduce type, other tensors, streaming, auto-init)
+goes through ``Recorder.record``. Flush hooks run before a step is closed,
 so gauges sampled there (memory, rates) land in the step they describe.
 """
 
@@ -58,6 +60,22 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
                 acc.append(value)
             return
     if _is_compiling():  # torch.compile tracing: telemetry stays out of the graph
+        return
+    kind = r.device_kinds.get(key)
+    if (
+        kind is not None  # a CUDA tensor was checked in full under this key: one of its kind is kept as is
+        and r.fast
+        and type(value) is kind[0]
+        and kind[1] is reduce
+        and value.is_cuda
+        and value.dtype is kind[2]
+        and value.numel() == 1
+    ):
+        device = r.device  # kept for the flush's batched copy; detached, so no autograd graph is kept alive
+        device.keys.append(key)
+        device.tensors.append(value.detach() if value.requires_grad else value)
+        if key not in r.accs:
+            r.accs[key] = r.fresh(key, reduce)
         return
     r.record(key, value, reduce)
 
