@@ -71,10 +71,10 @@ class FakeCuda:
 
     def host_ns_of(self, gpu_ms: float) -> int:
         """The true host wall-clock time (rankscope's clock) at a GPU time."""
-        from rankscope.tracing.spans import _CLOCK_OFFSET
+        from rankscope.tracing.spans import CLOCK_OFFSET
 
         host_ms = (gpu_ms - self.offset_ms) / (1.0 + self.drift)
-        return int(self.origin + host_ms * 1e6) + _CLOCK_OFFSET
+        return int(self.origin + host_ms * 1e6) + CLOCK_OFFSET
 
     def launch(self, ms: float) -> None:
         """Queue ``ms`` of kernel time on the compute stream (returns at once, like a launch)."""
