@@ -50,7 +50,7 @@ from .export.senders import (
 from .export.thread import ExportThread
 from .metrics import rates
 from .metrics.recorder import Recorder, StepBatch
-from .metrics.recording import bind_compile_check, run_flush_hooks
+from .metrics.recording import bind_compile_check, flush_hooks, run_flush_hooks
 from .metrics.samples import Provenance
 from .steps.clock import StepClock
 from .tracing.provider import install_tracer_provider
@@ -90,7 +90,8 @@ class Runtime:
         if not auto:
             steps.auto = steps.auto_pending = False
         bind_compile_check()
-        run_flush_hooks()
+        if flush_hooks:
+            run_flush_hooks()
         captures = self.thread.captures
         if captures is not None:  # a profiler capture starts, steps or stops here (idle: one check)
             captures.at_flush(step)
@@ -109,13 +110,11 @@ class Runtime:
                 asked += fan_out(step)
             except Exception as exc:
                 report_internal_error("driven processes' flush", exc)
-        if batch is not None and asked:
-            batch.expected = asked + 1
-        try:
-            self.tracing.closed(step)
-        except Exception as exc:
-            report_internal_error("step root span", exc)
+        root_span = self.tracing.closed()  # the span itself is made on the export thread
         if batch is not None:
+            if asked:
+                batch.expected = asked + 1
+            batch.root_span = root_span
             batch.driven = driven
             self.thread.submit(batch)
 
@@ -345,7 +344,7 @@ def _start_runtime(
         periodic=lambda: not steps.flushed and not steps.monarch,
         on_error=report_internal_error,
         spans=tracing.buffer,
-        ahead=tracing.prefetch,
+        taken=tracing.taken,
     )
     runtime = Runtime(resource, settings, recorder, steps, thread, tracing)
     recorder.on_take = thread.submit  # periodic steps taken on the caller's thread

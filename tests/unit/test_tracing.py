@@ -15,3 +15,23 @@ def test_a_lone_process_without_a_sink_records_metrics_only(capsys) -> None:
     rs.shutdown()
     out = capsys.readouterr().out
     assert "solo/x/duration_avg_s" in out and "solo/total_duration_max_s" in out
+
+
+def test_an_unsampled_blocks_total_is_from_its_start_not_its_last_phase(tmp_path) -> None:
+    """Without an endpoint no span is sampled; the total still spans the whole block (it was
+    measured from the last ``step`` once: 10 ms for a 60 ms block)."""
+    import json
+    import time
+
+    out = tmp_path / "rank.jsonl"
+    rs.init(experiment="alone", backends={"jsonl": {"logging_mode": "per_rank_reduce", "path": str(out)}})
+    with rs.trace("block") as t:
+        time.sleep(0.05)
+        t.step("slow")
+        time.sleep(0.01)
+        t.step("fast")
+    rs.flush(0)
+    rs.shutdown()
+    view = {row["key"]: row["value"] for row in map(json.loads, out.read_text().splitlines())}
+    phases = view["block/slow/duration_max_s"] + view["block/fast/duration_max_s"]
+    assert view["block/total_duration_max_s"] >= phases >= 0.06

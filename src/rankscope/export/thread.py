@@ -146,7 +146,7 @@ class ExportThread:
         stream_to_sink: bool = False,
         spans: SpanBuffer | None = None,
         captures: Captures | None = None,
-        ahead: Callable[[int], None] | None = None,
+        taken: Callable[[int | None, tuple[int, int] | None], None] | None = None,
     ) -> None:
         self.recorder = recorder
         self.backends = backends
@@ -157,8 +157,9 @@ class ExportThread:
         self.stream_to_sink = stream_to_sink and sender is not None
         self._periodic = periodic
         self._on_error = on_error
-        self._ahead = ahead
-        """Work for the steps after a flushed one, done here rather than on the training thread (tracing's ids)."""
+        self._taken = taken
+        """Tracing's work for a flushed step, done here rather than on the training thread: its root
+        span, the next steps' ids (``TracingState.taken``)."""
         self._inbox: Inbox[_Message] = Inbox(_INBOX_LIMIT)
         self.bound = StepBound(max_queued_steps)
         buffer = self.span_buffer = spans if spans is not None else SpanBuffer(1)
@@ -291,8 +292,8 @@ class ExportThread:
     def _on_step(self, item: _Step, taken: _Round) -> None:
         self._guarded(self._prepare, item.batch)
         taken.pending.append(item.batch)
-        if self._ahead is not None and item.batch.step is not None:
-            self._guarded(self._ahead, item.batch.step + 1)
+        if self._taken is not None:
+            self._guarded(self._taken, item.batch.step, item.batch.root_span)
 
     def _on_stream(self, item: _Stream, taken: _Round) -> None:
         if self.stream_to_sink:

@@ -108,6 +108,8 @@ class StepBatch:
     """Sample tables of the step (``record_sample``): each table's pre-selection of at most 2k rows."""
     phases: list[Phase] | None = None
     """CPU-timed ``Tracer`` phases of the step: their durations (and spans) are made on the export thread."""
+    root_span: tuple[int, int] | None = None
+    """The step's root span's start and end (ns), when this process emits it (made on the export thread)."""
 
 
 class Recorder:

@@ -171,22 +171,23 @@ def defer_gpu_duration(avg_key: str, max_key: str, start: Any, end: Any, process
         r.defer(avg_key, max_key, start, end, processor)
 
 
-_flush_hooks: list[Callable[[], None]] = []
+flush_hooks: list[Callable[[], None]] = []
+"""What ``add_flush_hook`` registered (a flush checks it is empty before calling ``run_flush_hooks``)."""
 
 
 def add_flush_hook(hook: Callable[[], None]) -> None:
     """Run ``hook`` at every flush, before the step is closed (instrumentors sample gauges there)."""
-    if hook not in _flush_hooks:
-        _flush_hooks.append(hook)
+    if hook not in flush_hooks:
+        flush_hooks.append(hook)
 
 
 def remove_flush_hook(hook: Callable[[], None]) -> None:
-    if hook in _flush_hooks:
-        _flush_hooks.remove(hook)
+    if hook in flush_hooks:
+        flush_hooks.remove(hook)
 
 
 def run_flush_hooks() -> None:
-    for hook in tuple(_flush_hooks):
+    for hook in tuple(flush_hooks):
         try:
             hook()
         except Exception as exc:

@@ -186,18 +186,25 @@ class TracingState:
         trace_id, root_id, sampled = self.ids(step)
         return Scope(trace_id, root_id, sampled, step)
 
-    def closed(self, step: int) -> None:
-        """``flush(step)`` ran: the root process emits the step's root span."""
+    def closed(self) -> tuple[int, int] | None:
+        """``flush`` ran (caller's thread): the step's root span's start and end when this process
+        emits it (the root process), for ``taken`` to make on the export thread."""
         now = now_ns()
         started = self.step_started_ns
         self.step_started_ns = now  # the clock itself was closed by the runtime
-        if not self.root:
+        return (now if started is None else started, now) if self.root else None
+
+    def taken(self, step: int | None, root_span: tuple[int, int] | None) -> None:
+        """The export thread has a flushed step: its root span, if sampled, and the next steps' ids."""
+        if step is None:
             return
-        trace_id, root_id, sampled = self.ids(step)
-        if sampled:
-            record = SpanRecord("step", trace_id, root_id, 0, started if started is not None else now, now)
-            record.attributes = {attr.STEP: step}
-            self.processor.on_end(record)
+        if root_span is not None:
+            trace_id, root_id, sampled = self.ids(step)
+            if sampled:
+                record = SpanRecord("step", trace_id, root_id, 0, *root_span)
+                record.attributes = {attr.STEP: step}
+                self.buffer.add(record)
+        self.prefetch(step + 1)
 
     def note_start(self, start_ns: int) -> None:
         if self.step_started_ns is None:
@@ -300,6 +307,7 @@ class Tracer:
         "_scope",
         "_span",
         "_start_mark",
+        "_started",
         "_state",
         "_token",
         "prefix",
@@ -320,17 +328,19 @@ class Tracer:
         self._last_mark: Mark | None = None
         self._token: Any = None
         self._memory: tuple[int, int] | None = None
-        self._last = 0
+        self._last = self._started = 0
 
     def start(self) -> Tracer:
-        state = self._state = _state()
-        now = now_ns()
-        self._last = now
+        runtime = _slot.current or _slot.get()  # ``_state()``, inlined as ``step``'s lookups are
+        state = self._state = None if runtime is None else runtime.tracing
+        now = perf_ns() + CLOCK_OFFSET
+        self._last = self._started = now
         if state is None:
             return self
         try:
             scope = state.scope()
-            state.note_start(now)
+            if state.step_started_ns is None:  # ``note_start``
+                state.step_started_ns = now
             if scope.sampled:
                 span = self._span = SpanRecord(self.prefix, scope.trace_id, random_id(64) or 1, scope.parent_id, now, 0)
                 span.attributes = {attr.STEP: scope.step}
@@ -380,18 +390,17 @@ class Tracer:
 
     def stop(self, error: BaseException | None = None) -> None:
         """Close the block: total duration, memory, and its span (status error with ``error``)."""
-        now = now_ns()
+        now = perf_ns() + CLOCK_OFFSET
         span = self._span
         gpu = self._gpu
         end_mark = gpu.mark() if gpu is not None else None
-        start_ns = span.start_time if span is not None else None
         prefix = self.prefix
         if end_mark is not None and self._start_mark is not None and gpu is not None:
             defer_gpu_duration(
                 f"{prefix}/total_duration_avg_s", f"{prefix}/total_duration_max_s", self._start_mark, end_mark, gpu
             )
         else:
-            started = start_ns if start_ns is not None else self._first_ns()
+            started = self._started
             avg_key, max_key = _total_names.get(prefix) or _total_names_of(prefix)
             if not defer_phase((avg_key, max_key, ""), started, now, None):  # the block's own span is below
                 seconds = (now - started) / 1e9
@@ -414,11 +423,8 @@ class Tracer:
             if gpu is not None:
                 gpu.submit(span, self._start_mark, end_mark)
             else:
-                self._state.processor.on_end(span)  # type: ignore[union-attr]
+                self._state.buffer.add(span)  # type: ignore[union-attr]  # the processor's only stage
         self._detach()
-
-    def _first_ns(self) -> int:
-        return self._last if self._span is None else self._span.start_time
 
     def _detach(self) -> None:
         token, self._token = self._token, None
