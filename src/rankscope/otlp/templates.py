@@ -109,7 +109,8 @@ class MetricEncoder:
     def __init__(self, resource: Resource, scope: InstrumentationScope) -> None:
         self._resource = field(1, resource.SerializeToString())  # ResourceMetrics.resource
         self._scope = field(1, scope.SerializeToString())  # ScopeMetrics.scope
-        self._heads: dict[tuple[str, str, int], bytes] = {}
+        self._heads: dict[tuple[str, int], dict[str, bytes]] = {}
+        """Each key's head, by (kind, length of the step's shared part): looked up by the key alone."""
         self._reduce_attributes = {
             kind: field(_HISTOGRAM_ATTRIBUTE if kind in ("mean", "std") else _NUMBER_ATTRIBUTE, _kv(attr.REDUCE, kind))
             for kind in _KIND.values()
@@ -120,55 +121,64 @@ class MetricEncoder:
     def step(
         self, step: int | None, start_time_unix_nano: int, time_unix_nano: int, accs: Mapping[str, MetricAccumulator]
     ) -> list[bytes]:
-        """One step's metrics, each a serialized ``ScopeMetrics.metrics`` field (in ``accs``' order)."""
+        """One step's metrics as serialized ``ScopeMetrics.metrics`` fields (in ``accs``' order), each
+        in consecutive parts: bytes to be joined, not one element per metric."""
         step_kv = _kv(attr.STEP, step) if step is not None else b""
         number_step = field(_NUMBER_ATTRIBUTE, step_kv) if step_kv else b""
         histogram_step = field(_HISTOGRAM_ATTRIBUTE, step_kv) if step_kv else b""
         start, end = _START + _Q(start_time_unix_nano), _TIME + _Q(time_unix_nano)
         times = start + end
-        points: dict[str, bytes] = {}  # the step's shared start of a point, by reduce kind
-        out: list[bytes] = []
-        heads = self._heads
+        layouts: dict[str, tuple[bytes, dict[str, bytes]]] = {}  # by reduce kind: the step's shared part, heads
+        out: list[bytes] = []  # a metric's parts in a row (the request joins them): no copy per metric
         for key, acc in accs.items():
             kind = _KIND.get(type(acc))
-            if kind is not None and acc.reduction_type is not _BUILTIN[kind]:
-                kind = None  # a reduce type of the user's on a built-in state: its own name on the wire
-            if kind is None:
+            if kind is None or acc.reduction_type is not _BUILTIN[kind]:
+                # not templated: a user's state, or a reduce type of the user's on a built-in state
                 metric = encode(key, acc, step, start_time_unix_nano, time_unix_nano, self._point_attributes)
                 if metric is not None:
                     out.append(field(2, metric.SerializeToString()))
                 continue
-            shared = points.get(kind)
-            if shared is None:
+            layout = layouts.get(kind)
+            if layout is None:
                 attributes = self._reduce_attributes[kind]
                 if kind in ("mean", "std"):
-                    shared = points[kind] = attributes + histogram_step + times
+                    shared = attributes + histogram_step + times
                 elif kind == "last":
-                    shared = points[kind] = attributes + number_step + start
+                    shared = attributes + number_step + start
                 else:
-                    shared = points[kind] = attributes + number_step + times
-            head = heads.get((key, kind, len(shared)))
+                    shared = attributes + number_step + times
+                layout = layouts[kind] = (shared, self._heads_for(kind, len(shared)))
+            shared, heads = layout
+            head = heads.get(key)
             if head is None:
-                head = self._head_of(key, kind, len(shared))
+                head = heads[key] = self._head_of(key, kind, len(shared))
             if kind == "mean":
                 count = acc.count  # type: ignore[attr-defined]
-                out.append(head + shared + _HISTOGRAM_FIELDS(0x21, count, 0x29, acc.sum, 0x32, 8, count))  # type: ignore[attr-defined]
+                out += (head, shared, _HISTOGRAM_FIELDS(0x21, count, 0x29, acc.sum, 0x32, 8, count))  # type: ignore[attr-defined]
             elif kind == "std":
                 count = acc.count  # type: ignore[attr-defined]
                 fields = _HISTOGRAM_FIELDS(0x21, count, 0x29, acc.sum, 0x32, 8, count)  # type: ignore[attr-defined]
                 sum_sq = self._sum_sq + _SUM_SQ_VALUE + _D(float(acc.sum_sq))  # type: ignore[attr-defined]
-                out.append(head + shared + fields + sum_sq)
+                out += (head, shared, fields, sum_sq)
             elif kind == "last":
                 value = acc.value  # type: ignore[attr-defined]
                 when = acc.time_unix_nano or time_unix_nano  # type: ignore[attr-defined]
                 if type(value) is float:
-                    out.append(head + shared + _LAST_FIELDS(0x19, when, 0x21, value))
+                    out += (head, shared, _LAST_FIELDS(0x19, when, 0x21, value))
                 else:
-                    out.append(head + shared + _TIME + _Q(when) + _value(value))
+                    out += (head, shared, _TIME + _Q(when) + _value(value))
             else:
                 value = getattr(acc, kind)
-                out.append(head + shared + (_DOUBLE_FIELD(0x21, value) if type(value) is float else _value(value)))
+                out += (head, shared, _DOUBLE_FIELD(0x21, value) if type(value) is float else _value(value))
         return out
+
+    def _heads_for(self, kind: str, shared: int) -> dict[str, bytes]:
+        """The heads of ``kind``'s keys for a shared part of ``shared`` bytes (bounded: cleared past
+        100,000 keys of one layout)."""
+        heads = self._heads.get((kind, shared))
+        if heads is None or len(heads) > 100_000:
+            heads = self._heads[(kind, shared)] = {}
+        return heads
 
     def marker(
         self, step: int, keys: int, start_time_unix_nano: int, time_unix_nano: int, expected: int, driven: bool
@@ -208,11 +218,7 @@ class MetricEncoder:
         unit = _unit(key)
         named = field(1, key.encode()) + (field(3, unit.encode()) if unit else b"")  # Metric.name, Metric.unit
         metric = named + _head(data, len(inner) + point) + inner
-        head = _head(2, len(metric) + point) + metric  # ScopeMetrics.metrics
-        if len(self._heads) > 100_000:
-            self._heads.clear()
-        self._heads[(key, kind, shared)] = head
-        return head
+        return _head(2, len(metric) + point) + metric  # ScopeMetrics.metrics
 
 
 def _kv(key: str, value: Any) -> bytes:
