@@ -49,7 +49,12 @@ class Ema(MetricAccumulator):
 EMA = Reduce.register("test_templates_ema", Ema)
 
 
-def _old(steps: list[tuple[int | None, int, int, dict[str, MetricAccumulator]]], goodbye: bool) -> bytes:
+Steps = list[tuple[int | None, int, int, dict[str, MetricAccumulator]]]
+MARKERS = [(0, False), (4, True), (0, True), (3, False)]
+"""(expected processes, driven) of a step's flush marker: the first is templated, the others protobuf."""
+
+
+def _old(steps: Steps, goodbye: bool, marker: tuple[int, bool] = (4, True)) -> bytes:
     """What the export thread built before the templates: protobuf objects, key by key."""
     request = ExportMetricsServiceRequest()
     scope = request.resource_metrics.add(resource=RESOURCE).scope_metrics.add(scope=SCOPE)
@@ -60,19 +65,19 @@ def _old(steps: list[tuple[int | None, int, int, dict[str, MetricAccumulator]]],
             if metric is not None:
                 scope.metrics.append(metric)
         if step is not None:
-            add_flush_marker(scope, kvs.get("flush", step)[1:], len(accs), t0, t1, 4, True)
+            add_flush_marker(scope, kvs.get("flush", step)[1:], len(accs), t0, t1, *marker)
     if goodbye:
         add_goodbye(scope)
     return bytes(request.SerializeToString())
 
 
-def _new(steps: list[tuple[int | None, int, int, dict[str, MetricAccumulator]]], goodbye: bool) -> bytes:
+def _new(steps: Steps, goodbye: bool, marker: tuple[int, bool] = (4, True)) -> bytes:
     encoder = MetricEncoder(RESOURCE, SCOPE)
     metrics: list[bytes] = []
     for step, t0, t1, accs in steps:
         metrics.extend(encoder.step(step, t0, t1, accs))
         if step is not None:
-            metrics.append(encoder.marker(step, len(accs), t0, t1, 4, True))
+            metrics.append(encoder.marker(step, len(accs), t0, t1, *marker))
     if goodbye:
         metrics.append(encoder.goodbye())
     return encoder.request(metrics)
@@ -119,11 +124,11 @@ def steps(draw: st.DrawFn) -> list[tuple[int | None, int, int, dict[str, MetricA
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps(), st.booleans())
+@given(steps(), st.booleans(), st.sampled_from(MARKERS))
 def test_the_template_encoder_decodes_to_exactly_what_the_protobuf_encoder_makes(
-    batches: list[tuple[int | None, int, int, dict[str, MetricAccumulator]]], goodbye: bool
+    batches: Steps, goodbye: bool, marker: tuple[int, bool]
 ) -> None:
-    assert _canonical(_new(batches, goodbye)) == _canonical(_old(batches, goodbye))
+    assert _canonical(_new(batches, goodbye, marker)) == _canonical(_old(batches, goodbye, marker))
 
 
 def test_templates_follow_the_step_attribute_across_its_varint_lengths() -> None:
@@ -136,7 +141,8 @@ def test_templates_follow_the_step_attribute_across_its_varint_lengths() -> None
             acc = accs[key] = reduce.accumulator_class(reduce)
             acc.append(1.5)
         batches.append((step, 10, 20, accs))
-    assert _canonical(_new(batches, True)) == _canonical(_old(batches, True))
+    for marker in MARKERS:
+        assert _canonical(_new(batches, True, marker)) == _canonical(_old(batches, True, marker))
 
 
 def test_a_reduce_type_of_the_users_on_a_built_in_state_keeps_its_own_name_on_the_wire() -> None:

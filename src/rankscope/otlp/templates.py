@@ -117,6 +117,9 @@ class MetricEncoder:
         }
         self._sum_sq = _head(_HISTOGRAM_ATTRIBUTE, len(_kv(attr.SUM_SQ, 0.0))) + field(1, attr.SUM_SQ.encode())
         self._point_attributes = PointAttributes()  # the fallback's and the markers'
+        self._last_step: tuple[int | None, int, int, bytes] | None = None
+        """The last ``step``'s number, times and its points' step attribute and times (its marker's)."""
+        self._marker_heads: dict[int, bytes] = {}
 
     def step(
         self, step: int | None, start_time_unix_nano: int, time_unix_nano: int, accs: Mapping[str, MetricAccumulator]
@@ -128,6 +131,7 @@ class MetricEncoder:
         histogram_step = field(_HISTOGRAM_ATTRIBUTE, step_kv) if step_kv else b""
         start, end = _START + _Q(start_time_unix_nano), _TIME + _Q(time_unix_nano)
         times = start + end
+        self._last_step = (step, start_time_unix_nano, time_unix_nano, number_step + times)
         layouts: dict[str, tuple[bytes, dict[str, bytes]]] = {}  # by reduce kind: the step's shared part, heads
         out: list[bytes] = []  # a metric's parts in a row (the request joins them): no copy per metric
         for key, acc in accs.items():
@@ -183,7 +187,20 @@ class MetricEncoder:
     def marker(
         self, step: int, keys: int, start_time_unix_nano: int, time_unix_nano: int, expected: int, driven: bool
     ) -> bytes:
-        """Step ``step``'s flush marker (``otlp.markers``), as ``ScopeMetrics.metrics`` bytes."""
+        """Step ``step``'s flush marker (``otlp.markers``), as ``ScopeMetrics.metrics`` bytes: from a
+        template right after that step's ``step`` (a process that drives none, the usual case)."""
+        last = self._last_step
+        if (
+            not expected
+            and not driven
+            and last is not None
+            and last[:3] == (step, start_time_unix_nano, time_unix_nano)
+        ):
+            shared = last[3]
+            head = self._marker_heads.get(len(shared))
+            if head is None:
+                head = self._marker_heads[len(shared)] = self._head_of(attr.FLUSH_MARKER, "count", len(shared), "{key}")
+            return head + shared + _value(keys)
         scope = pb.ScopeMetrics()
         step_attributes = self._point_attributes.get("flush", step)[1:]
         add_flush_marker(scope, step_attributes, keys, start_time_unix_nano, time_unix_nano, expected, driven)
@@ -201,8 +218,9 @@ class MetricEncoder:
         resource_metrics = self._resource + _head(2, len(scope_metrics)) + scope_metrics
         return before + _head(1, len(resource_metrics)) + resource_metrics
 
-    def _head_of(self, key: str, kind: str, shared: int) -> bytes:
-        """Key ``key``'s bytes up to its point's own fields, for a point whose shared part is ``shared`` bytes."""
+    def _head_of(self, key: str, kind: str, shared: int, unit: str | None = None) -> bytes:
+        """Key ``key``'s bytes up to its point's own fields, for a point whose shared part is ``shared``
+        bytes (``unit``: instead of the key's catalog unit)."""
         if kind in ("mean", "std"):
             point = shared + _OWN_BYTES["mean"]
             if kind == "std":
@@ -215,7 +233,7 @@ class MetricEncoder:
             else:
                 data, extra = _GAUGE, b""
         inner = extra + _head(1, point)  # Sum/Gauge/Histogram.data_points = 1: one point
-        unit = _unit(key)
+        unit = _unit(key) if unit is None else unit
         named = field(1, key.encode()) + (field(3, unit.encode()) if unit else b"")  # Metric.name, Metric.unit
         metric = named + _head(data, len(inner) + point) + inner
         return _head(2, len(metric) + point) + metric  # ScopeMetrics.metrics
