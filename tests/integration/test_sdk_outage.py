@@ -160,6 +160,9 @@ def test_only_the_steps_that_overflow_the_queue_are_dropped_and_counted(
     assert sorted(rows) == [0, 1, 2, 3, 4, 20, 21, 22]
     assert all(rows[s]["steps"] == 1.0 and rows[s]["k0"] == float(s) for s in rows)
     assert rs.dropped_points() == 15 * (KEYS + 1)
+    # A refused step's points are dropped, not its root span: its other spans have a parent.
+    roots = {span.step for span in sink.spans("overflow") or [] if span.name == "step"}
+    assert roots == set(range(23))
 
 
 @pytest.mark.timeout(20)  # the bound: RANKSCOPE_SHUTDOWN_TIMEOUT is 1.5 s here

@@ -129,8 +129,9 @@ class _Pause:
     """Between encoded steps, hands the GIL back to the training thread once ``every`` seconds of
     encoding have passed since the round began or the last hand-back. Handing it back after every
     step left each step to be encoded on caches the training thread had just used (~25 % more of
-    the export thread's CPU per step, ``bench_overhead.py``); 0.5 ms keeps a training thread that
-    wants the GIL waiting at most about that long (Python's own switch interval is 5 ms)."""
+    the export thread's CPU per step, ``bench_overhead.py``). A training thread that wants the GIL
+    while steps are encoded waits about 0.5 ms at most (one step's encoding more; the round's spans
+    and sends are not paused, as before; Python's own switch interval is 5 ms)."""
 
     __slots__ = ("_every", "_since")
 
@@ -221,9 +222,17 @@ class ExportThread:
             self.drops.points(
                 points, f"{self.bound.max_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
             )
+            self._refused(batch)
         elif not self._inbox.put(_Step(batch)):
             self.bound.release(1, points)
             self.drops.points(points, "the export queue is full")
+            self._refused(batch)
+
+    def _refused(self, batch: StepBatch) -> None:
+        """A step refused at ``submit`` still gets its root span (made here, on the caller's thread):
+        its phases' and the user's spans may have gone to the span buffer already."""
+        if self._taken is not None and batch.root_span is not None:
+            self._guarded(self._taken, batch.step, batch.root_span)
 
     def stream(self, key: str, value: float, reduce: Reduce, when: float, step: int | None) -> None:
         if not self._inbox.put(_Stream(Metric(key, value, reduce, when), step)):

@@ -1,8 +1,9 @@
 """Per-process metric state: what ``record_metric`` writes and ``flush`` hands off.
 
 The hot path (``metrics.recording.record_metric``) touches only ``Recorder.accs``: a dict lookup
-and an ``append`` on a slotted accumulator. Everything else (first use of a key, type
-checks, device tensors, streaming) goes through ``Recorder.record``.
+and an ``append`` on a slotted accumulator (and, for a CUDA tensor of a kind checked before, one
+append to ``Recorder.device``). Everything else (first use of a key, type checks, other device
+tensors, streaming) goes through ``Recorder.record``.
 """
 
 from __future__ import annotations
@@ -49,22 +50,28 @@ class DeviceValues:
     recorded tensors.
     """
 
-    keys: list[str] = field(default_factory=list)
-    tensors: list[Any] = field(default_factory=list)
+    items: list[tuple[str, Any]] = field(default_factory=list)
+    """(key, tensor), one append each: a take on another thread never splits a key from its tensor."""
     times: list[float] = field(default_factory=list)
+    """Record times, only while values are streamed (``Recorder.stream_device_values``)."""
+    keys: list[str] = field(default_factory=list)
+    """The keys of the values ``start`` copied, in ``values``' order."""
     _copies: list[tuple[list[int], Any, Any]] = field(default_factory=list)
 
     def start(self) -> None:
         torch = sys.modules["torch"]
+        items, self.items = self.items, []  # drop references to the originals; the stacked copies live on
+        self.keys = [key for key, _ in items]
+        tensors = [tensor for _, tensor in items]
         groups: dict[Any, dict[tuple[int, Any], list[int]]] = {}
-        for i, tensor in enumerate(self.tensors):
+        for i, tensor in enumerate(tensors):
             groups.setdefault(tensor.device, {}).setdefault((tensor.dim(), tensor.dtype), []).append(i)
         with torch.no_grad():
             for device, by_shape in groups.items():
                 indices: list[int] = []
                 parts = []
                 for members in by_shape.values():  # to float64 per group: cat would round first
-                    parts.append(torch.stack([self.tensors[i] for i in members]).reshape(-1).to(torch.float64))
+                    parts.append(torch.stack([tensors[i] for i in members]).reshape(-1).to(torch.float64))
                     indices.extend(members)
                 stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
                 if device.type == "cuda":
@@ -75,7 +82,6 @@ class DeviceValues:
                     self._copies.append((indices, host, event))
                 else:  # other accelerators (and CPU): copy on the export thread
                     self._copies.append((indices, stacked, None))
-        self.tensors = []  # drop references to the originals; the stacked copies live on
 
     def values(self) -> list[float]:
         out = [0.0] * len(self.keys)
@@ -222,8 +228,7 @@ class Recorder:
         if key not in self.accs:
             self.accs[key] = self.fresh(key, reduce)
         device = self.device
-        device.keys.append(key)
-        device.tensors.append(number.detach() if number.requires_grad else number)
+        device.items.append((key, number.detach() if number.requires_grad else number))
         if self._streams:
             device.times.append(time.time())
 
@@ -352,7 +357,7 @@ class Recorder:
                 self._asked_at = now
                 self.fast = False
             return None
-        if now - asked < grace or self.device.keys:
+        if now - asked < grace or self.device.items:
             return None
         with self._lock:
             if self._asked_at is None:  # the caller served it meanwhile
@@ -379,7 +384,7 @@ class Recorder:
         start, self._step_start = self._step_start, now
         self.accs = {}
         device: DeviceValues | None = None
-        if self.device.keys:
+        if self.device.items:
             device, self.device = self.device, DeviceValues()
         self._next_spare()
         if deferred:
@@ -440,7 +445,10 @@ class Recorder:
         if len(times) != len(values):  # not streamed (or streams were set mid-step)
             times = [batch.time_unix_nano / 1e9] * len(values)
         for key, value, when in zip(batch.device.keys, values, times, strict=True):
-            acc = batch.accs[key]
+            acc = batch.accs.get(key)
+            if acc is None:  # its accumulator went to the next step (a take on another thread in between)
+                reduce = self._reduce_of[key]
+                acc = batch.accs[key] = reduce.accumulator_class(reduce)
             acc.append(value)
             for stream in self._streams:
                 stream(key, value, acc.reduction_type, when)

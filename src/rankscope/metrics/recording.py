@@ -71,9 +71,8 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
         and value.dtype is kind[2]
         and value.numel() == 1
     ):
-        device = r.device  # kept for the flush's batched copy; detached, so no autograd graph is kept alive
-        device.keys.append(key)
-        device.tensors.append(value.detach() if value.requires_grad else value)
+        # kept for the flush's batched copy; detached, so no autograd graph is kept alive
+        r.device.items.append((key, value.detach() if value.requires_grad else value))
         if key not in r.accs:
             r.accs[key] = r.fresh(key, reduce)
         return

@@ -73,6 +73,8 @@ _BUILTIN = {kind: Reduce.get(kind) for kind in _KIND.values()}
 _OWN_BYTES = {"last": 9 + 9, "mean": 9 + 9 + 10}
 """Bytes of a point after its step's shared part (tag and 8 bytes a number): the value (9), for
 ``last`` its own time too, for a histogram count, sum and one bucket; std adds its sum of squares."""
+_MAX_HEADS = 100_000
+"""Cached metric heads per process (every layout together) before the cache starts over."""
 _SUM_SQ_VALUE = b"\x12\x09\x21"  # KeyValue.value = 2 (AnyValue, 9 bytes): double_value = 4
 _DOUBLE_FIELD = struct.Struct("<Bd").pack  # tag, double
 _HISTOGRAM_FIELDS = struct.Struct("<BQBdBBQ").pack
@@ -111,6 +113,8 @@ class MetricEncoder:
         self._scope = field(1, scope.SerializeToString())  # ScopeMetrics.scope
         self._heads: dict[tuple[str, int], dict[str, bytes]] = {}
         """Each key's head, by (kind, length of the step's shared part): looked up by the key alone."""
+        self._cached = 0
+        """Heads in ``_heads``, all layouts together (cleared past ``_MAX_HEADS``)."""
         self._reduce_attributes = {
             kind: field(_HISTOGRAM_ATTRIBUTE if kind in ("mean", "std") else _NUMBER_ATTRIBUTE, _kv(attr.REDUCE, kind))
             for kind in _KIND.values()
@@ -156,6 +160,9 @@ class MetricEncoder:
             head = heads.get(key)
             if head is None:
                 head = heads[key] = self._head_of(key, kind, len(shared))
+                self._cached += 1
+                if self._cached > _MAX_HEADS:  # keys that keep changing: start over (this step's stay)
+                    self._heads, self._cached = {}, 0
             if kind == "mean":
                 count = acc.count  # type: ignore[attr-defined]
                 out += (head, shared, _HISTOGRAM_FIELDS(0x21, count, 0x29, acc.sum, 0x32, 8, count))  # type: ignore[attr-defined]
@@ -177,10 +184,9 @@ class MetricEncoder:
         return out
 
     def _heads_for(self, kind: str, shared: int) -> dict[str, bytes]:
-        """The heads of ``kind``'s keys for a shared part of ``shared`` bytes (bounded: cleared past
-        100,000 keys of one layout)."""
+        """The heads of ``kind``'s keys for a shared part of ``shared`` bytes."""
         heads = self._heads.get((kind, shared))
-        if heads is None or len(heads) > 100_000:
+        if heads is None:
             heads = self._heads[(kind, shared)] = {}
         return heads
 

@@ -7,7 +7,7 @@ the same buffer through ``BufferProcessor`` (an ordinary ``SpanProcessor``).
 
 Every process derives the trace id and root span id of step N from (experiment, attempt,
 N) alone, so all ranks' spans of a step share one trace and one parent without talking
-to each other; exactly one process emits that root span (``TracingState.closed``).
+to each other; exactly one process emits that root span (``TracingState.taken``, on its export thread).
 """
 
 from __future__ import annotations

@@ -248,9 +248,9 @@ def _state() -> TracingState | None:
 
 
 _names: dict[str, dict[str, tuple[str, str, str]]] = {}
-_NO_PHASES: dict[str, tuple[str, str, str]] = {}
 """Metric and span names of each (prefix, phase), by prefix then phase (two lookups of strings,
 whose hashes are cached, cost less than hashing a tuple each call)."""
+_NO_PHASES: dict[str, tuple[str, str, str]] = {}
 
 
 def _phase_names(prefix: str, name: str) -> tuple[str, str, str]:
