@@ -28,7 +28,12 @@ The step is ~20 ms of single-threaded torch matmuls in a few phases, each closed
   answers every ``Export`` without decoding it (so it stays light on a shared box, and its CPU
   is not the job's);
 - ``local``: no endpoint, no backends: recording, per-step reduction and the export thread's
-  bookkeeping, nothing encoded or sent (spans are not sampled without an endpoint).
+  bookkeeping, nothing encoded or sent (spans are not sampled without an endpoint);
+- ``floor`` (``--floor``): not rankscope but ``FloorAPI``, the least any pure-Python implementation
+  of the same calls does on the caller's thread (a clock read per phase, a dict per step of
+  per-key sums and counts, a swap and an append per flush; no thread, nothing exported), so the
+  part of the training thread's figure that is the calls' shape in CPython, not rankscope's work,
+  is measured in the same rounds.
 
 ``--device cuda`` runs the same loops on a GPU: the phases' matmuls (``GPU_MATRIX``, float32) on the
 device, 10 of the 100 metrics 0-d CUDA tensors (what a loop records for its loss and norms, no
@@ -49,6 +54,7 @@ Run from the repository root:  python benchmarks/bench_overhead.py [--quick] [--
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import json
@@ -253,7 +259,9 @@ def loop_main(
     a = _matrix(device)
     names = [f"phase_{i}" for i in range(phases)]
     rs: Any = None
-    if variant != "baseline":
+    if variant == "floor":
+        rs = floor_module()
+    elif variant != "baseline":
         if src is not None:  # --before: another checkout's rankscope
             sys.path.insert(0, src)
         import rankscope
@@ -292,6 +300,74 @@ def loop_main(
     print(RESULT + json.dumps(result), flush=True)
     if rs is not None:
         rs.shutdown()
+
+
+class _FloorTracer:
+    """``FloorAPI``'s ``Tracer``: a clock read per mark, one append per block."""
+
+    __slots__ = ("_marks", "_phases", "prefix")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._marks: list[tuple[str, int]] = []
+        self._phases: list[Any] = []
+
+    def start(self) -> _FloorTracer:
+        self._phases = FLOOR.phases
+        self._marks.append(("", time.perf_counter_ns()))
+        return self
+
+    def step(self, name: str) -> None:
+        self._marks.append((name, time.perf_counter_ns()))
+
+    def stop(self) -> None:
+        self._marks.append(("", time.perf_counter_ns()))
+        self._phases.append((self.prefix, self._marks))
+
+
+class FloorAPI:
+    """The ``floor`` variant's stand-in for rankscope: the same calls doing the least any pure-Python
+    implementation must on the caller's thread (keep the marks, add each value to its key's sum and
+    count, hand the step over at flush). Module-level functions over one instance, so a call costs
+    what a call into a module costs."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+        self.phases: list[Any] = []
+        self.closed: collections.deque[Any] = collections.deque(maxlen=64)  # what an export thread would take
+
+
+FLOOR = FloorAPI()
+
+
+def _floor_record_metric(key: str, value: float, reduce: Any = None) -> None:
+    acc = FLOOR.values.get(key)
+    if acc is None:
+        FLOOR.values[key] = [value, 1]
+    else:
+        acc[0] += value
+        acc[1] += 1
+
+
+def _floor_flush(step: int) -> None:
+    floor = FLOOR
+    values, floor.values = floor.values, {}
+    phases, floor.phases = floor.phases, []
+    floor.closed.append((step, values, phases))
+
+
+def floor_module() -> Any:
+    """What ``run_steps`` calls in the ``floor`` variant (the names it uses from rankscope)."""
+    import types
+
+    return types.SimpleNamespace(
+        Tracer=_FloorTracer,
+        record_metric=_floor_record_metric,
+        flush=_floor_flush,
+        force_flush=lambda timeout: True,
+        dropped_points=lambda: 0,
+        shutdown=lambda: None,
+    )
 
 
 # ---------------------------------------------------------------- the benchmark (parent)
@@ -450,6 +526,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phases", type=int, default=4, help="Tracer phases per step (default 4)")
     parser.add_argument("--no-local", action="store_true", help="skip the local (no endpoint) variant")
     parser.add_argument(
+        "--floor", action="store_true", help="add the floor variant: the same calls in the least pure Python"
+    )
+    parser.add_argument(
         "--device", choices=["cpu", "cuda"], default="cpu", help="where the step's matmuls run (default cpu)"
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 rounds of 40 steps, 5 warm-up")
@@ -460,7 +539,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--src", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--child", choices=["receiver", "calibrate", "baseline", "otlp", "local"], help=argparse.SUPPRESS
+        "--child", choices=["receiver", "calibrate", "baseline", "otlp", "local", "floor"], help=argparse.SUPPRESS
     )
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=1, help=argparse.SUPPRESS)
@@ -490,6 +569,8 @@ def benchmark(args: argparse.Namespace) -> None:
     variants = ["baseline", "otlp"] + ([] if args.no_local else ["local"])
     if args.before is not None:  # the same loops with the other checkout's rankscope, in the same rounds
         variants += [f"{v}{BEFORE}" for v in variants if v != "baseline"]
+    if args.floor:
+        variants.append("floor")
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     calibration = run_child(
         ["--child", "calibrate", "--step-ms", str(args.step_ms), "--phases", str(args.phases), "--device", args.device],
@@ -623,7 +704,7 @@ def print_notes(instrumented: Sequence[str], results: dict[str, list[dict[str, A
     for variant in instrumented:
         for r in results[variant]:
             notes = []
-            if not r["export_thread"]:
+            if not r["export_thread"] and variant != "floor":  # the floor has no thread
                 notes.append(f"no thread named {EXPORT_THREAD!r} (threads: {', '.join(r['threads'])})")
             if not r["flushed"]:
                 notes.append("force_flush timed out")

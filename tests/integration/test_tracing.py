@@ -13,6 +13,8 @@ import urllib.request
 from typing import Any
 
 import pytest
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 import rankscope as rs
@@ -85,6 +87,26 @@ def test_tracer_metrics_spans_and_an_exception_inside(traced) -> None:
     trace_id, root_id = step_ids("names", 0, 0)
     assert {s["trace_id"] for s in spans} == {f"{trace_id:032x}"}
     assert by_name["loop"]["parent_span_id"] == by_name["step"]["span_id"] == f"{root_id:016x}"
+
+
+def test_a_context_without_a_span_keeps_its_values_and_the_step_root(traced) -> None:
+    """A block started under an OTel context that holds values but no span (baggage) hangs under
+    the step's root span, and the context inside it keeps those values."""
+    sink = traced("baggage")
+    token = otel_context.attach(baggage.set_baggage("run", "a"))
+    try:
+        with rs.trace("inside"):
+            seen = baggage.get_baggage("run")
+            inner = otel_trace.get_current_span().get_span_context()
+    finally:
+        otel_context.detach(token)
+    rs.flush(0)
+    spans = finish(sink, "baggage")
+    assert seen == "a"
+    by_name = {s["name"]: s for s in spans}
+    trace_id, root_id = step_ids("baggage", 0, 0)
+    assert by_name["inside"]["parent_span_id"] == f"{root_id:016x}"
+    assert by_name["inside"]["span_id"] == f"{inner.span_id:016x}" and inner.trace_id == trace_id
 
 
 def test_decorators_user_spans_events_and_explicit_steps(traced) -> None:

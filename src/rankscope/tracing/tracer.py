@@ -88,11 +88,12 @@ _current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("ranksco
 """The innermost rankscope span (or remote caller) of this context; carries the step."""
 
 
-def enter_scope(scope: Scope, remote: bool) -> tuple[Any, Any]:
-    """Make ``scope``'s span (``parent_id``) the current OTel span and rankscope scope; returns tokens."""
+def enter_scope(scope: Scope, remote: bool, context: otel_context.Context | None = None) -> tuple[Any, Any]:
+    """Make ``scope``'s span (``parent_id``) the current OTel span and rankscope scope; returns tokens.
+    ``context``: the current OTel context, when the caller has just read it (one read less)."""
     flags = _SAMPLED if scope.sampled else _NOT_SAMPLED
     span = NonRecordingSpan(SpanContext(scope.trace_id, scope.parent_id, remote, flags))
-    return otel_context.attach(otel_trace.set_span_in_context(span)), _current.set(scope)
+    return otel_context.attach(otel_trace.set_span_in_context(span, context)), _current.set(scope)
 
 
 def leave_scope(tokens: tuple[Any, Any] | None) -> None:
@@ -168,9 +169,19 @@ class TracingState:
                 del self._ids[next(iter(self._ids))]
         return found
 
-    def scope(self) -> Scope:
-        """Where a span started now hangs (see the module docstring)."""
-        ctx = otel_trace.get_current_span().get_span_context()
+    def scope(self, context: otel_context.Context | None = None) -> Scope:
+        """Where a span started now hangs (see the module docstring). ``context``: the current OTel
+        context, when the caller has just read it."""
+        if context is None:
+            context = otel_context.get_current()
+        if not context and self.env_parent is None:  # no span anywhere: under the step's root span
+            steps = self.steps  # ``step`` and ``ids`` inlined: a traced block starts here, on cold caches
+            step = steps.explicit
+            if step is None:
+                step = 0 if steps.last is None else steps.last + 1
+            trace_id, root_id, sampled = self._ids.get(step) or self._add_ids(step)
+            return Scope(trace_id, root_id, sampled, step)
+        ctx = otel_trace.get_current_span(context).get_span_context()
         mine = _current.get()
         if ctx.is_valid:
             if mine is not None and mine.trace_id == ctx.trace_id:
@@ -338,7 +349,8 @@ class Tracer:
         if state is None:
             return self
         try:
-            scope = state.scope()
+            context = otel_context.get_current()
+            scope = state.scope(context)
             if state.step_started_ns is None:  # ``note_start``
                 state.step_started_ns = now
             if scope.sampled:
@@ -350,7 +362,7 @@ class Tracer:
             else:
                 span_id = random_id(64) or 1
             self._scope = Scope(scope.trace_id, span_id, scope.sampled, scope.step, None, self._span)
-            self._token = enter_scope(self._scope, remote=False)
+            self._token = enter_scope(self._scope, remote=False, context=context)
             if self.timer == "gpu":
                 self._gpu = state.gpu()
                 if self._gpu is not None:
