@@ -329,7 +329,9 @@ class FloorAPI:
     """The ``floor`` variant's stand-in for rankscope: the same calls doing the least any pure-Python
     implementation must on the caller's thread (keep the marks, add each value to its key's sum and
     count, hand the step over at flush). Module-level functions over one instance, so a call costs
-    what a call into a module costs."""
+    what a call into a module costs. It builds a new ``[sum, count]`` per key and step where rankscope
+    recycles accumulators (a few us a step). CPU only: on a GPU a correct one also copies the step's
+    tensors at flush."""
 
     def __init__(self) -> None:
         self.values: dict[str, list[float]] = {}
@@ -547,6 +549,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.pairs, args.steps, args.warmup = 3, 40, 5
+    if args.floor and args.device != "cpu":
+        parser.error("--floor is for the CPU loop: it keeps no copy of a step's device tensors")
     if args.pairs < 1 or args.steps < 1 or args.warmup < 1 or args.phases < 1 or args.step_ms <= 0:
         parser.error("--pairs, --steps, --warmup, --phases and --step-ms must be positive")
     return args

@@ -76,6 +76,27 @@ def test_a_recycled_accumulator_serves_the_keys_next_first_value_empty_and_of_it
         recording._follow(None, False)
 
 
+def test_accumulators_the_export_thread_made_for_deferred_phases_are_not_recycled() -> None:
+    """A deferred phase's durations are accumulated on the export thread; the caller never records
+    those keys, so their accumulators must not sit in its spares (its thread would free them)."""
+    from rankscope.metrics import recording
+
+    recorder = Recorder(streams=[])
+    recording._follow(recorder, False)
+    try:
+        for step in range(2):
+            recording.record_metric("loss", 1.0)
+            assert recording.defer_phase(("t/fwd/duration_avg_s", "t/fwd/duration_max_s", "t/fwd"), 0, 10**6, None)
+            batch = recorder.take(step)
+            assert batch is not None
+            recorder.resolve_phases(batch)  # the export thread's part
+            assert batch.accs["t/fwd/duration_max_s"].get_value() == 0.001
+            recorder.recycle(batch.accs)
+            assert [set(d) for d in recorder.spares_waiting] == [{"loss"}]
+    finally:
+        recording._follow(None, False)
+
+
 def test_a_users_accumulator_type_is_never_recycled() -> None:
     class Ema(MetricAccumulator):
         def __init__(self, reduction: Reduce) -> None:

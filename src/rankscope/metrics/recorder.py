@@ -126,6 +126,7 @@ class Recorder:
     __slots__ = (
         "_asked_at",
         "_deferred",
+        "_export_keys",
         "_lock",
         "_lower",
         "_reduce_of",
@@ -163,6 +164,9 @@ class Recorder:
         """Keys whose CUDA tensor was checked in full: its (type, reduce, dtype). A later tensor of
         that kind takes ``recording.record_metric``'s device path: its one-element check, no more."""
         self._deferred: list[tuple[str, str, Any, Any, Any]] = []
+        self._export_keys: set[str] = set()
+        """Keys whose accumulators the export thread makes (deferred phases' durations): never recycled
+        into the caller's spares, which would only hold them until the caller's thread frees them."""
         self.phases: list[Phase] = []
         """The step's CPU-timed phases (``recording.defer_phase``: one append on the caller's thread)."""
         self._streams = streams
@@ -249,8 +253,9 @@ class Recorder:
         if len(self._spares) >= _MAX_SPARE_STEPS:
             return
         spare = {}
+        made_here = self._export_keys
         for key, acc in accs.items():
-            if type(acc) in RECYCLED:
+            if type(acc) in RECYCLED and key not in made_here:
                 acc.reset()
                 spare[key] = acc
         self._spares.append(spare)
@@ -435,6 +440,7 @@ class Recorder:
                 acc = batch.accs.get(key)
                 if acc is None:
                     acc = batch.accs[key] = reduce.accumulator_class(reduce)
+                    self._export_keys.add(key)
                 acc.append(seconds)
 
     def stream_device_values(self, batch: StepBatch, values: list[float]) -> None:
