@@ -332,3 +332,233 @@ def test_plain_otel_points_at_the_edges_of_the_rules_are_taken_or_refused_never_
     status = sink.status("odd")
     assert status["last_finalized_step"] == 0 and status["internal_errors"] == 0
     assert status["refused_points"] == len(PLAIN_REFUSED)
+
+
+# -- found by a hostile read of the edge (2026-11-26) ---------------------------------------------
+
+
+def test_a_made_up_world_size_or_rank_is_refused_at_the_edge(make_sink) -> None:
+    """A process declaring 10 million ranks would make the roster list every empty rank slot on
+    the finalizer every experiment shares; a rank in non-ASCII digits would parse as nothing."""
+    sink = make_sink(grace=1.0)
+    conn = Http(sink.http_port)
+    steady_experiment(conn, 0)
+    for resource, why in (
+        ({attr.WORLD_SIZE: "10000000", attr.RANK: "0"}, "above the sink's limit (16384)"),
+        ({attr.WORLD_SIZE: 2**31 - 1}, "above the sink's limit"),
+        ({attr.RANK: "20000", attr.WORLD_SIZE: "2"}, "above the sink's limit"),
+        ({attr.RANK: "\u00b2"}, "must be a non-negative integer"),  # '²'.isdigit(), but not int()
+    ):
+        r = request([gauge("loss", 1.0)], "big", **resource)
+        marker = r.resource_metrics[0].scope_metrics[0].metrics.add(name=attr.FLUSH_MARKER)
+        marker.sum.data_points.add(as_int=1, attributes=[key_value(attr.STEP, 0)])
+        status, rejected, message = conn.export(r)
+        assert (status, rejected) == (200, 2) and why in message, (resource, message)
+    r = request([gauge("loss", 1.0)], "big", **{attr.WORLD_SIZE: "16384", attr.RANK: "16383"})
+    assert conn.export(r)[:2] == (200, 0)  # the largest job the limit allows
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and sink.status("steady")["last_finalized_step"] < 0:
+        time.sleep(0.05)
+    assert sink.status("steady")["last_finalized_step"] == 0
+    conn.close()
+
+
+def test_a_repeated_point_attribute_is_refused_and_leaves_honest_points_alone(make_sink) -> None:
+    """OTel attribute keys are unique. A point that repeats ``rankscope.sum_sq`` was once cached as
+    the shape of its first three attributes, so an honest std point of another experiment with
+    that same first value was then refused."""
+    sink = make_sink()
+    conn = Http(sink.http_port)
+
+    def std(*sum_sq: float) -> pb.Metric:
+        m = histogram("sd", "std", step=0)
+        m.histogram.data_points[0].attributes.extend(key_value("rankscope.sum_sq", v) for v in sum_sq)
+        return m
+
+    status, rejected, message = conn.export(request([std(5.0, 6.0)], "attacker"))
+    assert (status, rejected) == (200, 1) and "'rankscope.sum_sq' appears twice" in message, message
+    assert conn.export(request([std(5.0)], "honest"))[:2] == (200, 0)
+    conn.close()
+
+
+def test_a_gzip_body_of_several_members_is_read_whole(make_sink) -> None:
+    """RFC 1952 lets a gzip body hold several members: each is inflated (two requests' bytes
+    concatenated are one protobuf request holding both); bytes after the last are refused, not
+    ignored with a 200."""
+    import gzip
+
+    sink = make_sink()
+    conn = Http(sink.http_port)
+    first = request([gauge("loss", 1.0)], "member-a").SerializeToString()
+    second = request([gauge("loss", 2.0)], "member-b").SerializeToString()
+    headers = {**PB, "Content-Encoding": "gzip"}
+    status, data = conn.post(gzip.compress(first) + gzip.compress(second), headers)
+    assert status == 200 and mpb.ExportMetricsServiceResponse.FromString(data).partial_success.rejected_data_points == 0
+    assert sink.status("member-a")["points"] == 1 and sink.status("member-b")["points"] == 1
+    status, data = conn.post(gzip.compress(first) + b"trailing junk", headers)
+    assert status == 400 and "corrupt gzip body" in Status.FromString(data).message
+    status, data = conn.post(gzip.compress(b"") * 65, headers)
+    assert status == 400 and "more than 64 members" in Status.FromString(data).message
+    conn.close()
+
+
+def test_a_span_query_naming_millions_of_ranks_is_refused_at_once(make_sink) -> None:
+    """``ranks=0-60000000`` once built a set of 60 million ints on the event loop that answers
+    everyone (5 s, gigabytes): now it is a 400 before the experiment is even looked up."""
+    import urllib.error
+    import urllib.request
+
+    sink = make_sink()
+    base = f"http://127.0.0.1:{sink.http_port}/rankscope/v1/spans?experiment=x&ranks="
+    for ranks in ("0-60000000", "0-65535,70000", "5-2147483647"):
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + ranks, timeout=10)
+        with e.value:
+            assert e.value.code == 400 and "more than 65536 ranks" in e.value.read().decode()
+        assert time.monotonic() - started < 2.0, ranks
+    with pytest.raises(urllib.error.HTTPError) as e:  # within the cap: parsed, then the experiment is unknown
+        urllib.request.urlopen(base + "0-65535", timeout=10)
+    with e.value:
+        assert e.value.code == 404
+
+
+def test_parse_ranks_bounds_what_a_list_may_name() -> None:
+    from rankscope.sink.traces import MAX_QUERY_RANKS, parse_ranks
+
+    assert parse_ranks("0,2,4-7") == {0, 2, 4, 5, 6, 7} and parse_ranks("") is None
+    assert len(parse_ranks(f"0-{MAX_QUERY_RANKS - 1}") or ()) == MAX_QUERY_RANKS
+    for text in (f"0-{MAX_QUERY_RANKS}", ",".join(str(i) for i in range(MAX_QUERY_RANKS + 1)), "1," * 10**6, "-5", "a"):
+        with pytest.raises(ValueError):
+            parse_ranks(text)
+
+
+def test_a_trickled_body_is_answered_408_and_frees_its_connection(make_sink) -> None:
+    """A body sent a byte at a time held its connection (and a buffer) for as long as the client
+    liked; at ``max_connections`` of them nobody else could connect."""
+    import socket
+
+    sink = make_sink(body_timeout=1.0, max_connections=4)
+    slow = []
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", sink.http_port), timeout=10)
+        s.sendall(b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n")
+        s.sendall(b"Content-Length: 100\r\n\r\n\x0a")
+        slow.append(s)
+    started = time.monotonic()
+    for s in slow:
+        answer = s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+        assert b"body not received within 1 s" in answer
+    assert time.monotonic() - started < 5.0
+    for s in slow:
+        assert s.recv(4096) == b""  # and closed by the sink
+        s.close()
+    conn = Http(sink.http_port)  # the connections are free again
+    assert conn.export(request([gauge("loss", 1.0)], "after"))[:2] == (200, 0)
+    conn.close()
+
+
+def test_a_posted_view_path_is_rooted_in_its_experiments_directory(make_sink, tmp_path, monkeypatch) -> None:
+    """A shared sink's posted paths are relative; they were relative to the sink's working
+    directory, so a client could name the sink's own files (or another experiment's). Now they
+    are under ``rankscope_logs/<experiment>/``."""
+    from rankscope.export.senders import post_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "settings.cfg").write_text("the operator's\n")
+    sink = make_sink(grace=0.5)
+    config = {"jsonl": {"logging_mode": "global_reduce", "path": "settings.cfg"}}
+    assert post_config(f"http://127.0.0.1:{sink.http_port}", "attacker", config) == "ok"
+    conn = Http(sink.http_port)
+    r = request([gauge("loss", 1.0)], "attacker", **{attr.RANK: "0", attr.WORLD_SIZE: "1"})
+    marker = r.resource_metrics[0].scope_metrics[0].metrics.add(name=attr.FLUSH_MARKER)
+    marker.sum.data_points.add(as_int=1, attributes=[key_value(attr.STEP, 0)])
+    assert conn.export(r)[:2] == (200, 0)
+    conn.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sink.status("attacker")["last_finalized_step"] < 0:
+        time.sleep(0.05)
+    sink.stop()
+    assert (tmp_path / "settings.cfg").read_text() == "the operator's\n"
+    written = (tmp_path / "rankscope_logs" / "attacker" / "settings.cfg").read_text()
+    assert '"loss"' in written
+
+
+def test_a_run_whose_log_cannot_be_opened_is_refused_with_a_reason(make_sink, tmp_path) -> None:
+    """An experiment named like the state directory's lock file once raised out of the ingest
+    path (a bare 500, counted nowhere); a run whose log directory cannot be made (here a file
+    is in its way, as a full or read-only disk would refuse it) is now a refused request."""
+    state = tmp_path / "state"
+    sink = make_sink(state_dir=state)
+    (state / "blocked").write_text("not a directory\n")
+    conn = Http(sink.http_port)
+    assert conn.export(request([gauge("loss", 1.0)], "lock"))[:2] == (200, 0)
+    status, rejected, message = conn.export(request([gauge("loss", 1.0)], "blocked"))
+    assert (status, rejected) == (200, 1) and "cannot open this run's write-ahead log" in message
+    assert conn.export(request([gauge("loss", 2.0)], "lock"))[:2] == (200, 0)
+    conn.close()
+    assert sink.health() == (True, [])
+
+
+def test_a_request_spreading_points_over_many_steps_opens_at_most_max_open_steps(make_sink) -> None:
+    """Each open step waits for its processes, and finalizing once went over every open step for
+    each one closed: 100k steps in one request held the finalizer every experiment shares for a
+    minute. A run now opens at most ``max_open_steps`` steps; the rest is refused and counted."""
+    from rankscope.sink.admission import ExperimentLimits
+
+    sink = make_sink(grace=1.0, experiment_limits=ExperimentLimits(max_open_steps=100))
+    conn = Http(sink.http_port)
+    steady_experiment(conn, 0)
+    spread = request([gauge("loss", 1.0, step=s) for s in range(150)], "spread", **{attr.WORLD_SIZE: "2"})
+    status, rejected, message = conn.export(spread)
+    assert (status, rejected) == (200, 50) and "step 100 would open more than 100 steps (limit)" in message
+    again = request([gauge("acc", 1.0, step=s) for s in (5, 99, 100)], "spread", **{attr.WORLD_SIZE: "2"})
+    assert conn.export(again)[:2] == (200, 1)  # open steps take more points; a new one does not open
+    assert sink.status("spread")["refused_points"] == 51
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and sink.status("steady")["last_finalized_step"] < 0:
+        time.sleep(0.05)
+    assert sink.status("steady")["last_finalized_step"] == 0
+    while time.monotonic() < deadline and sink.status("spread")["last_finalized_step"] < 99:
+        time.sleep(0.05)
+    assert sink.status("spread")["last_finalized_step"] == 99  # by the grace timer: rank 1 never came
+    assert conn.export(request([gauge("loss", 1.0, step=150)], "spread"))[:2] == (200, 0)  # room again
+    conn.close()
+
+
+def test_spans_are_checked_at_the_edge_like_points(make_sink) -> None:
+    """Spans once went from the wire into the trace store unchecked: 25 MB names, escape
+    sequences, any number of attributes, all answered 200 with nothing rejected."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    sink = make_sink()
+    r = tpb.ExportTraceServiceRequest()
+    attrs = {attr.EXPERIMENT_ID: "spans", attr.SERVICE_INSTANCE_ID: "p1", attr.RANK: "0"}
+    spans = r.resource_spans.add(resource=encode_resource(attrs)).scope_spans.add().spans
+
+    def span(name: str, **kw: Any) -> trace_pb2.Span:
+        s = spans.add(name=name, trace_id=b"\x01" * 16, span_id=random.randbytes(8), **kw)
+        s.start_time_unix_nano, s.end_time_unix_nano = 1_000, 2_000
+        s.attributes.append(key_value(attr.STEP, 0))
+        return s
+
+    span("train/forward")
+    span("n" * 1_000_000)
+    span("\x1b[2Jclear")
+    span("wide").attributes.extend(key_value(f"a{i}", i) for i in range(200))
+    span("heavy").attributes.append(key_value("blob", "x" * 100_000))
+    span("failed", status=trace_pb2.Status(code=2, message="m" * 100_000))
+    span("bad parent", parent_span_id=b"\x01" * 3)
+    conn = http.client.HTTPConnection("127.0.0.1", sink.http_port, timeout=10)
+    conn.request("POST", "/v1/traces", body=r.SerializeToString(), headers=PB)
+    response = conn.getresponse()
+    answer = tpb.ExportTraceServiceResponse.FromString(response.read())
+    conn.close()
+    assert response.status == 200 and answer.partial_success.rejected_spans == 6
+    message = answer.partial_success.error_message
+    for why in ("over 255 characters", "status message of 100000 characters", "malformed trace"):
+        assert why in message, (why, message)  # the answer's message is shortened in the middle
+    assert [s.name for s in sink.spans("spans")] == ["train/forward"]
+    assert sink.health() == (True, [])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -148,3 +149,27 @@ def test_span_links_become_perfetto_flow_arrows_from_each_linked_span_whichever_
         assert writer.links == 2 and starts.keys() == ends.keys()  # the link to an unknown span draws nothing
         assert sorted(starts[i]["pid"] for i in starts) == [pids["generator_r1"], pids["generator_r2"]]
         assert {ends[i]["pid"] for i in ends} == {pids["trainer_r0"]} and {ends[i]["ts"] for i in ends} == {5.0}
+
+
+def test_check_span_names_why_a_span_is_refused() -> None:
+    from rankscope.sink.validate import Limits, check_span
+
+    def span(name: str = "fwd", **kw: Any) -> trace_pb2.Span:
+        return trace_pb2.Span(name=name, trace_id=b"\x01" * 16, span_id=b"\x02" * 8, **kw)
+
+    limits = Limits()
+    assert check_span(span(), limits) is None
+    assert check_span(span(attributes=[key_value("k", "v" * 4096)]), limits) is None  # at the limit
+    wide = span(attributes=[key_value(f"a{i}", i) for i in range(200)])
+    for refused, why in (
+        (span(""), "empty"),
+        (span("x" * 256), "over 255 characters"),
+        (span("a\nb"), "control characters"),
+        (wide, "200 attributes (limit 128)"),
+        (span(attributes=[key_value("blob", "x" * 5000)]), "attribute 'blob' of over"),
+        (span(status=trace_pb2.Status(code=2, message="m" * 5000)), "status message of 5000"),
+        (trace_pb2.Span(name="x", trace_id=b"\x01" * 15, span_id=b"\x02" * 8), "malformed"),
+        (span(parent_span_id=b"\x01" * 3), "malformed"),
+    ):
+        found = check_span(refused, limits)
+        assert found is not None and why in found, (why, found)

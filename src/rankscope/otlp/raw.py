@@ -108,11 +108,13 @@ def decode_attribute(encoded: bytes) -> tuple[str, Any] | None:
 
 def decode_attributes(raw: Sequence[bytes]) -> dict[str, Any] | str:
     """A point's encoded KeyValues as ``{key: scalar}`` (``decode_attribute``), or why they do
-    not decode. Never raises."""
+    not decode (keys are unique in OTel: a repeated one is refused, never resolved). Never raises."""
     out: dict[str, Any] = {}
     for encoded in raw:
         found = decode_attribute(encoded)
         if found is None:
             return "undecodable point attribute"
+        if found[0] in out:
+            return f"point attribute {found[0][:64]!r} appears twice"
         out[found[0]] = found[1]
     return out

@@ -22,6 +22,8 @@ class ExperimentLimits:
 
     max_processes: int = 16_384
     """Processes per run."""
+    max_open_steps: int = 4096
+    """Steps of a run not finalized yet (each waits for its processes, at most the grace period)."""
     max_keys_per_step: int = 100_000
     max_late_points_per_step: int = 1_000_000
     max_series: int = 256
@@ -49,6 +51,10 @@ class Admission:
     def __init__(self, limits: ExperimentLimits) -> None:
         self.limits = limits
         self._logs_per_step: dict[int, int] = {}
+
+    def opens_step(self, open_steps: int) -> bool:
+        """Whether a run with ``open_steps`` steps not finalized may open one more."""
+        return open_steps < self.limits.max_open_steps
 
     def states(
         self,

@@ -86,22 +86,35 @@ def decode_body(
 
 
 def decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
-    """Undo gzip/deflate, refusing to inflate past ``max_bytes`` (gzip bombs get 413)."""
+    """Undo gzip/deflate, refusing to inflate past ``max_bytes`` (gzip bombs get 413). A gzip body
+    may hold several members (RFC 1952), each inflated in turn; bytes after the last are refused."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "identity":
         return body
     if encoding not in ("gzip", "deflate"):
         raise HttpError(415, f"unsupported content encoding {content_encoding!r}; use gzip or identity")
-    inflater = zlib.decompressobj(wbits=47 if encoding == "gzip" else 15)  # 47: gzip or zlib header
-    try:
-        out = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise HttpError(400, f"corrupt {encoding} body: {exc}") from None
-    if len(out) > max_bytes or inflater.unconsumed_tail:
-        raise HttpError(413, f"body inflates past the {max_bytes}-byte limit")
-    if not inflater.eof:
-        raise HttpError(400, f"truncated {encoding} body")
-    return out
+    out = bytearray()
+    rest = body
+    for _ in range(MAX_GZIP_MEMBERS):
+        inflater = zlib.decompressobj(wbits=47 if encoding == "gzip" else 15)  # 47: gzip or zlib header
+        try:
+            out += inflater.decompress(rest, max_bytes + 1 - len(out))
+        except zlib.error as exc:
+            raise HttpError(400, f"corrupt {encoding} body: {exc}") from None
+        if len(out) > max_bytes or inflater.unconsumed_tail:
+            raise HttpError(413, f"body inflates past the {max_bytes}-byte limit")
+        if not inflater.eof:
+            raise HttpError(400, f"truncated {encoding} body")
+        rest = inflater.unused_data
+        if not rest:
+            return bytes(out)
+        if encoding != "gzip":
+            raise HttpError(400, f"{len(rest)} bytes after the end of the {encoding} stream")
+    raise HttpError(400, f"gzip body of more than {MAX_GZIP_MEMBERS} members")
+
+
+MAX_GZIP_MEMBERS = 64
+"""Members one gzip body may hold (each costs a fresh inflater)."""
 
 
 def hex_ids_to_base64(node: Any) -> Any:

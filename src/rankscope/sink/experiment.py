@@ -280,33 +280,43 @@ class Experiment:
         frontier = self.frontier
         horizon = None if frontier is None else frontier + self.step_window
         parts: dict[int, ResourceBatch] = {}
+        opened = 0
 
-        def part(step: int) -> ResourceBatch:
+        def place(step: int, n: int, what: str) -> ResourceBatch | None:
+            """The batch's part of ``step`` for ``n`` items (``what``: how a refusal names them); None
+            when refused: beyond the step window, or opening a step past ``max_open_steps``."""
+            nonlocal opened
+            if horizon is not None and step > horizon:
+                refused.add(n, f"{what}: step {step} is more than {self.step_window} ahead of {frontier}")
+                return None
             found = parts.get(step)
             if found is None:
+                if step > self.last_finalized and step not in self._open:
+                    if not self.admission.opens_step(len(self._open) + opened):
+                        limit = self.admission.limits.max_open_steps
+                        refused.add(n, f"{what}: step {step} would open more than {limit} steps (limit)")
+                        return None
+                    opened += 1
                 found = parts[step] = ResourceBatch(batch.experiment, batch.resource)
             return found
 
         states = batch.states if not batch.plain else batch.states + self._plain(process, batch.plain)
         for rows in states:
-            if rows.step is None:  # resolved here, so a write-ahead-log record always names its step
-                rows = StateRows(rows.reduce, self.step_at(rows.time_unix_nano), rows.keys, rows.rows)
-            elif horizon is not None and rows.step > horizon:
-                why = f"{rows.keys[0]}: step {rows.step} is more than {self.step_window} ahead of {frontier}"
-                refused.add(len(rows.keys), why)
-                continue
-            part(rows.step).states.append(rows)  # type: ignore[arg-type]
+            step = rows.step if rows.step is not None else self.step_at(rows.time_unix_nano)
+            found = place(step, len(rows.keys), rows.keys[0])
+            if found is not None:  # a resolved step, so a write-ahead-log record always names its step
+                found.states.append(
+                    rows if rows.step is not None else StateRows(rows.reduce, step, rows.keys, rows.rows)
+                )
         for row in batch.samples:
             step = row.step if row.step is not None else self.step_at(row.time_unix_nano)
-            if horizon is not None and step > horizon:
-                refused.add(1, f"sample row: step {step} is more than {self.step_window} ahead")
-                continue
-            part(step).samples.append(row if row.step is not None else replace(row, step=step))
+            found = place(step, 1, "sample row")
+            if found is not None:
+                found.samples.append(row if row.step is not None else replace(row, step=step))
         for marker in batch.markers:
-            if horizon is not None and marker.step > horizon:
-                refused.add(1, f"flush marker: step {marker.step} is over {self.step_window} ahead")
-            else:
-                part(marker.step).markers.append(marker)
+            found = place(marker.step, 1, "flush marker")
+            if found is not None:
+                found.markers.append(marker)
         return parts
 
     def _plain(self, process: Process, points: list[Any]) -> list[StateRows]:
@@ -469,8 +479,7 @@ class Experiment:
         """Close every step that is complete, or past its grace period (all when ``force``)."""
         out: list[Finished] = []
         now = self.clock()
-        while self._open:
-            step = min(self._open)
+        for step in sorted(self._open):  # in order; nothing opens meanwhile (the tenant's lock)
             if self._checked[:2] != (step, self.roster.version):  # nothing that decides it changed: reuse
                 self._checked = (step, self.roster.version, self._absent(step))
             absent = self._checked[2]

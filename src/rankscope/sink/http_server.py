@@ -7,9 +7,10 @@ Facing a network: connections that send nothing are closed after
 ``idle_connection_timeout`` (aiohttp's keep-alive timer starts when the connection opens),
 at most ``max_connections`` are open (the newest beyond is closed at once), the listen
 backlog is 1024, a body over ``max_body_bytes`` is answered 413 from its Content-Length
-without being read, and the bearer token is checked by ``sink.auth`` before any body is
-read. Decoding and merging run on a small thread pool, so a large request never stalls the
-loop that answers everyone else.
+without being read, one that takes longer than ``body_timeout`` to arrive is answered 408
+(a trickled body would hold its connection; either is closed after at most 2 s more), and the bearer token is checked by
+``sink.auth`` before any body is read. Decoding and merging run on a small thread pool, so a
+large request never stalls the loop that answers everyone else.
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ from .control import ControlRoutes
 if TYPE_CHECKING:
     from .service import Sink
 
-_GRPC_CODES = {400: 3, 401: 16, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
+_GRPC_CODES = {400: 3, 401: 16, 408: 4, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
 _REJECTED_FIELD = {"metrics": "rejected_data_points", "traces": "rejected_spans", "logs": "rejected_log_records"}
+
+
+_LINGER = 2.0
+"""Seconds a connection answered before its body ended (413, 408) may still send before it is closed
+(aiohttp's default, 10, would let a trickling client hold it that much longer)."""
 
 
 class _CappedServer(web.Server):
@@ -65,16 +71,14 @@ class _Routes:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def _body(self, request: web.BaseRequest) -> bytes:
-        limit = self.sink.config.max_body_bytes
+        config = self.sink.config
+        limit = config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise HttpError(413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
-        chunks, size = [], 0
-        async for chunk in request.content.iter_chunked(1 << 16):
-            size += len(chunk)
-            if size > limit:
-                raise HttpError(413, f"body exceeds the {limit}-byte limit")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await asyncio.wait_for(_read_body(request, limit), config.body_timeout)
+        except asyncio.TimeoutError:
+            raise HttpError(408, f"body not received within {config.body_timeout:g} s") from None
 
     async def _post(self, request: web.BaseRequest) -> web.StreamResponse:
         if not authorized(self.sink.config.token, request.headers.get("Authorization")):
@@ -105,12 +109,22 @@ class _Routes:
         return web.Response(status=200, body=payload, content_type=content_type)
 
 
+async def _read_body(request: web.BaseRequest, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _error(request: web.BaseRequest, error: HttpError) -> web.Response:
     json_body = media_type(request.headers.get("Content-Type")) == "application/json"
     content_type, body = encode_status(error.message, _GRPC_CODES.get(error.status, 2), json_body)
     headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}
     response = web.Response(status=error.status, body=body, content_type=content_type, headers=headers)
-    if error.status in (401, 413):
+    if error.status in (401, 408, 413):
         response.force_close()  # the unread body (or an unauthenticated peer) does not keep the connection
     return response
 
@@ -127,6 +141,7 @@ class HttpServer:
             routes.handle,
             loop=self.loop,
             keepalive_timeout=config.idle_connection_timeout,
+            lingering_time=_LINGER,
             access_log=None,
             auto_decompress=False,  # bodies.decompress inflates with the size cap
         )

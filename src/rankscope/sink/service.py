@@ -54,6 +54,7 @@ from .validate import (
     check_resource,
     logs_batches,
     metrics_batches,
+    root_posted_views,
 )
 from .views import ViewPool, ViewWriter
 from .wal import ExperimentLog, WriteAheadLog, decode_record, encode_record
@@ -91,6 +92,9 @@ class SinkConfig:
     max_connections: int = 1024
     """Open HTTP connections at most; idle ones are closed after ``idle_connection_timeout``."""
     idle_connection_timeout: float = 15.0
+    body_timeout: float = 60.0
+    """Seconds an OTLP/HTTP body may take to arrive (a trickled one holds a connection and its
+    buffer): a slower one is answered 408 and its connection closed."""
     retain_steps: int = 16
     trace_retain_steps: int = 64
     """Steps whose spans an experiment keeps (``rankscope gantt``, straggler views)."""
@@ -440,7 +444,8 @@ class Sink:
                             accepted, rejected = 0, n
                         else:
                             e = tenant.experiment
-                            accepted, rejected = e.traces.ingest(process, rs.scope_spans, e.step_at)
+                            limits = self.config.limits
+                            accepted, rejected = e.traces.ingest(process, rs.scope_spans, e.step_at, refused, limits)
                     except Exception as exc:
                         self._tenant_error(tenant, "trace ingest", exc)
                         result.rejected += n
@@ -448,8 +453,9 @@ class Sink:
                 dropped = n - accepted - rejected
                 result.accepted += accepted
                 result.rejected += rejected + dropped
-                if rejected:
-                    result.errors.append(f"{rejected} spans with malformed ids or from too many processes")
+                result.errors.extend(refused.reasons)
+                if process is None or process.reused:
+                    result.errors.append(f"{n} spans from too many processes, or from a run that ended")
                 if dropped:
                     result.errors.append(f"{dropped} spans older than the retained steps or over max_spans")
             return result
@@ -585,9 +591,11 @@ class Sink:
         """An experiment's processes say which views they want (used when the sink has none)."""
         if self.config.backends is not None:
             return "ignored: this sink's views are fixed by its configuration"
-        why = None if self.config.trust_posted_paths else check_posted_views(backends)
-        if why is not None:
-            return f"refused: {why}"
+        if not self.config.trust_posted_paths:
+            why = check_posted_views(backends)
+            if why is not None:
+                return f"refused: {why}"
+            backends = root_posted_views(experiment_id, backends)
         with self._lock:
             known = self.posted_backends.get(experiment_id)
             tenants = [t for k, t in self.tenants.items() if k[0] == experiment_id]
@@ -796,7 +804,15 @@ class Sink:
                         self.runs.forget(key)
                     refused.add(n, f"the sink holds {self.config.max_experiments} runs (limit)")
                     return None
-                tenant = self.tenants[key] = self._new_tenant(key)
+                try:
+                    tenant = self._new_tenant(key)
+                except OSError as exc:  # its write-ahead log cannot be opened (disk full, permissions)
+                    if resolved.created:
+                        self.runs.forget(key)
+                    log.error("rankscope sink: run %r of %r not opened: %r", key[1][:64], experiment_id[:64], exc)
+                    refused.add(n, "the sink cannot open this run's write-ahead log (see the sink's log)")
+                    return None
+                self.tenants[key] = tenant
             if resolved.note is not None:
                 self._note(resolved.note)
             record = resolved.changed.record() if resolved.changed is not None else None

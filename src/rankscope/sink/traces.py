@@ -33,6 +33,10 @@ from ..backends.base import Metric
 from ..core import names as attr
 from ..metrics.reduce import Reduce
 from ..otlp.common import attributes
+from .validate import Limits, Refusals, check_span
+
+_LIMITS = Limits()
+"""The edge's default bounds (a sink passes its own)."""
 
 log = logging.getLogger("rankscope.sink")
 MAX_PHASES_PER_STEP = 64
@@ -170,17 +174,26 @@ class TraceStore:
         self.dropped = 0
 
     def ingest(
-        self, process: Any, scope_spans: Iterable[Any], step_at: Callable[[int], int] | None = None
+        self,
+        process: Any,
+        scope_spans: Iterable[Any],
+        step_at: Callable[[int], int] | None = None,
+        refused: Refusals | None = None,
+        limits: Limits = _LIMITS,
     ) -> tuple[int, int]:
-        """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected).
+        """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected): a span
+        ``validate.check_span`` refuses is counted, with its reason, in ``refused``.
         ``step_at(start_ns)`` gives a span without a step its step."""
         decoded: list[StoredSpan] = []
         steps_of: dict[str, int] = {}
         rejected = 0
         for ss in scope_spans:
             for span in ss.spans:
-                if len(span.trace_id) != 16 or len(span.span_id) != 8:
+                why = check_span(span, limits)
+                if why is not None:
                     rejected += 1
+                    if refused is not None:
+                        refused.add(1, why)
                     continue
                 a = attributes(span.attributes)
                 step = a.pop(attr.STEP, None)
@@ -320,16 +333,25 @@ def rows(spans: Iterable[StoredSpan]) -> Iterator[dict[str, Any]]:
         yield span.row()
 
 
+MAX_QUERY_RANKS = 65_536
+"""Ranks one span query may name (a query string must not make the sink build a huge set)."""
+
+
 def parse_ranks(text: str | None) -> set[int] | None:
-    """``"0,2,4-7"`` → {0, 2, 4, 5, 6, 7}; None or empty → None (all ranks)."""
+    """``"0,2,4-7"`` → {0, 2, 4, 5, 6, 7}; None or empty → None (all ranks). Raises ``ValueError``
+    for a malformed list or one naming more than ``MAX_QUERY_RANKS`` ranks."""
     if not text:
         return None
     found: set[int] = set()
-    for part in text.split(","):
+    for part in text.split(",", MAX_QUERY_RANKS):
         part = part.strip()
         if "-" in part:
-            low, high = part.split("-", 1)
-            found.update(range(int(low), int(high) + 1))
+            low, high = (int(bound) for bound in part.split("-", 1))
+            if high - low >= MAX_QUERY_RANKS - len(found):
+                raise ValueError(f"ranks: more than {MAX_QUERY_RANKS} ranks")
+            found.update(range(low, high + 1))
         elif part:
             found.add(int(part))
+        if len(found) > MAX_QUERY_RANKS:
+            raise ValueError(f"ranks: more than {MAX_QUERY_RANKS} ranks")
     return found

@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..core import names as attr
+from ..core.paths import safe_component
 from ..metrics.reduce import BUILTIN_REDUCES, Reduce
 from ..otlp import foreign
 from ..otlp.common import attributes, decode_step
@@ -60,6 +61,9 @@ class Limits:
     """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
     step_window: int = 1_000_000
     """How far ahead of an experiment's frontier a step may be."""
+    max_world_size: int = 16_384
+    """The largest ``rankscope.world_size`` (and rank) a process may declare: a run's roster waits
+    for every rank slot, so a made-up size would make the sink list millions of empty slots."""
 
 
 @dataclass(slots=True)
@@ -182,7 +186,32 @@ def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str
         value = resource.get(name)
         if value is not None and not _small_int(value):
             return f"{name} must be a non-negative integer, got {str(value)[:32]!r}"
+    for name in (attr.RANK, attr.WORLD_SIZE):
+        value = resource.get(name)
+        if value is not None and int(value) > limits.max_world_size:
+            return f"{name} {int(value)} is above the sink's limit ({limits.max_world_size})"
     return experiment, resource
+
+
+def check_span(span: Any, limits: Limits) -> str | None:
+    """Why a received span is refused, or None. The trace store keeps a span's ids, name,
+    attributes and status message as sent and shows them (Gantt, report, ``rankscope top``), so
+    each is bounded here: ids of OTLP's lengths, a name as clean as a metric key, at most
+    ``MAX_POINT_ATTRIBUTES`` attributes of bounded size, a bounded status message."""
+    if len(span.trace_id) != 16 or len(span.span_id) != 8 or len(span.parent_span_id) not in (0, 8):
+        return "a span with a malformed trace, span or parent span id"
+    name = span.name
+    if clean_text(name, limits.max_name_chars) is None:
+        return f"span name {name[:40]!r}: empty, over {limits.max_name_chars} characters or with control characters"
+    if len(span.attributes) > MAX_POINT_ATTRIBUTES:
+        return f"span {name!r}: {len(span.attributes)} attributes (limit {MAX_POINT_ATTRIBUTES})"
+    room = limits.max_name_chars + limits.max_attribute_chars + 16  # a key, a value, their framing
+    for kv in span.attributes:
+        if kv.ByteSize() > room:
+            return f"span {name!r}: attribute {kv.key[:64]!r} of over {room} bytes"
+    if len(span.status.message) > limits.max_attribute_chars:
+        return f"span {name!r}: status message of {len(span.status.message)} characters"
+    return None
 
 
 def _small_int(value: Any) -> bool:
@@ -190,7 +219,7 @@ def _small_int(value: Any) -> bool:
     if isinstance(value, bool):
         return False
     if isinstance(value, str):
-        return value.isdigit() and len(value) < 10
+        return value.isascii() and value.isdigit() and len(value) < 10
     return isinstance(value, int) and 0 <= value < 2**31
 
 
@@ -539,7 +568,8 @@ def check_posted_views(backends: Mapping[str, Any]) -> str | None:
     ``..`` whose only format fields are the plain names the views fill in, each a safe
     component (``paths.safe_component``) or an int, with no conversion and at most an int's
     width (``{experiment}``, ``{rank:03d}``): no attribute or index lookups, which
-    ``str.format`` would run, and no fill or precision, which would make any text (``/``, ``..``)."""
+    ``str.format`` would run, and no fill or precision, which would make any text (``/``, ``..``).
+    A config that passes is then rooted in its experiment's directory (``root_posted_views``)."""
     import string
     from pathlib import PurePath
 
@@ -564,3 +594,18 @@ def check_posted_views(backends: Mapping[str, Any]) -> str | None:
                     shown = ", ".join("{" + f + "}" for f in sorted(_PATH_FIELDS))
                     return f"view {str(name)[:64]!r}: {option} may only use {shown} (and an int width: {{rank:03d}})"
     return None
+
+
+POSTED_ROOT = "rankscope_logs"
+"""Where a shared sink roots a posted view config's paths, one directory per experiment."""
+
+
+def root_posted_views(experiment: str, backends: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A checked posted config (``check_posted_views``) with each path option under
+    ``rankscope_logs/<experiment>/``: a client writes only in its own experiment's directory, never
+    over the sink's files or another experiment's (``safe_component`` is one-to-one)."""
+    root = f"{POSTED_ROOT}/{safe_component(experiment)}/"
+    rooted = {}
+    for name, options in backends.items():
+        rooted[name] = {k: root + v if k in _PATH_OPTIONS else v for k, v in options.items()}
+    return rooted

@@ -1,6 +1,7 @@
 """Write-ahead log: what the sink acknowledged survives a crash (``rankscope sink --state-dir``).
 
-Layout: ``STATE_DIR/lock`` (one sink per directory), and per run of an experiment a directory
+Layout: ``STATE_DIR/.lock`` (one sink per directory; no ``safe_component`` starts with a dot), and
+per run of an experiment a directory
 ``safe_component(experiment id)/runs/safe_component(run id)`` (a run without an id: the
 experiment's directory itself, as before runs) holding ``meta.json`` (the original ids and what the run book
 keeps of the run, ``sink.runs``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
@@ -249,7 +250,7 @@ class WriteAheadLog:
     def __init__(self, directory: Path, *, segment_bytes: int = 8 * 1024 * 1024) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.directory / "lock", "a")  # noqa: SIM115 - held for the sink's life
+        self._lock_file = open(self.directory / ".lock", "a")  # noqa: SIM115 - held for the sink's life
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
