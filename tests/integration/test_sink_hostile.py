@@ -562,3 +562,24 @@ def test_spans_are_checked_at_the_edge_like_points(make_sink) -> None:
         assert why in message, (why, message)  # the answer's message is shortened in the middle
     assert [s.name for s in sink.spans("spans")] == ["train/forward"]
     assert sink.health() == (True, [])
+
+
+def test_one_client_cannot_fill_the_sinks_runs_or_configs(make_sink) -> None:
+    """Run ids are the client's to choose: one experiment inventing them once filled every run
+    the sink holds, and configs posted for experiments never seen again filled the config table
+    for the sink's lifetime."""
+    from rankscope.export.senders import post_config
+
+    sink = make_sink(max_open_runs=3, max_experiments=5)
+    conn = Http(sink.http_port)
+    answers = [conn.export(request([gauge("loss", 1.0)], "inventive", **{attr.RUN_ID: f"r{i}"})) for i in range(5)]
+    assert [a[:2] for a in answers] == [(200, 0)] * 3 + [(200, 1)] * 2
+    assert "this experiment has 3 runs open (limit" in answers[3][2]
+    assert conn.export(request([gauge("loss", 1.0)], "neighbour"))[:2] == (200, 0)  # others still get runs
+    conn.close()
+
+    control = f"http://127.0.0.1:{sink.http_port}"
+    config = {"console": {"logging_mode": "global_reduce"}}
+    for i in range(8):  # the oldest config of an experiment with no run open makes room
+        assert post_config(control, f"never-seen-{i}", config) == "ok"
+    assert len(sink.posted_backends) == 5 and "never-seen-7" in sink.posted_backends

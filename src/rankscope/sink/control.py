@@ -95,7 +95,7 @@ class ControlRoutes:
                 raise TypeError("each backend's options must be an object")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad config body: {exc}") from None
-        answer = self.sink.configure(experiment, backends)
+        answer = await self._call(self.sink.configure, experiment, backends)  # it takes runs' locks
         return web.json_response({"result": answer})
 
     async def _health(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -106,9 +106,9 @@ class ControlRoutes:
     async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment = query.get("experiment", [None])[0]
-        if experiment is None:
-            return web.json_response(self.sink.overview())
-        found = self.sink.status(experiment, _run(query))
+        if experiment is None:  # both take runs' locks: on the pool, never on the loop that answers everyone
+            return web.json_response(await self._call(self.sink.overview))
+        found = await self._call(self.sink.status, experiment, _run(query))
         if found is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
         return web.json_response(found)

@@ -121,6 +121,10 @@ class SinkConfig:
     experiment_limits: ExperimentLimits = field(default_factory=ExperimentLimits)
     """What one run may make the sink hold (``sink.admission``)."""
     max_experiments: int = 4096
+    """Runs (of every experiment) open at once."""
+    max_open_runs: int = 64
+    """Runs of one experiment open at once: one client inventing run ids fills no more of
+    ``max_experiments`` than this (an idle run closes after ``idle_timeout``)."""
     idle_timeout: float = 300.0
     """Seconds without data after which a run's views are closed (reopened on new data)."""
     resume_window: float = 7 * 86400.0
@@ -600,7 +604,7 @@ class Sink:
             known = self.posted_backends.get(experiment_id)
             tenants = [t for k, t in self.tenants.items() if k[0] == experiment_id]
             if known is None and all(t.writer is None for t in tenants):
-                if len(self.posted_backends) >= self.config.max_experiments:
+                if len(self.posted_backends) >= self.config.max_experiments and not self._forget_a_config():
                     return "ignored: this sink holds too many experiments"
                 self.posted_backends[experiment_id] = {k: dict(v) for k, v in backends.items()}
                 for tenant in tenants:
@@ -611,6 +615,16 @@ class Sink:
             if known == backends:
                 return "ok"
             return "ignored: this experiment's views are already configured"
+
+    def _forget_a_config(self) -> bool:
+        """Make room for a posted config: the oldest one of an experiment with no run open goes
+        (configs of experiments never seen again must not fill the sink for its lifetime)."""
+        open_experiments = {e for e, _ in self.tenants}
+        for experiment_id in self.posted_backends:
+            if experiment_id not in open_experiments:
+                del self.posted_backends[experiment_id]
+                return True
+        return False
 
     def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
         """A run's status (None: the experiment's latest run), with the experiment's runs listed."""
@@ -799,10 +813,11 @@ class Sink:
             resource[attr.EXPERIMENT_ATTEMPT] = resolved.attempt
             tenant = self.tenants.get(key)
             if tenant is None:
-                if len(self.tenants) >= self.config.max_experiments:
+                full = self._full(experiment_id)
+                if full is not None:
                     if resolved.created:
                         self.runs.forget(key)
-                    refused.add(n, f"the sink holds {self.config.max_experiments} runs (limit)")
+                    refused.add(n, full)
                     return None
                 try:
                     tenant = self._new_tenant(key)
@@ -819,6 +834,15 @@ class Sink:
         if record is not None and tenant.log is not None:  # outside the registry lock: it fsyncs
             tenant.log.save_meta(record)
         return tenant
+
+    def _full(self, experiment_id: str) -> str | None:
+        """Why another run of ``experiment_id`` may not open now, or None (under the registry lock)."""
+        c = self.config
+        if len(self.tenants) >= c.max_experiments:
+            return f"the sink holds {c.max_experiments} runs (limit)"
+        if sum(1 for e, _ in self.tenants if e == experiment_id) >= c.max_open_runs:
+            return f"this experiment has {c.max_open_runs} runs open (limit; idle ones close in {c.idle_timeout:g} s)"
+        return None
 
     def _note(self, note: str) -> None:
         """A run-book event worth a line: logged and kept for the status route."""
