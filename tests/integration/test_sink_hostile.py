@@ -339,7 +339,8 @@ def test_plain_otel_points_at_the_edges_of_the_rules_are_taken_or_refused_never_
 
 def test_a_made_up_world_size_or_rank_is_refused_at_the_edge(make_sink) -> None:
     """A process declaring 10 million ranks would make the roster list every empty rank slot on
-    the finalizer every experiment shares; a rank in non-ASCII digits would parse as nothing."""
+    the finalizer every experiment shares; a rank in non-ASCII digits would parse as nothing; a
+    padded Resource would be kept per process and repeated in every step's log record."""
     sink = make_sink(grace=1.0)
     conn = Http(sink.http_port)
     steady_experiment(conn, 0)
@@ -348,6 +349,7 @@ def test_a_made_up_world_size_or_rank_is_refused_at_the_edge(make_sink) -> None:
         ({attr.WORLD_SIZE: 2**31 - 1}, "above the sink's limit"),
         ({attr.RANK: "20000", attr.WORLD_SIZE: "2"}, "above the sink's limit"),
         ({attr.RANK: "\u00b2"}, "must be a non-negative integer"),  # '²'.isdigit(), but not int()
+        ({f"pad{i}": "x" * 4000 for i in range(5)}, "bytes (limit 16384)"),  # kept per process, logged per step
     ):
         r = request([gauge("loss", 1.0)], "big", **resource)
         marker = r.resource_metrics[0].scope_metrics[0].metrics.add(name=attr.FLUSH_MARKER)

@@ -57,6 +57,9 @@ class Limits:
     max_attribute_chars: int = 4096
     """Any other string attribute value."""
     max_resource_attributes: int = 128
+    max_resource_bytes: int = 16 * 1024
+    """A Resource's encoded size: the sink keeps each process's Resource, and its write-ahead log
+    repeats it in every step's record (a padded one would cost memory and disk many times over)."""
     max_buckets: int = MAX_BUCKETS
     """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
     step_window: int = 1_000_000
@@ -161,6 +164,9 @@ def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str
     """(experiment id, resource attributes) of a Resource, or why it is refused."""
     if len(raw.attributes) > limits.max_resource_attributes:
         return f"resource has {len(raw.attributes)} attributes (limit {limits.max_resource_attributes})"
+    size = raw.ByteSize()
+    if size > limits.max_resource_bytes:
+        return f"resource of {size} bytes (limit {limits.max_resource_bytes})"
     resource = attributes(raw.attributes)
     for key, value in resource.items():
         if len(key) > limits.max_name_chars:
