@@ -117,3 +117,74 @@ def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_pat
     assert len((tmp_path / JOURNAL).read_text().splitlines()) == 2
     again = ExperimentLog(tmp_path, "x", 1 << 20)
     assert (again.attempt, again.last_finalized) == (1, 3)
+
+
+def test_a_bad_record_before_the_end_sets_its_segment_aside_instead_of_cutting_it(tmp_path: Path) -> None:
+    """Only the newest segment's last record can be torn by a crash (it was never acknowledged):
+    that one is cut off. A bad record before the end is corruption of acknowledged records: it
+    once truncated the segment from there, silently; now the records before it replay, the
+    segment is kept as ``*.corrupt`` and the sink's status says so."""
+    from rankscope.sink import Sink, SinkConfig
+    from rankscope.sink.wal import WriteAheadLog
+
+    def log_with(records: int):
+        wal = WriteAheadLog(tmp_path)
+        log = wal.open("e")
+        for i in range(records):
+            log.append(i, b"payload %d" % i)
+        log.sync()
+        return wal, log
+
+    wal, log = log_with(5)
+    segment = next(log.directory.glob("seg-*.log"))
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped bit in the middle: record 2 of 5
+    segment.write_bytes(bytes(data))
+    log.close()
+    wal.close()
+
+    wal = WriteAheadLog(tmp_path)
+    log = wal.open("e")
+    assert [step for _, step, _ in log.replay()] == [0, 1]
+    assert not segment.exists() and segment.with_name(segment.name + ".corrupt").read_bytes() == bytes(data)
+    assert "is corrupt at byte" in log.set_aside[0] and log.seq >= 2
+    log.close()
+    wal.close()
+
+    sink = Sink(SinkConfig(grpc_port=None, http_port=None, state_dir=tmp_path)).start()  # nothing left to set aside
+    try:
+        assert not any("corrupt" in note for note in sink.overview()["run_notes"])
+    finally:
+        sink.stop()
+
+
+def test_a_torn_last_record_is_cut_off_and_the_sink_says_a_set_aside_segment(tmp_path: Path) -> None:
+    from rankscope.sink import Sink, SinkConfig
+    from rankscope.sink.wal import WriteAheadLog
+
+    wal = WriteAheadLog(tmp_path)
+    log = wal.open("e")
+    for i in range(3):
+        log.append(i, b"payload %d" % i)
+    log.sync()
+    segment = next(log.directory.glob("seg-*.log"))
+    log.close()
+    wal.close()
+    whole = segment.read_bytes()
+    segment.write_bytes(whole[:-3])  # the crash cut the last append
+    wal = WriteAheadLog(tmp_path)
+    log = wal.open("e")
+    assert [step for _, step, _ in log.replay()] == [0, 1] and log.set_aside == []
+    assert segment.exists() and len(segment.read_bytes()) < len(whole) - 3  # cut at the record's start
+    log.close()
+    wal.close()
+
+    data = bytearray(segment.read_bytes())
+    data[30] ^= 0xFF  # now corrupt the first record: acknowledged data
+    segment.write_bytes(bytes(data))
+    sink = Sink(SinkConfig(grpc_port=None, http_port=None, state_dir=tmp_path)).start()
+    try:
+        notes = sink.overview()["run_notes"]
+        assert any("is corrupt at byte 0" in note for note in notes), notes
+    finally:
+        sink.stop()

@@ -926,6 +926,8 @@ class Sink:
                 except Exception as exc:
                     self._tenant_error(tenant, f"replaying record {seq}", exc)
                 records += 1
+            for note in tenant.log.set_aside:
+                self._note(note)
             if records:
                 log.warning("rankscope sink: replayed %d records of %s", records, tenant.experiment.name[:96])
                 tenant.dirty = True

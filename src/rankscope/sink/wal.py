@@ -79,6 +79,8 @@ class ExperimentLog:
         self._checkpointed = 0.0
         self._journal: int | None = None
         self._closed = False
+        self.set_aside: list[str] = []
+        """Segments ``replay`` found corrupt before their end, renamed ``*.corrupt`` (what it says)."""
         directory.mkdir(parents=True, exist_ok=True)
         meta = directory / "meta.json"
         if not meta.exists():
@@ -117,8 +119,14 @@ class ExperimentLog:
             self._note_written(step, seq, last_finalized, attempt)
 
     def replay(self) -> Iterator[tuple[int, int, bytes]]:
-        """(seq, step, payload) of every record not yet covered by a written view, oldest first."""
-        for segment in sorted(self.directory.glob("seg-*.log")):
+        """(seq, step, payload) of every record not yet covered by a written view, oldest first.
+
+        A bad record at the very end of the newest segment is a torn tail (the crash cut an append
+        that was never acknowledged): it is cut off. One anywhere else is corruption of
+        acknowledged data: the records before it are replayed, and the segment is kept, renamed
+        ``*.corrupt``, for the operator, never truncated; ``set_aside`` says so."""
+        segments = sorted(self.directory.glob("seg-*.log"))
+        for index, segment in enumerate(segments):
             steps = self._segments.setdefault(segment, {})
             try:
                 data = segment.read_bytes()
@@ -126,20 +134,41 @@ class ExperimentLog:
                 log.error("rankscope sink: cannot read %s: %r", segment, exc)
                 continue
             offset = 0
+            corrupt = False
             while offset + _HEADER.size <= len(data):
                 length, seq, step, crc = _HEADER.unpack_from(data, offset)
                 body = data[offset + _HEADER.size : offset + _HEADER.size + length]
                 if len(body) != length or zlib.crc32(struct.pack("<Qq", seq, step) + body) != crc:
-                    break  # a torn tail: the crash cut this append; it was never acknowledged
+                    newest = index == len(segments) - 1
+                    corrupt = not newest or offset + _HEADER.size + length < len(data)
+                    break
                 offset += _HEADER.size + length
                 self.seq = max(self.seq, seq)
                 steps[step] = max(steps.get(step, 0), seq)
                 if seq > self.written.get(step, 0):
                     yield seq, step, body
-            if offset < len(data):
+            if corrupt:
+                self._set_aside(segment, offset, len(data))
+            elif offset < len(data):
                 with open(segment, "r+b") as f:  # drop the torn tail so the segment reads clean
                     f.truncate(offset)
+        self.seq = max(self.seq, max(self.written.values(), default=0))  # no seq a set-aside record had
         self.durable = self.seq
+
+    def _set_aside(self, segment: Path, offset: int, size: int) -> None:
+        aside = segment.with_name(segment.name + ".corrupt")
+        try:
+            os.replace(segment, aside)
+        except OSError as exc:
+            log.error("rankscope sink: cannot set %s aside: %r", segment, exc)
+            aside = segment
+        self._segments.pop(segment, None)
+        note = (
+            f"write-ahead log of {self.experiment[:96]!r}: {segment.name} is corrupt at byte {offset} of {size}; "
+            f"the records before it were replayed, the rest is kept unread in {aside.name}"
+        )
+        log.error("rankscope sink: %s", note)
+        self.set_aside.append(note)
 
     def append(self, step: int, payload: bytes) -> int:
         with self._lock:
