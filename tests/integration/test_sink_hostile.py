@@ -585,3 +585,19 @@ def test_one_client_cannot_fill_the_sinks_runs_or_configs(make_sink) -> None:
     for i in range(8):  # the oldest config of an experiment with no run open makes room
         assert post_config(control, f"never-seen-{i}", config) == "ok"
     assert len(sink.posted_backends) == 5 and "never-seen-7" in sink.posted_backends
+
+
+def test_a_client_inventing_refusal_reasons_cannot_wipe_the_status_routes_counts(make_sink) -> None:
+    """The status route counts refusals by reason; past 1,000 kinds the table was cleared, so a
+    client sending made-up attribute names could erase what the operator was looking at."""
+    sink = make_sink()
+    conn = Http(sink.http_port)
+    for _ in range(3):  # the operator's problem: a real one, counted first
+        assert conn.export(request([gauge("u", 1.0, "median")]))[:2] == (200, 1)
+    for i in range(1_100):
+        assert conn.export(request([gauge("x", 1.0)], **{f"k{i}": "v" * 5000}))[:2] == (200, 1)
+    conn.close()
+    refusals = sink.refusals
+    assert len(refusals) == 1001 and sum(refusals.values()) == sink.refused == 1_103  # 1,000 kinds and "other"
+    assert any("unknown reduce" in kind and n == 3 for kind, n in refusals.items()), list(refusals)[:3]
+    assert refusals["other reasons (the table of reasons is full)"] == 101

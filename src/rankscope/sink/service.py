@@ -64,6 +64,10 @@ log = logging.getLogger("rankscope.sink")
 DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
 
 
+_MAX_REFUSAL_KINDS = 1000
+"""Kinds of refusal the status route counts separately."""
+
+
 @dataclass(kw_only=True)
 class SinkConfig:
     """How a sink listens, what it writes and what one client may make it hold.
@@ -209,6 +213,8 @@ class Sink:
         self.refused = 0
         self.refusals: dict[str, int] = {}
         self.foreign_points = 0
+        self._counts_lock = threading.Lock()
+        """The sink-wide counters above: requests on several threads add to them."""
         self.evicted = 0
         self._tombstones: OrderedDict[RunKey, tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()  # the tenant registry only; never held while merging
@@ -347,7 +353,9 @@ class Sink:
             batches = metrics_batches(request, self.config.limits, refused)
             waits: dict[ExperimentLog, int] = {}
             for batch in batches:
-                self.foreign_points += batch.foreign
+                if batch.foreign:
+                    with self._counts_lock:
+                        self.foreign_points += batch.foreign
                 tenant = self._tenant(batch.experiment, batch.resource, refused, batch.point_count + len(batch.markers))
                 if tenant is None:
                     continue
@@ -429,7 +437,8 @@ class Sink:
             result = Result()
             for rs in request.resource_spans:
                 n = sum(len(ss.spans) for ss in rs.scope_spans)
-                self.spans_received += n
+                with self._counts_lock:
+                    self.spans_received += n
                 checked = check_resource(rs.resource, self.config.limits)
                 if isinstance(checked, str):
                     result.rejected += n
@@ -1028,13 +1037,16 @@ class Sink:
                 tenant.experiment.traces.file.close()
 
     def _count(self, refused: Refusals) -> None:
+        """A request's refusals, by the kind of its first reason (a full table folds new kinds into
+        one entry rather than being cleared, so a client inventing reasons cannot wipe it)."""
         if refused.count:
-            self.refused += refused.count
-            for reason in refused.reasons[:1]:
-                kind = reason.split(":", 1)[-1].strip()[:80]
-                self.refusals[kind] = self.refusals.get(kind, 0) + refused.count
-                if len(self.refusals) > 1000:
-                    self.refusals.clear()
+            with self._counts_lock:
+                self.refused += refused.count
+                for reason in refused.reasons[:1]:
+                    kind = reason.split(":", 1)[-1].strip()[:80]
+                    if kind not in self.refusals and len(self.refusals) >= _MAX_REFUSAL_KINDS:
+                        kind = "other reasons (the table of reasons is full)"
+                    self.refusals[kind] = self.refusals.get(kind, 0) + refused.count
 
     def _tenant_error(self, tenant: Tenant, where: str, exc: BaseException) -> None:
         tenant.errors += 1
