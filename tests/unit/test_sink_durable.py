@@ -188,3 +188,47 @@ def test_a_torn_last_record_is_cut_off_and_the_sink_says_a_set_aside_segment(tmp
         assert any("is corrupt at byte 0" in note for note in notes), notes
     finally:
         sink.stop()
+
+
+def test_a_corrupt_length_is_not_mistaken_for_a_torn_append(tmp_path: Path) -> None:
+    """A flipped bit in a record's length made it look as if it ran past the end of the file, so
+    the segment was cut there as a torn append, silently. A torn append is the last one: when an
+    intact record follows, it is corruption, and the segment is set aside."""
+    import struct
+
+    from rankscope.sink.wal import _HEADER, WriteAheadLog
+
+    wal = WriteAheadLog(tmp_path)
+    log = wal.open("e")
+    for i in range(5):
+        log.append(i, b"payload %d" % i)
+    log.sync()
+    segment = next(log.directory.glob("seg-*.log"))
+    log.close()
+    wal.close()
+    data = bytearray(segment.read_bytes())
+    record = _HEADER.size + len(b"payload 0")
+    (length,) = struct.unpack_from("<I", data, 2 * record)
+    struct.pack_into("<I", data, 2 * record, length | 1 << 20)  # record 2 now claims a megabyte
+    segment.write_bytes(bytes(data))
+
+    wal = WriteAheadLog(tmp_path)
+    log = wal.open("e")
+    assert [step for _, step, _ in log.replay()] == [0, 1]
+    assert log.set_aside and segment.with_name(segment.name + ".corrupt").read_bytes() == bytes(data)
+    log.close()
+    wal.close()
+
+
+def test_a_sink_from_before_the_dot_lock_still_keeps_a_new_one_out(tmp_path: Path) -> None:
+    import fcntl
+
+    import pytest
+
+    from rankscope.sink.wal import StateDirBusyError, WriteAheadLog
+
+    with open(tmp_path / "lock", "a") as old:  # an older sink's lock file, held
+        fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(StateDirBusyError, match="an older rankscope sink"):
+            WriteAheadLog(tmp_path)
+    WriteAheadLog(tmp_path).close()  # released: taken

@@ -217,3 +217,50 @@ def test_a_timestamp_from_the_future_never_stalls_an_experiment() -> None:
     ingest(e2, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=2**63))  # its window: now
     ingest(e2, resource("buf", role="replay_buffer"), metrics({"later": (Reduce.SUM, [1.0])}, None, at=1003 * s))
     assert [v.step for v in e2.ready()] == [0] and e2.step_at(1003 * s) == 1
+
+
+def test_a_replayed_record_opens_its_step_whatever_max_open_steps_says() -> None:
+    """``max_open_steps`` refuses new data that would open one step too many; a record replayed
+    from the write-ahead log was acknowledged once, so it is never refused for it (a sink that
+    crashed with more steps open than the limit, or restarted with a lower one, loses nothing)."""
+    from rankscope.sink.admission import ExperimentLimits
+
+    def batches() -> list[Any]:
+        request = mpb.ExportMetricsServiceRequest()
+        rm = request.resource_metrics.add(resource=encode_resource(resource("p0", world=2)))
+        for step in range(6):
+            rm.scope_metrics.add().metrics.extend(metrics({"loss": (Reduce.MEAN, [1.0])}, step))
+        return metrics_batches(request, Limits(), Refusals())
+
+    live = Experiment("x", grace=5, clock=Clock(), limits=ExperimentLimits(max_open_steps=3))
+    refused = Refusals()
+    for batch in batches():
+        live.apply(batch, refused)
+    assert (
+        refused.count == 6 and "step 3 would open more than 3 steps (limit)" in refused.message
+    )  # 3 points, 3 markers
+
+    replayed = Experiment("x", grace=5, clock=Clock(), limits=ExperimentLimits(max_open_steps=3))
+    refused = Refusals()
+    for batch in batches():
+        replayed.apply(batch, refused, replayed=True)
+    assert refused.count == 0
+    assert [values_of(view)["loss"] for view in replayed.ready(force=True)] == [1.0] * 6
+
+
+def test_a_runs_groups_declare_at_most_max_processes_rank_slots() -> None:
+    """``absent`` lists every empty rank slot on the finalizer all runs share: a made-up world size,
+    or many groups each declaring a large one, would have it list millions."""
+    from rankscope.sink.roster import Roster
+
+    roster = Roster(max_processes=100)
+    first = roster.process_for(resource("a", world=10_000_000, **{attr.REPLICA: "0"}))
+    second = roster.process_for(resource("b", world=10_000_000, **{attr.REPLICA: "1"}))
+    same_group = roster.process_for(resource("c", rank=5, world=50, **{attr.REPLICA: "0"}))
+    assert first is not None and second is not None and same_group is not None
+    assert (first.world_size, second.world_size, same_group.world_size) == (100, 1, 50)
+    honest = Roster(max_processes=100)
+    sizes = [
+        honest.process_for(resource(f"r{i}", rank=i % 8, world=8, **{attr.REPLICA: str(i // 8)})) for i in range(32)
+    ]
+    assert {p.world_size for p in sizes if p is not None} == {8}  # 4 groups of 8: 32 slots, all kept

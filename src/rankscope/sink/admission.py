@@ -22,7 +22,7 @@ class ExperimentLimits:
 
     max_processes: int = 16_384
     """Processes per run."""
-    max_open_steps: int = 4096
+    max_open_steps: int = 16_384
     """Steps of a run not finalized yet (each waits for its processes, at most the grace period)."""
     max_keys_per_step: int = 100_000
     max_late_points_per_step: int = 1_000_000

@@ -212,22 +212,23 @@ class Experiment:
             self._new_attempt()
         return process
 
-    def apply(self, batch: ResourceBatch, refused: Refusals, seq: int = 0) -> int:
-        """``take`` and ``merge`` at once (a replayed record, a test); returns the points taken."""
-        taken = self.take(batch, refused)
+    def apply(self, batch: ResourceBatch, refused: Refusals, seq: int = 0, *, replayed: bool = False) -> int:
+        """``take`` and ``merge`` at once (a replayed record, a test); returns the points taken. A
+        ``replayed`` record was acknowledged: it opens its steps whatever ``max_open_steps`` says."""
+        taken = self.take(batch, refused, replayed=replayed)
         return 0 if taken is None else self.merge(taken, refused, {step: seq for step in taken.parts})
 
-    def take(self, batch: ResourceBatch, refused: Refusals) -> Taken | None:
+    def take(self, batch: ResourceBatch, refused: Refusals, *, replayed: bool = False) -> Taken | None:
         """One process's checked batch, split by step (each part's step resolved) and admitted:
         what is beyond the step window, over a limit, from a superseded attempt or from a launch
         that reuses the run's id is refused. Merges nothing: the caller logs each part first."""
         before = refused.count
         try:
-            return self._take(batch, refused)
+            return self._take(batch, refused, replayed)
         finally:
             self.counts.refused += refused.count - before
 
-    def _take(self, batch: ResourceBatch, refused: Refusals) -> Taken | None:
+    def _take(self, batch: ResourceBatch, refused: Refusals, replayed: bool = False) -> Taken | None:
         self.last_activity = self.clock()
         self.counts.foreign_points += batch.foreign
         n = batch.point_count + len(batch.markers)
@@ -249,7 +250,7 @@ class Experiment:
             return None
         self.roster.came_back(process)
         taken = Taken(process, {}, batch.goodbye)
-        for step, part in sorted(self._split(batch, process, refused).items()):
+        for step, part in sorted(self._split(batch, process, refused, replayed).items()):
             part.states = self.admission.states(step, part.states, *self._room(step), refused)
             if step <= self.last_finalized:
                 taken.settled += part.markers
@@ -275,7 +276,9 @@ class Experiment:
         bucket = self._open.get(step)
         return (bucket.merged if bucket is not None else {}), None
 
-    def _split(self, batch: ResourceBatch, process: Process, refused: Refusals) -> dict[int, ResourceBatch]:
+    def _split(
+        self, batch: ResourceBatch, process: Process, refused: Refusals, replayed: bool = False
+    ) -> dict[int, ResourceBatch]:
         """The batch's parts by step, each step resolved; what is beyond the step window is refused."""
         frontier = self.frontier
         horizon = None if frontier is None else frontier + self.step_window
@@ -291,7 +294,7 @@ class Experiment:
                 return None
             found = parts.get(step)
             if found is None:
-                if step > self.last_finalized and step not in self._open:
+                if not replayed and step > self.last_finalized and step not in self._open:
                     if not self.admission.opens_step(len(self._open) + opened):
                         limit = self.admission.limits.max_open_steps
                         refused.add(n, f"{what}: step {step} would open more than {limit} steps (limit)")

@@ -75,10 +75,7 @@ class _Routes:
         limit = config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise HttpError(413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
-        try:
-            return await asyncio.wait_for(_read_body(request, limit), config.body_timeout)
-        except asyncio.TimeoutError:
-            raise HttpError(408, f"body not received within {config.body_timeout:g} s") from None
+        return await _read_body(request, limit, config.body_timeout)
 
     async def _post(self, request: web.BaseRequest) -> web.StreamResponse:
         if not authorized(self.sink.config.token, request.headers.get("Authorization")):
@@ -109,14 +106,31 @@ class _Routes:
         return web.Response(status=200, body=payload, content_type=content_type)
 
 
-async def _read_body(request: web.BaseRequest, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(1 << 16):
+MIN_BODY_RATE = 64 * 1024
+"""Bytes a second a body must average once its first ``body_timeout`` seconds are spent."""
+
+
+async def _read_body(request: web.BaseRequest, limit: int, timeout: float) -> bytes:
+    """The body, unless it is over ``limit`` (413) or slower than ``timeout`` seconds plus one per
+    ``MIN_BODY_RATE`` bytes received (408): a slow link's body arrives, a trickled one does not."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        left = started + timeout + size / MIN_BODY_RATE - loop.time()
+        try:
+            if left <= 0:
+                raise asyncio.TimeoutError
+            chunk = await asyncio.wait_for(request.content.readany(), left)
+        except asyncio.TimeoutError:
+            raise HttpError(408, f"body of {size} bytes so far not received within {timeout:g} s") from None
+        if not chunk:
+            return b"".join(chunks)
         size += len(chunk)
         if size > limit:
             raise HttpError(413, f"body exceeds the {limit}-byte limit")
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _error(request: web.BaseRequest, error: HttpError) -> web.Response:

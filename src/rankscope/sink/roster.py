@@ -80,6 +80,10 @@ class Roster:
         """Moves whenever who a step waits for may have changed."""
         self._labels: dict[str, str] = {}
         self._given_up: set[tuple[Group, int]] = set()
+        self._slots: dict[Group, int] = {}
+        """Rank slots each group declared (its largest world size)."""
+        self._slot_total: dict[int, int] = {}
+        """Rank slots declared per attempt, all groups together (``_declared``)."""
 
     def process_for(self, resource: Mapping[str, Any]) -> Process | None:
         """The sending process (created on first sight), or None past ``max_processes``. A process
@@ -109,7 +113,10 @@ class Roster:
             role=role,
             replica=None if replica is None else str(replica),
             rank=rank,
-            world_size=max(1, _int(resource.get(attr.WORLD_SIZE), 1)),
+            world_size=self._declared(
+                (role, None if replica is None else str(replica), attempt),
+                max(1, _int(resource.get(attr.WORLD_SIZE), 1)),
+            ),
             attempt=attempt,
             host=str(resource.get(attr.HOST_NAME, "")),
             pid=_int(resource.get(attr.PROCESS_PID), 0) or None,
@@ -132,6 +139,20 @@ class Roster:
         if attempt > self.attempt:
             self.new_attempt(attempt)
         return process
+
+    def _declared(self, group: Group, world_size: int) -> int:
+        """``world_size`` as a new process of ``group`` may declare it: a run's groups hold at most
+        ``max_processes`` rank slots in all, since ``absent`` lists every empty one on the finalizer
+        all runs share (a made-up size, or many groups of one, would have it list millions)."""
+        held = self._slots.get(group, 0)
+        if world_size <= held:
+            return world_size
+        total = self._slot_total.get(group[2], 0)
+        world_size = max(1, min(world_size, self.max_processes - total + held))
+        if world_size > held:
+            self._slots[group] = world_size
+            self._slot_total[group[2]] = total - held + world_size
+        return world_size
 
     def new_attempt(self, attempt: int) -> None:
         """The run restarted: every process of an earlier attempt is no longer waited for."""
@@ -161,6 +182,11 @@ class Roster:
         process.live = False
         process.ended = True
         self.version += 1
+
+    @property
+    def all_ended(self) -> bool:
+        """Every process said goodbye: the run is over (its views close once it is idle)."""
+        return bool(self.processes) and all(p.ended for p in self.processes.values())
 
     @property
     def stepping(self) -> bool:

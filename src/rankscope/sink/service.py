@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 import traceback
@@ -66,6 +67,8 @@ DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "glob
 
 _MAX_REFUSAL_KINDS = 1000
 """Kinds of refusal the status route counts separately."""
+_KIND = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
+"""What varies within one kind of refusal (quoted names, numbers): a kind is the rest of its reason."""
 
 
 @dataclass(kw_only=True)
@@ -97,8 +100,8 @@ class SinkConfig:
     """Open HTTP connections at most; idle ones are closed after ``idle_connection_timeout``."""
     idle_connection_timeout: float = 15.0
     body_timeout: float = 60.0
-    """Seconds an OTLP/HTTP body may take to arrive (a trickled one holds a connection and its
-    buffer): a slower one is answered 408 and its connection closed."""
+    """Seconds an OTLP/HTTP body may take to arrive, plus one per 64 KiB received (a trickled one
+    would hold its connection and buffer): a slower one is answered 408 and its connection closed."""
     retain_steps: int = 16
     trace_retain_steps: int = 64
     """Steps whose spans an experiment keeps (``rankscope gantt``, straggler views)."""
@@ -126,9 +129,10 @@ class SinkConfig:
     """What one run may make the sink hold (``sink.admission``)."""
     max_experiments: int = 4096
     """Runs (of every experiment) open at once."""
-    max_open_runs: int = 64
-    """Runs of one experiment open at once: one client inventing run ids fills no more of
-    ``max_experiments`` than this (an idle run closes after ``idle_timeout``)."""
+    max_open_runs: int = 256
+    """Runs of one experiment open at once, not counting runs that ended (every process said
+    goodbye): one client inventing run ids fills no more of ``max_experiments`` than this (an
+    idle run closes after ``idle_timeout``)."""
     idle_timeout: float = 300.0
     """Seconds without data after which a run's views are closed (reopened on new data)."""
     resume_window: float = 7 * 86400.0
@@ -443,18 +447,21 @@ class Sink:
                 if isinstance(checked, str):
                     result.rejected += n
                     result.errors.append(f"{n} spans: {checked}")
+                    self._count(Refusals(n, [checked]))
                     continue
                 refused = Refusals()
                 tenant = self._tenant(checked[0], checked[1], refused, n)
                 if tenant is None:
                     result.rejected += n
                     result.errors.extend(refused.reasons)
+                    self._count(refused)
                     continue
                 with tenant.lock:
                     try:
                         process = tenant.experiment.process_for(checked[1])
                         if process is None or process.reused:
                             accepted, rejected = 0, n
+                            tenant.experiment.traces.refused += n
                         else:
                             e = tenant.experiment
                             limits = self.config.limits
@@ -467,6 +474,7 @@ class Sink:
                 result.accepted += accepted
                 result.rejected += rejected + dropped
                 result.errors.extend(refused.reasons)
+                self._count(refused)
                 if process is None or process.reused:
                     result.errors.append(f"{n} spans from too many processes, or from a run that ended")
                 if dropped:
@@ -697,6 +705,8 @@ class Sink:
                 "views": views,
                 "spans_stored": e.traces.count,
                 "spans_dropped": e.traces.dropped,
+                "spans_refused": e.traces.refused,
+                "span_attributes_left_out": e.traces.attributes_left_out,
                 "span_file": e.traces.file.status() if e.traces.file is not None else None,
             }
 
@@ -849,7 +859,8 @@ class Sink:
         c = self.config
         if len(self.tenants) >= c.max_experiments:
             return f"the sink holds {c.max_experiments} runs (limit)"
-        if sum(1 for e, _ in self.tenants if e == experiment_id) >= c.max_open_runs:
+        runs = [t for (e, _), t in self.tenants.items() if e == experiment_id]
+        if len(runs) >= c.max_open_runs and sum(not t.experiment.roster.all_ended for t in runs) >= c.max_open_runs:
             return f"this experiment has {c.max_open_runs} runs open (limit; idle ones close in {c.idle_timeout:g} s)"
         return None
 
@@ -923,6 +934,7 @@ class Sink:
             tenant = self._new_tenant(key)
             assert tenant.log is not None
             records = 0
+            refused = Refusals()
             for seq, _step, payload in tenant.log.replay():
                 try:
                     digest, resource, states, markers, samples = decode_record(payload)
@@ -930,13 +942,17 @@ class Sink:
                     batch.states = [StateRows(*rows) for rows in states]
                     batch.markers = [Marker(*m) for m in markers]
                     batch.samples = [SampleRow(*row) for row in samples]
-                    tenant.experiment.apply(batch, Refusals(), seq=seq)
+                    tenant.experiment.apply(batch, refused, seq=seq, replayed=True)
                     tenant.experiment.remember(digest)
                 except Exception as exc:
                     self._tenant_error(tenant, f"replaying record {seq}", exc)
                 records += 1
             for note in tenant.log.set_aside:
                 self._note(note)
+            if refused.count:  # acknowledged once, so never silently: what the run's state refuses now
+                self._note(
+                    f"replaying {tenant.experiment.name[:96]}: {refused.count} points refused ({refused.message})"
+                )
             if records:
                 log.warning("rankscope sink: replayed %d records of %s", records, tenant.experiment.name[:96])
                 tenant.dirty = True
@@ -1043,7 +1059,7 @@ class Sink:
             with self._counts_lock:
                 self.refused += refused.count
                 for reason in refused.reasons[:1]:
-                    kind = reason.split(":", 1)[-1].strip()[:80]
+                    kind = _KIND.sub("…", reason.split(":", 1)[-1].strip())[:80]
                     if kind not in self.refusals and len(self.refusals) >= _MAX_REFUSAL_KINDS:
                         kind = "other reasons (the table of reasons is full)"
                     self.refusals[kind] = self.refusals.get(kind, 0) + refused.count

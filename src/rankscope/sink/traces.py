@@ -32,8 +32,8 @@ from typing import IO, Any
 from ..backends.base import Metric
 from ..core import names as attr
 from ..metrics.reduce import Reduce
-from ..otlp.common import attributes
-from .validate import Limits, Refusals, check_span
+from ..otlp.common import any_value
+from .validate import Limits, Refusals, check_span, span_attributes, span_text
 
 _LIMITS = Limits()
 """The edge's default bounds (a sink passes its own)."""
@@ -172,6 +172,10 @@ class TraceStore:
         self._steps: OrderedDict[int | None, list[StoredSpan]] = OrderedDict()
         self.count = 0
         self.dropped = 0
+        self.refused = 0
+        """Spans refused at the edge (malformed ids: ``validate.check_span``)."""
+        self.attributes_left_out = 0
+        """Span attributes past the edge's bounds (``validate.span_attributes``)."""
 
     def ingest(
         self,
@@ -182,26 +186,38 @@ class TraceStore:
         limits: Limits = _LIMITS,
     ) -> tuple[int, int]:
         """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected): a span
-        ``validate.check_span`` refuses is counted, with its reason, in ``refused``.
+        ``validate.check_span`` refuses is counted, with its reason, in ``refused``; what a kept
+        span says is cleaned and bounded (``validate.span_text``, ``validate.span_attributes``).
         ``step_at(start_ns)`` gives a span without a step its step."""
         decoded: list[StoredSpan] = []
         steps_of: dict[str, int] = {}
         rejected = 0
         for ss in scope_spans:
             for span in ss.spans:
-                why = check_span(span, limits)
+                why = check_span(span)
                 if why is not None:
                     rejected += 1
+                    self.refused += 1
                     if refused is not None:
                         refused.add(1, why)
                     continue
-                a = attributes(span.attributes)
+                a, left_out = span_attributes(span.attributes, limits)
+                if left_out:
+                    self.attributes_left_out += left_out
+                    if attr.STEP not in a:  # the step is kept wherever it was
+                        a[attr.STEP] = next(
+                            (any_value(kv.value) for kv in span.attributes if kv.key == attr.STEP), None
+                        )
                 step = a.pop(attr.STEP, None)
                 step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
                 trace_id = span.trace_id.hex()
                 if step is not None:
                     steps_of.setdefault(trace_id, step)
-                error = span.status.message or "error" if span.status.code == 2 else None
+                error = (
+                    span_text(span.status.message, limits.max_attribute_chars) or "error"
+                    if span.status.code == 2
+                    else None
+                )
                 links = [
                     {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex()}
                     for link in span.links[:MAX_LINKS]
@@ -212,7 +228,7 @@ class TraceStore:
                         trace_id,
                         span.span_id.hex(),
                         span.parent_span_id.hex(),
-                        span.name,
+                        span_text(span.name, limits.max_name_chars) or "?",
                         int(span.start_time_unix_nano),
                         max(int(span.end_time_unix_nano), int(span.start_time_unix_nano)),
                         step,
@@ -342,8 +358,10 @@ def parse_ranks(text: str | None) -> set[int] | None:
     for a malformed list or one naming more than ``MAX_QUERY_RANKS`` ranks."""
     if not text:
         return None
+    if text.count(",") >= MAX_QUERY_RANKS:
+        raise ValueError(f"ranks: more than {MAX_QUERY_RANKS} ranks")
     found: set[int] = set()
-    for part in text.split(",", MAX_QUERY_RANKS):
+    for part in text.split(","):
         part = part.strip()
         if "-" in part:
             low, high = (int(bound) for bound in part.split("-", 1))

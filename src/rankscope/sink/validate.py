@@ -38,7 +38,7 @@ from ..core import names as attr
 from ..core.paths import safe_component
 from ..metrics.reduce import BUILTIN_REDUCES, Reduce
 from ..otlp import foreign
-from ..otlp.common import attributes, decode_step
+from ..otlp.common import any_value, attributes, decode_step
 from ..otlp.logs import decode_record, decode_stream, is_stream
 from ..otlp.markers import Marker, decode_marker
 from ..otlp.metrics import MAX_BUCKETS, READERS, SUM_SQ, Reader, Row, check_custom_state, decode_custom_field
@@ -57,6 +57,8 @@ class Limits:
     max_attribute_chars: int = 4096
     """Any other string attribute value."""
     max_resource_attributes: int = 128
+    max_span_attribute_chars: int = 16 * 1024
+    """Characters of one span's attributes, keys and values, that the trace store keeps."""
     max_resource_bytes: int = 16 * 1024
     """A Resource's encoded size: the sink keeps each process's Resource, and its write-ahead log
     repeats it in every step's record (a padded one would cost memory and disk many times over)."""
@@ -64,9 +66,6 @@ class Limits:
     """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
     step_window: int = 1_000_000
     """How far ahead of an experiment's frontier a step may be."""
-    max_world_size: int = 16_384
-    """The largest ``rankscope.world_size`` (and rank) a process may declare: a run's roster waits
-    for every rank slot, so a made-up size would make the sink list millions of empty slots."""
 
 
 @dataclass(slots=True)
@@ -192,32 +191,51 @@ def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str
         value = resource.get(name)
         if value is not None and not _small_int(value):
             return f"{name} must be a non-negative integer, got {str(value)[:32]!r}"
-    for name in (attr.RANK, attr.WORLD_SIZE):
-        value = resource.get(name)
-        if value is not None and int(value) > limits.max_world_size:
-            return f"{name} {int(value)} is above the sink's limit ({limits.max_world_size})"
     return experiment, resource
 
 
-def check_span(span: Any, limits: Limits) -> str | None:
-    """Why a received span is refused, or None. The trace store keeps a span's ids, name,
-    attributes and status message as sent and shows them (Gantt, report, ``rankscope top``), so
-    each is bounded here: ids of OTLP's lengths, a name as clean as a metric key, at most
-    ``MAX_POINT_ATTRIBUTES`` attributes of bounded size, a bounded status message."""
+def check_span(span: Any) -> str | None:
+    """Why a received span is refused, or None: only ids of the wrong length (the span cannot be
+    placed). What it says is cleaned instead (``span_text``, ``span_attributes``): a failing
+    span's long error message or a plain OTel client's long SQL name is worth keeping cut."""
     if len(span.trace_id) != 16 or len(span.span_id) != 8 or len(span.parent_span_id) not in (0, 8):
         return "a span with a malformed trace, span or parent span id"
-    name = span.name
-    if clean_text(name, limits.max_name_chars) is None:
-        return f"span name {name[:40]!r}: empty, over {limits.max_name_chars} characters or with control characters"
-    if len(span.attributes) > MAX_POINT_ATTRIBUTES:
-        return f"span {name!r}: {len(span.attributes)} attributes (limit {MAX_POINT_ATTRIBUTES})"
-    room = limits.max_name_chars + limits.max_attribute_chars + 16  # a key, a value, their framing
-    for kv in span.attributes:
-        if kv.ByteSize() > room:
-            return f"span {name!r}: attribute {kv.key[:64]!r} of over {room} bytes"
-    if len(span.status.message) > limits.max_attribute_chars:
-        return f"span {name!r}: status message of {len(span.status.message)} characters"
     return None
+
+
+def span_text(text: str, limit: int) -> str:
+    """A span's name or status message as stored and shown: at most ``limit`` characters (cut ones
+    end in an ellipsis), control and format characters as U+FFFD, never raising."""
+    if len(text) > limit:
+        text = text[: limit - 1] + "\u2026"
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else "\ufffd" for c in text)
+
+
+def span_attributes(kvs: Any, limits: Limits) -> tuple[dict[str, Any], int]:
+    """A span's attributes as stored: the first ``MAX_POINT_ATTRIBUTES`` whose keys are clean, each
+    string value cut to ``max_attribute_chars``, while they fit ``max_span_attribute_chars`` in
+    all; returns them and how many were left out (the store records that count)."""
+    out: dict[str, Any] = {}
+    room = limits.max_span_attribute_chars
+    for kv in kvs:
+        if len(out) >= MAX_POINT_ATTRIBUTES:
+            break
+        key = clean_text(kv.key, limits.max_name_chars)
+        if key is None:
+            continue
+        value = any_value(kv.value)
+        if isinstance(value, str):
+            value = span_text(value, limits.max_attribute_chars)
+        elif not isinstance(value, (int, float, bool)):
+            value = span_text(str(value), limits.max_attribute_chars)
+        size = len(key) + (len(value) if isinstance(value, str) else 8)
+        if size > room:
+            break
+        room -= size
+        out[key] = value
+    return out, len(kvs) - len(out)
 
 
 def _small_int(value: Any) -> bool:
@@ -610,8 +628,21 @@ def root_posted_views(experiment: str, backends: Mapping[str, Mapping[str, Any]]
     """A checked posted config (``check_posted_views``) with each path option under
     ``rankscope_logs/<experiment>/``: a client writes only in its own experiment's directory, never
     over the sink's files or another experiment's (``safe_component`` is one-to-one)."""
-    root = f"{POSTED_ROOT}/{safe_component(experiment)}/"
+    root = f"{POSTED_ROOT}/{safe_component(experiment)}"
     rooted = {}
     for name, options in backends.items():
-        rooted[name] = {k: root + v if k in _PATH_OPTIONS else v for k, v in options.items()}
+        rooted[name] = {k: _rooted(root, v) if k in _PATH_OPTIONS else v for k, v in options.items()}
     return rooted
+
+
+def _rooted(root: str, path: str) -> str:
+    """``path`` under ``root``; a path that already starts with ``rankscope_logs/`` (and
+    ``{experiment}/``), as the views' defaults do, is not nested twice."""
+    from pathlib import PurePosixPath
+
+    parts = PurePosixPath(path).parts
+    if parts[:1] == (POSTED_ROOT,):
+        parts = parts[1:]
+        if parts[:1] == ("{experiment}",):
+            parts = parts[1:]
+    return str(PurePosixPath(root, *parts))

@@ -54,6 +54,33 @@ JOURNAL = "written.log"
 """Per run: one line per step its views wrote since the last checkpoint."""
 
 
+def _first_seq(segment: Path) -> int:
+    """The seq of a segment's first record (its name: ``seg-<first seq>.log``)."""
+    try:
+        return int(segment.name[4:-4])
+    except ValueError:
+        return 0
+
+
+def _torn(data: bytes, offset: int, seq: int) -> bool:
+    """Whether the bad record at ``offset`` (its seq should be ``seq``) can be the append a crash
+    cut: its length is one an append could write, and no intact record follows it (found by the
+    next seq's bytes, then its checksum), since every record after it was acknowledged."""
+    if offset + _HEADER.size <= len(data) and _HEADER.unpack_from(data, offset)[0] > _MAX_RECORD:
+        return False
+    needle = struct.pack("<Q", seq + 1)
+    found = data.find(needle, offset + 1)
+    while found != -1:
+        start = found - 4  # the seq follows the 4-byte length
+        if start > offset and start + _HEADER.size <= len(data):
+            length, next_seq, step, crc = _HEADER.unpack_from(data, start)
+            body = data[start + _HEADER.size : start + _HEADER.size + length]
+            if len(body) == length and zlib.crc32(struct.pack("<Qq", next_seq, step) + body) == crc:
+                return False
+        found = data.find(needle, found + 1)
+    return True
+
+
 class StateDirBusyError(RuntimeError):
     """Another sink holds the state directory."""
 
@@ -135,14 +162,16 @@ class ExperimentLog:
                 continue
             offset = 0
             corrupt = False
+            steps_seen: list[int] = []
             while offset + _HEADER.size <= len(data):
                 length, seq, step, crc = _HEADER.unpack_from(data, offset)
                 body = data[offset + _HEADER.size : offset + _HEADER.size + length]
                 if len(body) != length or zlib.crc32(struct.pack("<Qq", seq, step) + body) != crc:
                     newest = index == len(segments) - 1
-                    corrupt = not newest or offset + _HEADER.size + length < len(data)
+                    corrupt = not newest or not _torn(data, offset, _first_seq(segment) + len(steps_seen))
                     break
                 offset += _HEADER.size + length
+                steps_seen.append(step)
                 self.seq = max(self.seq, seq)
                 steps[step] = max(steps.get(step, 0), seq)
                 if seq > self.written.get(step, 0):
@@ -150,6 +179,11 @@ class ExperimentLog:
             if corrupt:
                 self._set_aside(segment, offset, len(data))
             elif offset < len(data):
+                log.warning(
+                    "rankscope sink: %s ends in a torn append (%d bytes, never acknowledged); cut off",
+                    segment,
+                    len(data) - offset,
+                )
                 with open(segment, "r+b") as f:  # drop the torn tail so the segment reads clean
                     f.truncate(offset)
         self.seq = max(self.seq, max(self.written.values(), default=0))  # no seq a set-aside record had
@@ -157,6 +191,10 @@ class ExperimentLog:
 
     def _set_aside(self, segment: Path, offset: int, size: int) -> None:
         aside = segment.with_name(segment.name + ".corrupt")
+        n = 0
+        while aside.exists():  # a later segment may have the same name: keep every copy
+            n += 1
+            aside = segment.with_name(f"{segment.name}.corrupt.{n}")
         try:
             os.replace(segment, aside)
         except OSError as exc:
@@ -286,6 +324,17 @@ class WriteAheadLog:
             self._lock_file.close()
             message = f"another rankscope sink uses {self.directory}; give this one its own --state-dir"
             raise StateDirBusyError(message) from None
+        self._legacy_lock = None
+        legacy = self.directory / "lock"  # what a sink before ``.lock`` holds: both, during an upgrade
+        if legacy.is_file():
+            self._legacy_lock = open(legacy, "a")  # noqa: SIM115 - held for the sink's life
+            try:
+                fcntl.flock(self._legacy_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self._legacy_lock.close()
+                self._lock_file.close()
+                message = f"an older rankscope sink uses {self.directory}; give this one its own --state-dir"
+                raise StateDirBusyError(message) from None
         self.segment_bytes = segment_bytes
         self._cond = threading.Condition()
         self._pending: set[ExperimentLog] = set()
@@ -355,9 +404,11 @@ class WriteAheadLog:
 
     def close(self) -> None:
         self.stop()
-        with contextlib.suppress(OSError):
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-        self._lock_file.close()
+        for held in (self._lock_file, self._legacy_lock):
+            if held is not None:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(held, fcntl.LOCK_UN)
+                held.close()
 
 
 _RECORD_VERSION = 3
