@@ -96,6 +96,13 @@ def steady_experiment(conn: Http, step: int) -> None:
     assert conn.export(r)[:2] == (200, 0)
 
 
+def finalized(sink: Any, experiment: str, step: int, deadline: float) -> int:
+    """The experiment's last finalized step once it reaches ``step`` or ``deadline`` (monotonic) passes."""
+    while time.monotonic() < deadline and sink.status(experiment)["last_finalized_step"] < step:
+        time.sleep(0.05)
+    return int(sink.status(experiment)["last_finalized_step"])
+
+
 CORPUS: list[tuple[str, list[pb.Metric], int, str]] = [
     ("max on a Histogram", [histogram("h", "max")], 1, "travels as a Gauge"),
     ("ExponentialHistogram at scale 0", [exponential("e", scale=0)], 1, "scale 0"),
@@ -359,12 +366,8 @@ def test_a_made_up_world_size_costs_the_other_experiments_nothing(make_sink) -> 
         assert (status, rejected) == (200, 1) and why in message, (resource, message)
     conn.close()
     deadline = time.monotonic() + 6
-    while time.monotonic() < deadline and sink.status("steady")["last_finalized_step"] < 0:
-        time.sleep(0.05)
-    assert sink.status("steady")["last_finalized_step"] == 0
-    while time.monotonic() < deadline and sink.status("big")["last_finalized_step"] < 0:
-        time.sleep(0.05)
-    assert sink.status("big")["last_finalized_step"] == 0  # its empty slots named, and given up on
+    assert finalized(sink, "steady", 0, deadline) == 0
+    assert finalized(sink, "big", 0, deadline) == 0  # its empty slots named, and given up on
 
 
 def test_a_repeated_point_attribute_is_refused_and_leaves_honest_points_alone(make_sink) -> None:
@@ -524,12 +527,8 @@ def test_a_request_spreading_points_over_many_steps_opens_at_most_max_open_steps
     assert conn.export(again)[:2] == (200, 1)  # open steps take more points; a new one does not open
     assert sink.status("spread")["refused_points"] == 51
     deadline = time.monotonic() + 6
-    while time.monotonic() < deadline and sink.status("steady")["last_finalized_step"] < 0:
-        time.sleep(0.05)
-    assert sink.status("steady")["last_finalized_step"] == 0
-    while time.monotonic() < deadline and sink.status("spread")["last_finalized_step"] < 99:
-        time.sleep(0.05)
-    assert sink.status("spread")["last_finalized_step"] == 99  # by the grace timer: rank 1 never came
+    assert finalized(sink, "steady", 0, deadline) == 0
+    assert finalized(sink, "spread", 99, deadline) == 99  # by the grace timer: rank 1 never came
     assert conn.export(request([gauge("loss", 1.0, step=150)], "spread"))[:2] == (200, 0)  # room again
     conn.close()
 

@@ -119,37 +119,47 @@ def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_pat
     assert (again.attempt, again.last_finalized) == (1, 3)
 
 
+def write_log(directory: Path, records: int) -> Path:
+    """A run's log of ``records`` synced records (step i: ``payload i``), closed; its segment."""
+    from rankscope.sink.wal import WriteAheadLog
+
+    wal = WriteAheadLog(directory)
+    log = wal.open("e")
+    for i in range(records):
+        log.append(i, b"payload %d" % i)
+    log.sync()
+    segment = next(log.directory.glob("seg-*.log"))
+    log.close()
+    wal.close()
+    return segment
+
+
+def replayed_steps(directory: Path) -> tuple[list[int], list[str]]:
+    """What a new sink's log of the run replays (steps), and what it set aside."""
+    from rankscope.sink.wal import WriteAheadLog
+
+    wal = WriteAheadLog(directory)
+    log = wal.open("e")
+    steps = [step for _, step, _ in log.replay()]
+    log.close()
+    wal.close()
+    return steps, log.set_aside
+
+
 def test_a_bad_record_before_the_end_sets_its_segment_aside_instead_of_cutting_it(tmp_path: Path) -> None:
     """Only the newest segment's last record can be torn by a crash (it was never acknowledged):
     that one is cut off. A bad record before the end is corruption of acknowledged records: it
     once truncated the segment from there, silently; now the records before it replay, the
     segment is kept as ``*.corrupt`` and the sink's status says so."""
     from rankscope.sink import Sink, SinkConfig
-    from rankscope.sink.wal import WriteAheadLog
 
-    def log_with(records: int):
-        wal = WriteAheadLog(tmp_path)
-        log = wal.open("e")
-        for i in range(records):
-            log.append(i, b"payload %d" % i)
-        log.sync()
-        return wal, log
-
-    wal, log = log_with(5)
-    segment = next(log.directory.glob("seg-*.log"))
+    segment = write_log(tmp_path, 5)
     data = bytearray(segment.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a flipped bit in the middle: record 2 of 5
     segment.write_bytes(bytes(data))
-    log.close()
-    wal.close()
-
-    wal = WriteAheadLog(tmp_path)
-    log = wal.open("e")
-    assert [step for _, step, _ in log.replay()] == [0, 1]
+    steps, set_aside = replayed_steps(tmp_path)
+    assert steps == [0, 1] and "is corrupt at byte" in set_aside[0]
     assert not segment.exists() and segment.with_name(segment.name + ".corrupt").read_bytes() == bytes(data)
-    assert "is corrupt at byte" in log.set_aside[0] and log.seq >= 2
-    log.close()
-    wal.close()
 
     sink = Sink(SinkConfig(grpc_port=None, http_port=None, state_dir=tmp_path)).start()  # nothing left to set aside
     try:
@@ -160,24 +170,12 @@ def test_a_bad_record_before_the_end_sets_its_segment_aside_instead_of_cutting_i
 
 def test_a_torn_last_record_is_cut_off_and_the_sink_says_a_set_aside_segment(tmp_path: Path) -> None:
     from rankscope.sink import Sink, SinkConfig
-    from rankscope.sink.wal import WriteAheadLog
 
-    wal = WriteAheadLog(tmp_path)
-    log = wal.open("e")
-    for i in range(3):
-        log.append(i, b"payload %d" % i)
-    log.sync()
-    segment = next(log.directory.glob("seg-*.log"))
-    log.close()
-    wal.close()
+    segment = write_log(tmp_path, 3)
     whole = segment.read_bytes()
     segment.write_bytes(whole[:-3])  # the crash cut the last append
-    wal = WriteAheadLog(tmp_path)
-    log = wal.open("e")
-    assert [step for _, step, _ in log.replay()] == [0, 1] and log.set_aside == []
+    assert replayed_steps(tmp_path) == ([0, 1], [])
     assert segment.exists() and len(segment.read_bytes()) < len(whole) - 3  # cut at the record's start
-    log.close()
-    wal.close()
 
     data = bytearray(segment.read_bytes())
     data[30] ^= 0xFF  # now corrupt the first record: acknowledged data
@@ -196,28 +194,17 @@ def test_a_corrupt_length_is_not_mistaken_for_a_torn_append(tmp_path: Path) -> N
     intact record follows, it is corruption, and the segment is set aside."""
     import struct
 
-    from rankscope.sink.wal import _HEADER, WriteAheadLog
+    from rankscope.sink.wal import _HEADER
 
-    wal = WriteAheadLog(tmp_path)
-    log = wal.open("e")
-    for i in range(5):
-        log.append(i, b"payload %d" % i)
-    log.sync()
-    segment = next(log.directory.glob("seg-*.log"))
-    log.close()
-    wal.close()
+    segment = write_log(tmp_path, 5)
     data = bytearray(segment.read_bytes())
     record = _HEADER.size + len(b"payload 0")
     (length,) = struct.unpack_from("<I", data, 2 * record)
     struct.pack_into("<I", data, 2 * record, length | 1 << 20)  # record 2 now claims a megabyte
     segment.write_bytes(bytes(data))
-
-    wal = WriteAheadLog(tmp_path)
-    log = wal.open("e")
-    assert [step for _, step, _ in log.replay()] == [0, 1]
-    assert log.set_aside and segment.with_name(segment.name + ".corrupt").read_bytes() == bytes(data)
-    log.close()
-    wal.close()
+    steps, set_aside = replayed_steps(tmp_path)
+    assert steps == [0, 1] and set_aside
+    assert segment.with_name(segment.name + ".corrupt").read_bytes() == bytes(data)
 
 
 def test_a_sink_from_before_the_dot_lock_still_keeps_a_new_one_out(tmp_path: Path) -> None:
