@@ -617,8 +617,8 @@ def test_a_client_inventing_refusal_reasons_cannot_wipe_the_status_routes_counts
     for i in range(1_100):
         assert conn.export(request([gauge("x", 1.0)], **{f"k{i}": "v" * (5000 + i)}))[:2] == (200, 1)
     conn.close()
-    assert sink.refused == 1_103
-    assert sink.refusals == {
+    assert sink.tally.refused == 1_103
+    assert sink.tally.refusals == {
         "unknown reduce type …": 3,
         "resource attribute … of … characters (limit …)": 1_100,
     }

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import threading
 import time
 import traceback
@@ -45,6 +44,7 @@ from .experiment import Experiment, StepView
 from .grpc_server import start_grpc
 from .http_server import start_http
 from .runs import Run, RunBook, RunKey
+from .tally import Tally
 from .traces import SpanFile, TraceStore
 from .validate import (
     Limits,
@@ -63,12 +63,6 @@ from .wal import ExperimentLog, WriteAheadLog, decode_record, encode_record
 log = logging.getLogger("rankscope.sink")
 
 DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
-
-
-_MAX_REFUSAL_KINDS = 1000
-"""Kinds of refusal the status route counts separately."""
-_KIND = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
-"""What varies within one kind of refusal (quoted names, numbers): a kind is the rest of its reason."""
 
 
 @dataclass(kw_only=True)
@@ -212,13 +206,9 @@ class Sink:
         """What the run book said lately (resumes mapped, resumes that found nothing): the status route."""
         self.posted_backends: dict[str, Mapping[str, Mapping[str, Any]]] = {}
         self._gantt_backends: dict[str, bool] = {}
-        self.spans_received = 0
         self.internal_errors: list[str] = []
-        self.refused = 0
-        self.refusals: dict[str, int] = {}
-        self.foreign_points = 0
-        self._counts_lock = threading.Lock()
-        """The sink-wide counters above: requests on several threads add to them."""
+        self.tally = Tally()
+        """Refusals by kind, plain OTel points and spans received, across experiments."""
         self.evicted = 0
         self._tombstones: OrderedDict[RunKey, tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()  # the tenant registry only; never held while merging
@@ -357,9 +347,7 @@ class Sink:
             batches = metrics_batches(request, self.config.limits, refused)
             waits: dict[ExperimentLog, int] = {}
             for batch in batches:
-                if batch.foreign:
-                    with self._counts_lock:
-                        self.foreign_points += batch.foreign
+                self.tally.foreign(batch.foreign)
                 tenant = self._tenant(batch.experiment, batch.resource, refused, batch.point_count + len(batch.markers))
                 if tenant is None:
                     continue
@@ -367,7 +355,7 @@ class Sink:
                     self._apply(tenant, batch, refused)
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
-            self._count(refused)
+            self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
                 raise OverloadedError("the sink could not make the data durable; retry")
             return Result.of(refused.received, refused)
@@ -429,7 +417,7 @@ class Sink:
                     writer.log(process, record, step)
                 for row in streamed:
                     writer.row(process, row)
-            self._count(refused)
+            self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
                 raise OverloadedError("the sink could not make the data durable; retry")
             return Result.of(total, refused)
@@ -441,20 +429,19 @@ class Sink:
             result = Result()
             for rs in request.resource_spans:
                 n = sum(len(ss.spans) for ss in rs.scope_spans)
-                with self._counts_lock:
-                    self.spans_received += n
+                self.tally.spans(n)
                 checked = check_resource(rs.resource, self.config.limits)
                 if isinstance(checked, str):
                     result.rejected += n
                     result.errors.append(f"{n} spans: {checked}")
-                    self._count(Refusals(n, [checked]))
+                    self.tally.refusal(Refusals(n, [checked]))
                     continue
                 refused = Refusals()
                 tenant = self._tenant(checked[0], checked[1], refused, n)
                 if tenant is None:
                     result.rejected += n
                     result.errors.extend(refused.reasons)
-                    self._count(refused)
+                    self.tally.refusal(refused)
                     continue
                 with tenant.lock:
                     try:
@@ -474,7 +461,7 @@ class Sink:
                 result.accepted += accepted
                 result.rejected += rejected + dropped
                 result.errors.extend(refused.reasons)
-                self._count(refused)
+                self.tally.refusal(refused)
                 if process is None or process.reused:
                     result.errors.append(f"{n} spans from too many processes, or from a run that ended")
                 if dropped:
@@ -738,9 +725,7 @@ class Sink:
             "experiment_list": listed,
             "run_notes": list(self.run_notes),
             "evicted_experiments": self.evicted,
-            "refused_points": self.refused,
-            "refusals": dict(sorted(self.refusals.items(), key=lambda kv: -kv[1])[:20]),
-            "foreign_points": self.foreign_points,
+            **self.tally.overview(),
             "internal_errors": len(self.internal_errors),
             "durable": self.wal is not None,
         }
@@ -1051,18 +1036,6 @@ class Sink:
         if tenant.experiment.traces.file is not None:
             with tenant.lock:
                 tenant.experiment.traces.file.close()
-
-    def _count(self, refused: Refusals) -> None:
-        """A request's refusals, by the kind of its first reason (a full table folds new kinds into
-        one entry rather than being cleared, so a client inventing reasons cannot wipe it)."""
-        if refused.count:
-            with self._counts_lock:
-                self.refused += refused.count
-                for reason in refused.reasons[:1]:
-                    kind = _KIND.sub("…", reason.split(":", 1)[-1].strip())[:80]
-                    if kind not in self.refusals and len(self.refusals) >= _MAX_REFUSAL_KINDS:
-                        kind = "other reasons (the table of reasons is full)"
-                    self.refusals[kind] = self.refusals.get(kind, 0) + refused.count
 
     def _tenant_error(self, tenant: Tenant, where: str, exc: BaseException) -> None:
         tenant.errors += 1
