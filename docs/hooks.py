@@ -4,7 +4,7 @@ A line ``<!-- generated: NAME -->`` in a page is replaced, at build time, by the
 that the code produces, so the docs can never drift from it:
 
 - ``settings``: ``rankscope.core.settings.settings_markdown()``
-- ``catalog``: ``rankscope.catalog.catalog_markdown()``
+- ``catalog``: ``rankscope.metrics.catalog.catalog_markdown()``
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _generators(config: Any) -> dict[str, Callable[[], str]]:
         import rankscope  # noqa: F401
     except ImportError:  # not installed: use the checkout's src/
         sys.path.insert(0, str(Path(config["config_file_path"]).resolve().parent / "src"))
-    from rankscope.catalog import catalog_markdown
+    from rankscope.metrics.catalog import catalog_markdown
     from rankscope.core.settings import settings_markdown
 
     return {"settings": settings_markdown, "catalog": catalog_markdown}

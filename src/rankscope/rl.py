@@ -1,4 +1,4 @@
-"""One-line helpers for RL generators, replay buffers and weight sync (names: ``rankscope.catalog``).
+"""One-line helpers for RL generators, replay buffers and weight sync (names: ``rankscope.metrics.catalog``).
 
     rs.rl.set_policy_version(v)                       # trainer/controller: the newest policy
     with rs.rl.weight_sync("pull", version=v): ...    # generator: load weights (push: trainer)

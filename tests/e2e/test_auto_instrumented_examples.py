@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rankscope.catalog import CATALOG
+from rankscope.metrics.catalog import CATALOG
 
 from ..conftest import ROOT
 from ..wandb_file import by_step, run_files, wandb_tables

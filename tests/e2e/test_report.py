@@ -35,7 +35,7 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.markers import add_flush_marker
 from rankscope.otlp.metrics import PointAttributes, encode
-from rankscope.report import page, summary
+from rankscope.report import page, phases, series, summary
 
 from .. import browser
 
@@ -283,19 +283,18 @@ def test_long_runs_floods_and_wide_steps_are_bounded() -> None:
         if step % 99 == 0:
             values["eval"] = 1.0  # a sparse series keeps its own points
         found.add({"kind": "step", "step": step, "values": values, "spread": {"t": {**cell, "eval": cell["loss"]}}})
-    loss, evals = found.series[("t", "loss")], found.series[("t", "eval")]
-    assert len(loss.points) <= summary.MAX_POINTS and loss.stride == 16
+    loss, evals = found.series.by_role[("t", "loss")], found.series.by_role[("t", "eval")]
+    assert len(loss.points) <= series.MAX_POINTS and loss.stride == 16
     assert [p[0] for p in loss.points][:3] == [0, 16, 32]
     assert [p[0] for p in evals.points] == list(range(0, 10_000, 99))
     assert found.data()["roles"][0]["keys"][1]["points"][-1][0] == 9999  # the last step is always drawn
-    assert len(found.meta) == summary.MAX_META_SERIES  # client-chosen span names: a bounded number of charts
-    assert found.series_not_shown == 10_000 - summary.MAX_META_SERIES
+    assert len(found.series.meta) == series.MAX_META_SERIES  # client-chosen span names: a bounded number of charts
+    assert found.series.not_shown == 10_000 - series.MAX_META_SERIES
     bars = [
-        {"process": f"p{i}", "name": "x", "start_ns": i, "end_ns": i + 10**6}
-        for i in range(summary.MAX_GANTT_SPANS + 5)
+        {"process": f"p{i}", "name": "x", "start_ns": i, "end_ns": i + 10**6} for i in range(phases.MAX_GANTT_SPANS + 5)
     ]
     kept, more = summary.gantt_spans(bars)
-    assert len(kept) == summary.MAX_GANTT_SPANS and more == 5
+    assert len(kept) == phases.MAX_GANTT_SPANS and more == 5
 
 
 def test_a_reopened_report_view_keeps_the_pages_history(tmp_path) -> None:
@@ -312,7 +311,7 @@ def test_a_reopened_report_view_keeps_the_pages_history(tmp_path) -> None:
             view.log_batch([Metric("loss", float(step), Reduce.MEAN)], step)
         view.finish()
     assert view.summary.steps == 5
-    assert [p[0] for p in view.summary.globals["loss"].points] == [0, 1, 2, 3, 4]
+    assert [p[0] for p in view.summary.series.globals["loss"].points] == [0, 1, 2, 3, 4]
     assert summary.read(tmp_path / "again" / "report.jsonl").data()["globals"] == view.summary.data()["globals"]
 
 
@@ -343,7 +342,7 @@ def test_the_page_rebuilt_from_the_file_is_the_live_one_and_the_route_says_why_n
         return found
 
     assert data(again) == data(live) and data(live)["steps"] == 4
-    assert sink.experiments["r"].keep_spans  # from its first step: a view draws a Gantt
+    assert sink.tenants.experiments["r"].keep_spans  # from its first step: a view draws a Gantt
     assert cli(["report", "--sink", control, "--experiment", "r"]) == 0
     assert capsys.readouterr().out.strip() == path
 
@@ -352,4 +351,4 @@ def test_the_page_rebuilt_from_the_file_is_the_live_one_and_the_route_says_why_n
         mgrpc.MetricsServiceStub(channel).Export(_metrics("p", range(2), 0, 2), timeout=10)
     with pytest.raises(RuntimeError, match=r"409: experiment 'p' has no report view \(its views: jsonl\)"):
         request_report(f"http://127.0.0.1:{plain.http_port}", "p")
-    assert not plain.experiments["p"].keep_spans  # no Gantt view: step views do not hold spans
+    assert not plain.tenants.experiments["p"].keep_spans  # no Gantt view: step views do not hold spans

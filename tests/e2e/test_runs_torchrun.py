@@ -56,5 +56,6 @@ def test_an_elastic_restart_ends_with_the_final_timeline(make_sink, tmp_path: Pa
     assert not [r for r in rows if r.get("late")]
 
     summary = read(tmp_path / "report.jsonl")
-    series = summary.globals.get("loss") or next(s for (_, key), s in summary.series.items() if key == "loss")
+    charts = summary.series
+    series = charts.globals.get("loss") or next(s for (_, key), s in charts.by_role.items() if key == "loss")
     assert [(p[0], p[1]) for p in series.points] == sorted(final.items())

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rankscope.catalog import CATALOG
 from rankscope.core.settings import SETTINGS
+from rankscope.metrics.catalog import CATALOG
 
 from ..conftest import ROOT
 

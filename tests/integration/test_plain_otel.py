@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rankscope import gantt
+from rankscope.report import perfetto
 
 from ..conftest import ROOT
 
@@ -88,7 +88,7 @@ def test_a_plain_otel_sdk_program_lands_in_the_global_view(make_sink, tmp_path) 
     spans = [json.loads(line) for line in sink.span_rows("plain") or ()]
     assert sorted(s["name"] for s in spans) == ["work-a", "work-b"] and all(s["step"] is not None for s in spans)
     out = tmp_path / "gantt.json"
-    assert gantt.write(spans, out).spans == 2  # spans without a step are drawn, in their time's step
+    assert perfetto.write(spans, out).spans == 2  # spans without a step are drawn, in their time's step
     drawn = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") == "X"]
     assert sorted(e["name"] for e in drawn) == ["work-a", "work-b"] and all(
         e["args"]["step"] is not None for e in drawn

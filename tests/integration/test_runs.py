@@ -141,7 +141,8 @@ def test_a_resumed_launch_rewinds_its_run_in_every_view(make_sink, tmp_path: Pat
 
     summary = read(tmp_path / "report" / "same" / first / "report.jsonl")
     assert summary.rewinds == [{"step": 3, "from": 5}]
-    (series,) = [s for (role, key), s in summary.series.items() if key == "loss"] or [summary.globals["loss"]]
+    charts = summary.series
+    (series,) = [s for (role, key), s in charts.by_role.items() if key == "loss"] or [charts.globals["loss"]]
     assert [(p[0], p[1]) for p in series.points] == sorted(final.items())
 
 

@@ -431,7 +431,7 @@ def test_a_span_query_naming_millions_of_ranks_is_refused_at_once(make_sink) -> 
 
 
 def test_parse_ranks_bounds_what_a_list_may_name() -> None:
-    from rankscope.sink.traces import MAX_QUERY_RANKS, parse_ranks
+    from rankscope.sink.book.traces import MAX_QUERY_RANKS, parse_ranks
 
     assert parse_ranks("0,2,4-7") == {0, 2, 4, 5, 6, 7} and parse_ranks("") is None
     assert len(parse_ranks(f"0-{MAX_QUERY_RANKS - 1}") or ()) == MAX_QUERY_RANKS
@@ -479,7 +479,8 @@ def test_a_posted_view_path_is_rooted_in_its_experiments_directory(make_sink, tm
     assert post_config(f"http://127.0.0.1:{sink.http_port}", "attacker", config) == "ok"
     defaults = {"jsonl": {"logging_mode": "global_reduce", "path": "rankscope_logs/{experiment}/{process}.jsonl"}}
     assert post_config(f"http://127.0.0.1:{sink.http_port}", "spelled", defaults) == "ok"
-    assert sink.posted_backends["spelled"]["jsonl"]["path"] == "rankscope_logs/spelled/{process}.jsonl"  # not nested
+    posted = sink.tenants.posted_backends
+    assert posted["spelled"]["jsonl"]["path"] == "rankscope_logs/spelled/{process}.jsonl"  # not nested
     conn = Http(sink.http_port)
     r = request([gauge("loss", 1.0)], "attacker", **{attr.RANK: "0", attr.WORLD_SIZE: "1"})
     marker = r.resource_metrics[0].scope_metrics[0].metrics.add(name=attr.FLUSH_MARKER)
@@ -515,7 +516,7 @@ def test_a_request_spreading_points_over_many_steps_opens_at_most_max_open_steps
     """Each open step waits for its processes, and finalizing once went over every open step for
     each one closed: 100k steps in one request held the finalizer every experiment shares for a
     minute. A run now opens at most ``max_open_steps`` steps; the rest is refused and counted."""
-    from rankscope.sink.admission import ExperimentLimits
+    from rankscope.sink.book.admission import ExperimentLimits
 
     sink = make_sink(grace=1.0, experiment_limits=ExperimentLimits(max_open_steps=100))
     conn = Http(sink.http_port)
@@ -602,7 +603,7 @@ def test_one_client_cannot_fill_the_sinks_runs_or_configs(make_sink) -> None:
     config = {"console": {"logging_mode": "global_reduce"}}
     for i in range(8):  # the oldest config of an experiment with no run open makes room
         assert post_config(control, f"never-seen-{i}", config) == "ok"
-    assert len(sink.posted_backends) == 5 and "never-seen-7" in sink.posted_backends
+    assert len(sink.tenants.posted_backends) == 5 and "never-seen-7" in sink.tenants.posted_backends
 
 
 def test_a_client_inventing_refusal_reasons_cannot_wipe_the_status_routes_counts(make_sink) -> None:

@@ -218,7 +218,7 @@ def test_the_spans_route_and_gantt_cover_the_whole_run_from_the_span_file(make_s
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgrpc
 
-    from rankscope import gantt
+    from rankscope.report import perfetto
 
     sink = make_sink(trace_retain_steps=3, spans_dir=tmp_path / "spans")
     with grpc.insecure_channel(sink.endpoint) as channel:
@@ -234,6 +234,6 @@ def test_the_spans_route_and_gantt_cover_the_whole_run_from_the_span_file(make_s
             span.attributes.append(key_value("rankscope.step", step))
             assert stub.Export(request, timeout=10).partial_success.rejected_spans == 0
     assert len(sink.spans("long") or []) == 3
-    rows = list(gantt.read_sink(f"http://127.0.0.1:{sink.http_port}", "long", gantt.Filter()))
+    rows = list(perfetto.read_sink(f"http://127.0.0.1:{sink.http_port}", "long", perfetto.Filter()))
     assert [row["step"] for row in rows] == list(range(10))
     assert sink.status("long")["span_file"]["capped"] is False

@@ -50,12 +50,12 @@ def test_a_thousand_experiments_then_idle_release_threads_and_files(make_sink, t
     threads, fds = threading.active_count(), _fds()
     for i in range(1000):
         assert conn.export(_stepped(f"exp-{i}", "p", 0))[:2] == (200, 0)
-    assert sink.overview()["experiments"] + sink.evicted >= 1001
+    assert sink.overview()["experiments"] + sink.tenants.evicted >= 1001
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (sink.overview()["experiments"] or threading.active_count() > threads + 10):
         time.sleep(0.2)
     conn.close()
-    assert sink.overview()["experiments"] == 0 and sink.evicted >= 1000
+    assert sink.overview()["experiments"] == 0 and sink.tenants.evicted >= 1000
     assert threading.active_count() <= threads + 10
     assert _fds() <= fds + 10
     assert len(list((tmp_path / "v").iterdir())) == 1001  # every experiment's view was written before eviction

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import rankscope as rs
-from rankscope.catalog import CATALOG, unit_of
+from rankscope.metrics.catalog import CATALOG, unit_of
 from rankscope.throughput import _tokens as throughput_meter
 
 

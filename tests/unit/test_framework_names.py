@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rankscope as rs
+from rankscope.integrations.stepping import StepFollower
 from rankscope.metrics.recording import record_logged
 from rankscope.metrics.values import as_metric_name, check_key
-from rankscope.stepping import StepFollower
 
 
 @pytest.mark.parametrize(

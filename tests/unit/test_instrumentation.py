@@ -18,10 +18,10 @@ from rankscope.integrations.monarch import propagation
 
 def test_entry_points_register_the_distro_configurator_and_every_instrumentor() -> None:
     assert [e.value for e in entry_points(group="opentelemetry_distro", name="rankscope")] == [
-        "rankscope.distro:RankscopeDistro"
+        "rankscope.instrumentation.distro:RankscopeDistro"
     ]
     assert [e.value for e in entry_points(group="opentelemetry_configurator", name="rankscope")] == [
-        "rankscope.distro:RankscopeConfigurator"
+        "rankscope.instrumentation.distro:RankscopeConfigurator"
     ]
     ours = [e for e in entry_points(group="opentelemetry_instrumentor") if e.dist and e.dist.name == "rankscope"]
     registered = {e.name: e.load() for e in ours}

@@ -15,7 +15,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from rankscope.metrics.reduce import DistributionAccumulator, Reduce
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.sink import Experiment, ExperimentLimits
-from rankscope.sink.validate import Limits, Refusals, metrics_batches
+from rankscope.sink.checked import Limits, Refusals
+from rankscope.sink.edge.validate import metrics_batches
 
 CUMULATIVE, DELTA = pb.AGGREGATION_TEMPORALITY_CUMULATIVE, pb.AGGREGATION_TEMPORALITY_DELTA
 

@@ -14,8 +14,9 @@ from rankscope.backends.base import Metric
 from rankscope.backends.report import ReportBackend
 from rankscope.metrics.reduce import Reduce
 from rankscope.report import page
-from rankscope.report.summary import MAX_META_SERIES, MAX_SERIES, Summary, read
-from rankscope.sink.experiment import Process
+from rankscope.report.series import MAX_META_SERIES, MAX_SERIES
+from rankscope.report.summary import Summary, read
+from rankscope.sink.checked import Process
 
 NEVER = 1 << 62
 """A compaction bound no test reaches: the uncompacted reference."""
@@ -168,8 +169,8 @@ def test_a_compacted_file_reads_back_as_the_page_the_events_make(tmp_path: Path)
     found = read(compacted.data_path)
     # everything a page holds was reached: refusals, bounds, rewinds, stragglers' Gantt
     data = reference.data()
-    assert reference.heat_stride >= 2 and data["series_not_shown"] > 0 and data["tables_not_shown"] > 0
-    assert any(isinstance(name, tuple) for name in reference._refused)
+    assert reference.phases.heat_stride >= 2 and data["series_not_shown"] > 0 and data["tables_not_shown"] > 0
+    assert any(isinstance(name, tuple) for name in reference.series._refused)
     assert len(data["rewinds"]) == 2 and data["late_updates"] > 0 and data["missing"] and data["heat"]
     assert {g["why"] for g in data["gantt"]} == {"first straggler", "slowest step", "last step"}
     assert len(data["anomalies"]) == 500 and data["stragglers"] and data["samples"] and data["runs"]

@@ -13,8 +13,9 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource
 from rankscope.report.summary import Summary
 from rankscope.sink import Experiment
-from rankscope.sink.runs import Run, RunBook
-from rankscope.sink.validate import Limits, Refusals, metrics_batches
+from rankscope.sink.book.runs import Run, RunBook
+from rankscope.sink.checked import Limits, Refusals
+from rankscope.sink.edge.validate import metrics_batches
 
 from .test_sink_steps import Clock, metrics, resource, values_of
 
@@ -126,7 +127,7 @@ def test_the_reports_summary_keeps_the_final_values_after_a_rewind() -> None:
         if step == 1 and value == 20.0:
             summary.add({"kind": "rewind", "step": 1})
         summary.add({"kind": "step", "step": step, "values": {"loss": value}})
-    assert [(p[0], p[1]) for p in summary.globals["loss"].points] == [(0, 1.0), (1, 20.0), (2, 30.0)]
+    assert [(p[0], p[1]) for p in summary.series.globals["loss"].points] == [(0, 1.0), (1, 20.0), (2, 30.0)]
     assert (summary.steps, summary.last_step, summary.rewinds) == (3, 2, [{"step": 1, "from": 2}])
 
 
@@ -187,7 +188,7 @@ def test_hostile_run_ids_never_become_paths_and_come_back_as_sent(tmp_path: Path
     import os
     import uuid
 
-    from rankscope.sink.wal import WriteAheadLog
+    from rankscope.sink.durable.wal import WriteAheadLog
 
     from ..hostile_names import assert_contained, hostile_jobs
 

@@ -111,8 +111,8 @@ def test_a_step_holding_only_sample_rows_waits_for_its_flush_marker() -> None:
     """Rows go out before their process's marker: the step must not finalize on the rows alone
     (it did, with one rank's rows, before the other ranks' markers said there were four)."""
     from rankscope.otlp.markers import Marker
-    from rankscope.sink.experiment import Experiment
-    from rankscope.sink.validate import Refusals, ResourceBatch
+    from rankscope.sink.book.experiment import Experiment
+    from rankscope.sink.checked import Refusals, ResourceBatch
 
     now = [0.0]
     experiment = Experiment("rows-first", grace=10.0, clock=lambda: now[0])

@@ -14,7 +14,8 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.metrics import PointAttributes, encode
 from rankscope.sink import Experiment
-from rankscope.sink.validate import Limits, Refusals, metrics_batches
+from rankscope.sink.checked import Limits, Refusals
+from rankscope.sink.edge.validate import metrics_batches
 
 
 class Clock:
@@ -223,7 +224,7 @@ def test_a_replayed_record_opens_its_step_whatever_max_open_steps_says() -> None
     """``max_open_steps`` refuses new data that would open one step too many; a record replayed
     from the write-ahead log was acknowledged once, so it is never refused for it (a sink that
     crashed with more steps open than the limit, or restarted with a lower one, loses nothing)."""
-    from rankscope.sink.admission import ExperimentLimits
+    from rankscope.sink.book.admission import ExperimentLimits
 
     def batches() -> list[Any]:
         request = mpb.ExportMetricsServiceRequest()
@@ -251,7 +252,7 @@ def test_a_replayed_record_opens_its_step_whatever_max_open_steps_says() -> None
 def test_a_runs_groups_declare_at_most_max_processes_rank_slots() -> None:
     """``absent`` lists every empty rank slot on the finalizer all runs share: a made-up world size,
     or many groups each declaring a large one, would have it list millions."""
-    from rankscope.sink.roster import Roster
+    from rankscope.sink.book.roster import Roster
 
     roster = Roster(max_processes=100)
     first = roster.process_for(resource("a", world=10_000_000, **{attr.REPLICA: "0"}))

@@ -6,14 +6,14 @@ import math
 from typing import Any
 
 from rankscope.core import names as attr
-from rankscope.sink.admission import Admission, ExperimentLimits
-from rankscope.sink.anomalies import Detectors, Watch
-from rankscope.sink.finalize import Finished, view_of
-from rankscope.sink.merge import merge_rows
-from rankscope.sink.roster import Roster
-from rankscope.sink.traces import TraceStore
-from rankscope.sink.validate import Refusals, StateRows
-from rankscope.sink.windows import MAX_CLOCK_SKEW_NS, StepWindows
+from rankscope.sink.book.admission import Admission, ExperimentLimits
+from rankscope.sink.book.finalize import Finished, view_of
+from rankscope.sink.book.merge import merge_rows
+from rankscope.sink.book.roster import Roster
+from rankscope.sink.book.traces import TraceStore
+from rankscope.sink.book.windows import MAX_CLOCK_SKEW_NS, StepWindows
+from rankscope.sink.checked import Refusals, StateRows
+from rankscope.sink.views.anomalies import Detectors, Watch
 
 
 def resource(pid: str, rank: int = 0, world: int = 1, attempt: int = 0, role: str = "trainer") -> dict[str, Any]:

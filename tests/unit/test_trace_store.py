@@ -6,10 +6,10 @@ import json
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from rankscope import gantt
 from rankscope.otlp.common import key_value
-from rankscope.sink.experiment import Process
-from rankscope.sink.traces import SpanFile, TraceStore, parse_ranks
+from rankscope.report import perfetto
+from rankscope.sink.book.traces import SpanFile, TraceStore, parse_ranks
+from rankscope.sink.checked import Process
 
 
 def process(rank: int) -> Process:
@@ -99,7 +99,7 @@ def test_gantt_tracks_are_numbered_in_rank_order_whatever_order_spans_arrive_in(
                 }
             )
     out = tmp_path / "trace.json"
-    gantt.write(rows, out)
+    perfetto.write(rows, out)
     names = {
         e["args"]["name"]: e["pid"] for e in json.loads(out.read_text())["traceEvents"] if e["name"] == "process_name"
     }
@@ -140,7 +140,7 @@ def test_span_links_become_perfetto_flow_arrows_from_each_linked_span_whichever_
     train = span("train_step", "f" * 16, "trainer", 0, 5000, tuple(f"{i:016x}" for i in (1, 2, 9)))
     for order in ([*generations, train], [train, *generations]):
         out = tmp_path / "trace.json"
-        writer = gantt.write(order, out)
+        writer = perfetto.write(order, out)
         events = json.loads(out.read_text())["traceEvents"]
         pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
         starts = {e["id"]: e for e in events if e.get("cat") == "lineage" and e["ph"] == "s"}
@@ -151,7 +151,7 @@ def test_span_links_become_perfetto_flow_arrows_from_each_linked_span_whichever_
 
 
 def test_span_text_and_attributes_are_bounded_and_printable() -> None:
-    from rankscope.sink.validate import Limits, check_span, span_attributes, span_text
+    from rankscope.sink.checked import Limits, check_span, span_attributes, span_text
 
     assert check_span(trace_pb2.Span(name="x", trace_id=b"\x01" * 16, span_id=b"\x02" * 8)) is None
     for ids in ({"trace_id": b"\x01" * 15, "span_id": b"\x02" * 8}, {"trace_id": b"\x01" * 16, "span_id": b""}):

@@ -9,8 +9,8 @@ from typing import Any
 
 from rankscope.backends.base import LoggerBackend, Metric, register_backend
 from rankscope.metrics.reduce import Reduce
-from rankscope.sink.finalize import StepView
-from rankscope.sink.views import ViewPool, ViewWriter
+from rankscope.sink.views.step import StepView
+from rankscope.sink.views.writer import ViewPool, ViewWriter
 
 WRITTEN: list[tuple[str, int, str]] = []
 """(experiment, step, thread name) of every step a ``Recording`` view wrote."""

@@ -12,6 +12,7 @@ refused points, anomalies and captures. Plain text in any terminal (rich), so it
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -31,7 +32,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .core import names as attr
+from ..core import names as attr
 
 SPARKS = "▁▂▃▄▅▆▇█"
 MAX_ROWS = 16
@@ -221,7 +222,7 @@ def _quit_pressed(fd: int | None, timeout: float) -> bool:
     return bool(ready) and os.read(fd, 32).lower().startswith(b"q")
 
 
-def run(
+def watch(
     url: str,
     experiment: str | None,
     keys: list[str] | None,
@@ -242,3 +243,23 @@ def run(
                     return 0
         except KeyboardInterrupt:
             return 0
+
+
+def add_parser(commands: Any) -> None:
+    t = commands.add_parser("top", help="a live terminal view of a running sink (q quits)")
+    t.add_argument("--sink", default="http://127.0.0.1:4318", help="the sink's HTTP URL (default %(default)s)")
+    t.add_argument("--experiment", help="experiment id (default: the one furthest along)")
+    t.add_argument("--run", help="run of the experiment (default: its latest)")
+    t.add_argument("--keys", help="keys to chart, comma-separated (default: the first six of the last step)")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    t.add_argument("--once", action="store_true", help="print one screen and exit")
+    t.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
+    t.set_defaults(fn=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+    token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
+    return watch(args.sink, args.experiment, keys, max(0.1, min(args.interval, 1.0)), token, args.once, args.run)
+
+

@@ -1,10 +1,12 @@
 """The runtime slot: the one place that holds this process's rankscope runtime.
 
-``rankscope.lifecycle`` assembles a ``Runtime`` (recorder, step clock, tracing, export thread)
-and installs it here. Every layer below the assembler (metrics, steps, tracing, integrations)
-reads the runtime from this slot and never imports the assembler, so imports only go down.
-The assembler also registers how to start rankscope from the environment (``set_starter``):
-the first call of anything auto-initializes through ``get``.
+``rankscope.lifecycle`` assembles a runtime (recorder, step clock, tracing, export thread) and
+installs it here. Every stage below the assembler (metrics, steps, tracing, integrations) reads
+the runtime from this slot and never imports the assembler, so imports only go down; not even
+the type checker imports upwards: what those stages use of the runtime is the ``Runtime``
+protocol below, which ``lifecycle``'s runtime satisfies. The assembler also registers how to
+start rankscope from the environment (``set_starter``): the first call of anything
+auto-initializes through ``get``.
 
 ``recorder`` is the installed runtime's recorder, kept beside it; ``record_metric`` follows it in a
 module global of its own (``watch``), so its fast path costs one global read.
@@ -13,21 +15,56 @@ module global of its own (``watch``), so its fast path costs one global read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ..lifecycle import Runtime
-    from ..metrics.recorder import Recorder
+
+class Steps(Protocol):
+    """What the stages below ``lifecycle`` read and set of the runtime's step clock."""
+
+    auto_pending: bool
+    """An instrumented optimizer step ended; the step closes at the next instrumented event."""
+    explicit: int | None
+    """``set_step``'s step in progress, until the next flush."""
+
+
+class Runtime(Protocol):
+    """What the stages below ``lifecycle`` use of the process's runtime (``lifecycle.Runtime`` is one).
+
+    ``recorder`` is the metrics stage's ``Recorder`` and ``tracing`` the tracing stage's
+    ``TracingState``. This leaf cannot name either (both stages sit above it), so both read as
+    ``Any`` here; the stage that owns each annotates it where it takes it
+    (``metrics.recording._recorder``, ``tracing.tracer._state``).
+    """
+
+    @property
+    def recorder(self) -> Any: ...
+
+    @property
+    def tracing(self) -> Any: ...
+
+    @property
+    def steps(self) -> Steps: ...
+
+    def settle_auto_step(self) -> None:
+        """Close the step an instrumented optimizer step left pending."""
+
+    def flush_driven(self, step: int) -> None:
+        """Close ``step`` here, asked by the process that drives this one."""
+
+    def catch_up(self, step: int) -> None:
+        """An endpoint call of the driver's step ``step`` arrived: close the step before it first."""
+
 
 current: Runtime | None = None
-recorder: Recorder | None = None
+recorder: Any = None
+"""``current.recorder`` (None with no runtime): the metrics stage's ``Recorder``."""
 disabled = False
 """``RANKSCOPE_DISABLE`` or ``init(disable=True)``: every call is a no-op, nothing starts."""
 
 _starter: Callable[[], Runtime | None] | None = None
 
 
-_watchers: list[Callable[[Recorder | None, bool], None]] = []
+_watchers: list[Callable[[Any, bool], None]] = []
 
 
 def install(runtime: Runtime | None, *, off: bool = False) -> None:
@@ -38,7 +75,7 @@ def install(runtime: Runtime | None, *, off: bool = False) -> None:
         watcher(recorder, off)
 
 
-def watch(watcher: Callable[[Recorder | None, bool], None]) -> None:
+def watch(watcher: Callable[[Any, bool], None]) -> None:
     """Call ``watcher(recorder, disabled)`` now and at every ``install``: the hot path keeps its
     own module-global copy (one dict lookup cheaper than an attribute of this module)."""
     _watchers.append(watcher)

@@ -12,7 +12,7 @@ opentelemetry-exporter-otlp-proto-grpc and -http 1.45.2, and the opentelemetry-e
 - ``opentelemetry.sdk.metrics.export.MetricReader._receive_metrics``: the hook the export
   thread's pull reader implements.
 - ``opentelemetry.sdk._configuration._BaseConfigurator``: the base of rankscope's configurator
-  (``rankscope.distro``; ``ConfiguratorBase``).
+  (``rankscope.instrumentation.distro``; ``ConfiguratorBase``).
 - ``opentelemetry.exporter.otlp.proto.{grpc,http}._log_exporter``: the OTLP log exporters (streamed
   raw values go as log records).
 - On a gRPC exporter: ``_channel``, ``_headers``, ``_timeout``, ``_shutdown``,

@@ -56,7 +56,7 @@ class Captures:
         self.process_id = process_id
         self.experiment_dir = safe_component(experiment)
         self.file_name = f"{safe_component(label)}.pt.trace.json.gz"
-        """The sink's name for this process's trace (``sink.captures``): the capture event names it."""
+        """The sink's name for this process's trace (``sink.views.captures``): the capture event names it."""
         self.poll_interval = poll_interval
         self._on_event = on_event
         self._next_poll = 0.0

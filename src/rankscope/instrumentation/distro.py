@@ -16,7 +16,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
-from .export._otel_sdk import ConfiguratorBase
+from ..export._otel_sdk import ConfiguratorBase
 
 DEFAULTS = {
     # Pick rankscope's configurator even when another one (e.g. the SDK's) is installed.
@@ -42,8 +42,8 @@ class RankscopeConfigurator(ConfiguratorBase):  # type: ignore[misc]  # the SDK'
     def _configure(self, **kwargs: Any) -> None:
         from opentelemetry.sdk.resources import Resource
 
-        from .core.settings import resolve
-        from .tracing.provider import install_tracer_provider
+        from ..core.settings import resolve
+        from ..tracing.provider import install_tracer_provider
 
         if resolve("disable"):
             return

@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .api import flush, init, shutdown
-from .backends.base import LoggerBackend, LoggingMode, Metric
-from .metrics.recording import record_metric
-from .metrics.reduce import MetricAccumulator, Reduce
-from .tracing.tracer import Tracer, trace
+from ..api import flush, init, shutdown
+from ..backends.base import LoggerBackend, LoggingMode, Metric
+from ..metrics.recording import record_metric
+from ..metrics.reduce import MetricAccumulator, Reduce
+from ..tracing.tracer import Tracer, trace
 
 __all__ = [
     "LoggerBackend",

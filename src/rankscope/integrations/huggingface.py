@@ -24,9 +24,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .api import flush
-from .metrics.recording import record_logged
-from .metrics.reduce import Reduce
+from ..api import flush
+from ..metrics.recording import record_logged
+from ..metrics.reduce import Reduce
 
 
 class RankscopeCallback(TrainerCallback):

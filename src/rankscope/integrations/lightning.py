@@ -26,11 +26,11 @@ from typing import Any
 
 from lightning.pytorch.loggers.logger import Logger
 
-from .api import flush, get_resource
-from .core import names as attr
-from .core.identity import pin_run
-from .metrics.recording import record_logged
-from .metrics.reduce import Reduce
+from ..api import flush, get_resource
+from ..core import names as attr
+from ..core.identity import pin_run
+from ..metrics.recording import record_logged
+from ..metrics.reduce import Reduce
 
 
 class RankscopeLogger(Logger):

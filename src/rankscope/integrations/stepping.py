@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 
-from .api import flush, set_step
-from .core import runtime as _slot
+from ..api import flush, set_step
+from ..core import runtime as _slot
 
 
 class StepFollower:

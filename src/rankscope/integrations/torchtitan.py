@@ -32,10 +32,10 @@ from typing import Any
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
 
-from .api import Tracer
-from .core.errors import report_internal_error
-from .metrics.recording import record_logged
-from .metrics.reduce import Reduce
+from ..api import Tracer
+from ..core.errors import report_internal_error
+from ..metrics.recording import record_logged
+from ..metrics.reduce import Reduce
 from .stepping import StepFollower
 
 REDUCES: Mapping[str, Reduce] = {

@@ -35,11 +35,11 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .api import Tracer, flush, record_sample, set_step, trace
-from .core.errors import report_internal_error, warn_once
+from ..api import Tracer, flush, record_sample, set_step, trace
+from ..core.errors import report_internal_error, warn_once
+from ..metrics.recording import record_logged
+from ..metrics.reduce import Reduce
 from .huggingface import RankscopeCallback
-from .metrics.recording import record_logged
-from .metrics.reduce import Reduce
 
 TABLE = "grpo/completions"
 _PATCHED = ("_generate", "_calculate_rewards", "_generate_and_score_completions", "_prepare_inputs", "training_step")

@@ -43,12 +43,12 @@ from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
-from .api import flush, force_flush, init, set_step, trace
-from .core import runtime as _slot
-from .core.errors import report_internal_error, warn_once
-from .lifecycle import drive_processes, flush_driven, follow_driver
-from .metrics.recording import record_logged
-from .metrics.reduce import Reduce
+from ..api import flush, force_flush, init, set_step, trace
+from ..core import runtime as _slot
+from ..core.errors import report_internal_error, warn_once
+from ..lifecycle import drive_processes, flush_driven, follow_driver
+from ..metrics.recording import record_logged
+from ..metrics.reduce import Reduce
 
 BACKEND = "rankscope"
 

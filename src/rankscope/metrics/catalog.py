@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .metrics.reduce import Reduce
+from .reduce import Reduce
 
 
 @dataclass(frozen=True)

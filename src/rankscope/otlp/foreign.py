@@ -2,7 +2,7 @@
 
 Any OTel client (an SDK program, telemetrygen, the Collector's Prometheus receiver) sends
 points of the five OTLP kinds. A sink takes them by these rules (the table in ``docs/sink.md``); this
-module is the stateless half (``sink.streams`` turns cumulative streams into deltas):
+module is the stateless half (``sink.book.streams`` turns cumulative streams into deltas):
 
 ==============================  ===========================  ================================
 point                           form                          row

@@ -4,7 +4,7 @@
 SDK's own OTLP exporters); ``read_row`` turns a received point back into its state as a row of
 numbers (``FIELDS``; ``state_of`` gives the dict that
 ``Reduce.get(name).accumulator_class.get_reduced_value_from_states`` merges exactly), or into
-the reason the point does not hold one (a sink's edge refuses it: ``sink.validate``).
+the reason the point does not hold one (a sink's edge refuses it: ``sink.edge.validate``).
 
 Every point carries ``rankscope.reduce`` and, when the process has flushed a step,
 ``rankscope.step``. Each reduce type uses the OTel point type that holds its state:
@@ -33,8 +33,8 @@ from typing import Any
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
-from ..catalog import unit_of
 from ..core import names as attr
+from ..metrics.catalog import unit_of
 from ..metrics.reduce import BUILTIN_REDUCES, DISTRIBUTION_SCALE, MetricAccumulator, Reduce
 from .common import attributes, decode_step, key_value, number
 from .raw import decode_attributes, resource_metrics
@@ -365,7 +365,7 @@ class DecodedPoint:
 
 def decode(request: Any) -> Iterator[DecodedPoint]:
     """Every rankscope state in an ``ExportMetricsServiceRequest`` that decodes; others are
-    skipped. For tests and tools: a sink's edge (``sink.validate``) reads the same rows, counts
+    skipped. For tests and tools: a sink's edge (``sink.edge.validate``) reads the same rows, counts
     and answers what it refuses, and is built for speed."""
     for _, rm in resource_metrics(request):
         resource = attributes(rm.resource.attributes)

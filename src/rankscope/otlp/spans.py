@@ -1,7 +1,7 @@
 """Spans as OTLP: rankscope's span records (``tracing.spans.SpanRecord``) into one request.
 
 The export thread encodes its span buffer here and sends the request through the SDK's span
-exporter; a sink reads the same fields back (``sink.traces``) with ``common.attributes``.
+exporter; a sink reads the same fields back (``sink.book.traces``) with ``common.attributes``.
 """
 
 from __future__ import annotations

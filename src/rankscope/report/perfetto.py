@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .core import names as attr
+from ..core import names as attr
 
 _THREADS = {"cpu": (1, "cpu"), "gpu": (2, "gpu (CUDA events)")}
 _RANK_IN_LABEL = re.compile(r"_r(\d+)$")

@@ -1,7 +1,17 @@
-"""The rankscope sink: the OTLP receiver and per-experiment reducer (``rankscope sink``)."""
+"""The rankscope sink: the OTLP receiver and per-experiment reducer (``rankscope sink``).
 
-from .admission import ExperimentLimits
-from .experiment import Experiment, Process, StepView
-from .service import DEFAULT_BACKENDS, Sink, SinkConfig
+Folders by the order a request takes: ``edge`` (transports, control routes, checks, the ports),
+``book`` (runs and the step book), ``durable`` (the write-ahead log and replay), ``views``
+(anomalies, captures, the view writer); the coordinator (``service``) and its parts
+(``config``, ``tenants``, ``queries``, ``tally``) on top, ``checked`` (the data every stage
+shares) below.
+"""
+
+from .book.admission import ExperimentLimits
+from .book.experiment import Experiment
+from .checked import Process
+from .config import DEFAULT_BACKENDS, SinkConfig
+from .service import Sink
+from .views.step import StepView
 
 __all__ = ["DEFAULT_BACKENDS", "Experiment", "ExperimentLimits", "Process", "Sink", "SinkConfig", "StepView"]

@@ -108,7 +108,8 @@ def _start(experiment: str, info: Path, timeout: float) -> dict[str, Any]:
 def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2) -> None:
     """Run the sink until every local client and the starter have exited."""
     from ..core.settings import resolve
-    from .service import Sink, SinkConfig
+    from .config import SinkConfig
+    from .service import Sink
 
     config = SinkConfig(grpc_port=0, http_port=0, grace=resolve("sink_grace"), trust_posted_paths=True)
     sink = Sink(config).start()
@@ -125,7 +126,7 @@ def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2) -> N
     try:
         while True:
             time.sleep(poll)
-            pids = sink.local_pids(host)
+            pids = sink.queries.local_pids(host)
             if not any(_alive(pid) for pid in pids | {starter_pid}):
                 break
     finally:

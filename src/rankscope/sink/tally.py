@@ -12,7 +12,7 @@ import re
 import threading
 from typing import Any
 
-from .validate import Refusals
+from .checked import Refusals
 
 MAX_REFUSAL_KINDS = 1000
 """Kinds of refusal counted separately."""

@@ -1,9 +1,9 @@
 """What one run may make the sink hold, and the checks that hold it there.
 
-The edge (``sink.validate``) bounds what one request may carry; the limits here depend on the
+The edge (``sink.edge.validate``) bounds what one request may carry; the limits here depend on the
 run's own state: processes, keys and late points per step, one reduce type per key, log
 records per step, sample tables and their characters per step. What does not fit is refused
-with a reason (``validate.Refusals``, answered as OTLP ``partial_success``) and counted.
+with a reason (``checked.Refusals``, answered as OTLP ``partial_success``) and counted.
 Adding a limit is a field of ``ExperimentLimits`` and the check that reads it.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .validate import Refusals, StateRows
+from ..checked import Refusals, StateRows
 
 
 @dataclass(kw_only=True, slots=True)

@@ -3,7 +3,7 @@
 Pure logic with an injected clock. Beside it, each with one job: who a step waits for
 (``roster``), steps for data without one (``windows``), the per-run limits (``admission``) and a
 finished step into its view (``finalize``). The service drives one request through them:
-``take`` (resolve steps, admit) → log (``wal``) → ``merge`` → ``ready`` → act → write.
+``take`` (resolve steps, admit) → log (``durable.wal``) → ``merge`` → ``ready`` → act → write.
 
 The rules (``docs/sink.md``):
 
@@ -22,7 +22,7 @@ The rules (``docs/sink.md``):
   (``abandoned_steps``) and refuses the earlier attempt's processes (``superseded_points``); its
   steps open afresh, and the first one finalized at or below an earlier step is a rewind.
 
-Each key of a step is one running state (``sink.merge``): what arrives is merged at once,
+Each key of a step is one running state (``sink.book.merge``): what arrives is merged at once,
 and nothing is kept per point past the step's view except the rows a view may ask
 per-process values of. A key whose states fail to merge (a third-party reduce type) is left
 out of the view and counted in ``internal_errors``: it never stops the run.
@@ -36,16 +36,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core import names as attr
+from ...core import names as attr
+from ..checked import Process, Refusals, ResourceBatch, StateRows
+from ..views.anomalies import Detectors, Watch
+from ..views.step import StepView
 from .admission import Admission, ExperimentLimits
-from .anomalies import Detectors, Watch
-from .finalize import Finished, OnError, StepView, view_of
+from .finalize import Finished, OnError, view_of
 from .merge import Running, merge_rows
-from .roster import Absent, Process, Roster
+from .roster import Absent, Roster
 from .streams import Streams
 from .tables import SampleTable, entries, take
 from .traces import TraceStore
-from .validate import Refusals, ResourceBatch, StateRows
 from .windows import StepWindows
 
 __all__ = ["Counts", "Experiment", "ExperimentLimits", "Process", "StepView", "Taken"]
@@ -59,7 +60,7 @@ class Step:
     step: int
     opened: float
     merged: dict[str, Running] = field(default_factory=dict)
-    """Each key's running state (``sink.merge``): the global view reduces these."""
+    """Each key's running state (``sink.book.merge``): the global view reduces these."""
     parts: list[tuple[Process, StateRows]] = field(default_factory=list)
     """The rows taken since the step's last view, by process: per-process values on demand."""
     viewed: set[Process] = field(default_factory=set)
@@ -107,7 +108,7 @@ class Taken:
 
 
 class Experiment:
-    """The step book of one run of an experiment (``sink.runs``). Not thread-safe: one thread owns it."""
+    """The step book of one run of an experiment (``sink.book.runs``). Not thread-safe: one thread owns it."""
 
     def __init__(
         self,
@@ -141,7 +142,7 @@ class Experiment:
         self.streams = Streams(max_series=limits.max_series)
         self.traces = traces if traces is not None else TraceStore()
         self.watch = Watch(detectors)
-        """Per-step anomaly detectors and what they found (``sink.anomalies``)."""
+        """Per-step anomaly detectors and what they found (``sink.views.anomalies``)."""
         self.counts = Counts()
         self.seen: OrderedDict[bytes, None] = OrderedDict()
         """Digests of recently taken ResourceMetrics: a client's retry is acknowledged, not merged twice."""
@@ -189,7 +190,7 @@ class Experiment:
         return min(self._open) if self._open else None
 
     def step_at(self, time_unix_nano: int) -> int:
-        """The step whose window holds ``time_unix_nano`` (0: now; ``sink.windows``)."""
+        """The step whose window holds ``time_unix_nano`` (0: now; ``sink.book.windows``)."""
         open_step = min(self._open) if self._open else None
         return self.windows.step_at(
             time_unix_nano, stepping=self.roster.stepping, open_step=open_step, last_finalized=self.last_finalized
@@ -323,7 +324,7 @@ class Experiment:
         return parts
 
     def _plain(self, process: Process, points: list[Any]) -> list[StateRows]:
-        """Plain OTel points as rows of their steps (``sink.streams``; ``step_at`` without a step)."""
+        """Plain OTel points as rows of their steps (``sink.book.streams``; ``step_at`` without a step)."""
         groups: dict[tuple[str, int], StateRows] = {}
         for point in points:
             converted = self.streams.convert(process.id, point)

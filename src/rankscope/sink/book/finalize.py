@@ -1,10 +1,11 @@
 """A finished step into its view: reduce every key, read the step's phases, run the detectors.
 
-``view_of`` builds a ``StepView`` from what the step book closed (``Finished``) and acts on
-nothing: it asks no process for anything and writes nothing. What it found that calls for an
-action (a straggler's process to profile) rides on the view (``StepView.stragglers``); the
-service acts on it (``captures.ask_stragglers``) before the views write it. The detectors keep
-their running history (``anomalies.Watch``): that is what judging a step means.
+``view_of`` builds a ``StepView`` (``views.step``: the views' own type) from what the step book
+closed (``Finished``) and acts on nothing: it asks no process for anything and writes nothing.
+What it found that calls for an action (a straggler's process to profile) rides on the view
+(``StepView.stragglers``); the service acts on it (``views.captures.ask_stragglers``) before the
+views write it. The detectors keep their running history (``views.anomalies.Watch``): that is
+what judging a step means.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends.base import Metric
-from ..core import names as attr
-from ..metrics.reduce import Reduce, reduced_items
-from .anomalies import STRAGGLER, Watch
+from ...backends.base import Metric
+from ...core import names as attr
+from ...metrics.reduce import Reduce, reduced_items
+from ..checked import Process, StateRows
+from ..views.anomalies import STRAGGLER, Watch
+from ..views.step import StepView
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
-from .roster import Process
 from .traces import TraceStore
-from .validate import StateRows
 
 OnError = Callable[[str, BaseException], None]
 
@@ -57,52 +58,6 @@ class Finished:
     internal_errors: int = 0
     """The run's internal errors before this view (its own merge errors are added as it is built)."""
     keep_spans: bool = False
-
-
-class StepView:
-    """A finished step: the global values, each process's values (computed on first use), who was missing."""
-
-    def __init__(
-        self,
-        experiment: str,
-        step: int,
-        seq: int,
-        global_metrics: list[Metric],
-        missing: list[str],
-        late: bool,
-        parts: list[tuple[Process, StateRows]] | None = None,
-        on_error: OnError | None = None,
-        labels: dict[str, str] | None = None,
-        samples: dict[str, list[dict[str, Any]]] | None = None,
-        anomalies: list[dict[str, Any]] | None = None,
-        heat: dict[str, dict[str, float]] | None = None,
-        phase_times: dict[str, dict[Process, float]] | None = None,
-        spans: list[Any] | None = None,
-    ) -> None:
-        self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
-        self.heat = heat or {}
-        """Seconds per phase per process label (at most ``HEAT_PROCESSES`` of them): ``rankscope top``."""
-        self.phase_times = phase_times or {}
-        """Seconds per phase per process, every process: the report's heat map."""
-        self.spans = spans or []
-        """The step's stored spans (``traces.StoredSpan``) when it was finalized: the report's Gantt."""
-        self.anomalies = anomalies or []
-        """What the detectors found in this step (``sink.anomalies``)."""
-        self.stragglers: list[tuple[dict[str, Any], Process]] = []
-        """Each straggler record with the process it names: whom the service may ask to profile."""
-        self.samples = samples or {}
-        """Each sample table's kept rows (``sample_entry`` dicts); a late update: tables that changed."""
-        self.global_metrics = global_metrics
-        self.labels = labels or {}
-        """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
-        self.seq = seq
-        self.attempt = 0
-        """The run's attempt when the step was finalized (what the write-ahead log's checkpoint records)."""
-        self.rewound = False
-        """The step comes again (a restarted or resumed run executes it again): views drop what they
-        hold of this step and later ones (TensorBoard's purge step) before writing it."""
-        self.per_process = PerProcess(parts or [], on_error)
-        """Each process's values (a late update: the processes whose data came late, their late data)."""
 
 
 class PerProcess(Mapping[Process, list[Metric]]):
@@ -176,8 +131,9 @@ def view_of(done: Finished, *, traces: TraceStore, watch: Watch, on_error: OnErr
             metric, label = _extreme_rank(key, reduce, state, stamp)
             global_metrics.append(metric)
             labels[metric.key] = label
+    per_process = PerProcess(done.parts, on_error)
     view = StepView(
-        done.experiment, done.step, done.seq, global_metrics, done.missing, done.late, done.parts, on_error, labels
+        done.experiment, done.step, done.seq, global_metrics, done.missing, done.late, per_process, labels=labels
     )
     view.samples, view.attempt, view.rewound = done.samples, done.attempt, done.rewound
     if not done.late:
@@ -214,7 +170,7 @@ def _judge(
 
 def _extreme_rank(key: str, reduce: Reduce, state: Running, stamp: float) -> tuple[Metric, str]:
     """``{key}/argmax_rank`` (or ``argmin_rank``): the rank that holds a MAX (MIN) key's extreme
-    this step (NaN first, then the lowest rank on a tie; ``sink.merge``), and that process's
+    this step (NaN first, then the lowest rank on a tie; ``sink.book.merge``), and that process's
     label. Ranks of different roles share the numbering."""
     rank, label = holder(state)
     if label.startswith("rankscope-merge"):  # a merged state from before holders were carried

@@ -11,7 +11,7 @@ type's states are kept as a list: its reducer is third-party code that only merg
 
 A running state is a list: ``[reduce, field, ...]`` in ``otlp.metrics.FIELDS`` order (MAX/MIN:
 value, holder rank, holder label), ``[reduce, state]`` for a distribution, ``[reduce,
-[states]]`` for a custom type. ``merge_rows`` takes rows from the edge (``validate.StateRows``).
+[states]]`` for a custom type. ``merge_rows`` takes rows from the edge (``checked.StateRows``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..metrics.reduce import DISTRIBUTION_QUANTILES, DISTRIBUTION_SCALE, Reduce, Value, quantiles
-from ..otlp.metrics import MAX_BUCKETS, Row, state_of
+from ...metrics.reduce import DISTRIBUTION_QUANTILES, DISTRIBUTION_SCALE, Reduce, Value, quantiles
+from ...otlp.metrics import MAX_BUCKETS, Row, state_of
 
 Running = list[Any]
 _Merge = Callable[[dict[str, Running], list[str], list[Row], int, str], None]

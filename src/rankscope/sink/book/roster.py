@@ -7,6 +7,8 @@
   again until they report.
 * A higher attempt (a restart) retires every process of the earlier ones.
 
+Its ``Process`` lives in ``sink.checked``: every stage, the views too, names values by it.
+
 Pure bookkeeping: no clock, no I/O. ``version`` moves whenever the answer to "who is missing"
 may have changed, so the step book re-asks only then.
 """
@@ -14,48 +16,11 @@ may have changed, so the step book re-asks only then.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from ..core import names as attr
-from ..core.identity import label_of
-
-Group = tuple[str, str | None, int]
-"""(role, replica, attempt): the processes that share one rank numbering."""
-
-
-@dataclass(slots=True, eq=False)
-class Process:
-    """One process of the run, as its Resource describes it."""
-
-    id: str
-    label: str
-    role: str
-    replica: str | None
-    rank: int
-    world_size: int
-    attempt: int
-    host: str
-    pid: int | None
-    resource: Mapping[str, Any]
-    stepped: bool = False
-    last_marker: int = -1
-    live: bool = True
-    merged: bool = False
-    """States merged upstream by a Collector (``rankscope.merged``): in the global view only."""
-    ended: bool = False
-    """It said goodbye (``rankscope.goodbye``): it ended, and does not come back."""
-    suspect: bool = False
-    """It took the slot of a process that ended, in a run whose processes had all ended, at the
-    same attempt: its first data decides whether it is another launch (``reused``)."""
-    reused: bool = False
-    """...and that data was for a step the run had finalized already: another launch reusing the run
-    id (a fixed ``--rdzv-id``, a ``RANKSCOPE_RUN_ID`` set by hand). Its data is refused."""
-
-    @property
-    def group(self) -> Group:
-        return (self.role, self.replica, self.attempt)
-
+from ...core import names as attr
+from ...core.identity import label_of
+from ..checked import Group, Process
 
 Absent = tuple[str, Any]
 """(label, what to stop waiting for: a Process, a (group, rank) slot, or None)."""

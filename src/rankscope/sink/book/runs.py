@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import names as attr
+from ...core import names as attr
 
 RunKey = tuple[str, str]
 """(experiment id, run id): one tenant of the sink. Data without a run id (a plain OTel client,

@@ -27,8 +27,8 @@ import math
 from collections import OrderedDict
 from typing import Any
 
+from ..checked import PlainPoint
 from .merge import OTEL_EXPONENTIAL, OTEL_GAUGE, OTEL_HISTOGRAM, OTEL_UPDOWN
-from .validate import PlainPoint
 
 OVERFLOW = "otel.metric.overflow=true"
 

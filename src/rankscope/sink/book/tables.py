@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.base import sample_entry
-from ..metrics.samples import Kept, reselect
-from ..otlp.samples import SampleRow
+from ...metrics.samples import Kept, reselect
+from ...otlp.samples import SampleRow
+from ..views.step import entry
 
 
 def row_chars(row: dict[str, Any]) -> int:
@@ -82,21 +82,3 @@ def entries(tables: dict[str, SampleTable], step: int, changed_only: bool = Fals
         table.changed = False
         out[name] = [entry(name, step, kept.side, kept.origin) for kept in table.kept]
     return out
-
-
-def entry(table: str, step: int | None, side: str, origin: tuple[Any, SampleRow]) -> dict[str, Any]:
-    process, row = origin
-    return sample_entry(
-        table,
-        step,
-        side,
-        row.row,
-        time_unix_nano=row.time_unix_nano,
-        trace_id=row.trace_id,
-        span_id=row.span_id,
-        policy_version=row.policy_version,
-        process=process.label,
-        role=process.role,
-        replica=process.replica,
-        rank=process.rank,
-    )

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..backends.base import Metric
-from ..core import names as attr
-from ..metrics.reduce import Reduce
-from ..otlp.common import any_value
-from .validate import Limits, Refusals, check_span, span_attributes, span_text
+from ...backends.base import Metric
+from ...core import names as attr
+from ...metrics.reduce import Reduce
+from ...otlp.common import any_value
+from ..checked import Limits, Refusals, check_span, span_attributes, span_text
 
 _LIMITS = Limits()
 """The edge's default bounds (a sink passes its own)."""
@@ -173,9 +173,9 @@ class TraceStore:
         self.count = 0
         self.dropped = 0
         self.refused = 0
-        """Spans refused at the edge (malformed ids: ``validate.check_span``)."""
+        """Spans refused at the edge (malformed ids: ``checked.check_span``)."""
         self.attributes_left_out = 0
-        """Span attributes past the edge's bounds (``validate.span_attributes``)."""
+        """Span attributes past the edge's bounds (``checked.span_attributes``)."""
 
     def ingest(
         self,
@@ -186,8 +186,8 @@ class TraceStore:
         limits: Limits = _LIMITS,
     ) -> tuple[int, int]:
         """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected): a span
-        ``validate.check_span`` refuses is counted, with its reason, in ``refused``; what a kept
-        span says is cleaned and bounded (``validate.span_text``, ``validate.span_attributes``).
+        ``checked.check_span`` refuses is counted, with its reason, in ``refused``; what a kept
+        span says is cleaned and bounded (``checked.span_text``, ``checked.span_attributes``).
         ``step_at(start_ns)`` gives a span without a step its step."""
         decoded: list[StoredSpan] = []
         steps_of: dict[str, int] = {}

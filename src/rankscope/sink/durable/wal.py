@@ -4,7 +4,7 @@ Layout: ``STATE_DIR/.lock`` (one sink per directory; no ``safe_component`` start
 per run of an experiment a directory
 ``safe_component(experiment id)/runs/safe_component(run id)`` (a run without an id: the
 experiment's directory itself, as before runs) holding ``meta.json`` (the original ids and what the run book
-keeps of the run, ``sink.runs``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
+keeps of the run, ``sink.book.runs``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
 
 A record is one process's checked points (and sample rows) of one step (``Experiment.apply`` resolves the
 step first): a header (payload length, sequence number, step, CRC-32) and a marshalled
@@ -41,8 +41,8 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
-from ..core.paths import safe_component
-from ..otlp.metrics import FIELDS, row_of
+from ...core.paths import safe_component
+from ...otlp.metrics import FIELDS, row_of
 
 log = logging.getLogger("rankscope.sink")
 
@@ -115,7 +115,7 @@ class ExperimentLog:
         self._load_checkpoint()
 
     def save_meta(self, meta: dict[str, Any]) -> None:
-        """What the run book keeps of the run (``sink.runs.Run.record``), beside its records."""
+        """What the run book keeps of the run (``book.runs.Run.record``), beside its records."""
         with self._lock:
             _atomic_write(self.directory / "meta.json", {**meta, "experiment": self.experiment, "run": self.run})
 
@@ -417,7 +417,7 @@ _RECORD_VERSION = 3
 def encode_record(
     digest: bytes, resource: dict[str, Any], states: list[Any], markers: list[Any], samples: Sequence[Any] = ()
 ) -> bytes:
-    """A record's payload: the checked rows (``validate.StateRows``), markers and sample rows
+    """A record's payload: the checked rows (``checked.StateRows``), markers and sample rows
     (``otlp.samples.SampleRow``) of one step."""
     return marshal.dumps(
         (

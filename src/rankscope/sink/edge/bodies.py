@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ..otlp.raw import parse_metrics
+from ...otlp.raw import parse_metrics
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

@@ -1,7 +1,7 @@
 """The sink's control routes on HTTP, apart from OTLP ingest: what embedded clients and people ask.
 
 ``GET /healthz`` (503 naming a dead sink thread; no token needed), and behind the bearer token
-(``sink.auth``):
+(``edge.auth``):
 ``POST /rankscope/v1/config`` (an experiment's views),
 ``GET /rankscope/v1/status[?experiment=ID[&run=RUN]]`` (a route that names an experiment
 takes ``run``, else means its latest run; a resuming launch's own run id means the run it
@@ -9,13 +9,14 @@ continues),
 ``GET /rankscope/v1/spans?experiment=ID[&first=N][&last=M][&ranks=0,2-3]`` (stored spans as
 JSONL, streamed; what ``rankscope gantt --sink`` reads),
 ``GET /rankscope/v1/recent?experiment=ID`` (the last 64 finalized steps: values, missing,
-anomalies, rank x phase seconds; what ``rankscope top`` reads), captures (``sink.captures``):
+anomalies, rank x phase seconds; what ``rankscope top`` reads), captures (``sink.views.captures``):
 ``POST /rankscope/v1/captures`` (``{"experiment", "steps", "ranks", "reason"}``: ask for one),
 ``GET /rankscope/v1/captures?experiment=ID&process=PID`` (a process polls for its requests) and
 ``PUT /rankscope/v1/captures/file?experiment=ID&capture=C&process=PID`` (its trace, gzip), and
 ``POST /rankscope/v1/report`` (``{"experiment"}``: write its report page now, answer where).
 
-Every body is JSON, checked here; the sink's methods take checked values only.
+Every body is JSON, checked here; the sink's side (the ``Control`` port, ``edge.ports``) takes
+checked values only.
 """
 
 from __future__ import annotations
@@ -25,17 +26,15 @@ import itertools
 import json
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 from aiohttp import web
 
+from ..book.traces import parse_ranks
 from .auth import UNAUTHORIZED, authorized
 from .bodies import HttpError, OverloadedError
-from .traces import parse_ranks
-
-if TYPE_CHECKING:
-    from .service import Sink
+from .ports import Control
 
 REPORT_TIMEOUT = 60.0
 """Seconds the report route waits for an experiment's views (``request_report`` waits longer)."""
@@ -44,16 +43,19 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 class ControlRoutes:
-    """The control routes of one sink. ``call`` runs a blocking sink method off the event loop,
-    ``body`` reads a request body within the sink's size limit (both from the HTTP transport)."""
+    """The control routes of one sink, answered by its ``Control`` port behind ``token``. ``call``
+    runs a blocking call off the event loop, ``body`` reads a request body within the sink's size
+    limit (both from the HTTP transport)."""
 
     def __init__(
         self,
-        sink: Sink,
+        control: Control,
+        token: str | None,
         call: Callable[..., Awaitable[Any]],
         body: Callable[[web.BaseRequest], Awaitable[bytes]],
     ) -> None:
-        self.sink = sink
+        self.control = control
+        self.token = token
         self._call = call
         self._body = body
         self._report_lock = threading.Lock()
@@ -75,7 +77,7 @@ class ControlRoutes:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.path == "/healthz" and request.method == "GET":
             return await self._health(request)
-        if not authorized(self.sink.config.token, request.headers.get("Authorization")):
+        if not authorized(self.token, request.headers.get("Authorization")):
             raise HttpError(401, UNAUTHORIZED)
         handler = self.routes.get((request.method, request.path))
         if handler is None:
@@ -95,11 +97,11 @@ class ControlRoutes:
                 raise TypeError("each backend's options must be an object")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad config body: {exc}") from None
-        answer = await self._call(self.sink.configure, experiment, backends)  # it takes runs' locks
+        answer = await self._call(self.control.configure, experiment, backends)  # it takes runs' locks
         return web.json_response({"result": answer})
 
     async def _health(self, request: web.BaseRequest) -> web.StreamResponse:
-        healthy, problems = self.sink.health()
+        healthy, problems = self.control.health()
         text = "ok\n" if healthy else "".join(f"{p}\n" for p in problems)
         return web.Response(status=200 if healthy else 503, text=text)
 
@@ -107,8 +109,8 @@ class ControlRoutes:
         query = parse_qs(request.query_string)
         experiment = query.get("experiment", [None])[0]
         if experiment is None:  # both take runs' locks: on the pool, never on the loop that answers everyone
-            return web.json_response(await self._call(self.sink.overview))
-        found = await self._call(self.sink.status, experiment, _run(query))
+            return web.json_response(await self._call(self.control.overview))
+        found = await self._call(self.control.status, experiment, _run(query))
         if found is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
         return web.json_response(found)
@@ -116,7 +118,7 @@ class ControlRoutes:
     async def _recent(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment = query.get("experiment", [""])[0]
-        found = await self._call(self.sink.recent, experiment, _run(query))
+        found = await self._call(self.control.recent, experiment, _run(query))
         if found is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}")
         return web.json_response(found)
@@ -124,7 +126,7 @@ class ControlRoutes:
     async def _pending(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment, process = query.get("experiment", [""])[0], query.get("process", [""])[0]
-        return web.json_response(await self._call(self.sink.pending_captures, experiment, process))
+        return web.json_response(await self._call(self.control.pending_captures, experiment, process))
 
     async def _report(self, request: web.BaseRequest) -> web.Response:
         body = await self._body(request)
@@ -142,7 +144,7 @@ class ControlRoutes:
         if busy:
             raise HttpError(429, "this experiment's report (or 8 others) is being written; ask again", 2)
         try:  # its own thread: waiting on the views never holds the pool that decodes data
-            answer = await asyncio.to_thread(self.sink.report, experiment, REPORT_TIMEOUT, run)
+            answer = await asyncio.to_thread(self.control.report, experiment, REPORT_TIMEOUT, run)
         finally:
             with self._report_lock:
                 self._reporting.discard(experiment)
@@ -166,7 +168,7 @@ class ControlRoutes:
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad capture request: {exc}") from None
         chosen = None if ranks is None else frozenset(ranks)
-        answer = await self._call(self.sink.capture, experiment, reason, steps, chosen, run)
+        answer = await self._call(self.control.capture, experiment, reason, steps, chosen, run)
         if isinstance(answer, str):
             raise HttpError(404 if answer.startswith("no experiment") else 429, answer)
         return web.json_response(answer)
@@ -177,9 +179,9 @@ class ControlRoutes:
         if request.content_length is None:
             raise HttpError(411, "a capture file needs a Content-Length")
         try:  # before the body is read: a file nobody asked for costs nothing
-            await self._call(self.sink.capture_target, experiment, capture, process, request.content_length)
+            await self._call(self.control.capture_target, experiment, capture, process, request.content_length)
             body = await self._body(request)
-            path = await self._call(self.sink.store_capture, experiment, capture, process, body)
+            path = await self._call(self.control.store_capture, experiment, capture, process, body)
         except LookupError as exc:
             raise HttpError(404, str(exc)) from None
         except OverloadedError as exc:
@@ -195,7 +197,7 @@ class ControlRoutes:
             ranks = parse_ranks(query.get("ranks", [""])[0])
         except ValueError as exc:
             raise HttpError(400, f"bad span query: {exc}") from None
-        rows = await self._call(self.sink.span_rows, experiment, first, last, ranks, _run(query))
+        rows = await self._call(self.control.span_rows, experiment, first, last, ranks, _run(query))
         if rows is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}")
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})

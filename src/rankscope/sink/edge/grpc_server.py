@@ -4,14 +4,14 @@ The services are registered with raw-bytes request handling, so an undecodable b
 answered INVALID_ARGUMENT (not INTERNAL) by our own parse. grpcio inflates gzip itself and
 enforces ``max_receive_message_length`` on the inflated message, so oversized and gzip-bomb
 requests end as RESOURCE_EXHAUSTED before we see them. Overload answers UNAVAILABLE, which
-OTLP clients retry with backoff. The bearer token is checked by ``sink.auth``, as the HTTP side does.
+OTLP clients retry with backoff. The bearer token is checked by ``edge.auth``, as the HTTP side does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent import futures
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -19,12 +19,10 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
-from ..otlp.raw import parse_metrics
+from ...otlp.raw import parse_metrics
 from .auth import UNAUTHORIZED, authorized
 from .bodies import OverloadedError
-
-if TYPE_CHECKING:
-    from .service import Sink
+from .ports import Ingest, Transport
 
 _SERVICES = (
     ("opentelemetry.proto.collector.metrics.v1.MetricsService", parse_metrics,
@@ -37,13 +35,18 @@ _SERVICES = (
 
 
 def _handler(
-    sink: Sink, parse: Callable[[bytes], Any], response_class: type, export_name: str, rejected_field: str
+    ingest: Ingest,
+    token: str | None,
+    parse: Callable[[bytes], Any],
+    response_class: type,
+    export_name: str,
+    rejected_field: str,
 ) -> Any:
-    export = getattr(sink, export_name)
+    export = getattr(ingest, export_name)
 
     def handle(body: bytes, context: Any) -> Any:
         sent = dict(context.invocation_metadata()).get("authorization")
-        if not authorized(sink.config.token, sent):
+        if not authorized(token, sent):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
         try:
             request = parse(body)
@@ -63,18 +66,19 @@ def _handler(
     return grpc.unary_unary_rpc_method_handler(handle)  # bytes in, bytes out
 
 
-def start_grpc(sink: Sink, host: str, port: int) -> tuple[Any, int]:
-    limit = sink.config.max_body_bytes
+def start_grpc(ingest: Ingest, config: Transport, port: int) -> tuple[Any, int]:
+    """Listen on ``config.host:port`` (0: any free port); grpcio runs its own threads."""
+    limit = config.max_body_bytes
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=sink.config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
+        futures.ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
     for service, parse, response_class, export_name, rejected_field in _SERVICES:
-        handler = _handler(sink, parse, response_class, export_name, rejected_field)
+        handler = _handler(ingest, config.token, parse, response_class, export_name, rejected_field)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": handler}),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = server.add_insecure_port(f"{config.host}:{port}")
     if bound == 0:
-        raise OSError(f"rankscope sink: cannot listen for OTLP/gRPC on {host}:{port}")
+        raise OSError(f"rankscope sink: cannot listen for OTLP/gRPC on {config.host}:{port}")
     server.start()
     return _Stoppable(server), bound
 

@@ -1,7 +1,7 @@
 """OTLP/HTTP transport on aiohttp: one event loop, no thread per connection.
 
 Routes: ``POST /v1/metrics|traces|logs`` (OTLP, protobuf or JSON, optionally gzip); everything
-under ``/rankscope/`` and ``/healthz`` is a control route (``sink.control``).
+under ``/rankscope/`` and ``/healthz`` is a control route (``edge.control``).
 
 Facing a network: connections that send nothing are closed after
 ``idle_connection_timeout`` (aiohttp's keep-alive timer starts when the connection opens),
@@ -9,7 +9,7 @@ at most ``max_connections`` are open (the newest beyond is closed at once), the 
 backlog is 1024, a body over ``max_body_bytes`` is answered 413 from its Content-Length
 without being read, one that takes longer than ``body_timeout`` to arrive is answered 408
 (a trickled body would hold its connection; either is closed after at most 2 s more), and the bearer token is checked by
-``sink.auth`` before any body is read. Decoding and merging run on a small thread pool, so a
+``edge.auth`` before any body is read. Decoding and merging run on a small thread pool, so a
 large request never stalls the loop that answers everyone else.
 """
 
@@ -18,16 +18,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from .auth import UNAUTHORIZED, authorized
 from .bodies import HttpError, OverloadedError, decode_body, encode_response, encode_status, media_type
 from .control import ControlRoutes
-
-if TYPE_CHECKING:
-    from .service import Sink
+from .ports import Control, Ingest, Spawn, Transport
 
 _GRPC_CODES = {400: 3, 401: 16, 408: 4, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
 _REJECTED_FIELD = {"metrics": "rejected_data_points", "traces": "rejected_spans", "logs": "rejected_log_records"}
@@ -50,12 +48,13 @@ class _CappedServer(web.Server):
 
 
 class _Routes:
-    """OTLP ingest, and the control routes handed to ``sink.control``."""
+    """OTLP ingest, and the control routes handed to ``edge.control``."""
 
-    def __init__(self, sink: Sink, pool: ThreadPoolExecutor) -> None:
-        self.sink = sink
+    def __init__(self, ingest: Ingest, control: Control, config: Transport, pool: ThreadPoolExecutor) -> None:
+        self.ingest = ingest
+        self.config = config
         self.pool = pool
-        self.control = ControlRoutes(sink, self._call, self._body)
+        self.control = ControlRoutes(control, config.token, self._call, self._body)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -71,14 +70,14 @@ class _Routes:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def _body(self, request: web.BaseRequest) -> bytes:
-        config = self.sink.config
+        config = self.config
         limit = config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise HttpError(413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
         return await _read_body(request, limit, config.body_timeout)
 
     async def _post(self, request: web.BaseRequest) -> web.StreamResponse:
-        if not authorized(self.sink.config.token, request.headers.get("Authorization")):
+        if not authorized(self.config.token, request.headers.get("Authorization")):
             raise HttpError(401, UNAUTHORIZED)
         body = await self._body(request)
         decoded = await self._call(
@@ -87,12 +86,12 @@ class _Routes:
             request.headers.get("Content-Type"),
             request.headers.get("Content-Encoding"),
             body,
-            self.sink.config.max_body_bytes,
+            self.config.max_body_bytes,
         )
         export = {
-            "metrics": self.sink.export_metrics,
-            "traces": self.sink.export_traces,
-            "logs": self.sink.export_logs,
+            "metrics": self.ingest.export_metrics,
+            "traces": self.ingest.export_traces,
+            "logs": self.ingest.export_logs,
         }[decoded.signal]
         try:
             result = await self._call(export, decoded.request)
@@ -146,11 +145,10 @@ def _error(request: web.BaseRequest, error: HttpError) -> web.Response:
 class HttpServer:
     """The aiohttp server on its own event-loop thread (supervised by the sink)."""
 
-    def __init__(self, sink: Sink, host: str, port: int) -> None:
+    def __init__(self, ingest: Ingest, control: Control, config: Transport, port: int) -> None:
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rankscope-sink-http")
-        routes = _Routes(sink, self.pool)
-        config = sink.config
+        routes = _Routes(ingest, control, config, self.pool)
         server = _CappedServer(
             routes.handle,
             loop=self.loop,
@@ -162,7 +160,7 @@ class HttpServer:
         server.max_connections = config.max_connections
         self.runner = web.ServerRunner(server, handle_signals=False, access_log=None)
         self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, host, port, backlog=1024, reuse_address=True)
+        site = web.TCPSite(self.runner, config.host, port, backlog=1024, reuse_address=True)
         self.loop.run_until_complete(site.start())
         self.port = int(self.runner.addresses[0][1])
         self._stopped = threading.Event()
@@ -180,7 +178,8 @@ class HttpServer:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def start_http(sink: Sink, host: str, port: int) -> tuple[HttpServer, int]:
-    server = HttpServer(sink, host, port)
-    sink._spawn("http", server.serve)
+def start_http(ingest: Ingest, control: Control, config: Transport, port: int, spawn: Spawn) -> tuple[HttpServer, int]:
+    """Listen on ``config.host:port`` (0: any free port) and serve on a thread from ``spawn``."""
+    server = HttpServer(ingest, control, config, port)
+    spawn("http", server.serve)
     return server, server.port

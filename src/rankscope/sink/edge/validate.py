@@ -1,10 +1,10 @@
 """The sink's edge: every received point is checked here, once, before anything trusts it.
 
 A decoded OTLP request is client data. This module turns it into plain, checked Python
-values (``ResourceBatch``: who sent it, its states as rows per reduce type and step, its flush
-markers) and a count of what was refused and why. Nothing downstream (step alignment,
-reduction, views, the write-ahead log) ever sees a protobuf or an unchecked value, so nothing
-downstream may raise on client data.
+values (``sink.checked``, below every stage: ``ResourceBatch``: who sent it, its states as rows
+per reduce type and step, its flush markers) and a count of what was refused and why. Nothing
+downstream (step alignment, reduction, views, the write-ahead log) ever sees a protobuf or an
+unchecked value, so nothing downstream may raise on client data.
 
 Decoding is the codec's (``rankscope.otlp``: its readers return a row or the reason a point
 does not hold one, and never raise); the limits and the experiment's bookkeeping are the sink's.
@@ -28,135 +28,21 @@ from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..core import names as attr
-from ..core.paths import safe_component
-from ..metrics.reduce import BUILTIN_REDUCES, Reduce
-from ..otlp import foreign
-from ..otlp.common import any_value, attributes, decode_step
-from ..otlp.logs import decode_record, decode_stream, is_stream
-from ..otlp.markers import Marker, decode_marker
-from ..otlp.metrics import MAX_BUCKETS, READERS, SUM_SQ, Reader, Row, check_custom_state, decode_custom_field
-from ..otlp.raw import decode_attribute, decode_attributes, resource_metrics
-from ..otlp.samples import SampleRow, decode_row, is_sample
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Bounds on what one client can make the sink hold (``SinkConfig`` carries them)."""
-
-    max_name_chars: int = 255
-    """A metric key (OTel instrument names are at most 255 characters)."""
-    max_id_chars: int = 256
-    """An experiment id, role or replica."""
-    max_attribute_chars: int = 4096
-    """Any other string attribute value."""
-    max_resource_attributes: int = 128
-    max_span_attribute_chars: int = 16 * 1024
-    """Characters of one span's attributes, keys and values, that the trace store keeps."""
-    max_resource_bytes: int = 16 * 1024
-    """A Resource's encoded size: the sink keeps each process's Resource, and its write-ahead log
-    repeats it in every step's record (a padded one would cost memory and disk many times over)."""
-    max_buckets: int = MAX_BUCKETS
-    """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
-    step_window: int = 1_000_000
-    """How far ahead of an experiment's frontier a step may be."""
-
-
-@dataclass(slots=True)
-class Refusals:
-    """What one request refused: a count and the first few reasons (for ``partial_success``)."""
-
-    count: int = 0
-    reasons: list[str] = field(default_factory=list)
-    received: int = 0
-    """Points the request held, taken or not (what ``partial_success`` is measured against)."""
-
-    def add(self, n: int, reason: str) -> None:
-        if n <= 0:
-            return
-        self.count += n
-        if len(self.reasons) < 8:
-            self.reasons.append(reason)
-
-    @property
-    def message(self) -> str:
-        return "; ".join(self.reasons)
-
-
-@dataclass(slots=True)
-class StateRows:
-    """One process's checked states of one reduce type and step: ``keys[i]`` holds ``rows[i]``.
-
-    A built-in reduce type's row is its state field by field (``rankscope.otlp.metrics.FIELDS``);
-    a custom type's row is ``(state,)``. Rows, not a state dict per point: a sink merges them
-    into running states (``sink.merge``) and keeps nothing per point past the step's view."""
-
-    reduce: str
-    step: int | None
-    keys: list[str] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
-    time_unix_nano: int = 0
-    """Without a step: when the first point was taken (the step whose window holds it is chosen)."""
-
-
-PlainPoint = tuple[str, str, str, tuple[Any, ...], int, int, "int | None"]
-"""(metric name, series, form, row, start time, time, step or None) of a plain OTel point."""
-
-
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    """An ordinary OTel log record, checked: what the views write."""
-
-    time_unix_nano: int
-    severity: str
-    body: str
-    attributes: dict[str, Any]
-    step: int | None
-    trace_id: str
-
-
-@dataclass(slots=True)
-class ResourceBatch:
-    """What one ResourceMetrics (or ResourceLogs) of one process carries, checked."""
-
-    experiment: str
-    resource: dict[str, Any]
-    states: list[StateRows] = field(default_factory=list)
-    markers: list[Marker] = field(default_factory=list)
-    goodbye: bool = False
-    streams: list[tuple[str, float, int | None]] = field(default_factory=list)
-    foreign: int = 0
-    """Points without ``rankscope.reduce``: plain OTel points (counted in the status route)."""
-    plain: list[PlainPoint] = field(default_factory=list)
-    """Those of them taken, checked (``otlp.foreign``); ``sink.streams`` makes them step rows."""
-    logs: list[LogRecord] = field(default_factory=list)
-    """Ordinary OTel log records, checked."""
-    samples: list[SampleRow] = field(default_factory=list)
-    """Sample-table rows (``record_sample``), checked; streamed ones (side ``stream``) included."""
-    refused: int = 0
-    """Points of this batch refused at the edge (the experiment's status counts them)."""
-    digest: bytes = b""
-    """Of the ResourceMetrics as received: a retried request is recognized and not merged twice."""
-
-    @property
-    def point_count(self) -> int:
-        return sum(len(s.keys) for s in self.states) + len(self.plain) + len(self.samples)
-
-
-def clean_text(text: str, limit: int) -> str | None:
-    """``text`` if it is non-empty, at most ``limit`` characters and has no control or format
-    characters (NUL, newlines, bidi overrides); else None."""
-    if not text or len(text) > limit:
-        return None
-    if text.isprintable():
-        return text
-    return None if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn") for c in text) else text
+from ...core import names as attr
+from ...core.paths import safe_component
+from ...metrics.reduce import BUILTIN_REDUCES, Reduce
+from ...otlp import foreign
+from ...otlp.common import attributes, decode_step
+from ...otlp.logs import decode_record, decode_stream, is_stream
+from ...otlp.markers import decode_marker
+from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field
+from ...otlp.raw import decode_attribute, decode_attributes, resource_metrics
+from ...otlp.samples import decode_row, is_sample
+from ..checked import MAX_POINT_ATTRIBUTES, Limits, LogRecord, Refusals, ResourceBatch, StateRows, clean_text
 
 
 def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str:
@@ -192,50 +78,6 @@ def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str
         if value is not None and not _small_int(value):
             return f"{name} must be a non-negative integer, got {str(value)[:32]!r}"
     return experiment, resource
-
-
-def check_span(span: Any) -> str | None:
-    """Why a received span is refused, or None: only ids of the wrong length (the span cannot be
-    placed). What it says is cleaned instead (``span_text``, ``span_attributes``): a failing
-    span's long error message or a plain OTel client's long SQL name is worth keeping cut."""
-    if len(span.trace_id) != 16 or len(span.span_id) != 8 or len(span.parent_span_id) not in (0, 8):
-        return "a span with a malformed trace, span or parent span id"
-    return None
-
-
-def span_text(text: str, limit: int) -> str:
-    """A span's name or status message as stored and shown: at most ``limit`` characters (cut ones
-    end in an ellipsis), control and format characters as U+FFFD, never raising."""
-    if len(text) > limit:
-        text = text[: limit - 1] + "\u2026"
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == " " else "\ufffd" for c in text)
-
-
-def span_attributes(kvs: Any, limits: Limits) -> tuple[dict[str, Any], int]:
-    """A span's attributes as stored: the first ``MAX_POINT_ATTRIBUTES`` whose keys are clean, each
-    string value cut to ``max_attribute_chars``, while they fit ``max_span_attribute_chars`` in
-    all; returns them and how many were left out (the store records that count)."""
-    out: dict[str, Any] = {}
-    room = limits.max_span_attribute_chars
-    for kv in kvs:
-        if len(out) >= MAX_POINT_ATTRIBUTES:
-            break
-        key = clean_text(kv.key, limits.max_name_chars)
-        if key is None:
-            continue
-        value = any_value(kv.value)
-        if isinstance(value, str):
-            value = span_text(value, limits.max_attribute_chars)
-        elif not isinstance(value, (int, float, bool)):
-            value = span_text(str(value), limits.max_attribute_chars)
-        size = len(key) + (len(value) if isinstance(value, str) else 8)
-        if size > room:
-            break
-        room -= size
-        out[key] = value
-    return out, len(kvs) - len(out)
 
 
 def _small_int(value: Any) -> bool:
@@ -282,8 +124,6 @@ or a long list."""
 _MAX_SHAPES = 65_536
 _MAX_SHAPE_BYTES = 512
 _MAX_SHAPE_ATTRIBUTES = 8
-MAX_POINT_ATTRIBUTES = 128
-"""Attributes of one point at most (the OTel SDK's default attribute count limit)."""
 _KINDS: dict[str, str] = {}
 """Metric names that passed ``clean_text`` -> the point kind they came with last (bounded like
 ``_SHAPES``)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.paths import safe_component
+from ...core.paths import safe_component
 
 MAX_OPEN = 8
 MAX_STEPS = 64

@@ -28,15 +28,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.base import LoggerBackend, LoggingMode, Metric, get_backend_class
-from .finalize import StepView
-from .roster import Process
-from .tables import entry
+from ...backends.base import LoggerBackend, LoggingMode, Metric, get_backend_class
+from ..checked import Process
+from .step import StepView, entry
 
 log = logging.getLogger("rankscope.sink")
 
 TURN = 32
 """Messages a writer handles before it lets the next run with mail have a thread."""
+
+Written = Callable[[int, int, int, int], None]
+"""(step, seq, last finalized step, attempt): a step's view is in every view (the run log's
+``written_view``; a late update passes -1 and 0, moving neither the frontier nor the attempt)."""
 
 
 @dataclass(slots=True)
@@ -68,7 +71,7 @@ class Row:
 class Log:
     process: Process
     record: Any
-    """``validate.LogRecord``: an ordinary OTel log record."""
+    """``checked.LogRecord``: an ordinary OTel log record."""
     step: int
 
 
@@ -192,9 +195,9 @@ class ViewWriter:
 
     A backend whose ``init`` fails is disabled with one error naming it (W&B without an API
     key, say); one whose writes fail keeps being called, and the status route shows its last
-    *successfully* written step and its last error. After each step, ``on_written(view)``
-    lets the write-ahead log drop what is now in every view. A full inbox drops the message,
-    counted (``dropped``) and said once."""
+    *successfully* written step and its last error. After each step, ``on_written`` (the run
+    log's ``durable.wal.ExperimentLog.written_view``) lets the write-ahead log drop what is now in
+    every view. A full inbox drops the message, counted (``dropped``) and said once."""
 
     def __init__(
         self,
@@ -204,7 +207,7 @@ class ViewWriter:
         pool: ViewPool,
         *,
         max_queued: int = 4096,
-        on_written: Callable[[StepView], None] | None = None,
+        on_written: Written | None = None,
         run: str = "",
     ) -> None:
         self.experiment = experiment
@@ -252,7 +255,7 @@ class ViewWriter:
         self._put(Row(process, row))
 
     def log(self, process: Process, record: Any, step: int) -> None:
-        """An ordinary OTel log record (``validate.LogRecord``) of ``process``, in ``step``."""
+        """An ordinary OTel log record (``checked.LogRecord``) of ``process``, in ``step``."""
         self._put(Log(process, record, step))
 
     def report(self, status: dict[str, Any] | None, timeout: float | None) -> list[str]:
@@ -485,5 +488,6 @@ class ViewWriter:
                 target.written_step = max(target.written_step, view.step)
         if not view.late:
             self.written_step = max(self.written_step, view.step)
-        if self._on_written is not None:
-            self._on_written(view)
+        if self._on_written is not None and view.seq:  # a late update moves neither the frontier nor the attempt
+            late = view.late
+            self._on_written(view.step, view.seq, -1 if late else view.step, 0 if late else view.attempt)

@@ -1,0 +1,7 @@
+"""``python -m rankscope.cli``: the ``rankscope`` command."""
+
+import sys
+
+from .app import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""``rankscope report``: an experiment's report page, from its data file or by asking its sink."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..core.settings import resolve
+
+
+def add_parser(commands: Any) -> None:
+    r = commands.add_parser("report", help="write an experiment's report: one self-contained HTML page")
+    r.add_argument("data", nargs="?", help="the report view's data file (report.jsonl) or its directory")
+    r.add_argument("-o", "--output", help="the page (default: report.html beside the data file)")
+    r.add_argument("--spans", nargs="+", help="JSONL span files: add the Gantt of --steps (default: the last 3)")
+    r.add_argument("--steps", help="steps for the Gantt from --spans: 5 or 3,7 or 2-4")
+    r.add_argument("--sink", help="instead: ask this sink (HTTP URL) to write the experiment's page now")
+    r.add_argument("--experiment", help="experiment id for --sink (default RANKSCOPE_EXPERIMENT)")
+    r.add_argument("--run", help="run of the experiment for --sink (default: its latest)")
+    r.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
+    r.set_defaults(fn=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Write an experiment's report page: from its report data file, or by asking its sink."""
+    if bool(args.data) == bool(args.sink):
+        print("rankscope report: give the report data (report.jsonl), or --sink URL --experiment ID", file=sys.stderr)
+        return 2
+    if args.sink:
+        return _report_from_sink(args)
+    from ..report import page, summary
+    from ..sink.book.traces import parse_ranks
+
+    data = Path(args.data)
+    data = data / "report.jsonl" if data.is_dir() else data
+    out_path = Path(args.output) if args.output else data.with_suffix(".html")
+    if out_path.resolve() == data.resolve():
+        print(f"rankscope report: {data} would be written over; give the report.jsonl beside it", file=sys.stderr)
+        return 2
+    try:
+        found = summary.read(data)
+        if found.experiment is None and not found.steps:
+            print(f"rankscope report: {data} holds no report data (the report view's report.jsonl)", file=sys.stderr)
+            return 1
+        if args.spans:
+            steps = parse_ranks(args.steps) if args.steps else None
+            _add_gantt(found, args.spans, steps)
+        out = page.write(found, out_path)
+    except (OSError, ValueError) as exc:
+        print(f"rankscope report: {exc}", file=sys.stderr)
+        return 1
+    size = out.stat().st_size / 1e6
+    print(f"rankscope report: {found.steps} steps of {found.experiment!r} -> {out} ({size:.1f} MB)", file=sys.stderr)
+    return 0
+
+
+def _add_gantt(found: Any, files: list[str], steps: set[int] | None) -> None:
+    """The Gantt of chosen steps (default: the last three) from JSONL span files."""
+    from ..report import perfetto
+    from ..report.summary import gantt_spans, span_seconds
+
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for row in perfetto.read_jsonl(files):
+        step = row.get("step")
+        if isinstance(step, int) and (steps is None or step in steps):
+            by_step.setdefault(step, []).append(row)
+    chosen = sorted(by_step)[-3:] if steps is None else sorted(by_step)[:8]
+    for step in chosen:
+        bars, more = gantt_spans(by_step[step])
+        ms = span_seconds(bars)
+        found.add({"kind": "gantt", "why": f"step {step}", "step": step, "ms": ms, "spans": bars, "more": more})
+
+
+def _report_from_sink(args: argparse.Namespace) -> int:
+    from ..export.senders import request_report
+
+    experiment = args.experiment or resolve("experiment")
+    if not experiment:
+        print("rankscope report: --sink needs --experiment (or RANKSCOPE_EXPERIMENT)", file=sys.stderr)
+        return 2
+    if args.token:
+        os.environ["RANKSCOPE_SINK_TOKEN"] = args.token
+    try:
+        paths = request_report(args.sink, experiment, timeout=90.0, run=args.run)
+    except (OSError, RuntimeError) as exc:
+        print(f"rankscope report: {args.sink}: {exc}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+

@@ -1,0 +1,137 @@
+"""``rankscope sink``: run the OTLP sink; its options are shared with ``rankscope run``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..core.settings import resolve
+
+
+def add_parser(commands: Any) -> None:
+    p = commands.add_parser("sink", help="run the OTLP sink: per-experiment step alignment, reduction and views")
+    add_server_options(p, "sink", 4317, 4318)
+    p.add_argument(
+        "--trust-posted-paths",
+        action="store_true",
+        help="use the paths in the views clients post as given (default: relative, without '..')",
+    )
+    p.set_defaults(fn=command)
+
+
+def add_server_options(
+    p: argparse.ArgumentParser, name: str, grpc_default: int | None, http_default: int | None
+) -> None:
+    """The options ``rankscope sink`` and ``rankscope run`` share (both run a sink); ``name`` says which."""
+    from ..sink.durable.wal import default_state_dir
+
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--grpc-port", type=int, default=grpc_default, help=f"OTLP/gRPC port (default {grpc_default})")
+    p.add_argument("--http-port", type=int, default=http_default, help=f"OTLP/HTTP port (default {http_default})")
+    p.add_argument(
+        "--backends",
+        help='views for every experiment as JSON, e.g. \'{"wandb": {"logging_mode": "global_reduce"}}\' '
+        "(default: what each experiment's processes ask for, else the console global view)",
+    )
+    p.add_argument("--grace", type=float, help="seconds to wait for a step's last processes (RANKSCOPE_SINK_GRACE)")
+    p.add_argument("--token", help="bearer token clients must send (RANKSCOPE_SINK_TOKEN)")
+    p.add_argument(
+        "--state-dir",
+        default=str(default_state_dir()) if name == "sink" else None,
+        help="write-ahead log: what the sink acknowledged survives a crash "
+        + ("(default %(default)s)" if name == "sink" else "(default: none)"),
+    )
+    p.add_argument("--no-state-dir", action="store_true", help="keep acknowledged data in memory only")
+    p.add_argument(
+        "--resume-window",
+        type=float,
+        default=7 * 86400.0,
+        help="seconds after a run was last seen during which a launch may resume it (default 7 days)",
+    )
+    p.add_argument(
+        "--spans-dir",
+        help="write every run's spans here as they arrive (SPANS_DIR/EXPERIMENT/runs/RUN/spans.jsonl): "
+        "the whole run's Gantt" + (" (--gantt: a temporary directory)" if name == "run" else ""),
+    )
+    p.add_argument(
+        "--max-span-file-bytes",
+        type=int,
+        default=1 << 30,
+        help="an experiment's span file stops growing here, and says so (default 1 GiB)",
+    )
+    p.add_argument(
+        "--time-bucket",
+        type=float,
+        default=1.0,
+        help="seconds per step of an experiment none of whose processes steps (default 1)",
+    )
+    p.add_argument(
+        "--view-workers",
+        type=int,
+        default=4,
+        help="threads that write every run's views, however many runs are open (default 4)",
+    )
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="every experiment also gets the report view: one HTML page, "
+        "rankscope_logs/EXPERIMENT/report.html" + (", written when the command ends" if name == "run" else ""),
+    )
+
+
+def sink_config(args: argparse.Namespace) -> Any:
+    from ..sink import SinkConfig
+
+    backends = json.loads(args.backends) if args.backends else None
+    return SinkConfig(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        backends=backends,
+        grace=args.grace if args.grace is not None else resolve("sink_grace"),
+        token=args.token or os.environ.get("RANKSCOPE_SINK_TOKEN") or None,
+        state_dir=None if args.no_state_dir or args.state_dir in (None, "") else Path(args.state_dir),
+        spans_dir=Path(args.spans_dir) if args.spans_dir else None,
+        max_span_file_bytes=args.max_span_file_bytes,
+        time_bucket=args.time_bucket,
+        view_workers=max(1, args.view_workers),
+        resume_window=args.resume_window,
+        report=args.report,
+        trust_posted_paths=args.command == "run" or args.trust_posted_paths,
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    from ..sink import Sink
+    from ..sink.durable.wal import StateDirBusyError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    config = sink_config(args)
+    try:
+        sink = Sink(config).start()
+    except (StateDirBusyError, OSError) as exc:
+        print(f"rankscope sink: {exc}", file=sys.stderr)
+        return 2
+    durable = f"write-ahead log in {config.state_dir}" if config.state_dir else "no write-ahead log (--no-state-dir)"
+    print(
+        f"rankscope sink: OTLP/gRPC on {args.host}:{sink.grpc_port}, OTLP/HTTP on {args.host}:{sink.http_port}, "
+        f"{durable}; status: http://{args.host}:{sink.http_port}/rankscope/v1/status",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    print("rankscope sink: stopping (finalizing open steps)", file=sys.stderr, flush=True)
+    sink.stop()
+    return 0
+
+

@@ -1,0 +1,153 @@
+"""Taking a process's runtime down: ``shutdown``, ``force_flush``, the report, and the exit hooks.
+
+``shutdown`` closes the last automatic step, asks forked children still running for what they
+hold, stops a running profiler, sends what is left (unflushed values without a step) and stops
+the export thread within ``RANKSCOPE_SHUTDOWN_TIMEOUT``; with a sink this job owns it returns
+once the sink has written this process's last step. It runs at exit too: ``register_exit_hooks``
+(called by ``init``, never at import) registers it with ``atexit`` and, in a multiprocessing
+child (which leaves through ``os._exit``), as a multiprocessing finalizer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+
+from ..core import names as attr
+from ..core import runtime as _slot
+from ..core.errors import report_internal_error, warn
+from ..export.senders import request_report, sink_status
+from ..metrics import rates
+from .driving import Runtime, installed, started
+from .fork import CHILD_SHUTDOWN_TIMEOUT
+from .state import process
+
+
+def shutdown() -> None:
+    """Export what is left (unflushed values go out without a step) and stop the export thread."""
+    with process.lock:
+        shutdown_locked()
+
+
+def shutdown_locked(drain_unflushed: bool = True) -> None:
+    """``shutdown`` under the lifecycle lock; ``init`` calls it with ``drain_unflushed=False`` to
+    replace a runtime (the recorder and step clock live on in the new one)."""
+    runtime = installed()
+    if runtime is not None and drain_unflushed:
+        try:
+            _close_last_auto_step(runtime)
+        except Exception as exc:
+            report_internal_error("last automatic step", exc)
+        relay = process.forks.relay
+        if relay is not None:
+            # Forked children still running (persistent DataLoader workers) send what they hold first.
+            late = relay.flush_children(min(runtime.shutdown_timeout, CHILD_SHUTDOWN_TIMEOUT))
+            if late:
+                warn(f"rankscope: {late} forked child process(es) did not send their values before shutdown")
+    _slot.install(None, off=_slot.disabled)
+    if runtime is None:
+        return
+    if runtime.thread.captures is not None:
+        runtime.thread.captures.abort()  # a profiler still running stops here, its capture dropped
+    runtime.tracing.shutdown()  # GPU-timed spans still pending go to the buffer first
+    if drain_unflushed:
+        batch = runtime.recorder.take(None)
+        if batch is not None:
+            runtime.thread.submit(batch)
+    runtime.thread.shutdown(runtime.shutdown_timeout)
+    if drain_unflushed:
+        rates.reset_rates()
+    process.dropped_before_shutdown = runtime.thread.dropped_total
+    _wait_for_sink_views(runtime)
+
+
+def _close_last_auto_step(runtime: Runtime) -> None:
+    """In a job whose steps the instrumentors close, what was recorded after the last
+    optimizer step (the last loss averaging, a final checkpoint) becomes one more step."""
+    runtime.settle_auto_step()
+    steps = runtime.steps
+    if steps.auto and steps.last is not None and runtime.recorder.accs:
+        runtime.close(steps.last + 1, driven=False, auto=True)
+
+
+def _wait_for_sink_views(runtime: Runtime) -> None:
+    """With a sink that this job owns, return once it has written this process's last step,
+    so the job's final views are out when the program ends (bounded by the shutdown timeout)."""
+    senders = runtime.thread.sender
+    control = getattr(senders, "control_url", None)
+    last = runtime.steps.last
+    if control is None or last is None:
+        return
+    experiment = str(runtime.resource.attributes[attr.EXPERIMENT_ID])
+    deadline = time.monotonic() + runtime.shutdown_timeout
+    while time.monotonic() < deadline:
+        status = sink_status(control, experiment, run=str(runtime.resource.attributes.get(attr.RUN_ID) or "") or None)
+        if status is None or status.get("last_written_step", -1) >= last:
+            return
+        time.sleep(0.05)
+
+
+def register_exit_hooks() -> None:
+    """``shutdown`` at exit: with ``atexit`` once per process (a forked child inherits it), and in
+    a multiprocessing child, which leaves through ``os._exit`` after running its finalizers and
+    never runs atexit, as a finalizer (under the lifecycle lock)."""
+    if not process.exit_hook:
+        process.exit_hook = True
+        atexit.register(shutdown)
+    if process.exit_finalizer is not None:
+        return
+    try:
+        import multiprocessing
+        from multiprocessing import util
+
+        if multiprocessing.parent_process() is None:
+            return
+        process.exit_finalizer = util.Finalize(None, shutdown, exitpriority=100)
+    except Exception as exc:
+        report_internal_error("multiprocessing exit hook", exc)
+
+
+def force_flush(timeout: float = 10.0) -> bool:
+    """Block until everything flushed so far has reached the backends and the endpoint."""
+    runtime = installed()
+    if runtime is None:
+        return True
+    gpu_done = runtime.tracing.force_flush(int(timeout * 1000))
+    return runtime.thread.flush(timeout) and gpu_done
+
+
+def dropped_points() -> int:
+    """Points this process could not queue or export so far (after ``shutdown``: in its last run,
+    including what shutdown could not drain)."""
+    runtime = installed()
+    return process.dropped_before_shutdown if runtime is None else runtime.thread.dropped_total
+
+
+def write_report(timeout: float = 75.0) -> str | None:
+    """Have this experiment's sink write its report page now and return the page's path.
+
+    First waits until what this process flushed has reached the sink; the page then holds every
+    step the sink finalized. Needs a sink control URL (the embedded sink, ``rankscope run``, or
+    ``RANKSCOPE_SINK_CONTROL``) and the ``report`` view among the experiment's views (or a sink
+    run with ``--report``). Otherwise, or when the sink cannot be reached, warns and returns None:
+    a report never stops the job."""
+    runtime = started()
+    if runtime is None:
+        return None
+    force_flush(min(timeout, runtime.shutdown_timeout))
+    control = getattr(runtime.thread.sender, "control_url", None)
+    if control is None:
+        warn(
+            "rankscope: write_report needs this experiment's sink (the embedded sink of a multi-process job, "
+            "rankscope run, or RANKSCOPE_SINK_CONTROL); a lone process writes its report view at shutdown"
+        )
+        return None
+    experiment = str(runtime.resource.attributes[attr.EXPERIMENT_ID])
+    try:
+        paths = request_report(
+            control, experiment, timeout, str(runtime.resource.attributes.get(attr.RUN_ID) or "") or None
+        )
+    except (OSError, RuntimeError) as exc:
+        warn(f"rankscope: no report: {exc}")
+        return None
+    return paths[0] if paths else None

@@ -1,0 +1,211 @@
+"""The page's metric charts: per role and key the spread over steps, the keys with a global
+value only, and the ``rankscope/*`` and ``straggler/*`` keys (the health and phase charts).
+
+Bounded however many keys and steps a client sends: at most ``MAX_SERIES`` series (and
+``MAX_META_SERIES`` meta ones; what is refused is counted once per name) of at most
+``MAX_POINTS`` points, each series thinning its own points (``Series``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import names as attr
+from .values import listed, mapping, number, strict, string, text
+
+MAX_POINTS = 1000
+MAX_SERIES = 500
+MAX_META_SERIES = 200
+MAX_NAMES = 100_000
+"""Refused series names remembered (so each is counted once), process labels interned."""
+
+META_PREFIXES = (attr.META_PREFIX, attr.STRAGGLER_PREFIX)
+DERIVED_SUFFIXES = ("/argmax_rank", "/argmin_rank")
+
+
+@dataclass
+class Series:
+    """One role's key over steps: ``[step, global, median, min, max]`` points, holders apart."""
+
+    points: list[list[Any]] = field(default_factory=list)
+    holders: list[list[Any]] = field(default_factory=list)
+    """``[min's label, max's label]`` per point."""
+    last: list[Any] | None = None
+    last_holders: list[Any] | None = None
+    seen: int = 0
+    stride: int = 1
+    """Every ``stride``-th point this series got is kept (its own: a sparse series keeps its points)."""
+
+    def drop_from(self, step: int) -> None:
+        """Forget the points of ``step`` and later (a rewind: they come again)."""
+        kept = [i for i, point in enumerate(self.points) if point[0] < step]
+        self.points = [self.points[i] for i in kept]
+        self.holders = [self.holders[i] for i in kept]
+        if self.last is not None and self.last[0] >= step:
+            self.last = self.points[-1] if self.points else None
+            self.last_holders = self.holders[-1] if self.holders else None
+
+    def add(self, point: list[Any], holders: list[Any]) -> None:
+        self.last, self.last_holders = point, holders
+        if self.seen % self.stride == 0:
+            self.points.append(point)
+            self.holders.append(holders)
+            if len(self.points) > MAX_POINTS:
+                self.stride *= 2
+                self.points, self.holders = self.points[::2], self.holders[::2]
+        self.seen += 1
+
+    def state(self) -> list[Any]:
+        return [self.points, self.holders, self.last, self.last_holders, self.seen, self.stride]
+
+    def data(self, key: str) -> dict[str, Any]:
+        """The chart: the kept points and the last one (always drawn)."""
+        points, holders = list(self.points), list(self.holders)
+        if self.last is not None and (not points or points[-1][0] != self.last[0]):
+            points.append(self.last)
+            holders.append(self.last_holders or [None, None])
+        return {"key": key, "points": points, "holders": holders}
+
+
+class MetricSeries:
+    """The metric charts (module docstring), from the ``step`` events' values and spreads."""
+
+    def __init__(self) -> None:
+        self.processes: dict[str, int] = {}
+        """Role → how many processes reported the largest step."""
+        self.by_role: dict[tuple[str, str], Series] = {}
+        self.globals: dict[str, Series] = {}
+        """Keys with no process values (merged upstream, or past the view's spread limit): global only."""
+        self.meta: dict[str, Series] = {}
+        """``rankscope/*`` and ``straggler/*`` keys: the health and phase sections."""
+        self.not_shown = 0
+        self._refused: set[Any] = set()
+        self._labels: dict[str, str] = {}
+
+    def step(self, step: int, values: dict[str, Any], spread: dict[str, dict[str, list[Any]]]) -> None:
+        """A step's points: a role's key where it has a spread, else global only."""
+        shown = set()
+        for role, keys in spread.items():
+            self.processes[text(role)] = max((int(c[5]) for c in keys.values()), default=0)
+            for key, cell in keys.items():
+                shown.add(key)
+                if key in values and not key.startswith(META_PREFIXES):
+                    self._point(self.by_role, (text(role), text(key)), step, values.get(key), cell)
+        for key, value in values.items():
+            if key.endswith(DERIVED_SUFFIXES):
+                continue
+            if key.startswith(META_PREFIXES):
+                self._point(self.meta, key, step, value, None)
+            elif key not in shown:
+                self._point(self.globals, text(key), step, value, None)
+
+    def late(self, step: int, values: dict[str, Any]) -> None:
+        """A late update rewrites the step's global values where a point for it is kept."""
+        named = [(role_key[1], s) for role_key, s in self.by_role.items()] + list(self.globals.items())
+        for key, series in named:
+            if key not in values:
+                continue
+            for point in (p for p in series.points if p[0] == step):
+                point[1] = number(values[key])
+            if series.last is not None and series.last[0] == step:
+                series.last[1] = number(values[key])
+
+    def drop_from(self, step: int) -> None:
+        for table in (self.by_role, self.globals, self.meta):
+            for series in table.values():
+                series.drop_from(step)
+
+    def _point(self, table: dict[Any, Series], name: Any, step: int, value: Any, cell: list[Any] | None) -> None:
+        series = table.get(name)
+        if series is None:
+            full = (
+                len(self.meta) >= MAX_META_SERIES
+                if table is self.meta
+                else len(self.by_role) + len(self.globals) >= MAX_SERIES
+            )
+            if full:
+                if len(self._refused) < MAX_NAMES and name not in self._refused:
+                    self._refused.add(name)
+                    self.not_shown += 1
+                return
+            series = table[name] = Series()
+        low, low_by, high, high_by, median = cell[:5] if cell else (None, None, None, None, None)
+        point = [step, number(value), number(median), number(low), number(high)]
+        series.add(point, [self._label(low_by), self._label(high_by)])
+
+    def _label(self, label: Any) -> str | None:
+        """One copy of each process label, however many points name it."""
+        if not label:
+            return None
+        found = text(label)
+        return self._labels.setdefault(found, found) if len(self._labels) < MAX_NAMES else found
+
+    def state(self) -> dict[str, Any]:
+        """This part of a ``snapshot`` event."""
+        return {
+            "processes": self.processes,
+            "series": [[role, key, s.state()] for (role, key), s in self.by_role.items()],
+            "globals": [[key, s.state()] for key, s in self.globals.items()],
+            "meta": [[key, s.state()] for key, s in self.meta.items()],
+            "series_not_shown": self.not_shown,
+            "refused": [list(name) if isinstance(name, tuple) else name for name in self._refused],
+        }
+
+    @classmethod
+    def restore(cls, event: dict[str, Any]) -> MetricSeries:
+        """The part a snapshot holds, checked (``ValueError``: malformed)."""
+        new = cls()
+        new.processes = {string(role): strict(n) for role, n in mapping(event["processes"]).items()}
+        new.by_role = {
+            (string(role), string(key)): new._series_of(state)
+            for role, key, state in listed(event["series"], MAX_SERIES)
+        }
+        room = MAX_SERIES - len(new.by_role)
+        new.globals = {string(key): new._series_of(state) for key, state in listed(event["globals"], room)}
+        new.meta = {string(key): new._series_of(state) for key, state in listed(event["meta"], MAX_META_SERIES)}
+        new.not_shown = strict(event["series_not_shown"])
+        new._refused = {
+            (string(n[0]), string(n[1])) if isinstance(n, list) and len(n) == 2 else string(n)
+            for n in listed(event["refused"], MAX_NAMES)
+        }
+        return new
+
+    def _series_of(self, state: Any) -> Series:
+        points, holders, last, last_holders, seen, stride = state
+        if len(listed(points, MAX_POINTS)) != len(listed(holders, MAX_POINTS)):
+            raise ValueError("series")
+        return Series(
+            [_point(p) for p in points],
+            [self._holders(h) for h in holders],
+            None if last is None else _point(last),
+            None if last_holders is None else self._holders(last_holders),
+            strict(seen),
+            strict(stride, 1),
+        )
+
+    def _holders(self, holders: Any) -> list[Any]:
+        low, high = holders
+        return [self._label(low), self._label(high)]
+
+    def data(self) -> dict[str, Any]:
+        """This part of the page's data: the charts by role, then global only, then meta."""
+        roles: dict[str, list[dict[str, Any]]] = {}
+        for (role, key), series in sorted(self.by_role.items()):
+            roles.setdefault(role, []).append(series.data(key))
+        return {
+            "stride": max((s.stride for t in (self.by_role, self.globals) for s in t.values()), default=1),
+            "roles": [
+                {"role": role, "processes": self.processes.get(role, 0), "keys": keys}
+                for role, keys in sorted(roles.items())
+            ],
+            "globals": [s.data(key) for key, s in sorted(self.globals.items())],
+            "meta": [s.data(key) for key, s in sorted(self.meta.items())],
+            "series_not_shown": self.not_shown,
+        }
+
+
+def _point(point: Any) -> list[Any]:
+    """A series point from a snapshot: ``[step, global, median, min, max]``."""
+    step, value, median, low, high = point
+    return [strict(step), number(value), number(median), number(low), number(high)]

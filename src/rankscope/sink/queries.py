@@ -1,0 +1,350 @@
+"""What the control routes ask of the sink: ``Queries`` fills the edge's ``Control`` port.
+
+The status of a run and of the sink as a whole, a run's last finalized steps, its spans, a
+report page written now, the view configs its processes post, and profiler captures: asked for
+(by a detector, a process or a person), polled for by the processes, their files uploaded.
+Every answer is read under the run's own lock; none holds the registry's while it waits on
+views (``wait_written``, ``report``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import LoggerBackend
+from .config import SinkConfig
+from .edge.gate import Gate
+from .tally import Tally
+from .tenants import Tenant, Tenants
+from .views.step import StepView
+
+RECENT_KEYS = 256
+"""Values of one step the recent route shows at most."""
+
+
+def recent_of(view: StepView) -> dict[str, Any]:
+    """A finalized step as the recent route shows it (``rankscope top``)."""
+    values: dict[str, float] = {}
+    for metric in view.global_metrics:
+        if len(values) >= RECENT_KEYS:
+            break
+        values[metric.key] = metric.value
+    return {
+        "step": view.step,
+        "time": time.time(),
+        "values": values,
+        "missing": view.missing[:64],
+        "anomalies": view.anomalies[:16],
+        "phases": view.heat,
+    }
+
+
+class Queries:
+    """The sink's answers to its control routes (``edge.ports.Control``), over its run registry."""
+
+    def __init__(
+        self,
+        config: SinkConfig,
+        tenants: Tenants,
+        tally: Tally,
+        *,
+        gate: Gate,
+        health: Callable[[], tuple[bool, list[str]]],
+        finalize: Callable[[Tenant], None],
+        internal_errors: list[str],
+    ) -> None:
+        self.config = config
+        self.tenants = tenants
+        self.tally = tally
+        self._gate = gate
+        """Uploads count against ``max_in_flight`` like exports."""
+        self._health = health
+        self._finalize = finalize
+        """Finalize a run's finished steps now (the coordinator's ``Sink._finalize``)."""
+        self._internal_errors = internal_errors
+
+    def health(self) -> tuple[bool, list[str]]:
+        """(healthy, problems): every supervised thread that should run is running."""
+        return self._health()
+
+    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
+        """An experiment's processes say which views they want (``Tenants.configure``)."""
+        return self.tenants.configure(experiment_id, backends)
+
+    # -- status ---------------------------------------------------------------------------
+
+    def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
+        """A run's status (None: the experiment's latest run), with the experiment's runs listed."""
+        tenant = self.tenants.find(experiment_id, run)
+        return None if tenant is None else self.status_of(tenant)
+
+    def _runs_of(self, experiment_id: str) -> list[dict[str, Any]]:
+        """The experiment's runs, newest first (at most 100), as the status route lists them."""
+        registry = self.tenants
+        with registry.lock:
+            runs = registry.runs.runs(experiment_id)[-100:]
+            listed = []
+            for r in reversed(runs):
+                tenant = registry.open.get((experiment_id, r.run))
+                last = tenant.experiment.last_finalized if tenant is not None else None
+                listed.append(
+                    {
+                        "run": r.run,
+                        "started": r.started,
+                        "attempt": r.attempt,
+                        "open": tenant is not None,
+                        "last_finalized_step": last,
+                        "resumed_by": sorted(r.launches)[:16],
+                    }
+                )
+            return listed
+
+    def status_of(self, tenant: Tenant) -> dict[str, Any]:
+        runs = self._runs_of(tenant.experiment.id)
+        with tenant.lock:
+            e, n = tenant.experiment, tenant.experiment.counts
+            processes, upstreams = e.roster.counts()
+            views = tenant.writer.status() if tenant.writer is not None else {}
+            written = [v["last_written_step"] for v in views.values() if not v["disabled"]]
+            return {
+                "experiment": e.id,
+                "run": e.run,
+                "attempt": e.attempt,
+                "runs": runs,
+                "last_finalized_step": e.last_finalized,
+                "processes": processes,
+                "merge_upstreams": upstreams,
+                "points": n.points,
+                "merged_points": n.merged_points,
+                "late_points": n.late_points,
+                "abandoned_steps": n.abandoned_steps,
+                "superseded_points": n.superseded_points,
+                "reused_run_points": n.reused_points,
+                "refused_points": n.refused,
+                "foreign_points": n.foreign_points,
+                "series_overflow": e.streams.overflowed,
+                "plain_stale_points": e.streams.stale,
+                "plain_streams_forgotten": e.streams.forgotten,
+                "log_records": n.log_records,
+                "sample_rows": n.sample_rows,
+                **e.watch.status(),
+                "captures": tenant.captures.status(),
+                "time_bucketed": e.bucketed,
+                "internal_errors": n.internal_errors + tenant.errors,
+                "last_error": tenant.last_error,
+                "last_written_step": min(written) if written else -1,
+                "views": views,
+                "spans_stored": e.traces.count,
+                "spans_dropped": e.traces.dropped,
+                "spans_refused": e.traces.refused,
+                "span_attributes_left_out": e.traces.attributes_left_out,
+                "span_file": e.traces.file.status() if e.traces.file is not None else None,
+            }
+
+    def overview(self) -> dict[str, Any]:
+        """The sink as a whole (the status route without ``?experiment=``)."""
+        healthy, problems = self.health()
+        registry = self.tenants
+        with registry.lock:
+            tenants = sorted(registry.open.items())
+            experiments = len({key[0] for key in registry.open})
+        listed = []
+        for (experiment_id, run), tenant in tenants[:100]:
+            with tenant.lock:
+                e = tenant.experiment
+                views = tenant.writer.status() if tenant.writer is not None else {}
+                listed.append(
+                    {
+                        "id": experiment_id,
+                        "run": run,
+                        "processes": e.roster.counts()[0],
+                        "last_finalized_step": e.last_finalized,
+                        "views": {name: v["location"] for name, v in views.items()},
+                    }
+                )
+        return {
+            "healthy": healthy,
+            "problems": problems,
+            "experiments": experiments,
+            "runs": len(tenants),
+            "experiment_list": listed,
+            "run_notes": list(registry.run_notes),
+            "evicted_experiments": registry.evicted,
+            **self.tally.overview(),
+            "internal_errors": len(self._internal_errors),
+            "durable": registry.wal is not None,
+        }
+
+    def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None:
+        """A run's last finalized steps (values, missing, anomalies, rank x phase seconds); None: the
+        experiment's latest run."""
+        tenant = self.tenants.find(experiment_id, run)
+        if tenant is None:
+            return None
+        with tenant.lock:
+            return list(tenant.recent)
+
+    def local_pids(self, host: str) -> set[int]:
+        """Pids of this machine's client processes (the embedded sink exits when they have)."""
+        pids: set[int] = set()
+        for tenant in self.tenants.all():
+            with tenant.lock:
+                pids |= tenant.experiment.roster.local_pids(host)
+        return pids
+
+    # -- spans ----------------------------------------------------------------------------
+
+    def spans(
+        self,
+        experiment_id: str,
+        first: int | None = None,
+        last: int | None = None,
+        ranks: set[int] | None = None,
+        run: str | None = None,
+    ) -> list[Any] | None:
+        """Stored spans of a run (None: the experiment's latest; see ``book.traces``), or None for an
+        unknown experiment or run."""
+        tenant = self.tenants.find(experiment_id, run)
+        if tenant is None:
+            return None
+        with tenant.lock:
+            return tenant.experiment.traces.select(first, last, ranks)
+
+    def span_rows(
+        self,
+        experiment_id: str,
+        first: int | None = None,
+        last: int | None = None,
+        ranks: set[int] | None = None,
+        run: str | None = None,
+    ) -> Iterator[str] | None:
+        """JSONL rows of a run's spans (None: the experiment's latest run): the whole run from its
+        span file when it has one, else the stored (retained) steps; None for an unknown run."""
+        tenant = self.tenants.find(experiment_id, run)
+        if tenant is None:
+            return None
+        with tenant.lock:
+            file = tenant.experiment.traces.file
+            if file is None:
+                return iter(
+                    [
+                        json.dumps(s.row(), default=str) + "\n"
+                        for s in tenant.experiment.traces.select(first, last, ranks)
+                    ]
+                )
+            return file.rows(first, last, ranks)
+
+    # -- views written ----------------------------------------------------------------------
+
+    def wait_written(self, experiment_id: str, timeout: float = 10.0, run: str | None = None) -> bool:
+        """Block until the views of a run (None: the experiment's latest) wrote everything finalized so far."""
+        tenant = self.tenants.find(experiment_id, run)
+        if tenant is None:
+            return True
+        self._finalize(tenant)
+        return True if tenant.writer is None else tenant.writer.wait_idle(timeout)
+
+    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
+        """Write a run's report page (None: the experiment's latest run) now, after every step
+        finalized so far, and return where; a string says why not (no such experiment, no report
+        view, too slow)."""
+        tenant = self.tenants.find(experiment_id, run)
+        if tenant is None:
+            return f"no experiment {experiment_id[:200]!r}" + (f" run {run[:64]!r}" if run else "")
+        deadline = time.monotonic() + timeout
+        run = tenant.experiment.run
+        self.wait_written(experiment_id, timeout, run)
+        status = self.status(experiment_id, run)
+        writer = tenant.writer
+        if writer is None or writer.closed.is_set():  # never open its views with a config it did not choose
+            return f"no step of experiment {experiment_id[:200]!r} is finalized yet: no view is open"
+        paths = writer.report(status, max(0.0, deadline - time.monotonic()))
+        if paths:
+            return paths
+        if not any(type(v.backend).report is not LoggerBackend.report for v in writer.views if not v.disabled):
+            names = [v.name for v in writer.views if not v.disabled]
+            return (
+                f"experiment {experiment_id[:200]!r} has no report view (its views: {', '.join(names) or 'none'}); "
+                'add {"report": {}} to its backends, or run the sink with --report'
+            )
+        return f"the report of {experiment_id[:200]!r} was not written within {timeout:.0f}s (see the status route)"
+
+    # -- captures (``views.captures``) ----------------------------------------------------------
+
+    def capture(
+        self,
+        experiment_id: str,
+        reason: str,
+        steps: int,
+        ranks: frozenset[int] | None = None,
+        run: str | None = None,
+    ) -> dict[str, Any] | str:
+        """Ask a run's processes (``ranks``; None: all; run None: the experiment's latest) to profile
+        their next ``steps`` steps; returns the capture, or why not (unknown experiment, rate limit)."""
+        tenant = self.tenants.find(experiment_id, run)
+        if tenant is None:
+            return f"no experiment {experiment_id[:200]!r}"
+        with tenant.lock:
+            asked = tenant.captures.ask(reason, steps, ranks=ranks)
+        return asked if isinstance(asked, str) else asked.status()
+
+    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
+        """The capture requests a process has not picked up yet (it polls for them)."""
+        tenant = self.tenants.of_process(experiment_id, process_id)
+        if tenant is None:
+            return []
+        with tenant.lock:
+            process = tenant.experiment.processes.get(process_id)
+            return [] if process is None else tenant.captures.pending(process)
+
+    def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
+        """Where a process's trace of a capture goes, checked before its body is read. Raises
+        ``LookupError`` for a capture, process or experiment that does not ask for this file."""
+        tenant = self.tenants.of_process(experiment_id, process_id)
+        if tenant is None:
+            raise LookupError(f"no process {process_id[:64]!r} in experiment {experiment_id[:200]!r}")
+        with tenant.lock:
+            experiment = tenant.experiment
+            process = experiment.processes.get(process_id)
+            if process is None:
+                raise LookupError(f"no process {process_id[:64]!r} in this experiment")
+            path = tenant.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process, size)
+        if isinstance(path, str):
+            raise LookupError(path)
+        return path
+
+    def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
+        """Write a process's trace of a capture it picked up (checked again: ``capture_target``),
+        then announce it; returns its path."""
+        with self._gate:  # uploads count against max_in_flight like exports
+            path = self.capture_target(experiment_id, capture_id, process_id, len(data))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".part")
+            partial.write_bytes(data)
+            partial.replace(path)  # a reader never sees half a file
+            tenant = self.tenants.of_process(experiment_id, process_id)
+            assert tenant is not None  # capture_target found it; runs are never dropped while a process writes
+            with tenant.lock:
+                experiment = tenant.experiment
+                process = experiment.processes[process_id]
+                capture = tenant.captures.stored(capture_id, process, path, len(data))
+                record = {
+                    "type": "capture",
+                    "capture": capture_id,
+                    "reason": capture.reason if capture is not None else "",
+                    "steps": capture.steps if capture is not None else None,
+                    "process": process.label,
+                    "role": process.role,
+                    "replica": process.replica,
+                    "rank": process.rank,
+                    "path": str(path.resolve()),
+                    "bytes": len(data),
+                }
+                experiment.watch.note(record)
+                step = experiment.last_finalized if experiment.last_finalized >= 0 else None
+                self.tenants.writer(tenant).anomaly(record, step)
+            return str(path)

@@ -1,0 +1,7 @@
+"""Where a finished step goes: detectors, captures, and every run's views on a bounded pool.
+
+``step`` (``StepView``, what a view is handed), ``anomalies`` (per-step detectors), ``captures``
+(profiler requests and files), ``writer`` (``ViewPool``, ``ViewWriter``: every run's backends
+on a bounded pool of threads; handed the run log's ``written_view``). The lowest stage: it
+imports none of the others, only ``sink.checked``.
+"""

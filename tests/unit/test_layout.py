@@ -1,0 +1,70 @@
+"""The package's layout holds to the rule written in docs/development.md ("One home per kind"):
+the root is the public surface only, and a facade at the root holds no code.
+
+The lists are read from the page itself, so the rule and the check cannot drift apart: a new root
+module fails here until the page says where it belongs."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ..conftest import ROOT
+
+PACKAGE = ROOT / "src" / "rankscope"
+PAGE = ROOT / "docs" / "development.md"
+
+
+def _written(label: str) -> set[str]:
+    """The names in backticks on the page's line that starts with ``label``."""
+    for line in PAGE.read_text().splitlines():
+        if line.startswith(label):
+            return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", line))
+    raise AssertionError(f"docs/development.md has no line starting with {label!r}")
+
+
+def _root() -> tuple[set[str], set[str]]:
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    return modules, packages
+
+
+def test_the_root_holds_only_the_modules_the_rule_names() -> None:
+    modules, _ = _root()
+    allowed = _written("**Root modules:**") | _written("**Root facades:**")
+    assert modules - allowed == set(), (
+        f"new root modules {sorted(modules - allowed)}: put each in the folder of its kind "
+        "(docs/development.md, One home per kind), or add it to the written rule"
+    )
+    assert allowed - modules == set(), f"the rule names modules that do not exist: {sorted(allowed - modules)}"
+
+
+def test_the_root_holds_only_the_packages_the_rule_names() -> None:
+    _, packages = _root()
+    written = _written("**Root packages:**")
+    assert packages == written, f"on disk {sorted(packages)}, written {sorted(written)}"
+
+
+def test_every_facade_is_code_free_and_re_exports_its_adapter() -> None:
+    for name in sorted(_written("**Root facades:**")):
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+        body = tree.body
+        assert isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), f"{name}: no docstring"
+        imports = [node for node in body[1:] if isinstance(node, ast.ImportFrom)]
+        assert [i.module for i in imports] == [f"integrations.{name}"] and imports[0].level == 1, name
+        rest = [node for node in body[1:] if not isinstance(node, ast.ImportFrom)]
+        assert len(rest) == 1 and isinstance(rest[0], ast.Assign), f"{name}: a facade holds only imports and __all__"
+        target = rest[0].targets[0]
+        assert isinstance(target, ast.Name) and target.id == "__all__", name
+        exported = ast.literal_eval(rest[0].value)
+        assert sorted(exported) == sorted(alias.asname or alias.name for alias in imports[0].names), name
+
+
+def test_each_subcommand_is_one_module_of_cli() -> None:
+    from rankscope.cli import app
+
+    modules = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "__main__", "app"}
+    assert {m.__name__.rsplit(".", 1)[1] for m in app.SUBCOMMANDS} == modules
+    parser = app.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command")
+    assert set(commands.choices) == modules
