@@ -39,7 +39,7 @@ from .edge.bodies import OverloadedError
 from .edge.gate import Gate
 from .edge.grpc_server import start_grpc
 from .edge.http_server import start_http
-from .edge.ports import Result
+from .edge.ports import LOCAL, Client, Result
 from .edge.validate import check_resource, logs_batches, metrics_batches
 from .queries import Queries, recent_of
 from .tally import Tally
@@ -190,7 +190,7 @@ class Sink:
 
     # -- ingest (``edge.ports.Ingest``: called by the transports) ---------------------------
 
-    def export_metrics(self, request: Any) -> Result:
+    def export_metrics(self, request: Any, client: Client = LOCAL) -> Result:
         with self.gate:
             refused = Refusals()
             batches = metrics_batches(request, self.config.limits, refused)
@@ -198,7 +198,7 @@ class Sink:
             for batch in batches:
                 self.tally.foreign(batch.foreign)
                 n = batch.point_count + len(batch.markers)
-                tenant = self.tenants.resolve(batch.experiment, batch.resource, refused, n)
+                tenant = self.tenants.resolve(batch.experiment, batch.resource, refused, n, client)
                 if tenant is None:
                     continue
                 with tenant.lock:
@@ -233,7 +233,7 @@ class Sink:
         experiment.remember(batch.digest)
         tenant.dirty = True
 
-    def export_logs(self, request: Any) -> Result:
+    def export_logs(self, request: Any, client: Client = LOCAL) -> Result:
         """Streamed values and ordinary log records go to the views at once; sample rows are merged
         into their steps like points (logged first, so an acknowledged row survives a crash)."""
         with self.gate:
@@ -242,7 +242,7 @@ class Sink:
             waits: dict[ExperimentLog, int] = {}
             for batch in logs_batches(request, self.config.limits, refused):
                 n = len(batch.streams) + len(batch.logs) + len(batch.samples)
-                tenant = self.tenants.resolve(batch.experiment, batch.resource, refused, n)
+                tenant = self.tenants.resolve(batch.experiment, batch.resource, refused, n, client)
                 if tenant is None:
                     continue
                 streamed = [row for row in batch.samples if row.side == "stream"]
@@ -272,7 +272,7 @@ class Sink:
                 raise OverloadedError("the sink could not make the data durable; retry")
             return Result.of(total, refused)
 
-    def export_traces(self, request: Any) -> Result:
+    def export_traces(self, request: Any, client: Client = LOCAL) -> Result:
         """Store spans per experiment. Spans not kept (no experiment id, malformed ids, older than the
         retained steps or over ``max_spans``) are answered as rejected, with the reason."""
         with self.gate:
@@ -287,7 +287,7 @@ class Sink:
                     self.tally.refusal(Refusals(n, [checked]))
                     continue
                 refused = Refusals()
-                tenant = self.tenants.resolve(checked[0], checked[1], refused, n)
+                tenant = self.tenants.resolve(checked[0], checked[1], refused, n, client)
                 if tenant is None:
                     result.rejected += n
                     result.errors.extend(refused.reasons)

@@ -26,6 +26,7 @@ from .checked import Refusals, ResourceBatch
 from .config import DEFAULT_BACKENDS, SinkConfig
 from .durable.replay import replay
 from .durable.wal import ExperimentLog, WriteAheadLog
+from .edge.ports import LOCAL, Client
 from .edge.validate import check_posted_views, root_posted_views
 from .views.captures import CaptureBook
 from .views.writer import ViewPool, ViewWriter
@@ -134,7 +135,9 @@ class Tenants:
                     return tenant
         return None
 
-    def resolve(self, experiment_id: str, resource: dict[str, Any], refused: Refusals, n: int) -> Tenant | None:
+    def resolve(
+        self, experiment_id: str, resource: dict[str, Any], refused: Refusals, n: int, client: Client = LOCAL
+    ) -> Tenant | None:
         """The tenant of the run this Resource's data belongs to (``runs``), created (or reopened) on
         first data; None when its resume is refused or past ``max_experiments``. The Resource is
         rewritten to the run and attempt it counts as, so the write-ahead log holds them."""

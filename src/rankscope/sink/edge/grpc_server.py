@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 from ...otlp.raw import parse_metrics
 from .auth import UNAUTHORIZED, authorized
 from .bodies import OverloadedError
-from .ports import Ingest, Transport
+from .ports import Client, Ingest, Transport
 
 _SERVICES = (
     ("opentelemetry.proto.collector.metrics.v1.MetricsService", parse_metrics,
@@ -53,7 +53,7 @@ def _handler(
         except (DecodeError, ValueError, RecursionError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable OTLP request: {exc}")
         try:
-            result = export(request)
+            result = export(request, Client(peer=_host(context.peer())))
         except OverloadedError as exc:
             context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -64,6 +64,14 @@ def _handler(
         return response.SerializeToString()
 
     return grpc.unary_unary_rpc_method_handler(handle)  # bytes in, bytes out
+
+
+def _host(peer: str) -> str:
+    """grpcio's peer (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) without its port."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return address.rsplit(":", 1)[0].strip("[]")
+    return peer
 
 
 def start_grpc(ingest: Ingest, config: Transport, port: int) -> tuple[Any, int]:

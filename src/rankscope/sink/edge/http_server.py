@@ -25,7 +25,7 @@ from aiohttp import web
 from .auth import UNAUTHORIZED, authorized
 from .bodies import HttpError, OverloadedError, decode_body, encode_response, encode_status, media_type
 from .control import ControlRoutes
-from .ports import Control, Ingest, Spawn, Transport
+from .ports import Client, Control, Ingest, Spawn, Transport
 
 _GRPC_CODES = {400: 3, 401: 16, 408: 4, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
 _REJECTED_FIELD = {"metrics": "rejected_data_points", "traces": "rejected_spans", "logs": "rejected_log_records"}
@@ -94,7 +94,7 @@ class _Routes:
             "logs": self.ingest.export_logs,
         }[decoded.signal]
         try:
-            result = await self._call(export, decoded.request)
+            result = await self._call(export, decoded.request, Client(peer=request.remote or ""))
         except OverloadedError as exc:
             raise HttpError(429 if "capacity" in str(exc) else 503, str(exc), exc.retry_after) from None
         response = decoded.response_class()

@@ -36,6 +36,24 @@ class Transport:
     grpc_workers: int = 8
 
 
+@dataclass(frozen=True, slots=True)
+class Client:
+    """Who sent a request, as the edge knows it: the transports make one per request
+    (``edge.auth``), the sink's parts decide by it (quotas, which runs a client may touch)."""
+
+    peer: str = ""
+    """The connection's host (``""``: in the sink's own process: the embedded sender, tests)."""
+
+    @property
+    def quota_key(self) -> str:
+        """What per-client bounds count by."""
+        return self.peer
+
+
+LOCAL = Client()
+"""A caller inside the sink's own process."""
+
+
 @dataclass
 class Result:
     """What one export answers: OTLP's ``partial_success``."""
@@ -55,13 +73,14 @@ class Result:
 
 class Ingest(Protocol):
     """OTLP in: each call takes a decoded request (metrics: ``otlp.raw.parse_metrics``'s list) and
-    raises ``edge.bodies.OverloadedError`` when the sink is at capacity or cannot make data durable."""
+    the ``Client`` that sent it, and raises ``edge.bodies.OverloadedError`` when the sink is at
+    capacity or cannot make data durable."""
 
-    def export_metrics(self, request: Any) -> Result: ...
+    def export_metrics(self, request: Any, client: Client = LOCAL) -> Result: ...
 
-    def export_traces(self, request: Any) -> Result: ...
+    def export_traces(self, request: Any, client: Client = LOCAL) -> Result: ...
 
-    def export_logs(self, request: Any) -> Result: ...
+    def export_logs(self, request: Any, client: Client = LOCAL) -> Result: ...
 
 
 class Control(Protocol):
