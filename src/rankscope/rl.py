@@ -31,7 +31,7 @@ from .core.policy_version import set_policy_version as _set_latest
 from .metrics.rates import RateMeter
 from .metrics.recording import record_metric, record_weighted_mean
 from .metrics.reduce import Reduce
-from .tracing.tracer import close_span, link_active_span, open_span
+from .tracing.tracer import close_span, link_active_span, open_span, tracing_of
 
 _SUM, _MEAN, _MAX, _DIST = Reduce.SUM, Reduce.MEAN, Reduce.MAX, Reduce.DISTRIBUTION
 _generated = RateMeter("generator/tokens_per_s")
@@ -60,7 +60,7 @@ def lineage(*, tokens: int | None = None, policy_version: int | None = None) -> 
     runtime = _slot.get()
     if runtime is None:
         return Lineage(0, 0, version, tokens)
-    scope = runtime.tracing.scope()
+    scope = tracing_of(runtime).scope()
     return Lineage(scope.trace_id, scope.parent_id, version, None if tokens is None else _check_int("tokens", tokens))
 
 

@@ -7,6 +7,7 @@ from .integrations.torchtitan import (
     RankscopeHandler,
     RankscopeLogger,
     RankscopeMetricsProcessor,
+    follower,
     reduce_for,
     register_handler,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "RankscopeHandler",
     "RankscopeLogger",
     "RankscopeMetricsProcessor",
+    "follower",
     "reduce_for",
     "register_handler",
 ]

@@ -62,3 +62,28 @@ def test_import_registers_no_process_hooks_and_init_registers_them_once() -> Non
         "again": ["at-fork", "atexit"],
         "child_registered": 0,
     }, result.stderr
+
+
+EXIT_ORDER_JOB = textwrap.dedent("""
+    import atexit, rankscope
+
+    def late():  # registered before rs.init, so it runs after rankscope's exit-time shutdown
+        rankscope.record_metric("after_exit", 1.0)
+        rankscope.flush(1)
+        print("late handler ran; runtime:", rankscope.get_resource() is not None, flush=True)
+
+    atexit.register(late)
+    rankscope.init(experiment="exit-order", role="trainer")
+    rankscope.record_metric("loss", 1.0)
+    rankscope.flush(0)
+""")
+
+
+def test_a_call_from_an_exit_handler_after_the_exit_time_shutdown_warns_and_starts_nothing() -> None:
+    """The exit hook is registered by ``init``, not at import, so a handler registered earlier runs
+    after rankscope's shutdown: its calls are not recorded, it is said once, and no runtime that
+    nothing would shut down is started."""
+    result = run_python(EXIT_ORDER_JOB, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "late handler ran; runtime: False" in result.stdout
+    assert result.stderr.count("called after its exit-time shutdown") == 1, result.stderr

@@ -1,4 +1,4 @@
-"""Running merges (``sink.merge``) against the reduce types' own list reduction, and the raw wire view.
+"""Running merges (``sink.book.merge``) against the reduce types' own list reduction, and the raw wire view.
 
 The sink keeps one running state per (step, key) instead of every process's state. For every
 built-in reduce type, merging any split of the values, row by row in any order of processes,

@@ -25,12 +25,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # rich loads when the view draws: every other command starts without it
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
 
 from ..core import names as attr
 
@@ -87,6 +87,9 @@ def _fmt(value: float) -> str:
 
 def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = None) -> Group:
     """The screen for one snapshot (a pure function: the tests and ``--once`` print it)."""
+    from rich.console import Group
+    from rich.text import Text
+
     now = time.time() if now is None else now
     if "error" in snap:
         return Group(Text(f"rankscope top: {snap['error']}", style="bold red"))
@@ -107,6 +110,9 @@ def render(snap: dict[str, Any], keys: list[str] | None, now: float | None = Non
 
 def _experiments(snap: dict[str, Any]) -> Table:
     """The sink's experiments, the chosen one in bold."""
+    from rich.table import Table
+    from rich.text import Text
+
     experiments = Table(title="experiments", expand=False)
     for column in ("experiment", "run", "processes", "last step"):
         experiments.add_column(column)
@@ -123,6 +129,8 @@ def _experiments(snap: dict[str, Any]) -> Table:
 
 def _header(snap: dict[str, Any], status: dict[str, Any], recent: list[dict[str, Any]], now: float) -> Text:
     """The chosen experiment's last step, lag, step rate and counts."""
+    from rich.text import Text
+
     last = recent[-1]
     window = recent[-10:]
     elapsed = float(window[-1].get("time", 0)) - float(window[0].get("time", 0))
@@ -138,6 +146,8 @@ def _header(snap: dict[str, Any], status: dict[str, Any], recent: list[dict[str,
 
 def _values(last: dict[str, Any], recent: list[dict[str, Any]], keys: list[str] | None) -> Table:
     """The chosen keys (else the first six of the last step's own) with sparklines over the recent steps."""
+    from rich.table import Table
+
     last_values = last.get("values") or {}
     shown = keys or [k for k in last_values if not k.startswith((attr.META_PREFIX, attr.STRAGGLER_PREFIX))][:6]
     values = Table(title="keys", expand=False)
@@ -152,6 +162,9 @@ def _values(last: dict[str, Any], recent: list[dict[str, Any]], keys: list[str] 
 
 def _phase_map(last: dict[str, Any]) -> Table | None:
     """The last step's rank x phase seconds, the slowest cell of each phase marked; None without phases."""
+    from rich.table import Table
+    from rich.text import Text
+
     phases = [name for name, cells in (last.get("phases") or {}).items() if cells][:MAX_PHASES]
     if not phases:
         return None
@@ -175,6 +188,8 @@ def _phase_map(last: dict[str, Any]) -> Table | None:
 
 def _notes(last: dict[str, Any], status: dict[str, Any]) -> list[Text]:
     """Stragglers, missing processes, the first non-finite value, anomalies and captures."""
+    from rich.text import Text
+
     notes: list[Text] = []
     stragglers = [a for a in last.get("anomalies", []) if a.get("type") == "straggler"]
     for a in stragglers:
@@ -231,6 +246,9 @@ def watch(
     once: bool,
     run_id: str | None = None,
 ) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
     console = Console()
     if once:
         console.print(render(snapshot(url, experiment, token, run_id), keys))

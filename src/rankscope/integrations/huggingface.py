@@ -28,6 +28,9 @@ from ..api import flush
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 
+SOURCE = "rankscope.huggingface"
+"""How warnings name this adapter: the short name users import (``rankscope.huggingface``)."""
+
 
 class RankscopeCallback(TrainerCallback):
     """A Trainer callback that records the Trainer's logs into the process's rankscope experiment."""
@@ -43,7 +46,7 @@ class RankscopeCallback(TrainerCallback):
             flush(self._open)
         self._open = step
         for key, value in (logs or {}).items():
-            record_logged(key, value, self._reduces.get(key, self._reduce), source=__name__)
+            record_logged(key, value, self._reduces.get(key, self._reduce), source=SOURCE)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._open is not None:

@@ -32,6 +32,9 @@ from ..core.identity import pin_run
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 
+SOURCE = "rankscope.lightning"
+"""How warnings name this adapter: the short name users import (``rankscope.lightning``)."""
+
 
 class RankscopeLogger(Logger):
     """A Lightning logger that records into the process's rankscope experiment."""
@@ -63,7 +66,7 @@ class RankscopeLogger(Logger):
         if step is not None:
             self._open = step
         for key, value in metrics.items():
-            record_logged(key, value, self._reduces.get(key, self._reduce), source=__name__)
+            record_logged(key, value, self._reduces.get(key, self._reduce), source=SOURCE)
 
     def finalize(self, status: str) -> None:
         if self._open is not None:

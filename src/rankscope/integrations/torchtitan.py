@@ -38,6 +38,9 @@ from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 from .stepping import StepFollower
 
+SOURCE = "rankscope.torchtitan"
+"""How warnings name this adapter: the short name users import (``rankscope.torchtitan``)."""
+
 REDUCES: Mapping[str, Reduce] = {
     "loss_metrics/global_max_loss": Reduce.MAX,
     "memory/num_alloc_retries": Reduce.SUM,
@@ -71,7 +74,7 @@ class RankscopeLogger(BaseLogger):  # type: ignore[misc]
         except Exception as exc:  # telemetry never breaks the training loop
             report_internal_error("torchtitan step", exc)
         for key, value in metrics.items():
-            record_logged(key, value, reduce_for(key, self._reduces), source=__name__)
+            record_logged(key, value, reduce_for(key, self._reduces), source=SOURCE)
 
     def close(self) -> None:
         follower.close()
@@ -134,7 +137,7 @@ class RankscopeHandler(logging.Handler):
             key = getattr(record, "event_name", None)
             if isinstance(key, str):
                 value = getattr(record, "value", None)
-                record_logged(key, value, self._reduces.get(key, Reduce.MEAN), source=__name__)
+                record_logged(key, value, self._reduces.get(key, Reduce.MEAN), source=SOURCE)
 
 
 class _OpenSpan:

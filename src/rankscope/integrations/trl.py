@@ -41,6 +41,9 @@ from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 from .huggingface import RankscopeCallback
 
+SOURCE = "rankscope.trl"
+"""How warnings name this adapter: the short name users import (``rankscope.trl``)."""
+
 TABLE = "grpo/completions"
 _PATCHED = ("_generate", "_calculate_rewards", "_generate_and_score_completions", "_prepare_inputs", "training_step")
 
@@ -61,7 +64,7 @@ class RankscopeGRPOCallback(RankscopeCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         for key, value in (logs or {}).items():  # step ``global_step``'s: it closes at the next step's begin
-            record_logged(key, value, self._reduces.get(key, self._reduce), source=__name__)
+            record_logged(key, value, self._reduces.get(key, self._reduce), source=SOURCE)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close(int(state.global_step))

@@ -50,6 +50,9 @@ from ..lifecycle import drive_processes, flush_driven, follow_driver
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 
+SOURCE = "rankscope.verl"
+"""How warnings name this adapter: the short name users import (``rankscope.verl``)."""
+
 BACKEND = "rankscope"
 
 
@@ -75,7 +78,7 @@ class RankscopeVerlLogger:
         try:
             set_step(step)
             for key, value in data.items():
-                record_logged(key, value, self._reduces.get(str(key), Reduce.MEAN), source=__name__)
+                record_logged(key, value, self._reduces.get(str(key), Reduce.MEAN), source=SOURCE)
         finally:
             self._closed = step
             try:

@@ -25,7 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from ..backends.base import LoggerBackend, LoggingMode, get_backend_class
 from ..core import names as attr
 from ..core import runtime as _slot
-from ..core.errors import report_internal_error, warn
+from ..core.errors import report_internal_error, warn, warn_once
 from ..core.identity import build_resource, process_label
 from ..core.policy_version import policy_version_in_effect
 from ..core.settings import Settings, resolve
@@ -335,6 +335,12 @@ def _auto_init() -> Runtime | None:
     """First use without ``init``: start from the environment (the runtime slot's starter), or,
     in a forked child, re-arm as a process of the parent's experiment."""
     with process.lock:
+        if process.exited:
+            warn_once(
+                "rankscope was called after its exit-time shutdown (from an exit handler registered "
+                "before rs.init); not recorded"
+            )
+            return None
         origin = process.forks.origin
         if installed() is None and not _slot.disabled and origin is not None:
             try:

@@ -87,13 +87,21 @@ def _wait_for_sink_views(runtime: Runtime) -> None:
         time.sleep(0.05)
 
 
+def shutdown_at_exit() -> None:
+    """``shutdown`` as the process exits. It is registered by the first ``init``, so an exit
+    handler the program registered before that runs after it: a rankscope call from such a handler
+    is not recorded (auto-init warns once) rather than starting a runtime nothing would shut down."""
+    process.exited = True
+    shutdown()
+
+
 def register_exit_hooks() -> None:
     """``shutdown`` at exit: with ``atexit`` once per process (a forked child inherits it), and in
     a multiprocessing child, which leaves through ``os._exit`` after running its finalizers and
     never runs atexit, as a finalizer (under the lifecycle lock)."""
     if not process.exit_hook:
         process.exit_hook = True
-        atexit.register(shutdown)
+        atexit.register(shutdown_at_exit)
     if process.exit_finalizer is not None:
         return
     try:
@@ -102,7 +110,7 @@ def register_exit_hooks() -> None:
 
         if multiprocessing.parent_process() is None:
             return
-        process.exit_finalizer = util.Finalize(None, shutdown, exitpriority=100)
+        process.exit_finalizer = util.Finalize(None, shutdown_at_exit, exitpriority=100)
     except Exception as exc:
         report_internal_error("multiprocessing exit hook", exc)
 

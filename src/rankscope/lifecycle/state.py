@@ -73,6 +73,8 @@ class ProcessState:
         """``os.register_at_fork`` was called (it cannot be undone; a forked child inherits it)."""
         self.exit_hook = False
         """``atexit.register(shutdown)`` was called (a forked child inherits it)."""
+        self.exited = False
+        """The exit-time ``shutdown`` ran: first use no longer starts a runtime."""
         self.exit_finalizer: Any = None
         """In a multiprocessing child: the finalizer that shuts rankscope down before ``os._exit``."""
         self.fan_outs: list[Callable[[int], int]] = []
@@ -100,6 +102,7 @@ class ProcessState:
         self.exit_finalizer = None  # multiprocessing clears its finalizers in a child; ours too
         self.fan_outs.clear()  # the processes the parent drives are the parent's
         self.dropped_before_shutdown = 0
+        self.exited = False
         self.forks = ForkState(
             refusal_page=inherited.refusal_page,
             forked_from=inherited.forked_from,

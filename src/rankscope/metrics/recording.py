@@ -122,7 +122,8 @@ def record_weighted_mean(key: str, value: float, weight: int) -> None:
     """``key`` (MEAN) weighted: the step's value is sum(value * weight) / sum(weight), across processes."""
     runtime = None if _disabled else _slot.get()
     if runtime is not None and weight > 0:
-        runtime.recorder.record_weighted(key, value, weight)
+        recorder: Recorder = runtime.recorder
+        recorder.record_weighted(key, value, weight)
 
 
 _recorder: Recorder | None = None

@@ -15,6 +15,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 from ..core import runtime as _slot
+from .tracer import tracing_of
 
 _installed: TracerProvider | None = None
 
@@ -23,7 +24,7 @@ class _ToCurrentRuntime(SpanProcessor):
     def on_end(self, span: Any) -> None:
         runtime = _slot.current
         if runtime is not None:
-            runtime.tracing.processor.on_end(span)
+            tracing_of(runtime).processor.on_end(span)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

@@ -255,7 +255,13 @@ def _env_parent() -> SpanContext | None:
 
 def _state() -> TracingState | None:
     runtime = _slot.get()
-    return None if runtime is None else runtime.tracing
+    return None if runtime is None else tracing_of(runtime)
+
+
+def tracing_of(runtime: _slot.Runtime) -> TracingState:
+    """The runtime's tracing state, typed (the core's ``Runtime`` protocol cannot name it)."""
+    state: TracingState = runtime.tracing
+    return state
 
 
 _names: dict[str, dict[str, tuple[str, str, str]]] = {}
@@ -528,7 +534,7 @@ def open_span(name: str, attributes: dict[str, Any] | None = None) -> SpanRecord
         return None
     if runtime.steps.auto_pending:
         runtime.settle_auto_step()
-    state = runtime.tracing
+    state = tracing_of(runtime)
     if state is None:
         return None
     scope = state.scope()
@@ -549,7 +555,7 @@ def close_span(span: SpanRecord, end_ns: int | None = None, error: BaseException
         span.fail(error, end)
     runtime = _slot.current
     if runtime is not None:
-        runtime.tracing.processor.on_end(span)
+        tracing_of(runtime).processor.on_end(span)
 
 
 def link_active_span(contexts: list[tuple[int, int]], limit: int, name: str = "rl/consume") -> int:

@@ -19,7 +19,7 @@ from ...core.errors import report_internal_error
 from ...metrics.recording import record_metric
 from ...metrics.reduce import Reduce
 from ...tracing.spans import SpanRecord, now_ns, random_id
-from ...tracing.tracer import Scope, enter_scope, leave_scope
+from ...tracing.tracer import Scope, enter_scope, leave_scope, tracing_of
 
 _SERVER = int(trace_pb2.Span.SPAN_KIND_SERVER)
 _SUM, _MEAN, _MAX = Reduce.SUM, Reduce.MEAN, Reduce.MAX
@@ -77,7 +77,7 @@ class ServerCall:
                 span.end_time = now
                 if error is not None:
                     span.fail(error, now)
-                runtime.tracing.processor.on_end(span)
+                tracing_of(runtime).processor.on_end(span)
         except Exception as exc:
             report_internal_error("Monarch server span", exc)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from ...core import runtime as _slot
 from ...core.policy_version import latest_policy_version, observe_policy_version
-from ...tracing.tracer import Scope, enter_scope, leave_scope
+from ...tracing.tracer import Scope, enter_scope, leave_scope, tracing_of
 from . import _compat
 from .endpoint_spans import ServerCall, start_server_span
 
@@ -92,7 +92,7 @@ def _carry() -> Carried | None:
         runtime = _slot.get()
         if runtime is None:
             return None
-    state = runtime.tracing
+    state = tracing_of(runtime)
     scope = state.scope()
     return Carried(
         scope.trace_id, scope.parent_id, scope.sampled, scope.step, state.label, latest_policy_version(), server
