@@ -3,8 +3,9 @@
     python examples/quickstart.py
 
 Runs in one process with no sink: the console backend prints this process's per-step view
-(for one process the global view equals the local reduction). Set RANKSCOPE_ENDPOINT to a
-sink or Collector to also export every step over OTLP.
+(for one process the global view equals the local reduction), here in its ``full`` format,
+every key each reduce type yields (leave ``backends`` out for the default: one compact line
+per step). Set RANKSCOPE_ENDPOINT to a sink or Collector to also export every step over OTLP.
 """
 
 import math
@@ -21,7 +22,8 @@ def compute_reward(sample: float) -> float:
 
 
 def main() -> None:
-    rs.init(experiment="quickstart", role="trainer", backends={"console": {"logging_mode": "global_reduce"}})
+    every_key = {"console": {"logging_mode": "global_reduce", "format": "full"}}
+    rs.init(experiment="quickstart", role="trainer", backends=every_key)
     rng = random.Random(0)
     for step in range(3):
         for _ in range(64):

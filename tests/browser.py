@@ -100,6 +100,16 @@ def texts(driver: Any, selector: str) -> list[str]:
     )
 
 
+def rows(driver: Any, selector: str) -> list[list[str]]:
+    """The text a reader sees in each cell of each row (the header row left out) of the tables
+    matching ``selector``."""
+    script = (
+        "return [...document.querySelectorAll(arguments[0] + ' tr')]"
+        ".filter(r => r.querySelector('td')).map(r => [...r.cells].map(c => c.innerText))"
+    )
+    return list(driver.execute_script(script, selector))
+
+
 def screenshot(driver: Any, name: str) -> Path:
     """The whole page as a PNG under ``ARTIFACTS`` (kept after the test)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,6 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
-from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value

@@ -1,30 +1,45 @@
-"""The examples that need torchrun, run as tests so CI keeps them true: the SPMD example, and the
-traced example under ``rankscope run`` writing a Gantt and a report."""
+"""The examples that need torchrun, run as tests so CI keeps them true: the SPMD example (its
+compact console, its loss going down), and the traced example under ``rankscope run`` writing a
+Gantt and a report; the framework examples' every key (``RANKSCOPE_CONSOLE=full``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from ..conftest import ROOT
 
 
-def test_spmd_example_under_torchrun() -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "examples/spmd_torchrun.py",
-    ]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+def test_spmd_example_under_torchrun_prints_a_line_per_step_and_rank_and_its_loss_goes_down(tmp_path) -> None:
+    """`torchrun --standalone --nproc_per_node=4 examples/spmd_torchrun.py`, as its docstring says:
+    the global line and one per rank each step; the ranks train one model, so every loss goes down
+    (it diverged to ~210,000 when each rank trained its own copy on shifted inputs)."""
+    import itertools
+    import os
+    import re
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env["RANKSCOPE_RUNTIME_DIR"] = str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+    result = subprocess.run(
+        [*cmd, str(ROOT / "examples" / "spmd_torchrun.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    for step in range(3):
-        assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
-        for rank in range(2):
-            assert f"=== [trainer_r{rank}] - METRICS STEP {step} ===" in result.stdout
+    lines = re.findall(r"^(\[trainer_r\d\] )?step (\d)  loss (\S+)  tokens (\d+)", result.stdout, re.M)
+    losses: dict[str, list[float]] = {}
+    for who, step, loss, tokens in lines:
+        name = who.strip() or "global"
+        assert int(step) == len(losses.get(name, [])) and int(tokens) == (64 if name == "global" else 16)
+        losses.setdefault(name, []).append(float(loss))
+    assert sorted(losses) == ["[trainer_r0]", "[trainer_r1]", "[trainer_r2]", "[trainer_r3]", "global"], result.stdout
+    for name, series in losses.items():
+        assert len(series) == 5 and series[-1] < series[0] / 4, (name, series)
+    assert all(b < a for a, b in itertools.pairwise(losses["global"])), losses["global"]  # the mean, every step
 
 
 def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path) -> None:
@@ -34,6 +49,7 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
 
     gantt = tmp_path / "steps.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env["RANKSCOPE_CONSOLE"] = "full"  # every key, Forge's blocks: what the checks below read
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
     cmd = [sys.executable, "-m", "rankscope.cli", "run", "--gantt", str(gantt), "--report", "--", *torchrun]
     cmd.append(str(ROOT / "examples" / "traced_torchrun.py"))
@@ -45,9 +61,9 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
     events = json.loads(gantt.read_text())["traceEvents"]
     names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
     assert names == [f"trainer_r{rank}" for rank in range(4)]
-    report = re.search(r"rankscope run: report -> (\S+)", result.stderr)
+    report = re.search(r"rankscope run: experiment 'traced_torchrun', run \S+: report -> (\S+)", result.stderr)
     assert report, result.stderr[-2000:]
-    page = Path(report.group(1))
+    page = tmp_path / report.group(1)  # shown from the command's directory
     assert page.is_relative_to(tmp_path / "rankscope_logs") and page.with_suffix(".jsonl").is_file()
     data = json.loads(page.read_text().split('id="rankscope-data">', 1)[1].split("</script>", 1)[0])
     assert data["steps"] == 3 and data["stragglers"][0]["process"] == "trainer_r3"
@@ -58,6 +74,7 @@ def test_trl_example_under_torchrun() -> None:
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env["RANKSCOPE_CONSOLE"] = "full"  # every key, Forge's blocks: what the checks below read
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "examples/trl_grpo.py"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -74,6 +91,7 @@ def test_torchtitan_example_under_torchrun() -> None:
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env["RANKSCOPE_CONSOLE"] = "full"  # every key, Forge's blocks: what the checks below read
     env["TITAN_STRUCT_LOGGER_HANDLERS"] = "rankscope.torchtitan.register_handler"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     result = subprocess.run(
@@ -92,6 +110,7 @@ def test_verl_example_under_rankscope_run() -> None:
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
+    env["RANKSCOPE_CONSOLE"] = "full"  # every key, Forge's blocks: what the checks below read
     cmd = [sys.executable, "-m", "rankscope.cli", "run", "--", sys.executable, "examples/verl_tracking.py"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,7 +1,10 @@
 """The experiment report: looked at in headless Chromium as a person would, built from a real sink.
 
 * the main example (the README's first command's script) prints the global view, names its
-  straggler and writes a report whose page shows the charts, every rank and the straggler;
+  straggler and writes a report whose page shows the charts, every rank and the straggler, and
+  reads at a glance: its title the experiment and the run's start, the user's keys first in the
+  order recorded, the phases' seconds in Phases only, rankscope's internals folded, a constant
+  key a table row, no band legend for a one-process role, plotly's toolbar only on hover;
 * a 1,024-process experiment sent over real gRPC gives a page that renders in time and stays
   under ``MAX_PAGE_BYTES``;
 * names a client chose reach the page as text, never as markup; any line of the data file is
@@ -17,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +49,25 @@ MAX_PAGE_BYTES = 12_000_000
 RENDER_LIMIT_S = 60.0
 
 
-def test_the_main_example_prints_the_view_names_the_straggler_and_its_report_shows_them(
-    browser_ready: None, tmp_path: Path
-) -> None:
-    """`python examples/main.py`, as the README's first command runs it (fewer steps)."""
+@dataclass(frozen=True)
+class MainExample:
+    """One `python examples/main.py` and what it left: its output, its report, its wall time."""
+
+    out: str
+    took: float
+    cwd: Path
+    window: tuple[float, float]
+    """Wall-clock seconds (``time.time``) when it was started and when it ended."""
+
+
+@pytest.fixture(scope="module")
+def main_example(browser_ready: None, tmp_path_factory: pytest.TempPathFactory) -> MainExample:
+    """`python examples/main.py`, as the README's first command runs it (fewer steps), once for
+    the tests that look at what it printed and at its report."""
+    tmp_path = tmp_path_factory.mktemp("main-example")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "WANDB_"))}
     env["RANKSCOPE_RUNTIME_DIR"] = str(tmp_path / "run")
-    started = time.monotonic()
+    started, wall = time.monotonic(), time.time()
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "main.py"), "--steps", "6"],
         cwd=tmp_path,
@@ -60,11 +76,17 @@ def test_the_main_example_prints_the_view_names_the_straggler_and_its_report_sho
         text=True,
         timeout=240,
     )
-    took = time.monotonic() - started
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert "=== [GlobalReduce] - METRICS STEP 5 ===" in out, out[-4000:]
-    assert re.search(r"trainer/loss: [0-9.]+", out) and re.search(r"generator/reward: -?[0-9.]+", out)
+    return MainExample(out, time.monotonic() - started, tmp_path, (wall, time.time()))
+
+
+def test_the_main_example_prints_the_view_names_the_straggler_and_its_report_shows_them(
+    main_example: MainExample,
+) -> None:
+    out, took, tmp_path = main_example.out, main_example.took, main_example.cwd
+    assert re.search(r"^step 5  ", out, re.M), out[-4000:]  # the compact console: a line per step
+    assert re.search(r"trainer/loss [0-9.]+", out) and re.search(r"generator/reward -?[0-9.]+", out)
     assert re.search(r"step [345] straggler: trainer_r2 in train/forward", out), out[-4000:]
     found = re.search(r"^report: (\S+)$", out, re.M)
     assert found, out[-3000:]
@@ -89,8 +111,126 @@ def test_the_main_example_prints_the_view_names_the_straggler_and_its_report_sho
     for title in ("trainer/loss", "trainer/grad_norm", "generator/reward", "train/forward"):
         assert title in drawn, title
     assert any(a.startswith("straggler: trainer_r2 in train/forward") for a in alerts), alerts
-    assert roles == ["generator (1 process)", "trainer (4 processes)"], roles
+    assert roles == ["trainer (4 processes)", "generator (1 process)"], roles  # the most processes first
     assert shot.stat().st_size > 50_000
+
+
+# -- the main example's report, read at a glance ------------------------------------------------
+
+
+def report_of(example: MainExample) -> Path:
+    found = re.search(r"^report: (\S+)$", example.out, re.M)
+    assert found, example.out[-3000:]
+    return Path(found.group(1))
+
+
+def chart_titles(driver: Any, within: str = "") -> list[str]:
+    """The titles of the charts drawn in ``within`` (a selector), top to bottom, as on screen."""
+    script = "return [...document.querySelectorAll(arguments[0] + ' .gtitle')].map(t => t.textContent)"
+    return list(driver.execute_script(script, within or "body"))
+
+
+def test_the_report_opens_on_the_users_keys_in_the_order_recorded(main_example: MainExample) -> None:
+    """The trainer records loss, grad_norm, samples; the generator reward, then response_tokens:
+    their charts come first, in that order (samples never changes: a row), before any phase or
+    internal chart; rankscope's own keys (rl/*, rankscope/*, straggler/*) are folded at the end."""
+    with browser.chromium() as driver:
+        browser.open_report(driver, report_of(main_example), timeout=RENDER_LIMIT_S)
+        sections = browser.texts(driver, "section > h2")
+        metrics = chart_titles(driver, "#metrics")
+        everything = chart_titles(driver)
+        folded = driver.execute_script("return document.querySelector('#internals details').open")
+        hidden_rows = browser.texts(driver, "#internals td")
+        driver.find_element("css selector", "#internals summary").click()
+        time.sleep(0.5)
+        opened = browser.texts(driver, "#internals table.constants td:first-child")
+        internal_charts = chart_titles(driver, "#internals")
+    assert metrics[:2] == ["trainer/loss", "trainer/grad_norm"], metrics
+    assert metrics[2:] == [
+        "generator/reward",
+        *(f"generator/response_tokens/{s}" for s in ("p50", "p90", "p99", "mean")),
+    ]
+    assert everything[: len(metrics)] == metrics  # nothing above them
+    assert sections[0] == "Metrics" and sections.index("Phases") == 1 and sections[-1] == "Internals", sections
+    assert not any(t.startswith(("rl/", "rankscope/", "straggler/")) for t in everything), everything
+    assert folded is False and hidden_rows == []  # closed: nothing of it on screen
+    assert "rl/lineage_links_dropped (trainer)" in opened and "rankscope/missing_processes" in opened, opened
+    assert "straggler/train/forward/max_over_median" in internal_charts, internal_charts
+
+
+def test_phase_durations_are_charted_in_phases_only(main_example: MainExample) -> None:
+    with browser.chromium() as driver:
+        browser.open_report(driver, report_of(main_example), timeout=RENDER_LIMIT_S)
+        everything = chart_titles(driver)
+        phases = chart_titles(driver, "#phases")
+        legends = driver.execute_script(
+            "return [...document.querySelectorAll('#phases .chart')]"
+            ".map(c => [...c.querySelectorAll('.legendtext')].map(t => t.textContent))"
+        )
+    assert not [t for t in everything if "duration" in t], everything  # no train/forward/duration_avg_s chart
+    assert phases == ["train: seconds per phase (trainer)", "generate: seconds per phase (generator)"], phases
+    assert legends == [["data", "forward", "backward", "total"], ["sample", "score", "total"]], legends
+
+
+def test_a_series_that_never_changes_is_a_table_row_not_a_chart(main_example: MainExample) -> None:
+    """``trainer/samples`` is 256 per rank, 1,024 every step."""
+    with browser.chromium() as driver:
+        browser.open_report(driver, report_of(main_example), timeout=RENDER_LIMIT_S)
+        titles = chart_titles(driver)
+        rows = browser.rows(driver, "#metrics table.constants")
+    assert "trainer/samples" not in titles
+    assert rows == [["trainer/samples", "1024", "steps 0–5"]], rows
+
+
+def test_a_one_process_role_has_no_band_legend(main_example: MainExample) -> None:
+    """The generator is one process: its charts show its value alone; the trainer's loss, four
+    processes apart, shows the band and the median with their legend."""
+    with browser.chromium() as driver:
+        browser.open_report(driver, report_of(main_example), timeout=RENDER_LIMIT_S)
+        legends = driver.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#metrics .chart')].map(c => "
+            "[c.dataset.key, [...c.querySelectorAll('.legendtext')].map(t => t.textContent)]))"
+        )
+        bands = driver.execute_script(
+            "return [...document.querySelectorAll('#metrics .chart[data-role=generator] .scatterlayer .trace')].length"
+        )
+    assert sorted(legends["trainer/loss"]) == ["global", "median", "min–max"], legends
+    generator = {k: v for k, v in legends.items() if k.startswith("generator/")}
+    assert len(generator) == 5 and all(v == [] for v in generator.values()), generator
+    assert bands == 5  # one line a chart: no band, no median
+
+
+def test_the_toolbar_shows_only_on_hover(main_example: MainExample) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    opacity = "return [...document.querySelectorAll('.modebar-container')].map(m => getComputedStyle(m).opacity)"
+    with browser.chromium() as driver:
+        browser.open_report(driver, report_of(main_example), timeout=RENDER_LIMIT_S)
+        at_rest = driver.execute_script(opacity)
+        loss = driver.find_element("css selector", "#metrics .chart[data-key='trainer/loss']")
+        ActionChains(driver).move_to_element(loss).perform()
+        time.sleep(0.6)  # the fade
+        hovered = driver.execute_script(
+            "return [...document.querySelectorAll('.chart')].map(c => [c.dataset.key, "
+            "getComputedStyle(c.querySelector('.modebar-container')).opacity])"
+        )
+    assert len(at_rest) >= 10 and set(at_rest) == {"0"}, at_rest
+    shown = [key for key, value in hovered if value == "1"]
+    assert shown == ["trainer/loss"], hovered
+
+
+def test_the_title_is_the_experiment_and_the_runs_start(main_example: MainExample) -> None:
+    report = report_of(main_example)
+    experiment = report.relative_to(main_example.cwd / "rankscope_logs").parts[0]
+    first, last = main_example.window
+    minutes = {time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in range(int(first), int(last) + 61, 30)}
+    with browser.chromium() as driver:
+        browser.open_report(driver, report, timeout=RENDER_LIMIT_S)
+        title = driver.execute_script("return document.title")
+        (heading,) = browser.texts(driver, "h1")
+    name, _, started = heading.partition(" · ")
+    assert name == experiment and started in minutes, (heading, minutes)
+    assert title.startswith(heading), title
 
 
 # -- a 1,024-process experiment over real gRPC ---------------------------------------------------
@@ -240,7 +380,7 @@ def test_names_a_client_chose_reach_the_page_as_text(browser_ready: None, tmp_pa
         assert driver.execute_script(
             "return window.owned === undefined && document.querySelectorAll('img').length === 0"
         )
-        assert driver.execute_script("return document.title").startswith("rankscope report: </script>")
+        assert driver.execute_script("return document.title").startswith("</script>")
         texts = browser.texts(driver, "td, h3, .alert")
     assert any(HOSTILE in t for t in texts)
 
@@ -287,7 +427,8 @@ def test_long_runs_floods_and_wide_steps_are_bounded() -> None:
     assert len(loss.points) <= series.MAX_POINTS and loss.stride == 16
     assert [p[0] for p in loss.points][:3] == [0, 16, 32]
     assert [p[0] for p in evals.points] == list(range(0, 10_000, 99))
-    assert found.data()["roles"][0]["keys"][1]["points"][-1][0] == 9999  # the last step is always drawn
+    (drawn,) = [k for k in found.data()["roles"][0]["keys"] if k["key"] == "loss"]
+    assert drawn["points"][-1][0] == 9999  # the last step is always drawn
     assert len(found.series.meta) == series.MAX_META_SERIES  # client-chosen span names: a bounded number of charts
     assert found.series.not_shown == 10_000 - series.MAX_META_SERIES
     bars = [

@@ -32,7 +32,7 @@ def expected(step: int, ranks: int = 4) -> dict[str, float]:
 
 def test_torchrun_ranks_global_and_per_rank_views_in_console_and_one_wandb_run(tmp_path: Path) -> None:
     views = {
-        "console": {"logging_mode": "global_reduce"},
+        "console": {"logging_mode": "global_reduce", "format": "full"},  # every key, to compare
         "wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path), "project": "rankscope-tests"},
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}

@@ -197,7 +197,7 @@ def test_an_agent_killed_mid_run_loses_no_step(binaries, tmp_path: Path) -> None
 def test_argmax_and_argmin_rank_of_four_torchrun_ranks_through_the_tree(binaries, tmp_path: Path) -> None:
     steps = 4
     grpc, http = free_port(), free_port()
-    backends = {**views(tmp_path), "console": {"logging_mode": "global_reduce"}}
+    backends = {**views(tmp_path), "console": {"logging_mode": "global_reduce", "format": "full"}}
     sink = start_sink(tmp_path, "sink", backends, grpc, http)
     try:
         with tree(binaries, tmp_path, grpc, agents=1) as agents:

@@ -69,7 +69,7 @@ def test_gpu_timer_never_syncs_the_caller_and_times_kernels(make_sink, tmp_path)
 
 
 def test_cuda_values_are_not_synced_at_record_and_arrive_exactly(capsys: pytest.CaptureFixture[str]) -> None:
-    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(backends={"console": {"logging_mode": "global_reduce", "format": "full"}})
     values = [torch.tensor(float(i), device="cuda") for i in range(1, 5)]
     # Made before the no-sync block: ``torch.tensor(data, device="cuda")`` copies host data from
     # pageable memory, which CUDA's sync debug mode reports as a synchronizing call (the test's, not ours).

@@ -1,8 +1,10 @@
 """PyTorch Lightning: a 2-process DDP run on CPU whose ``self.log`` values reach the experiment's
-W&B run (offline, read back from its file) through a real sink, reduced across ranks."""
+W&B run (offline, read back from its file) through a real sink, reduced across ranks; and the same
+job under plain ``python`` with nothing configured, whose ranks share the embedded sink."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +47,24 @@ def test_self_log_values_of_two_ddp_ranks_reach_the_wandb_run(make_sink, tmp_pat
         assert rows[step]["train/rank_max/argmax_rank"] == 1.0
         assert rows[step]["rankscope/missing_processes"] == 0
         assert rows[step]["train/loss"] > 0
+
+
+def test_a_ddp_job_under_plain_python_prints_both_ranks_steps(tmp_path: Path) -> None:
+    """``python train.py`` with ``rs.init(experiment=...)`` first and ``Trainer(strategy="ddp", devices=2)``:
+    Lightning's launcher makes the launching process rank 0; both ranks reach one embedded sink,
+    whose console prints each step's mean over the two (``train/rank`` 0.5)."""
+    env = {k: v for k, v in clean_env().items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
+    env["RANKSCOPE_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "workers" / "lightning_ddp.py"), str(STEPS), "newcomer-lightning"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = re.findall(r"^step (\d+)  .*train/rank (\S+)  train/rank_max 1 \(trainer_r1\)", done.stdout, re.M)
+    assert steps == [(str(step), "0.5") for step in range(STEPS)], done.stdout + done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("rankscope: experiment newcomer-lightning")]
+    assert "metrics -> the experiment's embedded sink on this machine" in said[-1], said

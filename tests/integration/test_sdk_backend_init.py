@@ -17,7 +17,7 @@ from ..conftest import run_python
 
 IN_PROCESS = """
 import rankscope as rs
-rs.init(experiment="no-key", backends={"wandb": {"logging_mode": "per_rank_reduce"}, "console": {}})
+rs.init(experiment="no-key", backends={"wandb": {"logging_mode": "per_rank_reduce"}, "console": {"format": "full"}})
 for step in range(3):
     rs.record_metric("loss", float(step))
     rs.flush(step)

@@ -22,6 +22,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
+from rankscope.sink.quotas import RunLimits
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -583,11 +584,11 @@ def test_one_client_cannot_fill_the_sinks_runs_or_configs(make_sink) -> None:
     for the sink's lifetime."""
     from rankscope.export.senders import post_config
 
-    sink = make_sink(max_open_runs=3, max_experiments=5)
+    sink = make_sink(runs=RunLimits(per_experiment=3, max_open=5))
     conn = Http(sink.http_port)
     answers = [conn.export(request([gauge("loss", 1.0)], "inventive", **{attr.RUN_ID: f"r{i}"})) for i in range(5)]
     assert [a[:2] for a in answers] == [(200, 0)] * 3 + [(200, 1)] * 2
-    assert "this experiment has 3 runs open (limit" in answers[3][2]
+    assert "experiment 'inventive' has 3 runs open (limit)" in answers[3][2]
     assert conn.export(request([gauge("loss", 1.0)], "neighbour"))[:2] == (200, 0)  # others still get runs
     goodbye = request(
         [pb.Metric(name=attr.GOODBYE, sum=pb.Sum(data_points=[pb.NumberDataPoint(as_int=1)]))], "inventive"

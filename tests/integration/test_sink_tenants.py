@@ -17,6 +17,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from rankscope.backends.base import LoggerBackend, register_backend
 from rankscope.core import names as attr
 from rankscope.otlp.common import key_value
+from rankscope.sink.quotas import RunLimits
 
 from .test_sink_hostile import Http, gauge, request
 
@@ -40,7 +41,7 @@ def _fds() -> int:
 def test_a_thousand_experiments_then_idle_release_threads_and_files(make_sink, tmp_path: Path) -> None:
     sink = make_sink(
         grace=0.5,
-        idle_timeout=1.0,
+        runs=RunLimits(idle_timeout=1.0),
         state_dir=tmp_path / "state",
         backends={"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "v" / "{experiment}.jsonl")}},
     )

@@ -101,7 +101,7 @@ def test_torchelastic_put_metric_and_prof_reach_rankscope_with_run_id_and_restar
     out = tmp_path / "views.jsonl"
     resource = rs.init(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}})
     assert resource is not None
-    assert resource.attributes["rankscope.experiment.id"] == "elastic-42"
+    assert resource.attributes["rankscope.run.id"] == "elastic-42"  # the launch; the experiment is the script
     assert resource.attributes["rankscope.experiment.attempt"] == 2
     metrics.configure(RankscopeMetricHandler(), group="my_app")
 
@@ -116,7 +116,7 @@ def test_torchelastic_put_metric_and_prof_reach_rankscope_with_run_id_and_restar
     rs.shutdown()
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     values = {row["key"]: row["value"] for row in rows}
-    assert {row["experiment"] for row in rows} == {"elastic-42"}
+    assert {row["run"] for row in rows} == {"elastic-42"}
     assert values["torchelastic/my_app/calculate_latency"] == 7
     assert values["torchelastic/my_app/test_catalog_and_helpers.calculate.success"] == 2  # counts: summed
     assert values["torchelastic/my_app/test_catalog_and_helpers.calculate.duration.ms"] >= 10

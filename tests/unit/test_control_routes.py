@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from rankscope.sink import Sink, SinkConfig
-from rankscope.sink.edge.auth import authorized
+from rankscope.sink.edge.auth import Keys, authorized
 from rankscope.sink.edge.bodies import HttpError
 from rankscope.sink.edge.control import ControlRoutes
 
@@ -34,7 +34,7 @@ def routes(token: str | None = "t") -> ControlRoutes:
     async def body(request: web.BaseRequest) -> bytes:
         return bytes(request._payload_for_test)  # type: ignore[attr-defined]
 
-    return ControlRoutes(sink.queries, sink.config.token, call, body)
+    return ControlRoutes(sink.queries, Keys(sink.config.token), call, body)
 
 
 def ask(

@@ -68,7 +68,9 @@ def test_the_follower_closes_a_step_when_a_later_one_shows_up() -> None:
 def test_a_logged_number_is_recorded_renamed_or_skipped_never_raised(capsys: pytest.CaptureFixture[str]) -> None:
     """What a framework logs goes through ``record_logged``: renamed when OTel would refuse the
     key, skipped with a warning when it cannot be recorded, never raised into the framework's loop."""
-    rs.init(experiment="logged", role="trainer", backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(
+        experiment="logged", role="trainer", backends={"console": {"logging_mode": "global_reduce", "format": "full"}}
+    )
     record_logged("throughput(tps)", 1200, source="test")
     record_logged("note", "not a number", source="test")  # for other backends: skipped
     record_logged("flag", True, source="test")

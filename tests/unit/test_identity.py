@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
+import time
+
 import pytest
 
 import rankscope as rs
 from rankscope.core import names as attr
-from rankscope.core.identity import SLURM_ATTEMPTS, build_resource
+from rankscope.core.identity import SLURM_ATTEMPTS, build_resource, experiment_from_command
 
 TORCHRUN = {
     "RANK": "5",
@@ -18,9 +22,9 @@ TORCHRUN = {
 
 
 def test_torchrun_environment() -> None:
-    a = build_resource(environ=TORCHRUN).attributes
+    a = build_resource(environ=TORCHRUN, argv=["/home/me/train.py", "--lr", "3"]).attributes
     assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("5", "1", "8")
-    assert a[attr.EXPERIMENT_ID] == "job-42" and a[attr.EXPERIMENT_ATTEMPT] == 2
+    assert a[attr.EXPERIMENT_ID] == "train" and a[attr.EXPERIMENT_ATTEMPT] == 2  # named after the entry script
     assert a[attr.RUN_ID] == "job-42"  # the launch: torchrun's run id (a restart keeps it, as attempt 2)
     assert a[attr.ROLE] == a[attr.SERVICE_NAME] == "trainer"
     assert isinstance(a[attr.PROCESS_PID], int) and a[attr.HOST_NAME] and a[attr.SERVICE_INSTANCE_ID]
@@ -34,11 +38,11 @@ def test_slurm_environment() -> None:
         "SLURM_JOB_ID": "991",
         "SLURM_RESTART_COUNT": "1",
     }
-    a = build_resource(environ=env).attributes
+    a = build_resource(environ=env, argv=["train.py"]).attributes
     assert (a[attr.RANK], a[attr.LOCAL_RANK], a[attr.WORLD_SIZE]) == ("3", "3", "16")
     # a requeue (SLURM_RESTART_COUNT) continues the same run as a later attempt than any
     # torchelastic restart within the allocation before it
-    assert a[attr.EXPERIMENT_ID] == "slurm-991" and a[attr.EXPERIMENT_ATTEMPT] == SLURM_ATTEMPTS
+    assert a[attr.EXPERIMENT_ID] == "train" and a[attr.EXPERIMENT_ATTEMPT] == SLURM_ATTEMPTS
     assert a[attr.RUN_ID] == "slurm-991"
     elastic = {**env, "SLURM_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "3"}
     assert build_resource(environ=elastic).attributes[attr.EXPERIMENT_ATTEMPT] == 3 < SLURM_ATTEMPTS
@@ -67,7 +71,7 @@ def test_the_run_is_the_launchers_job_else_generated_and_a_name_is_not_a_run() -
 def test_torchrun_inside_slurm_uses_torchrun_ranks() -> None:
     env = {**TORCHRUN, "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "991"}
     a = build_resource(environ=env).attributes
-    assert (a[attr.RANK], a[attr.WORLD_SIZE], a[attr.EXPERIMENT_ID]) == ("5", "8", "job-42")
+    assert (a[attr.RANK], a[attr.WORLD_SIZE], a[attr.RUN_ID]) == ("5", "8", "job-42")
 
 
 def test_precedence_arguments_over_rankscope_env_over_otel_over_detection() -> None:
@@ -86,19 +90,64 @@ def test_precedence_arguments_over_rankscope_env_over_otel_over_detection() -> N
     assert (a[attr.EXPERIMENT_ID], a[attr.ROLE], a[attr.REPLICA]) == ("from-arg", "controller", "0")
 
 
-def test_torchrun_without_rdzv_id_shares_one_experiment_per_node() -> None:
+def test_torchrun_without_rdzv_id_shares_one_experiment_and_run_per_node() -> None:
     env = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}
-    a, b = build_resource(environ=env).attributes, build_resource(environ={**env, "RANK": "0"}).attributes
-    assert a[attr.EXPERIMENT_ID] == b[attr.EXPERIMENT_ID] and a[attr.EXPERIMENT_ID].startswith("torchrun-")
+    a = build_resource(environ=env, argv=["train.py"]).attributes
+    b = build_resource(environ={**env, "RANK": "0"}, argv=["train.py"]).attributes
+    assert a[attr.EXPERIMENT_ID] == b[attr.EXPERIMENT_ID] == "train"
+    assert a[attr.RUN_ID] == b[attr.RUN_ID] and a[attr.RUN_ID].startswith("torchrun-")
 
 
-def test_plain_process_gets_a_generated_experiment_and_main_role() -> None:
-    a = build_resource(environ={}).attributes
-    assert a[attr.ROLE] == "main" and a[attr.RANK] == "0" and a[attr.WORLD_SIZE] == "1"
-    assert build_resource(environ={}).attributes[attr.EXPERIMENT_ID] != a[attr.EXPERIMENT_ID]
+def test_an_unnamed_experiment_is_its_entry_script_and_each_launch_a_run_of_it() -> None:
+    first, second = (build_resource(environ={}, argv=["/home/me/train.py"]).attributes for _ in range(2))
+    assert first[attr.ROLE] == "main" and first[attr.RANK] == "0" and first[attr.WORLD_SIZE] == "1"
+    assert first[attr.EXPERIMENT_ID] == second[attr.EXPERIMENT_ID] == "train"
+    assert first[attr.RUN_ID] != second[attr.RUN_ID]  # re-runs of a script: runs of one experiment
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}", str(first[attr.RUN_ID]))  # its start time and a short id
+    named = {
+        ("python", "-m", "pkg.train"): "train",
+        ("/srv/pkg/__main__.py",): "pkg",
+        ("torchrun", "--nproc-per-node", "4", "train.py", "--lr", "3"): "train",
+        ("python", "-m", "torch.distributed.run", "--standalone", "/x/train.py"): "train",
+        ("python", "-m", "torch.distributed.run", "-m", "pkg.train"): "train",
+        ("./launch.sh",): "launch",
+        ("-c",): "main",
+        ("",): "main",
+        ("/env/lib/ipykernel_launcher.py", "-f", "k.json"): "notebook",
+    }
+    assert {argv: experiment_from_command(argv) for argv in named} == named
 
 
 def test_bad_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANKSCOPE_EXPORT_INTERVAL", "soon")
     with pytest.raises(ValueError, match="RANKSCOPE_EXPORT_INTERVAL='soon'"):
         rs.record_metric("x", 1.0)
+
+
+def test_torchrun_standalone_runs_are_shown_as_the_agents_start_time_and_a_short_id(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--standalone`` makes up a uuid: each process reads its agent's start time from /proc (a fake one here)."""
+    from rankscope.core import identity
+
+    proc = tmp_path / "proc"
+
+    def process(pid: int, parent: int, started_ticks: int, *cmdline: str) -> None:
+        (proc / str(pid)).mkdir(parents=True)
+        fields = ["S", str(parent), *["0"] * 17, str(started_ticks)]  # fields 3.. of /proc/PID/stat
+        (proc / str(pid) / "stat").write_text(f"{pid} (py thon) " + " ".join(fields) + "\n")
+        (proc / str(pid) / "cmdline").write_bytes(b"\0".join(c.encode() for c in cmdline) + b"\0")
+
+    (proc).mkdir()
+    (proc / "stat").write_text("cpu 1 2 3\nbtime 1800000000\n")
+    process(40, 1, 100 * os.sysconf("SC_CLK_TCK"), "/usr/bin/python3", "/venv/bin/torchrun", "--standalone", "t.py")
+    process(41, 40, 0, "/usr/bin/python3", "-u", "train.py")  # a rank
+    uuid = "abf76e7e-3c5d-4ad0-9f62-1b2c3d4e5f60"
+    env = {"TORCHELASTIC_RUN_ID": uuid, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(1_800_000_100))
+    for parent in (40, 41):  # a rank, and a process a rank started
+        monkeypatch.setattr(os, "getppid", lambda parent=parent: parent)
+        assert identity._standalone_run(uuid, env, proc) == f"{stamp}-abf76e7e"
+    assert identity._standalone_run("job-42", env, proc) is None  # your --rdzv-id stays as you wrote it
+    assert identity._standalone_run(uuid, {**env, "WORLD_SIZE": "4"}, proc) is None  # nodes share no agent
+    assert identity._standalone_run(uuid, env, tmp_path / "no-proc") is None  # no /proc: the uuid, everywhere

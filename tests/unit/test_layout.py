@@ -68,3 +68,13 @@ def test_each_subcommand_is_one_module_of_cli() -> None:
     parser = app.build_parser()
     commands = next(a for a in parser._actions if a.dest == "command")
     assert set(commands.choices) == modules
+
+
+def test_the_sink_stays_a_coordinator() -> None:
+    """``Sink`` wires its parts and owns their lifecycle (docs/development.md): a new route, query
+    or registry is a part of its own, not one more method here."""
+    source = (PACKAGE / "sink" / "service.py").read_text()
+    assert len(source.splitlines()) <= 500
+    sink = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Sink")
+    methods = [n for n in sink.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(methods) <= 25, [m.name for m in methods]

@@ -29,7 +29,7 @@ from rankscope.backends.tensorboard import TensorBoardBackend
 from rankscope.backends.wandb import run_id_for
 from rankscope.core.paths import safe_component
 from rankscope.metrics.reduce import Reduce
-from rankscope.sink.embedded import runtime_dir
+from rankscope.sink.embedded import announce, discover, runtime_dir, withdraw
 
 from ..hostile_names import assert_contained, hostile_jobs
 
@@ -94,20 +94,22 @@ def test_readable_names_stay_readable_and_known_names_keep_their_component() -> 
 def test_console_escapes_control_and_bidi_characters(capsys: pytest.CaptureFixture[str]) -> None:
     assert printable("trainer_r0") == "trainer_r0"
     assert printable("a\x1b[31m\u202eb\nc\0") == "a\\x1b[31m\\u202eb\\nc\\x00"
-    backend = ConsoleBackend({"logging_mode": "per_rank_reduce"})
-    backend.init("evil\u202e\x1b[2J\r_r0")
-    backend.log_batch([rs.Metric("k\x1b]0;title\x07", 1.0, Reduce.MEAN)], 3)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 3 and all(line.isprintable() for line in out.splitlines())
-    assert "evil\\u202e\\x1b[2J\\r_r0" in out
+    for form, lines in (("full", 3), ("compact", 1)):
+        backend = ConsoleBackend({"logging_mode": "per_rank_reduce", "format": form})
+        backend.init("evil\u202e\x1b[2J\r_r0")
+        backend.log_batch([rs.Metric("k\x1b]0;title\x07", 1.0, Reduce.MEAN)], 3)
+        out = capsys.readouterr().out
+        assert out.count("\n") == lines and all(line.isprintable() for line in out.splitlines())
+        assert "evil\\u202e\\x1b[2J\\r_r0" in out and "k\\x1b]0;title\\x07" in out
 
 
 def test_w_and_b_run_ids_and_the_embedded_sink_directory_are_safe(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RANKSCOPE_RUNTIME_DIR", str(tmp_path))
     for name in ("../../x", "/tmp/x", "a" * 10_000, "a\0b", "\u202e", "..", "", "\ud800"):
         assert re.fullmatch(r"[A-Za-z0-9_-]{9,57}", run_id_for(name))  # W&B's run directory is named by it
-        directory = runtime_dir(name)
-        assert directory.parent.parent == tmp_path and re.fullmatch(r"[0-9a-f]{16}", directory.name)
+        for directory in (runtime_dir(name), runtime_dir("train", name), runtime_dir(name, name)):
+            assert directory.parent.parent == tmp_path and re.fullmatch(r"[0-9a-f]{16}", directory.name)
+    assert runtime_dir("train", "run-1") != runtime_dir("train", "run-2") != runtime_dir("train")  # a sink per launch
     assert run_id_for("rl") == "rl-" + hashlib.sha1(b"rl").hexdigest()[:8]  # W&B resumes runs of older sinks
 
 
@@ -179,3 +181,22 @@ def test_nfkc_lookalikes_of_dot_dot_are_not_dot_dot() -> None:
     for name in ("\uff0e\uff0e", "\u2024\u2024", "\ufe52\ufe52", "\u2025"):
         assert unicodedata.normalize("NFKC", name) == ".."
         assert_safe(safe_component(name))
+
+
+def test_a_sink_announces_itself_in_a_file_named_by_its_pid_and_a_dead_one_is_not_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``rankscope top`` and ``rankscope report`` find without ``--sink``: live sinks only, newest first."""
+    monkeypatch.setenv("RANKSCOPE_RUNTIME_DIR", str(tmp_path))
+    assert discover() == []  # nothing announced yet, not even the directory
+    path = announce("127.0.0.1:4317", "http://127.0.0.1:4318", ["torchrun", "../../train.py"])
+    assert path == tmp_path / f"rankscope-{os.getuid()}" / f"run-{os.getpid()}.json"
+    assert [f["control"] for f in discover()] == ["http://127.0.0.1:4318"]
+    assert not list(path.parent.glob("*.tmp"))  # written atomically: no temporary file left
+    dead = path.parent / "run-999999999.json"  # a sink killed before it could remove its file
+    dead.write_text(json.dumps({"pid": 999_999_999, "control": "http://127.0.0.1:9", "started": 9e9}))
+    (path.parent / "run-1x.json").write_text("{not json")
+    assert [f["control"] for f in discover()] == ["http://127.0.0.1:4318"]
+    withdraw(path)
+    assert not path.exists() and discover() == []
+

@@ -14,7 +14,7 @@ import rankscope as rs
 
 
 def test_forge_single_process_example_prints_global_block(capsys: pytest.CaptureFixture[str]) -> None:
-    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(backends={"console": {"logging_mode": "global_reduce", "format": "full"}})
     for number in range(1, 4):
         rs.record_metric("my_sum_metric", number, rs.Reduce.SUM)
         rs.record_metric("my_max_metric", number, rs.Reduce.MAX)
@@ -28,7 +28,7 @@ def test_forge_single_process_example_prints_global_block(capsys: pytest.Capture
 
 
 def test_per_rank_reduce_header_names_the_process(capsys: pytest.CaptureFixture[str]) -> None:
-    rs.init(role="generator", replica=1, backends={"console": {"logging_mode": "per_rank_reduce"}})
+    rs.init(role="generator", replica=1, backends={"console": {"logging_mode": "per_rank_reduce", "format": "full"}})
     rs.record_metric("tokens", 5, rs.Reduce.SUM)
     rs.flush(3)
     rs.record_metric("tokens", 7, rs.Reduce.SUM)
@@ -40,7 +40,7 @@ def test_per_rank_reduce_header_names_the_process(capsys: pytest.CaptureFixture[
 
 
 def test_values_of_every_accepted_type_and_nan_are_kept(capsys: pytest.CaptureFixture[str]) -> None:
-    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(backends={"console": {"logging_mode": "global_reduce", "format": "full"}})
     for value in (1, 2.0, True, np.float32(3.0), np.int64(4), np.array([5.0]), torch.tensor(6.0), torch.tensor([7])):
         rs.record_metric("mixed", value, rs.Reduce.SUM)
     rs.record_metric("broken", math.nan, rs.Reduce.MEAN)
@@ -80,7 +80,7 @@ def test_two_reduce_types_for_one_key_raise_at_second_call() -> None:
 
 
 def test_bad_input_loses_nothing_already_recorded(capsys: pytest.CaptureFixture[str]) -> None:
-    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(backends={"console": {"logging_mode": "global_reduce", "format": "full"}})
     rs.record_metric("loss", 1.0)
     with pytest.raises(TypeError):
         rs.record_metric("loss", "oops")
@@ -91,7 +91,7 @@ def test_bad_input_loses_nothing_already_recorded(capsys: pytest.CaptureFixture[
 
 
 def test_per_rank_no_reduce_streams_every_value(capsys: pytest.CaptureFixture[str]) -> None:
-    rs.init(role="trainer", backends={"console": {"logging_mode": "per_rank_no_reduce"}})
+    rs.init(role="trainer", backends={"console": {"logging_mode": "per_rank_no_reduce", "format": "full"}})
     for i in range(8):
         rs.record_metric("my_sum_rank_metric", i % 2, rs.Reduce.SUM)
     rs.flush(0)
@@ -148,7 +148,7 @@ def test_flush_rejects_a_non_int_step() -> None:
 
 
 def test_compiled_code_skips_recording_without_graph_break(capsys: pytest.CaptureFixture[str]) -> None:
-    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(backends={"console": {"logging_mode": "global_reduce", "format": "full"}})
 
     @torch.compile(backend="eager", fullgraph=True)
     def step(x: torch.Tensor) -> torch.Tensor:
@@ -166,7 +166,7 @@ def test_compiled_code_skips_recording_without_graph_break(capsys: pytest.Captur
 
 def test_reinit_keeps_values_recorded_before(capsys: pytest.CaptureFixture[str]) -> None:
     rs.record_metric("early", 4.0)  # auto-init, no backends
-    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(backends={"console": {"logging_mode": "global_reduce", "format": "full"}})
     rs.flush(0)
     rs.shutdown()
     assert "early: 4.0" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource
 from rankscope.report.summary import Summary
 from rankscope.sink import Experiment
-from rankscope.sink.book.runs import Run, RunBook
+from rankscope.sink.book.runs import Refused, Resolved, Run, RunBook
 from rankscope.sink.checked import Limits, Refusals
 from rankscope.sink.edge.validate import metrics_batches
 
@@ -47,7 +47,8 @@ def test_each_launch_is_its_own_run_and_a_restart_within_it_keeps_it() -> None:
 
 
 def test_a_resuming_launch_is_its_targets_next_attempt_for_every_process() -> None:
-    book = RunBook(wall=Wall())
+    wall = Wall()
+    book = RunBook(wall=wall)
     book.resolve("exp", of("a", attempt=2))  # run a restarted twice
     book.resolve("exp", of("b"))
     first = book.resolve("exp", of("c", resume="a"))
@@ -59,8 +60,9 @@ def test_a_resuming_launch_is_its_targets_next_attempt_for_every_process() -> No
     assert first.note is not None and "resumed by launch 'c'" in first.note and second.note is None
     assert first.changed is not None and first.changed.launches == {"c": 3}
     assert book.latest("exp") == "a" and book.target("exp", "c") == "a" and book.target("exp", "b") == "b"
+    wall.now += 61  # a quiet for a minute (live_window): it may be continued without its id
     latest = book.resolve("exp", of("d", resume="latest"))
-    assert not isinstance(latest, str) and latest.key == ("exp", "a") and latest.attempt == 5
+    assert isinstance(latest, Resolved) and latest.key == ("exp", "a") and latest.attempt == 5
 
 
 def test_what_a_resume_cannot_find_is_said() -> None:
@@ -68,9 +70,10 @@ def test_what_a_resume_cannot_find_is_said() -> None:
     book = RunBook(resume_window=60.0, wall=wall)
     nothing = book.resolve("exp", of("a", resume="latest"))  # nothing to continue: a new run, said so
     assert not isinstance(nothing, str) and nothing.key == ("exp", "a") and nothing.note
-    assert book.resolve("exp", of("b", resume="zzz")) == "resume: experiment 'exp' has no run 'zzz'"
+    assert book.resolve("exp", of("b", resume="zzz")) == Refused("resume: experiment 'exp' has no run 'zzz'", "resume")
     wall.now += 61
-    assert "resume_window" in str(book.resolve("exp", of("c", resume="a")))
+    too_old = book.resolve("exp", of("c", resume="a"))
+    assert isinstance(too_old, Refused) and "resume_window" in too_old.reason
     fresh = book.resolve("exp", of("d", resume="latest"))  # a is too old to continue
     assert not isinstance(fresh, str) and fresh.key == ("exp", "d")
 
@@ -206,3 +209,105 @@ def test_hostile_run_ids_never_become_paths_and_come_back_as_sent(tmp_path: Path
     wal.close()
     assert found == {("", False)} | {(run, True) for run in runs}
     assert_contained(tmp_path, [tmp_path / "state"], before_parent)
+
+
+# -- whose runs: scopes, still sending, finished, bounded attempts (issue 40) --------------------
+
+
+def test_only_the_scope_that_created_a_run_may_send_to_it_resume_it_restart_it_or_end_it() -> None:
+    wall = Wall()
+    book = RunBook(wall=wall)
+    mine = book.resolve("shared", of("slurm-12345"), scope="team-a")
+    assert isinstance(mine, Resolved) and mine.changed is not None and mine.changed.owner == "team-a"
+    wall.now += 3600  # quiet for an hour: not sending any more
+    for hijack in (of("slurm-12345", attempt=99), of("slurm-12345"), of("x", resume="slurm-12345")):
+        refused = book.resolve("shared", hijack, scope="team-b")
+        assert isinstance(refused, Refused) and refused.kind == "scope", refused
+        assert "belongs to another token scope" in refused.reason and refused.key == ("shared", "slurm-12345")
+    latest = book.resolve("shared", of("y", resume="latest"), scope="team-b")
+    assert isinstance(latest, Refused) and latest.kind == "scope" and latest.key is None
+    run = book.get(("shared", "slurm-12345"))
+    assert run is not None and (run.attempt, run.launches, run.last_seen) == (0, {}, 1000.0)  # untouched
+    own = book.resolve("shared", of("slurm-12345", attempt=1), scope="team-a")  # its own requeue
+    assert isinstance(own, Resolved) and own.attempt == 1
+
+
+def test_resume_latest_never_takes_a_run_that_is_still_sending() -> None:
+    wall = Wall()
+    book = RunBook(live_window=60.0, wall=wall)
+    book.resolve("exp", of("a"))
+    wall.now += 30
+    fresh = book.resolve("exp", of("b", resume="latest"))  # a sent 30 s ago and has not said goodbye
+    assert isinstance(fresh, Resolved) and fresh.key == ("exp", "b") and fresh.attempt == 0
+    assert fresh.note is not None and "'a' of experiment 'exp' is still sending" in fresh.note
+    named = book.resolve("exp", of("c", resume="a"))  # named: a live run may be continued on purpose
+    assert isinstance(named, Resolved) and named.key == ("exp", "a") and named.attempt == 1
+    book.settle(("exp", "a"), 1, all_ended=True)  # a's processes all said goodbye: it is not sending
+    ended = book.resolve("exp", of("d", resume="latest"))
+    assert isinstance(ended, Resolved) and ended.key == ("exp", "a") and ended.attempt == 2
+
+
+def test_a_finished_run_refuses_every_later_point_of_its_attempt_alike() -> None:
+    wall = Wall()
+    book = RunBook(linger=10.0, wall=wall)
+    book.resolve("exp", of("job"))
+    changed = book.settle(("exp", "job"), 0, all_ended=True)
+    assert changed is not None and changed.record()["ended"] == [0, 1000.0]
+    assert book.settle(("exp", "job"), 0, all_ended=True) is None  # known: nothing to persist again
+    wall.now += 5  # within the sink's grace: a late process may still join (the step book decides)
+    assert isinstance(book.resolve("exp", {**of("job"), attr.RANK: 3}), Resolved)
+    wall.now += 5
+    for late in (of("job"), {**of("job"), attr.RANK: 7}, {**of("job"), attr.SERVICE_INSTANCE_ID: "new"}):
+        refused = book.resolve("exp", late)
+        assert (
+            isinstance(refused, Refused)
+            and refused.kind == "ended"
+            and "ended (every process said goodbye)" in (refused.reason)
+        )
+    requeued = book.resolve("exp", of("job", attempt=10_000))  # a Slurm requeue of its own scope opens it again
+    assert isinstance(requeued, Resolved) and requeued.changed is not None and requeued.changed.ended is None
+    restored = Run.restored({**changed.record(), "ended": [10_000, 1010.0]}, attempt=10_000, last_seen=1010.0)
+    assert restored.ended == (10_000, 1010.0) and restored.owner == ""  # persisted with the run's meta
+
+
+def test_a_resume_whose_attempt_would_pass_2_31_minus_1_is_refused_with_a_reason() -> None:
+    book = RunBook(wall=Wall())
+    book.resolve("exp", of("a", attempt=2**31 - 2))
+    first = book.resolve("exp", of("b", resume="a"))
+    assert isinstance(first, Resolved) and first.attempt == 2**31 - 1
+    for launch in ("c", "d", "e"):
+        refused = book.resolve("exp", of(launch, resume="a"))
+        assert isinstance(refused, Refused) and "would pass 2147483647" in refused.reason
+    restarted = book.resolve("exp", of("b", attempt=1, resume="a"))  # launch b restarted: past it too
+    assert isinstance(restarted, Refused) and "past 2147483647" in restarted.reason
+    run = book.get(("exp", "a"))
+    assert run is not None and run.attempt == 2**31 - 1
+
+
+def test_a_runs_record_is_a_snapshot_that_later_changes_do_not_touch() -> None:
+    book = RunBook(wall=Wall())
+    book.resolve("exp", of("a"))
+    resumed = book.resolve("exp", of("c", resume="a"))
+    assert isinstance(resumed, Resolved) and resumed.changed is not None
+    record = resumed.changed.record()
+    book.resolve("exp", of("d", resume="a"))  # another launch maps onto it while the first record is written
+    assert record["launches"] == {"c": 1} and resumed.changed.record()["version"] > record["version"]
+
+
+def test_a_runs_first_step_is_held_to_the_step_window() -> None:
+    e = Experiment("x", grace=5, step_window=1000, clock=Clock())
+    far = send(e, resource("p0"), 10**18, 1.0)
+    assert far.count == 2 and "more than 1000 ahead of 0" in far.reasons[0]
+    assert send(e, resource("p0"), 0, 1.0).count == 0 and [v.step for v in e.ready()] == [0]
+    e.restore(5000, attempt=1)  # an earlier attempt finalized step 5000: a resume starts within reach of it
+    assert send(e, {**resource("p1"), attr.EXPERIMENT_ATTEMPT: 2}, 5900, 1.0).count == 0
+
+
+def test_a_scope_inventing_run_ids_pushes_out_its_own_runs_only() -> None:
+    book = RunBook(max_runs=3, wall=Wall())
+    book.resolve("exp", of("theirs"), scope="team-a")
+    for name in "abcde":
+        book.resolve("exp", of(name), scope="team-b")
+    assert [r.run for r in book.runs("exp")] == ["theirs", "c", "d", "e"]
+    again = book.resolve("exp", of("theirs", attempt=1), scope="team-b")  # its id was never free to take
+    assert isinstance(again, Refused) and again.kind == "scope"

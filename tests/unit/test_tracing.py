@@ -8,7 +8,7 @@ import rankscope as rs
 
 
 def test_a_lone_process_without_a_sink_records_metrics_only(capsys) -> None:
-    rs.init(experiment="alone", backends={"console": {"logging_mode": "global_reduce"}})
+    rs.init(experiment="alone", backends={"console": {"logging_mode": "global_reduce", "format": "full"}})
     with rs.trace("solo") as t:
         t.step("x")
     rs.flush(0)

@@ -149,3 +149,46 @@ def test_the_pool_grows_past_views_stuck_longer_than_the_stall_up_to_its_bound()
     for writer in (*stuck, fine):
         writer.close(10)
     pool.stop(10)
+
+
+def test_drops_are_counted_by_kind_of_data_handed_on_and_said_once_per_interval(caplog: Any) -> None:
+    """What a full inbox (or a closed writer) drops is counted by kind for the status route, and
+    handed to the sink's sum; the log says it once, not once per message."""
+    WRITTEN.clear()
+    GATE.clear()
+    threads: list[threading.Thread] = []
+    pool = ViewPool(1, spawner(threads))
+    handed: list[str] = []
+    writer = ViewWriter(
+        "drops",
+        {"r": {"backend": "recording-test", "logging_mode": "global_reduce", "gate": True}},
+        lambda *_: None,
+        pool,
+        max_queued=2,
+        on_drop=handed.append,
+    )
+    writer.step(view("drops", 0))  # the view holds it (the gate), two more fit in the inbox
+    deadline = time.monotonic() + 10
+    while writer._inbox and time.monotonic() < deadline:  # the pool thread took it
+        time.sleep(0.01)
+    late = StepView("drops", 0, 0, [], [], True)
+    for step in range(1, 5):
+        writer.step(view("drops", step))
+    writer.step(late)
+    writer.anomaly({"kind": "x"}, 1)
+    assert writer.drops == {
+        "step_views": 2,
+        "late_updates": 1,
+        "streamed_values": 0,
+        "sample_rows": 0,
+        "log_records": 0,
+        "anomaly_records": 1,
+    }
+    assert writer.dropped == 4 and handed == ["step_views", "step_views", "late_updates", "anomaly_records"]
+    said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(said) == 1 and "views of drops are too slow: dropped 1 updates (1 step_views in all" in said[0]
+    GATE.set()
+    writer.close(10)
+    writer.step(view("drops", 9))  # after close: dropped too, and counted
+    assert writer.drops["step_views"] == 3 and handed[-1] == "step_views"
+    pool.stop(10)

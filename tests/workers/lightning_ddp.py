@@ -1,6 +1,9 @@
 """A Lightning DDP run on CPU (2 processes) whose ``self.log`` values go to rankscope (tests/test_lightning.py).
 
-Usage: python lightning_ddp.py STEPS
+Usage: python lightning_ddp.py STEPS [EXPERIMENT]
+
+With EXPERIMENT, the script starts with ``rs.init(experiment=EXPERIMENT)`` as a newcomer's does:
+before ``trainer.fit``, so Lightning's launcher makes this process rank 0 after rankscope started.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class Tiny(lightning.LightningModule):
 
 if __name__ == "__main__":
     steps = int(sys.argv[1])
+    if len(sys.argv) > 2:
+        rs.init(experiment=sys.argv[2])
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
     trainer = lightning.Trainer(

@@ -41,6 +41,9 @@ class LoggerBackend:
     """
 
     off_reason: str | None = None
+    descriptors: int = 1
+    """File descriptors an open instance holds (a file it appends to): the sink's descriptor budget
+    counts them (``sink.durable.descriptors``)."""
     location: str | None = None
     """Where this view writes (a path, a run directory or URL, ``stdout``), once ``init`` ran: the
     sink prints it for each new experiment and its status route lists it."""

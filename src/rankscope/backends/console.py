@@ -1,4 +1,19 @@
-"""Console backend: Forge's blocks on flush, one line per value when streaming.
+"""Console backend: a compact line per step for people, or Forge's per-key blocks.
+
+Two formats (the view's ``format`` option, else ``RANKSCOPE_CONSOLE``; the Forge drop-in asks for
+``full``):
+
+* ``compact`` (the default): one line per step (wrapped to the terminal's width), the user's own
+  keys first in a stable order (each keeps the place it took when first seen), 4 significant
+  digits, then the step's time and its slowest process. rankscope's own keys (``rankscope/``,
+  ``straggler/``, ``rl/``, what instrumentors record: ``metrics.catalog.key_kind``) and the
+  traced phases' durations are left to the other views. Anomalies are one highlighted ``!!!``
+  line per streak: a straggler that stays the straggler for ten steps is said once, when it
+  starts. A non-finite value is said the same way, by the sink's detector or, for a process
+  alone, by this view.
+* ``full``: Forge's blocks, ``=== [GlobalReduce] - METRICS STEP N ===`` then ``key: value``
+  for every key, as recorded, and one ``!!!`` line per anomaly.
+* ``off``: nothing.
 
 Names and keys printed here may come from clients, and a terminal obeys what it is sent
 (ANSI escapes, carriage returns, bidi overrides that reorder the line): every printed name
@@ -7,17 +22,50 @@ goes through ``printable``, which shows such characters escaped instead.
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
+import statistics
 import sys
 import time
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from ..core import names as attr
+from ..core.settings import resolve
+from ..metrics.catalog import EXTREME_SUFFIXES, key_kind
+from ..metrics.reduce import Reduce
 from .base import LoggerBackend, LoggingMode, Metric
+
+FORMATS = ("compact", "full", "off")
+_DISTRIBUTION_PARTS = ("mean", "p50", "p90", "p99")
+_TOTAL_MAX = "/total_duration_max_s"
+"""A traced block's slowest total (``tracing.tracer``): the largest is the step's time."""
 
 
 def format_value(value: float) -> str:
     """Numbers as Forge prints them; NaN and inf shown as ``nan``/``inf``, never hidden."""
     return repr(float(value))
+
+
+def short_value(value: float) -> str:
+    """4 significant digits (``0.1871``, ``2.378``, ``1.235e+07``); whole numbers below a million
+    whole (``1024``); NaN and inf as ``nan``/``inf``/``-inf``."""
+    v = float(value)
+    if not math.isfinite(v):
+        return repr(v)
+    if v.is_integer() and abs(v) < 1e6:
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+def duration(seconds: float) -> str:
+    """Seconds for people, 4 significant digits: ``1.234s``, ``412.3ms``, ``69.51us``."""
+    if not math.isfinite(seconds) or abs(seconds) >= 1:
+        return f"{short_value(seconds)}s"
+    if abs(seconds) >= 1e-3:
+        return f"{seconds * 1e3:.4g}ms"
+    return f"{seconds * 1e6:.4g}us"
 
 
 def printable(text: object) -> str:
@@ -33,6 +81,28 @@ _SHOWN_SEVERITIES = frozenset({"WARN", "WARNING", "ERROR", "FATAL", "CRITICAL"})
 
 class ConsoleBackend(LoggerBackend):
     location = "stdout"
+    descriptors = 0
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
+        super().__init__(logger_backend_config)
+        chosen = self.logger_backend_config.get("format")
+        if chosen is None:
+            chosen = resolve("console")
+        if chosen not in FORMATS:
+            known = ", ".join(FORMATS)
+            raise ValueError(f"ConsoleBackend: format {chosen!r} is not one of {known}")
+        self.format: str = chosen
+        self._order: dict[str, int] = {}
+        """Each user key's place in the compact line, given when first seen: the order never changes."""
+        self._streaks: dict[Hashable, int] = {}
+        """An anomaly's streak (type and where) -> the last step it was seen in."""
+        self._said_nonfinite: int | None = None
+        """The step whose non-finite values a sink's detector already named (``log_anomaly``)."""
+        self._cut_short: int | None = None
+        """The step the job ended in (``interrupted``): its phases are partial, so no time is shown."""
+        # Highlights in color on a terminal (or with FORCE_COLOR), never with NO_COLOR (no-color.org).
+        self._color = (sys.stdout.isatty() or bool(os.environ.get("FORCE_COLOR"))) and "NO_COLOR" not in os.environ
+        self.rank, self.world_size, self.role = 0, 1, "main"
 
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
@@ -41,39 +111,78 @@ class ConsoleBackend(LoggerBackend):
         self.role = kwargs.get("role", "main")
 
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.format == "off":
+            return
         global_view = self.logging_mode is LoggingMode.GLOBAL_REDUCE
         title = "GlobalReduce" if global_view else kwargs.get("process_name") or self.process_name or "process"
-        step = "-" if global_step is None else global_step
+        labels: Mapping[str, str] = kwargs.get("labels") or {}  # the sink names who holds an extreme
+        if self.format == "full":
+            self._write(_block(title, metrics, global_step, labels, bool(kwargs.get("late"))))
+            return
+        who = "" if global_view else f"[{printable(title)}] "
+        lines = self._compact(who, metrics, global_step, labels, kwargs)
+        if lines:
+            self._write("\n".join(lines))
+
+    def _compact(
+        self, who: str, metrics: list[Metric], step: int | None, labels: Mapping[str, str], kwargs: dict[str, Any]
+    ) -> list[str]:
+        """The step's line (wrapped) and a highlighted line per non-finite key no detector named."""
+        values, parts, step_time = _split(metrics, labels)
+        seconds = kwargs.get("step_seconds")
+        if step_time is None and isinstance(seconds, (int, float)):
+            step_time = (float(seconds), None)
+        held_up = _holdup(kwargs.get("phase_times"))
+        if step_time is not None and held_up is not None:
+            step_time = (step_time[0], held_up)
+        if step is not None and step == self._cut_short:
+            step_time = None
+        if not values and step_time is None:
+            return []
+        for key in sorted(k for k in values if k not in self._order):  # new keys go last, A-Z among themselves
+            self._order[key] = len(self._order)
+        items = [_item(key, values[key], parts.get(key), labels) for key in sorted(values, key=self._order.__getitem__)]
+        if step_time is not None:
+            slowest = f", slowest {step_time[1]}" if step_time[1] else ""
+            items.append(f"| time {duration(step_time[0])}{slowest}")
+        missing = kwargs.get("missing") or []
+        if missing:
+            more = f" +{len(missing) - 3}" if len(missing) > 3 else ""
+            items.append(f"missing {printable(', '.join(map(str, missing[:3])))}{more}")
         late = " (late update)" if kwargs.get("late") else ""
-        lines = [f"=== [{printable(title)}] - METRICS STEP {step}{late} ==="]
-        # The sink's housekeeping keys (rankscope/missing_processes ...) show only when non-zero.
-        shown = [m for m in metrics if m.value or not m.key.startswith(attr.META_PREFIX)]
-        labels = kwargs.get("labels") or {}  # the sink names who holds an extreme: "loss/argmax_rank: 3.0 (trainer_r3)"
-        for m in shown:
-            who = labels.get(m.key)
-            lines.append(f"{printable(m.key)}: {format_value(m.value)}" + (f" ({printable(who)})" if who else ""))
-        lines.append("===============")
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+        lines = _wrap(f"{who}step {'-' if step is None else step}{late}", items, _width())
+        if self._said_nonfinite != step and not kwargs.get("late"):  # no detector named them: this view does
+            for key, value in values.items():
+                if not math.isfinite(value) and self._new_streak(("nonfinite", who, key), step):
+                    lines.append(self._alert(f"!!! step {step} non-finite value: {printable(key)} ({value})"))
+        return lines
 
     def rewind(self, step: int) -> None:
-        sys.stdout.write(
-            f"=== rewound to step {step}: the steps from {step} come again and replace the ones above ===\n"
-        )
-        sys.stdout.flush()
+        if self.format == "off":
+            return
+        self._streaks.clear()
+        self._write(f"=== rewound to step {step}: the steps from {step} come again and replace the ones above ===")
 
     def log_record(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
         """Warnings and worse only (a console is for people, not for every INFO line)."""
-        if str(record.get("severity", "")).upper() in _SHOWN_SEVERITIES:
+        if self.format != "off" and str(record.get("severity", "")).upper() in _SHOWN_SEVERITIES:
             who = kwargs.get("process_name", "?")
-            sys.stdout.write(printable(f"[{who}] step {global_step} {record['severity']}: {record['body']}") + "\n")
-            sys.stdout.flush()
+            self._write(printable(f"[{who}] step {global_step} {record['severity']}: {record['body']}"))
 
     def log_samples(
         self, table: str, rows: list[dict[str, Any]], global_step: int | None, *args: Any, **kwargs: Any
     ) -> None:
-        """A compact listing: one line per kept row, its end, who recorded it and its fields cut short."""
+        """Full: one line per kept row, its end, who recorded it and its fields cut short.
+        Compact: one line per table, its first row."""
+        if self.format == "off":
+            return
         late = " (late update)" if kwargs.get("late") else ""
+        if self.format == "compact":
+            first = rows[0]["row"] if rows else {}
+            fields = ", ".join(f"{k}={_short(v, compact=True)}" for k, v in first.items())
+            line = f"  table {table} step {global_step}{late}: {len(rows)} rows" + (f"; first: {fields}" * bool(rows))
+            self._write(printable(line)[: max(_width(), 60)])
+            return
         lines = [f"--- sample table {printable(table)} step {global_step}{late}: {len(rows)} rows ---"]
         for entry in rows:
             fields = ", ".join(f"{k}={_short(v)}" for k, v in entry["row"].items())
@@ -85,26 +194,159 @@ class ConsoleBackend(LoggerBackend):
                     + f": {fields}"
                 )[:240]
             )
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+        self._write("\n".join(lines))
 
     def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
-        sys.stdout.write(printable(f"!!! step {global_step} {describe(record)}") + "\n")
-        sys.stdout.flush()
+        if self.format == "off":
+            return
+        if self.format == "full":
+            self._write(printable(f"!!! step {global_step} {describe(record)}"))
+            return
+        if record.get("type") == "nonfinite":
+            self._said_nonfinite = global_step
+        if record.get("type") == "interrupted":
+            self._cut_short = global_step
+        if record.get("type") == "capture" or self._new_streak(_streak_of(record), global_step):
+            self._write(self._alert(printable(f"!!! step {global_step} {describe(record)}")))
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if self.format == "off":
+            return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp or time.time()))
         rank = kwargs.get("rank", self.rank)  # the sink says whose value it is
         role = kwargs.get("process_name", self.role).rsplit("_r", 1)[0] if "process_name" in kwargs else self.role
         size = kwargs.get("world_size", self.world_size)
         who = printable(f"[{rank}] [{role}-{rank}/{size}]")
-        sys.stdout.write(f"{who} {stamp} INFO {printable(metric.key)}: {format_value(metric.value)}\n")
+        value = format_value(metric.value) if self.format == "full" else short_value(metric.value)
+        self._write(f"{who} {stamp} INFO {printable(metric.key)}: {value}")
+
+    def _new_streak(self, key: Hashable, step: int | None) -> bool:
+        """Whether ``key`` starts a streak at ``step`` (it was not seen at the step before, nor at this one)."""
+        last = self._streaks.get(key)
+        if step is None:
+            return last is None
+        self._streaks[key] = step if last is None else max(last, step)
+        return last is None or not 0 <= step - last <= 1
+
+    def _alert(self, line: str) -> str:
+        return f"\x1b[1;33m{line}\x1b[0m" if self._color else line
+
+    @staticmethod
+    def _write(text: str) -> None:
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
 
-def _short(value: object, limit: int = 40) -> str:
-    text = repr(value) if isinstance(value, str) else format_value(value) if isinstance(value, float) else str(value)
+def _split(
+    metrics: list[Metric], labels: Mapping[str, str]
+) -> tuple[dict[str, float], dict[str, dict[str, float]], tuple[float, str | None] | None]:
+    """The user's values (a DISTRIBUTION key once, its parts aside) and the step's time with the
+    process that took it: the largest traced total (``{block}/total_duration_max_s``)."""
+    values: dict[str, float] = {}
+    parts: dict[str, dict[str, float]] = {}
+    step_time: tuple[float, str | None] | None = None
+    for m in metrics:
+        kind = key_kind(m.key)
+        if kind == "phase":
+            if m.key.endswith(_TOTAL_MAX) and (step_time is None or m.value > step_time[0]):
+                holder = labels.get(f"{m.key}/argmax_rank")
+                step_time = (m.value, None if holder is None else printable(holder))
+        elif kind == "user" and not m.key.endswith(EXTREME_SUFFIXES):
+            base, _, part = m.key.rpartition("/")
+            if m.reduction is Reduce.DISTRIBUTION and part in _DISTRIBUTION_PARTS:
+                parts.setdefault(base, {})[part] = m.value
+                values.setdefault(base, m.value)
+            else:
+                values[m.key] = m.value
+    return values, parts, step_time
+
+
+def _holdup(phase_times: object) -> str | None:
+    """Who held the step up, from a sink's seconds per phase per process: the process furthest
+    above its phase's median (``trainer_r2 in train/forward +150.2ms``); None without two processes."""
+    if not isinstance(phase_times, Mapping):
+        return None
+    found: tuple[float, str] | None = None
+    for phase, by_process in phase_times.items():
+        if not isinstance(by_process, Mapping) or len(by_process) < 2:
+            continue
+        seconds = sorted(by_process.values())
+        median = statistics.median(seconds)
+        process, high = max(by_process.items(), key=lambda kv: kv[1])
+        if found is None or high - median > found[0]:
+            label = getattr(process, "label", process)
+            found = (high - median, f"{printable(label)} in {printable(phase)} +{duration(high - median)}")
+    return None if found is None else found[1]
+
+
+def _item(key: str, value: float, parts: dict[str, float] | None, labels: Mapping[str, str]) -> str:
+    """``loss 0.1871``, ``grad_norm 2.378 (trainer_r0)`` (who holds a MAX/MIN), or a DISTRIBUTION's
+    ``tokens 92.88 (p50 39.1 p90 182 p99 182)``."""
+    if parts is not None:
+        spread = " ".join(f"{p} {short_value(parts[p])}" for p in _DISTRIBUTION_PARTS[1:] if p in parts)
+        text = f"{printable(key)} {short_value(parts.get('mean', value))}"
+        return f"{text} ({spread})" if spread else text
+    holder = labels.get(f"{key}/argmax_rank") or labels.get(f"{key}/argmin_rank")
+    return f"{printable(key)} {short_value(value)}" + (f" ({printable(holder)})" if holder else "")
+
+
+def _block(title: str, metrics: list[Metric], step: int | None, labels: Mapping[str, str], late: bool) -> str:
+    """Forge's block: every key as recorded; the sink's housekeeping keys only when non-zero."""
+    head = f"{'-' if step is None else step}{' (late update)' if late else ''}"
+    lines = [f"=== [{printable(title)}] - METRICS STEP {head} ==="]
+    for m in metrics:
+        if m.value or not m.key.startswith(attr.META_PREFIX):
+            who = labels.get(m.key)  # "loss/argmax_rank: 3.0 (trainer_r3)"
+            lines.append(f"{printable(m.key)}: {format_value(m.value)}" + (f" ({printable(who)})" if who else ""))
+    lines.append("===============")
+    return "\n".join(lines)
+
+
+def _streak_of(record: dict[str, Any]) -> Hashable:
+    """What makes two steps' anomalies one streak: their type and where they are."""
+    kind = record.get("type")
+    if kind == "straggler":
+        return (kind, record.get("process"), record.get("phase"))
+    if kind == "nonfinite":
+        return (kind, record.get("key"), record.get("process"))
+    if kind == "missing":
+        return (kind, tuple(record.get("processes") or ()))
+    if kind == "interrupted":
+        return (kind, record.get("step"))
+    return (kind,)
+
+
+def _width() -> int:
+    """The terminal's width (``COLUMNS``), 120 when the output is not a terminal; at least 60."""
+    return max(60, shutil.get_terminal_size((120, 24)).columns)
+
+
+def _wrap(head: str, items: list[str], width: int) -> list[str]:
+    """``head`` then the items two spaces apart, continued on lines indented under the first item."""
+    indent = " " * min(len(head) + 2, 24)
+    lines, line = [], head
+    for item in items:
+        if line != head and len(line) + 2 + len(item) > width:
+            lines.append(line)
+            line = indent + item
+        else:
+            line = f"{line}  {item}"
+    lines.append(line)
+    return lines
+
+
+def _short(value: object, limit: int = 40, compact: bool = False) -> str:
+    if isinstance(value, str):
+        text = repr(value)
+    elif isinstance(value, float):
+        text = short_value(value) if compact else format_value(value)
+    else:
+        text = str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ratio(value: object) -> str:
+    return short_value(value) if isinstance(value, (int, float)) else str(value)
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -113,11 +355,14 @@ def describe(record: dict[str, Any]) -> str:
     if kind == "nonfinite":
         return f"non-finite value: {record.get('key')} from {who} ({record.get('count')} in the step)"
     if kind == "straggler":
-        return f"straggler: {who} in {record.get('phase')} ({record.get('ratio')}x the median)"
+        return f"straggler: {who} in {record.get('phase')} ({_ratio(record.get('ratio'))}x the median)"
     if kind == "slow_step":
-        return f"slow step: {record.get('seconds', 0):.3f}s ({record.get('factor')}x the median)"
+        return f"slow step: {record.get('seconds', 0):.3f}s ({_ratio(record.get('factor'))}x the median)"
     if kind == "missing":
         return f"missing: {', '.join(map(str, record.get('processes', [])))}"
+    if kind == "interrupted":
+        waiting = ", ".join(map(str, record.get("processes", [])))
+        return "interrupted: the job ended before every process closed it" + (f" ({waiting} had not)" * bool(waiting))
     if kind == "capture":
         return f"capture {record.get('capture')}: {who}: {record.get('path') or record.get('state')}"
     return str(record)

@@ -18,8 +18,12 @@ last appended line cut short, which reading skips). A reopened view compacts it 
 
 The page is written when the sink is asked for it (``rankscope report --sink``,
 ``rs.write_report()``, ``rankscope run --report``) and when the view finishes. The page lists
-the experiment's other runs (linked when they follow the same path template) and, after a
-rewind (a restarted or resumed run executing steps again), shows each step's final values.
+the experiment's other runs (linked when they follow the same path template), those its sink
+knows and those found on disk beside its run's directory when the page is written
+(``report.page.siblings``: a launch that had its own sink), and, after a rewind (a restarted
+or resumed run executing steps again), shows each step's final values. The run's
+configuration, for ``rankscope report`` over the experiment's runs, is what its processes'
+Resources say (a step's ``config``, in the steps that brought new processes).
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..report import page
-from ..report.summary import Summary, gantt_spans, heat_of, read, span_seconds, spread_of
+from ..report.summary import Summary, config_of, gantt_spans, heat_of, read, span_seconds, spread_of
 from .base import LoggerBackend, LoggingMode, Metric
 from .jsonl import _component
 
 COMPACT_BYTES = 4 << 20
 """Bytes appended to ``report.jsonl`` since it was last compacted before it may be again."""
+
+MAX_PROCESSES_SEEN = 100_000
+"""Processes whose configuration was taken (each once); past that, new ones are not looked at."""
 
 _STATUS_FIELDS = (
     *("points", "late_points", "refused_points", "foreign_points", "series_overflow", "log_records"),
@@ -60,6 +67,7 @@ class ReportBackend(LoggerBackend):
         self._slowest_gantt: dict[str, Any] | None = None
         self._straggler_step: int | None = None
         self._straggler_kept = False
+        self._processes_seen: set[Any] = set()
 
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
@@ -127,8 +135,16 @@ class ReportBackend(LoggerBackend):
         event: dict[str, Any] = {"kind": "step", "step": global_step, "values": {m.key: m.value for m in metrics}}
         if late:
             event["late"] = True
-        elif per_process and len(per_process) <= self.max_spread_processes:
-            event["spread"] = spread_of(per_process)
+        else:
+            if self.summary.first_step is None:  # the run's first step: when it started
+                stamp = next((m.timestamp for m in metrics if m.timestamp is not None), None)
+                if stamp is not None:
+                    event["time"] = stamp
+            if per_process and len(per_process) <= self.max_spread_processes:  # else the per-process values stay unmade
+                event["spread"] = spread_of(per_process)
+                roles = self._config(per_process)
+                if roles:
+                    event["config"] = roles
         if kwargs.get("missing") and not late:
             event["missing"] = list(kwargs["missing"])
         heat = heat_of(kwargs.get("phase_times") or {}) if not late else None
@@ -139,6 +155,14 @@ class ReportBackend(LoggerBackend):
         if spans is not None and not late:
             self._gantt(global_step, spans())
         self._file.flush()
+
+    def _config(self, per_process: Mapping[Any, Any]) -> dict[str, Any]:
+        """What the Resources of the processes new in this step configure (the step event's ``config``)."""
+        if not per_process or len(self._processes_seen) >= MAX_PROCESSES_SEEN:
+            return {}
+        new = [p for p in per_process if getattr(p, "id", p) not in self._processes_seen]
+        self._processes_seen.update(getattr(p, "id", p) for p in new)
+        return config_of((str(p.role), p.resource) for p in new if isinstance(getattr(p, "resource", None), Mapping))
 
     def _gantt(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Keep the last and the slowest step's bars in memory (written with the page); write the

@@ -75,6 +75,8 @@ def series_prefix(process: Any) -> str:
 class WandbBackend(LoggerBackend):
     run: Any = None
     """The W&B run; None when ``init`` failed (the backend is then off: every call is a no-op)."""
+    descriptors = 4
+    """A run's files and its connection to W&B's service process (an estimate: the sink's budget)."""
 
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)

@@ -8,12 +8,17 @@ import sys
 from typing import Any
 
 from ..core.settings import resolve
+from .sink import find_sink, the_experiment
 
 
 def add_parser(commands: Any) -> None:
     c = commands.add_parser("capture", help="profile the next steps of a running experiment's processes")
-    c.add_argument("--sink", default="http://127.0.0.1:4318", help="the sink's HTTP URL (default %(default)s)")
-    c.add_argument("--experiment", help="experiment id (default RANKSCOPE_EXPERIMENT)")
+    c.add_argument(
+        "--sink",
+        help="the sink's HTTP URL (default: the newest `rankscope run` or embedded sink on this machine, "
+        "else http://127.0.0.1:4318)",
+    )
+    c.add_argument("--experiment", help="experiment id (default RANKSCOPE_EXPERIMENT, else the sink's only one)")
     c.add_argument("--ranks", help="rank subset: 3,7 or 0-3 (default: every process)")
     c.add_argument("--steps", type=int, default=2, help="steps to profile (default 2)")
     c.add_argument("--reason", default="asked from a shell", help="why (kept with the files)")
@@ -32,15 +37,17 @@ def command(args: argparse.Namespace) -> int:
 
     from ..sink.book.traces import parse_ranks
 
-    experiment = args.experiment or resolve("experiment")
-    if not experiment:
-        print("rankscope capture: give --experiment (or RANKSCOPE_EXPERIMENT)", file=sys.stderr)
+    sink = find_sink(args.sink)
+    token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
+    try:
+        experiment = args.experiment or resolve("experiment") or the_experiment(sink, token)
+    except LookupError as exc:
+        print(f"rankscope capture: {exc}", file=sys.stderr)
         return 2
     ranks = parse_ranks(args.ranks)
     body = {"experiment": experiment, "steps": args.steps, "reason": args.reason, "ranks": sorted(ranks or ()) or None}
-    token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    base = args.sink.rstrip("/")
+    base = sink.rstrip("/")
     request = urllib.request.Request(f"{base}/rankscope/v1/captures", json.dumps(body).encode(), headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -51,7 +58,7 @@ def command(args: argparse.Namespace) -> int:
         )
         return 1
     except OSError as exc:
-        print(f"rankscope capture: {args.sink}: {exc}", file=sys.stderr)
+        print(f"rankscope capture: {sink}: {exc}", file=sys.stderr)
         return 1
     who = "every process" if ranks is None else f"ranks {','.join(map(str, sorted(ranks)))}"
     print(f"rankscope capture: {capture['id']}: {who}, next {capture['steps']} steps", file=sys.stderr)

@@ -8,13 +8,21 @@ import sys
 from typing import Any
 
 from ..core.settings import resolve
+from .sink import find_sink, the_experiment
 
 
 def add_parser(commands: Any) -> None:
     g = commands.add_parser("gantt", help="write a Perfetto/Chrome trace file: one track per rank, per step")
     g.add_argument("files", nargs="*", help="JSONL span files (the sink's /rankscope/v1/spans format)")
-    g.add_argument("--sink", help="the sink's HTTP URL, e.g. http://127.0.0.1:4318")
-    g.add_argument("--experiment", help="experiment id to read from the sink (default RANKSCOPE_EXPERIMENT)")
+    g.add_argument(
+        "--sink",
+        help="the sink's HTTP URL, e.g. http://127.0.0.1:4318 (with no files and no --sink: the newest "
+        "`rankscope run` or embedded sink on this machine)",
+    )
+    g.add_argument(
+        "--experiment",
+        help="experiment id to read from the sink (default RANKSCOPE_EXPERIMENT, else the sink's only one)",
+    )
     g.add_argument("--steps", help="step or range: 5, 2:8, 10:")
     g.add_argument("--ranks", help="rank subset: 0,2,4-7")
     g.add_argument("-o", "--output", default="trace.json", help="output file; .gz is gzipped (default trace.json)")
@@ -37,17 +45,20 @@ def command(args: argparse.Namespace) -> int:
     from ..report import perfetto
     from ..sink.book.traces import parse_ranks
 
-    if bool(args.files) == bool(args.sink):
-        print("rankscope gantt: give JSONL span files, or --sink URL --experiment ID", file=sys.stderr)
+    if args.files and args.sink:
+        print("rankscope gantt: give JSONL span files, or --sink URL", file=sys.stderr)
         return 2
     first, last = _steps(args.steps)
     keep = perfetto.Filter(first, last, parse_ranks(args.ranks))
-    if args.sink:
-        experiment = args.experiment or resolve("experiment")
-        if not experiment:
-            print("rankscope gantt: --sink needs --experiment (or RANKSCOPE_EXPERIMENT)", file=sys.stderr)
+    if not args.files:  # a running sink: --sink, else the one on this machine
+        sink = find_sink(args.sink)
+        token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
+        try:
+            experiment = args.experiment or resolve("experiment") or the_experiment(sink, token)
+        except LookupError as exc:
+            print(f"rankscope gantt: {exc}", file=sys.stderr)
             return 2
-        rows = perfetto.read_sink(args.sink, experiment, keep, args.token or os.environ.get("RANKSCOPE_SINK_TOKEN"))
+        rows = perfetto.read_sink(sink, experiment, keep, token)
     else:
         rows = perfetto.read_jsonl(args.files)
     try:

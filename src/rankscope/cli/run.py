@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from ..core.settings import resolve
@@ -29,9 +30,11 @@ def add_parser(commands: Any) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    """Start a sink, run the command with the experiment's environment, forward its exit code."""
-    from ..core.identity import detect_run, generate_experiment_id, generate_run_id
+    """Start a sink, run the command with the experiment's environment, forward its exit code; then
+    finalize, and write the Gantt and the report of every run the command's processes reported."""
+    from ..core.identity import detect_run, experiment_from_command, generate_run_id
     from ..sink import Sink
+    from ..sink.embedded import announce, withdraw
 
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
     if not command:
@@ -46,53 +49,119 @@ def command(args: argparse.Namespace) -> int:
         spans_tmp = tempfile.TemporaryDirectory(prefix="rankscope-spans-")
         args.spans_dir = spans_tmp.name
     sink = Sink(sink_config(args)).start()
-    experiment = resolve("experiment") or generate_experiment_id()
+    control = f"http://{_local(args.host)}:{sink.http_port}"
+    announced = announce(sink.endpoint, control, command)  # `rankscope top` and `report` find it
+    # The experiment unless the code names its own: the command's entry script (train for train.py).
+    experiment = resolve("experiment") or experiment_from_command(command)
     run = resolve("run") or detect_run(os.environ) or generate_run_id()  # the command is one launch
     env = dict(os.environ)
     env.update(
         RANKSCOPE_EXPERIMENT=experiment,
         RANKSCOPE_RUN_ID=run,
         RANKSCOPE_ENDPOINT=sink.endpoint,
-        RANKSCOPE_SINK_CONTROL=f"http://127.0.0.1:{sink.http_port}",
+        RANKSCOPE_SINK_CONTROL=control,
     )
     if args.instrument:
         env.update(auto_instrumentation_env(env))
-    print(f"rankscope run: experiment {experiment}, run {run}, sink {sink.endpoint}", file=sys.stderr, flush=True)
+    _say(f"sink on OTLP/gRPC {sink.endpoint} and HTTP {control} (OTLP/HTTP, status)")
+    _say(f"watch it: rankscope top --sink {control}")
+    if args.report:
+        _say(f"its report now: rankscope report --sink {control}")
+    try:
+        code = _run(command, env)
+        if code is None:
+            return 127
+        sink.finalize()
+        reported = _reported_runs(sink)
+        if not reported:
+            _say("the command reported no metrics to this sink (no rankscope calls, or RANKSCOPE_DISABLE)")
+        if args.gantt:
+            _write_gantts(sink, reported, args.gantt)
+        if args.report:
+            _write_reports(sink, reported)
+        return code if code >= 0 else 128 - code
+    finally:
+        sink.stop()
+        withdraw(announced)
+        if spans_tmp is not None:
+            spans_tmp.cleanup()
+
+
+def _say(line: str) -> None:
+    print(f"rankscope run: {line}", file=sys.stderr, flush=True)
+
+
+def _local(host: str) -> str:
+    """Where a process on this machine reaches a sink bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _run(command: list[str], env: dict[str, str]) -> int | None:
+    """The command's exit code (None: it could not start)."""
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
-        sink.stop()
         print(f"rankscope run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
-        return 127
+        return None
     while True:
         try:
-            code = child.wait()
-            break
+            return child.wait()
         except KeyboardInterrupt:  # the child got the same SIGINT; wait for it to finish
             continue
-    sink.finalize(experiment)
-    if args.gantt:
-        from ..report import perfetto
 
-        rows = (json.loads(line) for line in sink.span_rows(experiment, run=run) or ())
-        written = perfetto.write(rows, args.gantt)
-        status = sink.status(experiment, run) or {}
+
+def _reported_runs(sink: Any) -> list[tuple[str, str]]:
+    """Every (experiment, run) the command's processes reported, named in code or not: what the
+    Gantt and the report follow."""
+    listed = sink.overview().get("experiment_list") or []
+    return [(str(e["id"]), str(e.get("run") or "")) for e in listed if e.get("id") is not None]
+
+
+def _write_gantts(sink: Any, reported: list[tuple[str, str]], path: str) -> None:
+    """One Perfetto file per run: ``path`` for the only one, else ``path`` with the run in its name."""
+    from ..core.paths import safe_component
+    from ..report import perfetto
+
+    for experiment, run in reported:
+        out = Path(path)
+        if len(reported) > 1:  # names never become paths: their safe components do
+            out = out.with_name(f"{out.stem}.{safe_component(experiment)}.{safe_component(run or 'run')}{out.suffix}")
+        rows = (json.loads(line) for line in sink.span_rows(experiment, run=run or None) or ())
+        written = perfetto.write(rows, out)
+        status = sink.status(experiment, run or None) or {}
         capped = (status.get("span_file") or {}).get("not_saved", 0)
-        print(
-            f"rankscope run: Gantt of {written.spans} spans, {written.processes} processes -> {args.gantt}"
-            + (f" ({capped} spans past the span file's cap are not in it)" if capped else ""),
-            file=sys.stderr,
+        _say(
+            f"{_named(experiment, run)}: Gantt of {written.spans} spans, {written.processes} processes -> {out}"
+            + (f" ({capped} spans past the span file's cap are not in it)" if capped else "")
         )
-    if args.report:
-        answer = sink.report(experiment, run=run)
+
+
+def _write_reports(sink: Any, reported: list[tuple[str, str]]) -> None:
+    """Each run's report page, and the command that rebuilds it with the experiment's other runs."""
+    experiments: dict[str, Path] = {}
+    for experiment, run in reported:
+        answer = sink.report(experiment, run=run or None)
         if isinstance(answer, str):
-            print(f"rankscope run: no report: {answer}", file=sys.stderr)
-        for path in [] if isinstance(answer, str) else answer:
-            print(f"rankscope run: report -> {path}", file=sys.stderr)
-    sink.stop()
-    if spans_tmp is not None:
-        spans_tmp.cleanup()
-    return code if code >= 0 else 128 - code
+            _say(f"{_named(experiment, run)}: no report: {answer}")
+            continue
+        for page in map(_shown, answer):
+            _say(f"{_named(experiment, run)}: report -> {page}")
+            experiments.setdefault(experiment, page.parent.parent if run else page.parent)
+    for experiment, directory in experiments.items():
+        _say(f"every run of {experiment!r}: rankscope report {directory}/")
+
+
+def _shown(path: str) -> Path:
+    """A path as the sink wrote it, from the current directory when it is below it."""
+    found = Path(path)
+    try:
+        return found.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return found
+
+
+def _named(experiment: str, run: str) -> str:
+    return f"experiment {experiment!r}" + (f", run {run}" if run else "")
 
 
 def auto_instrumentation_env(env: dict[str, str]) -> dict[str, str]:

@@ -23,6 +23,12 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="use the paths in the views clients post as given (default: relative, without '..')",
     )
+    p.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help="scoped tokens, JSON or TOML (RANKSCOPE_SINK_TOKENS): each token writes only the experiments "
+        "its scope names or prefixes, and only its scope's runs; teams sharing a sink need them (docs/sink.md)",
+    )
     p.set_defaults(fn=command)
 
 
@@ -41,7 +47,7 @@ def add_server_options(
         "(default: what each experiment's processes ask for, else the console global view)",
     )
     p.add_argument("--grace", type=float, help="seconds to wait for a step's last processes (RANKSCOPE_SINK_GRACE)")
-    p.add_argument("--token", help="bearer token clients must send (RANKSCOPE_SINK_TOKEN)")
+    p.add_argument("--token", help="bearer token clients must send, for every experiment (RANKSCOPE_SINK_TOKEN)")
     p.add_argument(
         "--state-dir",
         default=str(default_state_dir()) if name == "sink" else None,
@@ -81,15 +87,24 @@ def add_server_options(
     p.add_argument(
         "--report",
         action="store_true",
-        help="every experiment also gets the report view: one HTML page, "
-        "rankscope_logs/EXPERIMENT/report.html" + (", written when the command ends" if name == "run" else ""),
+        help="every experiment also gets the report view: one HTML page per run, "
+        "rankscope_logs/EXPERIMENT/RUN/report.html" + (", written when the command ends" if name == "run" else ""),
     )
 
 
 def sink_config(args: argparse.Namespace) -> Any:
-    from ..sink import SinkConfig
+    """The ``SinkConfig`` the options say; raises ``ValueError`` for a tokens file that does not load."""
+    from ..sink import RunLimits, SinkConfig
+    from ..sink.edge.auth import load_tokens
 
     backends = json.loads(args.backends) if args.backends else None
+    tokens_file = getattr(args, "tokens", None)  # a shared sink's: `rankscope run` serves its own job
+    if args.command == "sink":
+        tokens_file = tokens_file or os.environ.get("RANKSCOPE_SINK_TOKENS")
+    try:
+        tokens = load_tokens(Path(tokens_file)) if tokens_file else {}
+    except OSError as exc:
+        raise ValueError(f"{tokens_file}: {exc.strerror or exc}") from None
     return SinkConfig(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -97,6 +112,7 @@ def sink_config(args: argparse.Namespace) -> Any:
         backends=backends,
         grace=args.grace if args.grace is not None else resolve("sink_grace"),
         token=args.token or os.environ.get("RANKSCOPE_SINK_TOKEN") or None,
+        tokens=tokens,
         state_dir=None if args.no_state_dir or args.state_dir in (None, "") else Path(args.state_dir),
         spans_dir=Path(args.spans_dir) if args.spans_dir else None,
         max_span_file_bytes=args.max_span_file_bytes,
@@ -105,6 +121,7 @@ def sink_config(args: argparse.Namespace) -> Any:
         resume_window=args.resume_window,
         report=args.report,
         trust_posted_paths=args.command == "run" or args.trust_posted_paths,
+        runs=RunLimits(close_ended=args.command != "run"),  # `rankscope run` reads its run at the end
     )
 
 
@@ -113,10 +130,10 @@ def command(args: argparse.Namespace) -> int:
     from ..sink.durable.wal import StateDirBusyError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    config = sink_config(args)
     try:
+        config = sink_config(args)
         sink = Sink(config).start()
-    except (StateDirBusyError, OSError) as exc:
+    except (StateDirBusyError, OSError, ValueError) as exc:
         print(f"rankscope sink: {exc}", file=sys.stderr)
         return 2
     durable = f"write-ahead log in {config.state_dir}" if config.state_dir else "no write-ahead log (--no-state-dir)"
@@ -134,4 +151,53 @@ def command(args: argparse.Namespace) -> int:
     sink.stop()
     return 0
 
+
+DEFAULT_SINK = "http://127.0.0.1:4318"
+"""A ``rankscope sink`` on its default port: where commands look when nothing else says."""
+
+
+def find_sink(given: str | None) -> str:
+    """The HTTP URL of the sink a command (``top``, ``report``, ``capture``, ``gantt``) talks to:
+    ``--sink``, else ``RANKSCOPE_SINK_CONTROL`` (inside a ``rankscope run``), else the newest sink
+    running on this machine (a ``rankscope run``'s or an embedded one: ``sink.embedded.discover``),
+    else ``DEFAULT_SINK``."""
+    from ..sink.embedded import discover
+
+    if given:
+        return given
+    inside = resolve("sink_control")
+    if inside:
+        return str(inside)
+    found = discover()
+    return str(found[0]["control"]) if found else DEFAULT_SINK
+
+
+def sink_experiments(url: str, token: str | None) -> list[dict[str, Any]] | str:
+    """The sink's experiments and runs (its status route's ``experiment_list``), or why not."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/rankscope/v1/status", headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            listed = json.loads(response.read()).get("experiment_list", [])
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"no answer from {url} ({exc})"
+    return [e for e in listed if isinstance(e, dict) and e.get("id") is not None]
+
+
+def the_experiment(url: str, token: str | None) -> str:
+    """The sink's one experiment, for a command given none; raises ``LookupError`` saying what to give."""
+    listed = sink_experiments(url, token)
+    if isinstance(listed, str):
+        raise LookupError(listed)
+    names = sorted({str(e["id"]) for e in listed})
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise LookupError(f"{url} has no experiment yet")
+    shown = ", ".join(repr(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+    raise LookupError(f"{url} has {len(names)} experiments ({shown}): give --experiment")
 

@@ -1,6 +1,9 @@
 """``rankscope top``: a live terminal view of a running sink, read over its HTTP routes.
 
-    rankscope top --sink http://127.0.0.1:4318 [--experiment ID [--run RUN]] [--keys loss,grad_norm]
+    rankscope top [--sink http://127.0.0.1:4318] [--experiment ID [--run RUN]] [--keys loss,grad_norm]
+
+Without ``--sink`` it watches the newest sink running on this machine (a ``rankscope run``'s or
+an embedded one, which announce themselves: ``sink.embedded.discover``).
 
 Every ``--interval`` seconds (default 1, at most 1) it reads ``/rankscope/v1/status`` and
 ``/rankscope/v1/recent`` and redraws: the experiments and their runs, the chosen run's last finalized step, its
@@ -33,6 +36,7 @@ if TYPE_CHECKING:  # rich loads when the view draws: every other command starts 
     from rich.text import Text
 
 from ..core import names as attr
+from .sink import find_sink
 
 SPARKS = "▁▂▃▄▅▆▇█"
 MAX_ROWS = 16
@@ -265,7 +269,11 @@ def watch(
 
 def add_parser(commands: Any) -> None:
     t = commands.add_parser("top", help="a live terminal view of a running sink (q quits)")
-    t.add_argument("--sink", default="http://127.0.0.1:4318", help="the sink's HTTP URL (default %(default)s)")
+    t.add_argument(
+        "--sink",
+        help="the sink's HTTP URL (default: the newest `rankscope run` or embedded sink on this machine, "
+        "else http://127.0.0.1:4318)",
+    )
     t.add_argument("--experiment", help="experiment id (default: the one furthest along)")
     t.add_argument("--run", help="run of the experiment (default: its latest)")
     t.add_argument("--keys", help="keys to chart, comma-separated (default: the first six of the last step)")
@@ -278,6 +286,7 @@ def add_parser(commands: Any) -> None:
 def command(args: argparse.Namespace) -> int:
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
-    return watch(args.sink, args.experiment, keys, max(0.1, min(args.interval, 1.0)), token, args.once, args.run)
+    url = find_sink(args.sink)
+    return watch(url, args.experiment, keys, max(0.1, min(args.interval, 1.0)), token, args.once, args.run)
 
 

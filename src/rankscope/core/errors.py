@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 import traceback
 import warnings
+from types import FrameType
+from typing import Any
 
 log = logging.getLogger("rankscope")
 
@@ -21,10 +25,37 @@ internal_errors: list[str] = []
 _warned: set[str] = set()
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+"""rankscope's own source files start with this: a warning never points at one of them."""
+
+_registry: dict[Any, Any] = {}
+"""The warnings registry of warnings no line of the user's code led to (the export thread's, exit's)."""
+
+
 def warn(message: str, stacklevel: int = 2) -> None:
-    """A ``RuntimeWarning`` for the user; logged instead when warnings are errors."""
+    """A ``RuntimeWarning`` for the user, attributed to the user's line that led to it (the first
+    frame outside rankscope), or to ``rankscope`` itself when none did (the export thread, exit):
+    never to a line of rankscope's, whose source Python would print under the message.
+    Logged instead when warnings are errors. (``stacklevel`` is kept for callers; the frame
+    is found by walking out of the package.)"""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is not None and frame.f_code.co_filename == threading.__file__:
+        frame = None  # a thread rankscope started: no line of the user's led here
     try:
-        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+        if frame is None:
+            warnings.warn_explicit(message, RuntimeWarning, "rankscope", 0, module="rankscope", registry=_registry)
+        else:
+            warnings.warn_explicit(
+                message,
+                RuntimeWarning,
+                frame.f_code.co_filename,
+                frame.f_lineno,
+                module=frame.f_globals.get("__name__", "<string>"),
+                registry=frame.f_globals.setdefault("__warningregistry__", {}),
+                module_globals=frame.f_globals,
+            )
     except Warning:
         log.warning(message)
 

@@ -3,16 +3,23 @@
 Precedence, lowest first: detection (torch.distributed group > Monarch actor > torchrun /
 torchelastic env > SLURM env) < ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` <
 ``RANKSCOPE_*`` < explicit ``init()`` arguments (including ``mesh=``).
+
+An unnamed experiment is named after the entry script (``experiment_from_command``): every launch
+of ``train.py`` is a run of the experiment ``train``. The launcher's id (torchrun's, Slurm's) names
+the run, never the experiment.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import socket
 import sys
 import time
 import uuid
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
@@ -29,22 +36,35 @@ def _int_env(env: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
-def _detect_experiment(env: Mapping[str, str]) -> str | None:
-    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
-    if run_id and run_id != "none":
-        return run_id
-    slurm = env.get("SLURM_JOB_ID", "").strip()
-    if slurm:
-        return f"slurm-{slurm}"
-    if run_id == "none" and "RANK" in env:
-        # torchrun without --rdzv-id: the ranks of one node share the agent (our parent).
-        # Multi-node jobs must set --rdzv-id or RANKSCOPE_EXPERIMENT (``docs/identity.md`` says so).
-        return f"torchrun-{socket.gethostname()}-{os.getppid()}"
-    return None
+UNNAMED = "main"
+"""The experiment of a process with no entry script to name it after (``python -c``, a REPL)."""
+
+_SCRIPT_SUFFIXES = (".py", ".sh")
+_LAUNCHERS = ("torch.distributed.", "accelerate.", "deepspeed.")
+"""Modules that launch the entry script rather than being it (``python -m torch.distributed.run``)."""
+_NOTEBOOK = "notebook"
+"""A Jupyter kernel's experiment (its entry script is ipykernel's launcher)."""
 
 
-def generate_experiment_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+def experiment_from_command(argv: Sequence[str]) -> str:
+    """The experiment an unnamed job is: its entry script's name, so every launch of one script is
+    a run of one experiment. ``train`` for ``python train.py``, ``torchrun --nproc-per-node 4
+    train.py --lr 3``, ``python -m torch.distributed.run ... train.py``, ``python -m pkg.train``
+    (``pkg`` for ``python -m pkg``, whose script is ``pkg/__main__.py``) and ``./train.sh``;
+    ``notebook`` in a Jupyter kernel; ``main`` when there is none (``python -c``, a REPL).
+    ``argv`` is a command line (``rankscope run -- CMD``) or a process's ``sys.argv[:1]``: the first
+    script in it names the experiment, else its first module that is not a launcher's."""
+    args = [str(a) for a in argv]
+    for arg in args:
+        path = Path(arg)
+        if not arg.startswith("-") and path.suffix in _SCRIPT_SUFFIXES:
+            name = path.parent.name if path.stem == "__main__" else path.stem
+            return _NOTEBOOK if name == "ipykernel_launcher" else name or UNNAMED
+    for flag, module in itertools.pairwise(args):
+        if flag == "-m" and not module.startswith(_LAUNCHERS):
+            return module.rsplit(".", 1)[-1] or UNNAMED
+    first = Path(args[0]).name if args and args[0] and not args[0].startswith("-") else ""
+    return first or UNNAMED
 
 
 def detect_run(env: Mapping[str, str]) -> str | None:
@@ -54,7 +74,7 @@ def detect_run(env: Mapping[str, str]) -> str | None:
     differs), so the data carries none and the sink keeps one run for the experiment, as before runs."""
     elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
     if elastic and elastic != "none":
-        return elastic
+        return _standalone_run(elastic, env) or elastic
     slurm = env.get("SLURM_JOB_ID", "").strip()
     if slurm:
         step = env.get("SLURM_STEP_ID", "").strip()
@@ -64,6 +84,38 @@ def detect_run(env: Mapping[str, str]) -> str | None:
         if world is not None and local is not None and world > local:
             return ""
         return f"torchrun-{socket.gethostname()}-{os.getppid()}"
+    return None
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TORCHRUN = ("torch.distributed.run", "torch/distributed/run.py", "torchrun")
+
+
+def _standalone_run(elastic: str, env: Mapping[str, str], proc: Path = Path("/proc")) -> str | None:
+    """``torchrun --standalone``'s run as people read it: its start time and a short id
+    (``20261127-101500-abf76e7e``), not the uuid it makes up. The start time is its agent's (the
+    nearest torchrun among this process's ancestors, read from ``/proc``): every process of the
+    launch reads the same one without talking, and a restart keeps it. None, and the uuid as it
+    is, unless the id is a uuid, the job is one node, and the agent is found (no ``/proc``: None
+    in every process alike)."""
+    world, local = _int_env(env, "WORLD_SIZE"), _int_env(env, "LOCAL_WORLD_SIZE")
+    if not _UUID.fullmatch(elastic) or (world is not None and local is not None and world > local):
+        return None
+    try:
+        lines = (proc / "stat").read_text().splitlines()
+        boot = next(int(line.split()[1]) for line in lines if line.startswith("btime"))
+        pid = os.getppid()
+        for _ in range(8):  # the agent, or an ancestor of a process a rank started
+            if pid <= 1:
+                return None
+            after = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+            if any(part.decode(errors="replace").endswith(_TORCHRUN) for part in command[:3]):
+                started = boot + int(after[19]) / os.sysconf("SC_CLK_TCK")
+                return time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + "-" + elastic[:8]
+            pid = int(after[1])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
     return None
 
 
@@ -164,9 +216,11 @@ def build_resource(
     mesh: Any = None,
     resume: str | None = None,
     environ: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
 ) -> Resource:
     """Build this process's Resource (see the module docstring for precedence). ``resume``
-    (``latest`` or a run id) asks the sink to continue that run with this launch."""
+    (``latest`` or a run id) asks the sink to continue that run with this launch; ``argv``
+    (default ``sys.argv[:1]``) names an unnamed experiment after its entry script."""
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {}
 
@@ -180,6 +234,11 @@ def build_resource(
         value = _int_env(env, *names)
         if value is not None:
             found[key] = value
+    local, first_node = found.get(attr.LOCAL_RANK), not _int_env(env, "NODE_RANK")
+    if attr.RANK not in found and local is not None and found.get(attr.WORLD_SIZE, 1) > 1 and first_node:
+        # Lightning's DDP launcher sets WORLD_SIZE and LOCAL_RANK (not RANK) in the ranks it starts:
+        # on the first node, a rank is its local rank.
+        found[attr.RANK] = local
     found.update(_detect_monarch())
     found.update(_detect_torch_distributed())
     attempt = attempt_of(env)
@@ -192,7 +251,9 @@ def build_resource(
     # OTEL_RESOURCE_ATTRIBUTES overrides detection; RANKSCOPE_* and arguments override it.
     otel: dict[str, Any] = dict(OTELResourceDetector().detect().attributes) if environ is None else _parse_otel(env)
     experiment_id: Any = (
-        resolve("experiment", experiment, env) or otel.get(attr.EXPERIMENT_ID) or _detect_experiment(env)
+        resolve("experiment", experiment, env)
+        or otel.get(attr.EXPERIMENT_ID)
+        or experiment_from_command(sys.argv[:1] if argv is None else argv)
     )
     role_hint, replica_hint = found.pop(_ROLE_HINT, None), found.pop(_REPLICA_HINT, None)
     role_name: Any = (
@@ -211,7 +272,7 @@ def build_resource(
         values[attr.RANK] = rank
     if world_size is not None:
         values[attr.WORLD_SIZE] = world_size
-    values[attr.EXPERIMENT_ID] = experiment_id or generate_experiment_id()
+    values[attr.EXPERIMENT_ID] = experiment_id
     launcher = detect_run(env)
     run_id = resolve("run", None, env) or otel.get(attr.RUN_ID) or launcher
     if run_id is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -133,7 +134,30 @@ def _parse_resume(value: object) -> str:
     return "" if word in ("", "0", "false", "no", "off") else text
 
 
+def _parse_endpoint(value: object) -> str:
+    """``host:port`` (plaintext) or an ``http://``/``https://`` URL: a typo (``localhost:43l7``,
+    ``htp://...``) is refused here, before it reaches an exporter that reads it as something else."""
+    text = _parse_text(value).strip()
+    shape = "must be host:port (e.g. localhost:4317) or an http:// or https:// URL"
+    url = text if "://" in text else f"http://{text}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port that is not a number in 0..65535
+        if port == 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{shape}; its port is not a number from 1 to 65535") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{shape}; {parts.scheme!r}:// is not a scheme rankscope exports to")
+    if not parts.hostname:
+        raise ValueError(f"{shape}; it names no host")
+    if "://" not in text and port is None:
+        raise ValueError(f"{shape}; it names no port")
+    return text
+
+
 _parse_sink = _choice("auto", "embedded", "off")
+_parse_console = _choice("compact", "full", "off")
 _parse_protocol = _choice("grpc", "http/protobuf")
 
 
@@ -186,9 +210,10 @@ SETTINGS: tuple[Setting, ...] = (
         "endpoint",
         "RANKSCOPE_ENDPOINT",
         None,
-        "OTLP endpoint of a sink or Collector (host:port or URL). Unset: the exporter honours "
-        "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT; if those are unset too, metrics stay in the "
-        "process (local backends only).",
+        "OTLP endpoint of a sink or Collector (host:port, or an http:// or https:// URL; anything else "
+        "is refused at init). Unset: the exporter honours OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT; if "
+        "those are unset too, a multi-process job uses its embedded sink and a lone process keeps its views.",
+        parse=_parse_endpoint,
     ),
     Setting(
         "protocol",
@@ -205,6 +230,15 @@ SETTINGS: tuple[Setting, ...] = (
         'Views as JSON, e.g. {"wandb": {"logging_mode": "global_reduce"}}. init(backends=...) '
         "sets it for child processes.",
         parse=_parse_backends,
+    ),
+    Setting(
+        "console",
+        "RANKSCOPE_CONSOLE",
+        "compact",
+        "How a console view prints a step: compact (one line: your keys, the step time, the slowest "
+        "process; anomalies one line per streak), full (every key, Forge's blocks) or off (nothing). "
+        "A console view's `format` option overrides it. With no backends configured, a console view is on.",
+        parse=_parse_console,
     ),
     Setting(
         "sink",
@@ -307,7 +341,9 @@ SETTINGS: tuple[Setting, ...] = (
         "shutdown_timeout",
         "RANKSCOPE_SHUTDOWN_TIMEOUT",
         2.0,
-        "Seconds shutdown() waits to drain queued exports; the rest is counted as dropped.",
+        "Seconds shutdown() waits to drain queued exports; the rest is counted as dropped. With a sink "
+        "this job owns (embedded, `rankscope run`): counted from when it is up, and up to 30 s more "
+        "while it is alive but busy.",
         parse=_parse_positive_float,
     ),
 )
@@ -355,6 +391,7 @@ class Settings:
     endpoint: str | None
     protocol: str
     backends: dict[str, dict[str, Any]] | None
+    console: str
     sink: str
     sink_grace: float
     sink_control: str | None

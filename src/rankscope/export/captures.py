@@ -6,7 +6,8 @@ asks the sink's control route for requests addressed to this process (one small 
 known: an external Collector or endpoint without ``RANKSCOPE_SINK_CONTROL``) and sends captures
 this process asked for (``rs.capture``). The caller's thread meets it at ``flush``
 (``at_flush``): an attribute check when idle; with a request waiting, ``torch.profiler`` starts
-there (CPU, and CUDA where present) and stops after the asked number of steps (stopping parses
+there (CPU, and CUDA where present; on a box without CUDA, Kineto's own lines about the missing
+GPU are kept out of the job's output) and stops after the asked number of steps (stopping parses
 the recorded events: it can take a moment on the caller's thread), each step marked as a
 ``rankscope.step N`` range in the trace and the capture as a ``rankscope.capture`` event in the
 step's trace. The Chrome trace is written, gzipped and uploaded on a thread of its own. A
@@ -184,9 +185,26 @@ def _start_profiler() -> Any:
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
+        quiet = None
+    else:
+        # Kineto looks for GPUs whatever it is asked to trace and, on a box without CUDA, prints
+        # "gpuGetDeviceCount failed with code 35" (and its USDT lines) into the job's output. It
+        # reads its log level once, at its first start: hush it for that start, unless the user
+        # chose a level; the variable is put back after, so processes started later are unaffected.
+        quiet = "KINETO_LOG_LEVEL" not in os.environ
+        if quiet:
+            os.environ["KINETO_LOG_LEVEL"] = _KINETO_SILENT
     profiler = profile(activities=activities)
-    profiler.start()
+    try:
+        profiler.start()
+    finally:
+        if quiet and os.environ.get("KINETO_LOG_LEVEL") == _KINETO_SILENT:
+            del os.environ["KINETO_LOG_LEVEL"]
     return profiler
+
+
+_KINETO_SILENT = "6"
+"""Above Kineto's highest level (errors are 4, its USDT marks 5): nothing printed."""
 
 
 def _request(

@@ -64,8 +64,10 @@ class BackendSet:
             for key, acc in batch.accs.items()
             for name, value in reduced_items(key, acc.get_value())
         ]
+        # The step's wall time, flush to flush (a console shows it when nothing was traced).
+        seconds = (batch.time_unix_nano - batch.start_time_unix_nano) / 1e9 if batch.step is not None else None
         for backend in self.reducing:
-            self.call(backend.log_batch, metrics, batch.step)
+            self.call(backend.log_batch, metrics, batch.step, step_seconds=seconds)
 
     def log_stream(self, metric: Metric, step: int | None) -> None:
         for backend in self.streaming:

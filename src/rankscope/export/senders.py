@@ -272,7 +272,9 @@ def make_sender(endpoint: str | None, protocol: str) -> GrpcSender | HttpSender:
 
 
 class EmbeddedSender:
-    """The experiment's embedded sink, found or started on the first send (on the export thread)."""
+    """A sink this job owns (the experiment's embedded sink, found or started on the first send, on
+    the export thread; or ``rankscope run``'s): a shutdown waits while it starts, and keeps retrying
+    what it did not take in time while it is ``alive`` (``ExportThread.shutdown``)."""
 
     def __init__(self, connect: Callable[[], tuple[str, str]], protocol: str) -> None:
         _otel_sdk.report_problems()
@@ -281,6 +283,10 @@ class EmbeddedSender:
         self._inner: GrpcSender | HttpSender | None = None
         self._failed = False
         self.control_url: str | None = None
+        self.connecting = False
+        """True while the first send finds or starts the sink (bounded by the sink's start timeout)."""
+        self.ready_at: float | None = None
+        """When (``time.monotonic``) the sink was found or started: a shutdown's drain counts from here."""
 
     @property
     def target(self) -> str:
@@ -290,17 +296,43 @@ class EmbeddedSender:
         if self._inner is None:
             if self._failed:
                 return Attempt(False, detail="no sink")
+            self.connecting = True
             try:
                 endpoint, self.control_url = self._connect()
             except Exception:
                 self._failed = True  # counted as dropped by the caller; the job goes on
                 raise
+            finally:
+                self.connecting = False
             self._inner = make_sender(endpoint or None, self._protocol)
+            self.ready_at = time.monotonic()
         return self._inner.send(signal, payload, timeout)
+
+    def alive(self) -> bool:
+        """Whether the sink still runs: its HTTP port takes a connection (a sink too busy to answer in
+        time is alive; a refused connection, or no sink found, is not)."""
+        return self.control_url is not None and port_open(self.control_url)
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         if self._inner is not None:
             self._inner.shutdown(timeout_millis)
+
+
+def port_open(url: str, timeout: float = 1.0) -> bool:
+    """Whether ``url``'s host and port take a TCP connection within ``timeout`` (a listener whose
+    backlog is full, or a timeout, counts as open: busy, not gone)."""
+    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=timeout):
+            return True
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
 
 
 _FRAGMENT = 32 * 1024

@@ -51,7 +51,7 @@ from .endpoint import Endpoint
 from .inbox import Inbox
 from .local_views import BackendSet
 from .outboxes import MetricOutbox, Outbox, RowOutbox, SpanOutbox, StepBound, StreamOutbox
-from .senders import SIGNALS, RelaySender, Sender
+from .senders import SIGNALS, EmbeddedSender, RelaySender, Sender
 
 _INBOX_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
@@ -63,6 +63,9 @@ _MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
 endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
 ask 0.8 s)."""
+OWNED_SINK_DRAIN = 30.0
+"""Seconds a shutdown keeps retrying a sink this job owns while it is alive but has not taken what
+this process holds (a busy box): past ``RANKSCOPE_SHUTDOWN_TIMEOUT``, counted from when the sink was ready."""
 
 
 # -- messages to the export thread (one inbox, handled in order) --------------------------
@@ -105,7 +108,14 @@ class _Sync:
 
 @dataclass(slots=True)
 class _Stop:
-    deadline: float
+    asked: float
+    """When shutdown asked (``time.monotonic``)."""
+    timeout: float
+    """``RANKSCOPE_SHUTDOWN_TIMEOUT``: how long the drain tries the endpoint."""
+
+    @property
+    def deadline(self) -> float:
+        return self.asked + self.timeout
 
 
 _Message = _Step | _Stream | _Row | _Relayed | _Poll | _Sync | _Stop
@@ -121,8 +131,8 @@ class _Round:
     """A force_flush or a poll: try to send at once."""
     polls: list[Callable[[], None]] = field(default_factory=list)
     """Polls' callbacks, called at the end of the round."""
-    deadline: float | None = None
-    """Set by a stop: the shutdown deadline."""
+    stop: _Stop | None = None
+    """Set by a stop: the shutdown's drain follows."""
 
 
 class _Pause:
@@ -195,6 +205,8 @@ class ExportThread:
             "logs": self.rows.relay,
         }
         self._goodbye_queued = False
+        self._drain_until = 0.0
+        """How long ``shutdown`` waits for this thread (the drain moves it, with a sink this job owns)."""
         self._waiting: list[threading.Event] = []
         self._handlers: dict[type[_Message], Callable[[Any, _Round], None]] = {
             _Step: self._on_step,
@@ -260,8 +272,18 @@ class ExportThread:
         return done.wait(timeout)
 
     def shutdown(self, timeout: float) -> None:
-        self._inbox.put(_Stop(time.monotonic() + timeout), urgent=True)
-        self._thread.join(timeout + 1.0)  # the thread bounds its own attempts by the deadline
+        """Send what is held and stop, within ``timeout`` seconds of trying the endpoint; with a sink
+        this job owns, also while it starts and, while it is alive, up to ``OWNED_SINK_DRAIN`` (the
+        thread moves ``_drain_until``)."""
+        stop = _Stop(time.monotonic(), timeout)
+        owned = self._owned_sink() is not None
+        self._drain_until = stop.asked + (max(timeout, OWNED_SINK_DRAIN) if owned else timeout)
+        self._inbox.put(stop, urgent=True)
+        while self._thread.is_alive():  # the thread bounds its own attempts by the drain's deadlines
+            sink = self._owned_sink()
+            if time.monotonic() >= self._drain_until + 1.0 and not (sink is not None and sink.connecting):
+                break
+            self._thread.join(0.05)
         if self._thread.is_alive():
             # Stuck (a local backend's finish, a send that ignores its deadline): stop the exporter.
             if self.sender is not None:
@@ -273,6 +295,10 @@ class ExportThread:
             self.sender.shutdown()
         self.drops.shutdown()
 
+    def _owned_sink(self) -> EmbeddedSender | None:
+        """The sender when it goes to a sink this job owns (embedded, or ``rankscope run``'s)."""
+        return self.sender if isinstance(self.sender, EmbeddedSender) else None
+
     # -- export thread -----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -282,17 +308,17 @@ class ExportThread:
             self._on_error("backend init", exc)
         pending: list[StepBatch] = []  # prepared steps waiting for the next export round
         last_export = 0.0
-        deadline: float | None = None
-        while deadline is None:
+        stop: _Stop | None = None
+        while stop is None:
             wait, idle = self._wait_time(pending, last_export)
             items = self._inbox.take(wait, idle, _MAX_ITEMS_PER_ROUND)
             taken = _Round(pending)
             for item in items:
                 self._handlers[type(item)](item, taken)
-            deadline = taken.deadline
-            if deadline is None:
+            stop = taken.stop
+            if stop is None:
                 pending, last_export = self._end_round(taken, bool(items), last_export)
-        self._finish(pending, deadline)
+        self._finish(pending, stop)
 
     def _held(self) -> bool:
         """Anything encoded or relayed but not sent yet (a failed attempt's, or a child's)."""
@@ -347,7 +373,7 @@ class ExportThread:
         taken.synced = True
 
     def _on_stop(self, item: _Stop, taken: _Round) -> None:
-        taken.deadline = item.deadline
+        taken.stop = item
 
     def _hold_and_prepare(self, batch: StepBatch | None, pending: list[StepBatch]) -> None:
         """A step taken on this thread (a periodic export) joins the bound and, if it fits, the pending steps."""
@@ -385,16 +411,28 @@ class ExportThread:
             self._guarded(done)
         return pending, last_export
 
-    def _finish(self, pending: list[StepBatch], deadline: float) -> None:
-        """Stop: keep trying (with the same backoff) until the shutdown deadline, then count what is left."""
+    def _finish(self, pending: list[StepBatch], stop: _Stop) -> None:
+        """Stop: keep trying (with the same backoff) until the shutdown deadline, then count what is left.
+
+        With a sink this job owns, the drain counts from when the sink was ready (its starter waits
+        for it to start: that is not time spent on the endpoint), and what it did not take in time
+        (a busy box: DEADLINE_EXCEEDED) is retried past the deadline while the sink is alive, up to
+        ``OWNED_SINK_DRAIN``: only a sink that is gone, or still busy after that, loses it."""
+        sink = self._owned_sink()
+        extended = False
         while True:
-            self._try_round(pending, deadline, True)
+            deadline, longest = self._drain_deadlines(stop, sink)
+            self._try_round(pending, longest if extended else deadline, True)
             pending = []
             if not self._held() or self.endpoint is None:
                 break
+            deadline, longest = self._drain_deadlines(stop, sink)  # the round may have started the sink
             wait = max(0.0, self.endpoint.next_attempt - time.monotonic())
-            if time.monotonic() + wait >= deadline - 0.05:
-                break
+            after = time.monotonic() + wait
+            if after >= (longest if extended else deadline) - 0.05:
+                if extended or sink is None or after >= longest - 0.05 or not sink.alive():
+                    break
+                extended = True  # alive but slow: retried, its attempts may take until the drain's end
             time.sleep(wait)
         if self._held():
             for outbox in self._outboxes:
@@ -402,6 +440,16 @@ class ExportThread:
             self.drops.report(final=True)
         self._release_waiting()
         self._guarded(self.backends.finish)
+
+    def _drain_deadlines(self, stop: _Stop, sink: EmbeddedSender | None) -> tuple[float, float]:
+        """(the drain's deadline, the longest it may go on while a sink this job owns is alive), and
+        tells ``shutdown`` how long to wait for this thread."""
+        if sink is None:
+            return stop.deadline, stop.deadline
+        begun = max(stop.asked, sink.ready_at or 0.0)
+        deadline, longest = begun + stop.timeout, begun + max(stop.timeout, OWNED_SINK_DRAIN)
+        self._drain_until = max(self._drain_until, longest)
+        return deadline, longest
 
     def _try_round(self, pending: list[StepBatch], deadline: float | None, goodbye: bool) -> None:
         if self.endpoint is not None:

@@ -5,7 +5,7 @@
 and as plain coroutines (``await m.flush(global_step=0)``). Under the hood they are
 ``rankscope.init(backends=...)``, ``rankscope.flush(step)`` and ``rankscope.shutdown()``:
 global views are reduced exactly in the sink, and a Monarch controller's flush closes the
-step in every actor process it created.
+step in every actor process it created. A console view prints Forge's format (``format: full``).
 """
 
 from __future__ import annotations
@@ -58,13 +58,20 @@ class MetricLogger:
 
     def _init_backends(self, config: Mapping[str, Mapping[str, Any]], *args: Any, **kwargs: Any) -> None:
         role = None if os.environ.get("RANKSCOPE_ROLE") else (self.process_name or "controller").lower()
-        init(backends=config, role=role)
+        init(backends={name: _forge_format(name, options) for name, options in config.items()}, role=role)
 
     def _flush(self, global_step: int = 0, *args: Any, **kwargs: Any) -> None:
         flush(global_step)
 
     def _shutdown(self, *args: Any, **kwargs: Any) -> None:
         shutdown()
+
+
+def _forge_format(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A console view prints Forge's blocks (every key, as recorded) unless the config says otherwise."""
+    if options.get("backend", name) == "console" and "format" not in options:
+        return {**options, "format": "full"}
+    return dict(options)
 
 
 _logger: MetricLogger | None = None

@@ -25,6 +25,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ..api import flush
+from ..lifecycle.assemble import follow_launcher
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 
@@ -39,6 +40,9 @@ class RankscopeCallback(TrainerCallback):
         self._reduce = reduce
         self._reduces = dict(reduces or {})
         self._open: int | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        follow_launcher()  # a launcher that made this process a rank after rankscope started in it
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         step = int(state.global_step)

@@ -12,7 +12,10 @@ same on every rank, so its mean is itself). A step is closed (``flush``) when Li
 later one, and at ``finalize``: training and validation values logged at one step arrive as one
 step. Hyperparameters are not logged (the views have no place for them yet). Building the logger
 pins the run (``rankscope.run.id``) for the ranks Lightning's DDP launcher starts afterwards, so
-all ranks of one launch are one run.
+all ranks of one launch are one run. Under plain ``python``, that launcher makes the launching
+process rank 0 after rankscope may have started in it as a lone process: the logger's first call
+re-initializes it as rank 0 (``lifecycle.assemble.follow_launcher``), and the ranks share the
+experiment's embedded sink as torchrun's do.
 
 Needs ``lightning`` (``pip install lightning``); rankscope itself does not.
 """
@@ -29,6 +32,7 @@ from lightning.pytorch.loggers.logger import Logger
 from ..api import flush, get_resource
 from ..core import names as attr
 from ..core.identity import pin_run
+from ..lifecycle.assemble import follow_launcher
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 
@@ -45,6 +49,7 @@ class RankscopeLogger(Logger):
         self._reduce = reduce
         self._reduces = dict(reduces or {})
         self._open: int | None = None
+        self._followed = False
 
     @property
     def name(self) -> str:
@@ -61,6 +66,9 @@ class RankscopeLogger(Logger):
         pass
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if not self._followed:  # Lightning's launcher ran: this process may have become a rank since
+            self._followed = True
+            follow_launcher()
         if step is not None and self._open is not None and step != self._open:
             flush(self._open)
         if step is not None:

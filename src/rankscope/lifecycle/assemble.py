@@ -23,6 +23,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 
 from ..backends.base import LoggerBackend, LoggingMode, get_backend_class
+from ..backends.console import printable
 from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn, warn_once
@@ -120,7 +121,12 @@ def init(
         stream = any(v.get("logging_mode") == LoggingMode.PER_RANK_NO_REDUCE.value for v in views.values())
         senders, views_in_sink = _make_senders(resource, settings, views)
         world = resource.attributes.get(attr.WORLD_SIZE)
-        backend_objects = [] if views_in_sink else _make_backends(views, alone=world == "1" and senders is None)
+        alone = world == "1" and senders is None
+        if settings.backends is None and senders is None and settings.console != "off":
+            # Nothing configured and the views stay here: something visible (a sink's default is its console too).
+            mode = LoggingMode.GLOBAL_REDUCE if alone else LoggingMode.PER_RANK_REDUCE
+            views = {"console": {"logging_mode": mode.value}}
+        backend_objects = [] if views_in_sink else _make_backends(views, alone=alone)
         init_kwargs = {
             "rank": resource.attributes.get(attr.RANK),
             "world_size": world,
@@ -162,11 +168,85 @@ def init(
             os.environ["RANKSCOPE_BACKENDS"] = json.dumps(views)
         _slot.install(runtime)
         process.forks.origin = None  # a forked child that calls init is configured by it, not re-armed
+        if settings.backends is None:
+            _say_where(resource, settings, senders, views_in_sink, backend_objects)
         bind_compile_check()
         install_tracer_provider(resource)
         if "monarch" in sys.modules:
             _install_monarch_propagation()
         return resource
+
+
+def _say_where(
+    resource: Resource, settings: Settings, senders: Sender | None, in_sink: bool, views: list[LoggerBackend]
+) -> None:
+    """With no views configured, say where this process's metrics go: once, on stderr, from the
+    first rank (again only if a later ``init`` sends them elsewhere: a launcher made it a rank)."""
+    a = resource.attributes
+    if str(a.get(attr.RANK, "0")) != "0":
+        return
+    more = ' (files too: RANKSCOPE_BACKENDS=\'{"report": {}, "jsonl": {}}\' or init(backends=...))'
+    if in_sink and settings.sink_control:
+        where = "the sink of `rankscope run`, which writes the views it was asked for"
+    elif in_sink:
+        where = f"the experiment's embedded sink on this machine, which prints one line per step here{more}"
+    elif senders is not None:
+        where = f"OTLP at {senders.target}; the sink or Collector there keeps the views"
+    elif views:
+        where = f"this console, one line per step{more}"
+    else:
+        where = "nowhere: no view (RANKSCOPE_CONSOLE=off) and no endpoint"
+    run = f" run {printable(a[attr.RUN_ID])}" if attr.RUN_ID in a else ""
+    message = f"rankscope: experiment {printable(a[attr.EXPERIMENT_ID])}{run}: metrics -> {where}"
+    if message != process.said_where:
+        process.said_where = message
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def follow_launcher() -> None:
+    """Re-initialize when a framework's launcher made this process a rank of a multi-process job
+    after rankscope started in it, so it reports its rank and joins the experiment's sink like a
+    torchrun rank. Lightning's DDP launcher (``Trainer(strategy="ddp")`` under plain ``python``)
+    sets ``WORLD_SIZE`` and ``LOCAL_RANK`` in the launching process itself, which becomes rank 0,
+    and starts the other ranks; its logger and the Transformers callback call this at their first
+    call (then ``torch.distributed`` says who the process is). Values recorded so far are kept."""
+    runtime = installed()
+    if runtime is None:
+        return
+    world, rank = _distributed()
+    a = runtime.resource.attributes
+    if world is None or world <= 1 or (a.get(attr.WORLD_SIZE), a.get(attr.RANK)) == (str(world), str(rank)):
+        return
+    with process.lock:
+        if installed() is not runtime:
+            return
+        s = runtime.settings
+        auto = runtime.steps.auto
+        init(
+            experiment=str(a[attr.EXPERIMENT_ID]),
+            role=s.role,
+            replica=s.replica,
+            endpoint=s.endpoint,
+            protocol=s.protocol,
+            backends=s.backends,
+            export_interval=s.export_interval,
+            resume=s.resume or None,
+        )
+        followed = installed()
+        if followed is not None:
+            followed.steps.auto = auto  # an auto-initialized process keeps closing steps as it did
+
+
+def _distributed() -> tuple[int | None, int | None]:
+    """(world size, rank) of this process's ``torch.distributed`` group, (None, None) before it exists."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size()), int(dist.get_rank())
+    except Exception:  # a half-torn-down group: nothing to follow
+        pass
+    return None, None
 
 
 def _capture_event(name: str, attributes: dict[str, Any]) -> None:
@@ -271,8 +351,8 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
 
     An endpoint: export there; views run in the sink only when it takes posted configs
     (``rankscope run`` sets ``RANKSCOPE_SINK_CONTROL``). No endpoint: a multi-process job
-    (or ``RANKSCOPE_SINK=embedded``) uses the experiment's embedded sink; a lone process
-    keeps its views to itself.
+    (or ``RANKSCOPE_SINK=embedded``) uses its launch's embedded sink (one per experiment and
+    run on this machine); a lone process keeps its views to itself.
     """
     experiment = str(resource.attributes[attr.EXPERIMENT_ID])
     endpoint, protocol, control = settings.endpoint, settings.protocol, settings.sink_control
@@ -292,7 +372,7 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
         def connect() -> tuple[str, str]:
             from ..sink.embedded import connect as connect_embedded  # the sink's servers load only when used
 
-            found = connect_embedded(experiment)
+            found = connect_embedded(experiment, str(resource.attributes.get(attr.RUN_ID) or ""))
             _post_views(found[1], experiment, views)
             return found
 

@@ -81,6 +81,8 @@ class ProcessState:
         """How this process's ``flush(N)`` reaches the processes it drives (``drive_processes``)."""
         self.dropped_before_shutdown = 0
         """``dropped_points()`` after shutdown: what the last runtime lost."""
+        self.said_where: str | None = None
+        """What ``init`` last said about where this process's metrics go (said again only when it changes)."""
         self.forks = ForkState()
 
     @property

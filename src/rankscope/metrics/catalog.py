@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.names import META_PREFIX, STRAGGLER_PREFIX
 from .reduce import Reduce
 
 
@@ -109,6 +110,46 @@ CATALOG: tuple[MetricSpec, ...] = (
 
 BY_NAME = {spec.name: spec for spec in CATALOG}
 
+_INSTRUMENTORS = (_OPT, _DL, _COMM, _CKPT, _MEM, _NVML, _MON, _TE)
+
+INTERNAL_PREFIXES: tuple[str, ...] = (
+    META_PREFIX,  # what a sink or a backend adds about the experiment itself (rankscope/...)
+    STRAGGLER_PREFIX,  # the sink's per-phase straggler views (straggler/...)
+    "rl/",  # rs.rl's bookkeeping (lineage links dropped, staleness)
+    *sorted({s.name.split("/", 1)[0] + "/" for s in CATALOG if s.source in _INSTRUMENTORS}),  # optimizer/, gpu/ ...
+)
+"""Key prefixes that are rankscope's, not the user's: the sink's own views and what instrumentors
+record. A person's view (the compact console) shows the user's keys first and these not at all."""
+
+PHASE_SUFFIXES = (
+    "/duration_avg_s",
+    "/duration_max_s",
+    "/total_duration_avg_s",
+    "/total_duration_max_s",
+    "/memory_peak_max_gb",
+    "/memory_delta_end_start_avg_gb",
+)
+"""What ``rs.trace``/``Tracer`` record per phase (Forge's names, ``tracing.tracer``): the phases'
+durations, which a person's view shows as the step's time and its slowest process."""
+
+EXTREME_SUFFIXES = ("/argmax_rank", "/argmin_rank")
+"""What a sink adds to a MAX (MIN) key: the rank holding the step's extreme."""
+
+
+def key_kind(key: str) -> str:
+    """``user`` (a key the program recorded), ``phase`` (a traced phase's duration or memory) or
+    ``internal`` (rankscope's own: ``INTERNAL_PREFIXES``). A sink's ``{key}/argmax_rank`` is of
+    its key's kind."""
+    for suffix in EXTREME_SUFFIXES:
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+            break
+    if key.startswith(INTERNAL_PREFIXES):
+        return "internal"
+    if key.endswith(PHASE_SUFFIXES):
+        return "phase"
+    return "user"
+
 
 def unit_of(key: str) -> str:
     """The UCUM unit of a recorded key ("" when it is not a standard metric)."""
@@ -132,4 +173,14 @@ def catalog_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["BY_NAME", "CATALOG", "MetricSpec", "catalog_markdown", "unit_of"]
+__all__ = [
+    "BY_NAME",
+    "CATALOG",
+    "EXTREME_SUFFIXES",
+    "INTERNAL_PREFIXES",
+    "PHASE_SUFFIXES",
+    "MetricSpec",
+    "catalog_markdown",
+    "key_kind",
+    "unit_of",
+]

@@ -4,6 +4,13 @@ value only, and the ``rankscope/*`` and ``straggler/*`` keys (the health and pha
 Bounded however many keys and steps a client sends: at most ``MAX_SERIES`` series (and
 ``MAX_META_SERIES`` meta ones; what is refused is counted once per name) of at most
 ``MAX_POINTS`` points, each series thinning its own points (``Series``).
+
+What a reader sees first (``kind_of``): the user's own keys, in the order they first came (a
+series is kept in a dict, so its place is its first step's, and a snapshot keeps it); the
+seconds of traced phases (``{block}/{phase}/duration_avg_s`` and the rest) go to the Phases
+section only, one chart per traced block; rankscope's own keys (``rl/*``, ``rankscope/*``, the
+straggler detector's ``straggler/*``) are internals, folded. A series whose every point is the
+same (``constant``) is a table row, not a chart.
 """
 
 from __future__ import annotations
@@ -22,6 +29,33 @@ MAX_NAMES = 100_000
 
 META_PREFIXES = (attr.META_PREFIX, attr.STRAGGLER_PREFIX)
 DERIVED_SUFFIXES = ("/argmax_rank", "/argmin_rank")
+INTERNAL_PREFIXES = ("rl/", *META_PREFIXES)
+"""rankscope's own keys: its RL helpers' counts, the sink's, and the detectors' (folded on a page)."""
+DETECTOR_CHARTS = ("/max_over_median",)
+"""Of the ``straggler/*`` keys, those a page charts (the slowest/median ratio of each phase)."""
+TOTAL_SUFFIXES = {"/total_duration_avg_s": "avg", "/total_duration_max_s": "max"}
+PHASE_SUFFIXES = {"/duration_avg_s": "avg", "/duration_max_s": "max"}
+"""The duration metrics ``trace`` records (``tracing.tracer``): a traced block's total and each phase's."""
+
+
+def kind_of(key: str) -> str:
+    """Where a key goes on a page: ``internal`` (``INTERNAL_PREFIXES``), ``duration`` (a traced
+    phase's seconds: the Phases section) or ``metric`` (the user's own: first)."""
+    if key.startswith(INTERNAL_PREFIXES):
+        return "internal"
+    if key.endswith((*TOTAL_SUFFIXES, *PHASE_SUFFIXES)):
+        return "duration"
+    return "metric"
+
+
+def meta_charted(key: str) -> bool:
+    """Of the meta keys (``rankscope/*``, ``straggler/*``), those a page charts."""
+    return key.startswith(attr.META_PREFIX) or key.endswith(DETECTOR_CHARTS)
+
+
+def constant(points: list[list[Any]]) -> bool:
+    """Every point holds the same global value, median, min and max: a table row, not a chart."""
+    return bool(points) and all(p[1:] == points[0][1:] for p in points)
 
 
 @dataclass
@@ -65,7 +99,7 @@ class Series:
         if self.last is not None and (not points or points[-1][0] != self.last[0]):
             points.append(self.last)
             holders.append(self.last_holders or [None, None])
-        return {"key": key, "points": points, "holders": holders}
+        return {"key": key, "points": points, "holders": holders, "constant": constant(points)}
 
 
 class MetricSeries:
@@ -188,21 +222,83 @@ class MetricSeries:
         low, high = holders
         return [self._label(low), self._label(high)]
 
+    def roles(self) -> list[str]:
+        """The roles with a spread, in a page's order: the most processes first, then by name."""
+        return sorted({role for role, _ in self.by_role}, key=lambda role: (-self.processes.get(role, 0), role))
+
     def data(self) -> dict[str, Any]:
-        """This part of the page's data: the charts by role, then global only, then meta."""
-        roles: dict[str, list[dict[str, Any]]] = {}
-        for (role, key), series in sorted(self.by_role.items()):
-            roles.setdefault(role, []).append(series.data(key))
+        """This part of the page's data, in the order a reader wants it (module docstring): the
+        user's keys by role (the role with the most processes first) and global only, each in
+        the order it first came; the phase charts; the internals."""
+        user: dict[str, list[dict[str, Any]]] = {role: [] for role, _ in self.by_role}
+        user_globals: list[dict[str, Any]] = []
+        durations: list[dict[str, Any]] = []
+        internals: list[dict[str, Any]] = []
+        named = [(role, key, s) for (role, key), s in self.by_role.items()]
+        named += [("", key, s) for key, s in self.globals.items()]
+        for role, key, series in named:
+            kind = kind_of(key)
+            if kind == "metric":
+                (user[role] if role else user_globals).append(series.data(key))
+            else:
+                (durations if kind == "duration" else internals).append({"role": role, **series.data(key)})
+        for key, series in self.meta.items():
+            if meta_charted(key):
+                internals.append({"role": "", **series.data(key)})
+        roles = self.roles()
         return {
             "stride": max((s.stride for t in (self.by_role, self.globals) for s in t.values()), default=1),
-            "roles": [
-                {"role": role, "processes": self.processes.get(role, 0), "keys": keys}
-                for role, keys in sorted(roles.items())
-            ],
-            "globals": [s.data(key) for key, s in sorted(self.globals.items())],
-            "meta": [s.data(key) for key, s in sorted(self.meta.items())],
+            "roles": [{"role": role, "processes": self.processes.get(role, 0), "keys": user[role]} for role in roles],
+            "globals": user_globals,
+            "phase_charts": sorted(phase_charts(durations), key=lambda c: _place(roles, c["role"])),
+            "internals": internals,
             "series_not_shown": self.not_shown,
         }
+
+
+def phase_charts(durations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The duration series as one chart per (role, traced block): a line per phase (its total
+    last), each point ``[step, mean seconds, max seconds]`` over the role's processes."""
+    totals = {d["key"][: -len(suffix)] for d in durations for suffix in TOTAL_SUFFIXES if d["key"].endswith(suffix)}
+    charts: dict[tuple[str, str], dict[str, dict[int, list[Any]]]] = {}
+    for series in durations:
+        key = series["key"]
+        block, phase, stat = _phase_of(key, totals)
+        lines = charts.setdefault((series["role"], block), {})
+        by_step = lines.setdefault(phase, {})
+        column = 1 if stat == "avg" else 2
+        for point in series["points"]:
+            by_step.setdefault(point[0], [point[0], None, None])[column] = point[1]
+    out = []
+    for (role, block), lines in charts.items():
+        phases = sorted(lines, key=lambda phase: phase == "total")  # stable: the total last
+        out.append(
+            {
+                "role": role,
+                "block": block,
+                "lines": [{"phase": phase, "points": sorted(lines[phase].values())} for phase in phases],
+            }
+        )
+    return out
+
+
+def _place(roles: list[str], role: str) -> int:
+    return roles.index(role) if role in roles else len(roles)
+
+
+def _phase_of(key: str, totals: set[str]) -> tuple[str, str, str]:
+    """(traced block, phase, ``avg``/``max``) of a duration key; the block is the longest one
+    whose total came too (a phase name may hold a ``/``), else all but the last part."""
+    for suffix, stat in TOTAL_SUFFIXES.items():
+        if key.endswith(suffix):
+            return key[: -len(suffix)], "total", stat
+    for suffix, stat in PHASE_SUFFIXES.items():
+        if key.endswith(suffix):
+            rest = key[: -len(suffix)]
+            known = [block for block in totals if rest.startswith(block + "/")]
+            block = max(known, key=len) if known else rest.rpartition("/")[0]
+            return block, rest[len(block) + 1 :] if block else rest, stat
+    raise ValueError(key)
 
 
 def _point(point: Any) -> list[Any]:

@@ -23,7 +23,9 @@ What keeps a 1,000-rank, 100,000-step experiment a page a browser opens:
 ``Summary`` routes each event to its parts, one per thing the page summarizes, each bounded
 as above: ``series.MetricSeries`` (the metric charts), ``phases.Phases`` (heat maps, Gantts),
 ``health.Health`` (anomalies, missing processes, late updates), ``samples.Samples``; it keeps
-what the page says of the run as a whole (its steps, rewinds, runs, the sink's status).
+what the page says of the run as a whole (its steps, rewinds, runs, the sink's status, when it
+started, and its configuration: what its processes' Resources said, ``config_of``, carried by
+the step that brought them).
 
 Events come from files a client's names reached: everything here takes what it knows and
 skips the rest (``add`` never raises on a malformed event).
@@ -47,6 +49,17 @@ from .values import MAX_LISTED, cell, integer, listed, mapping, number, optional
 
 SNAPSHOT_VERSION = 1
 """The form of a ``snapshot`` event; a file with another (a newer rankscope's) is read without it."""
+MAX_CONFIG_ROLES = 32
+MAX_CONFIG_KEYS = 64
+"""A run's configuration (the steps' ``config``): roles, and Resource attributes per role, kept."""
+PER_PROCESS = frozenset(
+    {
+        *(attr.EXPERIMENT_ID, attr.RUN_ID, attr.RUN_RESUME, attr.EXPERIMENT_ATTEMPT, attr.ROLE, attr.REPLICA),
+        *(attr.RANK, attr.LOCAL_RANK, attr.SERVICE_NAME, attr.SERVICE_INSTANCE_ID, attr.HOST_NAME),
+        *(attr.PROCESS_PID, attr.PROCESS_PARENT_PID, attr.MERGED, attr.MERGE_WINDOW),
+    }
+)
+"""Resource attributes that say who a process is, not how the run was configured."""
 
 
 # -- events: what the view writes, computed from the sink's step -----------------------------
@@ -111,6 +124,22 @@ def heat_of(phase_times: Mapping[str, Mapping[Any, float]]) -> dict[str, Any] | 
             line.append(round(max(seconds), 6) if seconds else None)
         z.append(line)
     return {"rows": rows, "phases": phases, "z": z, "band": size}
+
+
+def config_of(resources: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, dict[str, str | None]]:
+    """Role → the Resource attributes that configure it (not ``PER_PROCESS``, nor a mesh
+    coordinate), over ``(role, attributes)`` of new processes: a step event's ``config``.
+    None: its processes disagree."""
+    out: dict[str, dict[str, str | None]] = {}
+    for role, attributes in resources:
+        found = out.setdefault(str(role), {})
+        for key, value in attributes.items():
+            if key in PER_PROCESS or (key.startswith(attr.MESH_PREFIX) and key.endswith(".rank")):
+                continue
+            seen = found.setdefault(key, str(value))
+            if seen is not None and seen != str(value):
+                found[key] = None
+    return out
 
 
 def gantt_spans(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -179,6 +208,11 @@ class Summary:
         self.status: dict[str, Any] = {}
         """The sink's counts for the experiment (points, refused, late, spans...), as last reported."""
         self.skipped_events = 0
+        self.started: float | None = None
+        """When the run's first step was finalized (the sink's own start of the run, from
+        ``runs``, wins: ``started_at``)."""
+        self.config: dict[str, dict[str, str | None]] = {}
+        """Role → Resource attribute → its value (None: the role's processes disagree)."""
         self.series = MetricSeries()
         self.phases = Phases()
         self.health = Health()
@@ -212,6 +246,28 @@ class Summary:
     def _experiment(self, event: dict[str, Any]) -> None:
         self.experiment = text(event["id"])
         self.run = text(event.get("run") or "")
+
+    def _config(self, roles: Any) -> None:
+        """Attributes of new processes per role (``config_of``, a step event's ``config``): a
+        value another process of the role disagrees with becomes None. What is not a mapping is
+        skipped (the step is taken all the same)."""
+        for raw_role, attributes in roles.items() if isinstance(roles, dict) else ():
+            role = text(raw_role)[:64]
+            if not isinstance(attributes, dict) or (role not in self.config and len(self.config) >= MAX_CONFIG_ROLES):
+                continue
+            known = self.config.setdefault(role, {})
+            for raw_key, raw_value in attributes.items():
+                key, value = text(raw_key)[:128], None if raw_value is None else text(raw_value)[:200]
+                if key not in known:
+                    if len(known) < MAX_CONFIG_KEYS:
+                        known[key] = value
+                elif known[key] != value:
+                    known[key] = None
+
+    def started_at(self) -> float | None:
+        """When the run started: the sink's record of it (``runs``), else its first step's time."""
+        own = next((r["started"] for r in self.runs if r["run"] == self.run and r["started"] is not None), None)
+        return own if own is not None else self.started
 
     def _runs(self, event: dict[str, Any]) -> None:
         runs = []
@@ -259,6 +315,11 @@ class Summary:
             self.series.late(step, values)
             return
         self.steps += 1
+        if event.get("config"):
+            self._config(event["config"])
+        found = number(event.get("time"))
+        if found is not None and (self.started is None or found < self.started):
+            self.started = found
         self.first_step = step if self.first_step is None else min(self.first_step, step)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         if event.get("missing"):
@@ -289,6 +350,8 @@ class Summary:
             **self.health.state(),
             "status": self.status,
             "skipped_events": self.skipped_events,
+            "started": self.started,
+            "config": self.config,
         }
 
     def _snapshot(self, event: dict[str, Any]) -> None:
@@ -310,6 +373,8 @@ class Summary:
         new.health = Health.restore(event)
         new.status = _status_fields(mapping(event["status"]))
         new.skipped_events = strict(event["skipped_events"])
+        new.started = number(event.get("started"))  # absent from an earlier rankscope's snapshot
+        new._config(listed_config(event.get("config") or {}))
         vars(self).update(vars(new))
 
     # -- the page's data
@@ -330,7 +395,20 @@ class Summary:
             **self.samples.data(),
             "status": self.status,
             "skipped_events": self.skipped_events,
+            "started": self.started_at(),
+            "config": self.config,
         }
+
+
+def listed_config(found: Any) -> dict[str, Any]:
+    """A snapshot's ``config``, checked: role → attribute → str or None."""
+    roles = mapping(found)
+    if len(roles) > MAX_CONFIG_ROLES or any(len(mapping(a)) > MAX_CONFIG_KEYS for a in roles.values()):
+        raise ValueError("config")
+    for attributes in roles.values():
+        if any(v is not None and not isinstance(v, str) for v in attributes.values()):
+            raise ValueError("config")
+    return roles
 
 
 def _status_fields(event: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 The edge (``edge.validate``) turns a decoded request into these: a process's checked batch
 (``ResourceBatch``: its ``StateRows`` per reduce type and step, ``PlainPoint``s, ``LogRecord``s),
-what it refused and why (``Refusals``), under which ``Limits``. The step book takes them, the
+what it refused and why (``Refusals``), under which ``Limits``, and whose it is (``Scope``: the
+sending token's, which the edge puts on the request's client). The step book takes them, the
 write-ahead log records them and replays them, the views write what was made of them. ``Process``
 is who sent them, as the step book's roster knows it (``book.roster`` builds it from the checked
 Resource); it names the values in every view. The text checks are here because both the edge
@@ -44,6 +45,38 @@ class Limits:
     """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
     step_window: int = 1_000_000
     """How far ahead of an experiment's frontier a step may be."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Whose data a request is: the scope of the bearer token it carried (``edge.auth``).
+
+    A scope may write the experiments it names: each entry of ``experiments`` is an exact
+    experiment id, or a prefix when it ends in ``*`` (``"*"``: every experiment). The run book
+    records the scope that created each run (``book.runs``): only that scope may resume it,
+    restart it with a higher attempt, say goodbye to it or send to it."""
+
+    name: str = ""
+    """The scope's name (``""``: the sink's one ``--token``, or everyone on a sink without tokens)."""
+    experiments: tuple[str, ...] = ("*",)
+
+    def allows(self, experiment: str) -> bool:
+        """Whether this scope may write ``experiment``."""
+        for entry in self.experiments:
+            if entry.endswith("*") and experiment.startswith(entry[:-1]):
+                return True
+            if entry == experiment:
+                return True
+        return False
+
+    @property
+    def label(self) -> str:
+        """How answers name the scope."""
+        return f"scope {self.name[:64]!r}" if self.name else "the sink's all-experiments scope"
+
+
+ALL = Scope()
+"""Every experiment: the sink's single ``--token``, and every client of a sink without tokens."""
 
 
 @dataclass(slots=True)
@@ -162,6 +195,18 @@ class Process:
     @property
     def group(self) -> Group:
         return (self.role, self.replica, self.attempt)
+
+
+def ended_reason(run: str, resuming: bool) -> str:
+    """Why data for a run whose processes all said goodbye is refused: one reason for every later
+    point, whoever sends it (the step book's and the run book's alike). ``resuming``: the sender
+    carries ``rankscope.run.resume``."""
+    return f"run {run[:64]!r} ended (every process said goodbye) and another launch reuses its id: " + (
+        "a resuming launch needs its own run id (unset RANKSCOPE_RUN_ID, a new --rdzv-id); "
+        "RANKSCOPE_RESUME names the run it continues"
+        if resuming
+        else "give the launch its own run id, or resume the run (RANKSCOPE_RESUME)"
+    )
 
 
 MAX_POINT_ATTRIBUTES = 128

@@ -2,7 +2,7 @@
 
 CLI flags and ``RANKSCOPE_SINK_*`` map here. The servers get their part of it as a frozen
 ``edge.ports.Transport``; the bounds that travel together are nested (``limits`` at the edge,
-``experiment_limits`` per run, ``detectors``).
+``experiment_limits`` per run, ``runs`` for the runs the sink holds, ``detectors``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from .book.admission import ExperimentLimits
-from .checked import Limits
+from .checked import Limits, Scope
 from .edge.ports import Transport
+from .quotas import RunLimits
 from .views.anomalies import Detectors
 
 DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
@@ -27,7 +28,7 @@ class SinkConfig:
 
     CLI flags and ``RANKSCOPE_SINK_*`` map here. Flat on purpose, past 25 fields: each is one
     flag a person sets; the bounds that travel together are nested (``limits`` at the edge,
-    ``experiment_limits`` per run, ``detectors``)."""
+    ``experiment_limits`` per run, ``runs`` for the runs the sink holds, ``detectors``)."""
 
     host: str = "127.0.0.1"
     grpc_port: int | None = 4317
@@ -42,13 +43,24 @@ class SinkConfig:
     ``..`` (``edge.validate.check_posted_views``)."""
     grace: float = 10.0
     token: str | None = None
+    """The bearer token for every experiment (``--token``); with ``tokens``, one more scope."""
+    tokens: Mapping[str, Scope] = field(default_factory=dict)
+    """Scoped tokens (``--tokens FILE``, ``edge.auth.load_tokens``): each may write only its scope's
+    experiments, and only its scope's runs (``book.runs``). Teams sharing a sink need them: without,
+    every client is one scope."""
     state_dir: Path | None = None
     """Write-ahead log directory: acknowledged data survives a crash. None: memory only."""
     max_body_bytes: int = 32 * 1024 * 1024
     max_in_flight: int = 64
-    max_connections: int = 1024
-    """Open HTTP connections at most; idle ones are closed after ``idle_connection_timeout``."""
+    max_connections: int | None = None
+    """Open HTTP connections at most; idle ones are closed after ``idle_connection_timeout``. A
+    newcomer beyond closes the connection that has waited longest for its request head. gRPC's
+    incoming connections are held to the same number. None: derived from the process's
+    descriptor limit (``durable.descriptors.Plan``: 1024, fewer under a low ``ulimit -n``)."""
     idle_connection_timeout: float = 15.0
+    header_timeout: float = 5.0
+    """Seconds a request head may take to arrive whole (from its first byte, or the connection's
+    opening), and a gRPC connection its handshake: a slower connection is closed."""
     body_timeout: float = 60.0
     """Seconds an OTLP/HTTP body may take to arrive, plus one per 64 KiB received (a trickled one
     would hold its connection and buffer): a slower one is answered 408 and its connection closed."""
@@ -77,18 +89,17 @@ class SinkConfig:
     """What one request may carry (``edge.validate``, the edge)."""
     experiment_limits: ExperimentLimits = field(default_factory=ExperimentLimits)
     """What one run may make the sink hold (``book.admission``)."""
-    max_experiments: int = 4096
-    """Runs (of every experiment) open at once."""
-    max_open_runs: int = 256
-    """Runs of one experiment open at once, not counting runs that ended (every process said
-    goodbye): one client inventing run ids fills no more of ``max_experiments`` than this (an
-    idle run closes after ``idle_timeout``)."""
-    idle_timeout: float = 300.0
-    """Seconds without data after which a run's views are closed (reopened on new data)."""
+    runs: RunLimits = field(default_factory=RunLimits)
+    """How many runs the sink holds open, per experiment and per client, and when an open run
+    gives back its descriptors or closes (``quotas``, ``upkeep``)."""
     resume_window: float = 7 * 86400.0
     """Seconds after a run was last seen during which a launch may resume it (``rankscope.run.resume``)."""
+    live_window: float = 60.0
+    """A run that sent data within this many seconds, and not all of whose processes said goodbye,
+    is still sending: ``resume=latest`` starts a new run rather than continue it (name the run)."""
     max_runs: int = 1000
-    """Runs of one experiment the sink remembers (for listing and resume); the oldest are forgotten."""
+    """Runs of one experiment the sink remembers per token scope (for listing and resume); the
+    oldest are forgotten, a scope's runs only by its own new ones."""
     late_interval: float = 1.0
     """Late updates of a step are merged and written at most this often."""
     view_workers: int = 4
@@ -97,14 +108,18 @@ class SinkConfig:
     stop_timeout: float = 10.0
     """How long ``stop`` waits for the views; with a state directory, the rest is replayed on start."""
 
-    def transport(self) -> Transport:
-        """What the servers read of this configuration (``edge.ports.Transport``)."""
+    def transport(self, connections: int | None = None) -> Transport:
+        """What the servers read of this configuration (``edge.ports.Transport``); ``connections``:
+        the derived ``max_connections`` (``durable.descriptors.Plan``) when it is not set."""
         return Transport(
             host=self.host,
             token=self.token,
+            tokens=self.tokens,
             max_body_bytes=self.max_body_bytes,
-            max_connections=self.max_connections,
+            max_connections=connections or self.max_connections or 1024,
             idle_connection_timeout=self.idle_connection_timeout,
+            header_timeout=self.header_timeout,
             body_timeout=self.body_timeout,
             grpc_workers=self.grpc_workers,
+            max_id_chars=self.limits.max_id_chars,
         )

@@ -21,6 +21,7 @@ from .edge.gate import Gate
 from .tally import Tally
 from .tenants import Tenant, Tenants
 from .views.step import StepView
+from .views.writer import DROP_KINDS
 
 RECENT_KEYS = 256
 """Values of one step the recent route shows at most."""
@@ -80,7 +81,9 @@ class Queries:
     def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
         """A run's status (None: the experiment's latest run), with the experiment's runs listed."""
         tenant = self.tenants.find(experiment_id, run)
-        return None if tenant is None else self.status_of(tenant)
+        if tenant is None:  # closed (ended, idle): its last status, while the sink keeps it
+            return self.tenants.status_of_closed(experiment_id, run)
+        return self.status_of(tenant)
 
     def _runs_of(self, experiment_id: str) -> list[dict[str, Any]]:
         """The experiment's runs, newest first (at most 100), as the status route lists them."""
@@ -99,6 +102,8 @@ class Queries:
                         "open": tenant is not None,
                         "last_finalized_step": last,
                         "resumed_by": sorted(r.launches)[:16],
+                        "scope": r.owner,
+                        "ended": r.ended is not None,
                     }
                 )
             return listed
@@ -113,6 +118,9 @@ class Queries:
             return {
                 "experiment": e.id,
                 "run": e.run,
+                "open": True,
+                "client": tenant.client,
+                "descriptors": {"held": self.tenants.descriptors.holds(tenant), "releases": tenant.releases},
                 "attempt": e.attempt,
                 "runs": runs,
                 "last_finalized_step": e.last_finalized,
@@ -124,6 +132,7 @@ class Queries:
                 "abandoned_steps": n.abandoned_steps,
                 "superseded_points": n.superseded_points,
                 "reused_run_points": n.reused_points,
+                "scope_refused_points": n.scope_refused,
                 "refused_points": n.refused,
                 "foreign_points": n.foreign_points,
                 "series_overflow": e.streams.overflowed,
@@ -138,6 +147,7 @@ class Queries:
                 "last_error": tenant.last_error,
                 "last_written_step": min(written) if written else -1,
                 "views": views,
+                "view_drops": dict(tenant.writer.drops) if tenant.writer is not None else dict.fromkeys(DROP_KINDS, 0),
                 "spans_stored": e.traces.count,
                 "spans_dropped": e.traces.dropped,
                 "spans_refused": e.traces.refused,
@@ -152,6 +162,7 @@ class Queries:
         with registry.lock:
             tenants = sorted(registry.open.items())
             experiments = len({key[0] for key in registry.open})
+            admission = registry.quotas.status()
         listed = []
         for (experiment_id, run), tenant in tenants[:100]:
             with tenant.lock:
@@ -172,11 +183,14 @@ class Queries:
             "experiments": experiments,
             "runs": len(tenants),
             "experiment_list": listed,
-            "run_notes": list(registry.run_notes),
+            "run_notes": registry.notes.listed(),
             "evicted_experiments": registry.evicted,
+            "closing_runs": registry.closing,
             **self.tally.overview(),
             "internal_errors": len(self._internal_errors),
             "durable": registry.wal is not None,
+            "descriptors": registry.descriptors.status(),
+            "admission": admission,
         }
 
     def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None:

@@ -14,9 +14,11 @@ book merges it: runs never wait for each other. With a state directory the clien
 only once the log is on disk.
 
 Threads, all supervised (``/healthz`` answers 503 naming a thread that died): the finalizer
-(every ``tick`` seconds it closes the steps that are complete or past their grace, writes late
-updates once per ``late_interval``, and evicts runs idle for ``idle_timeout``), the write-ahead
-log's syncer, the HTTP server's loop, and ``view_workers`` view threads that write every run's
+(every ``tick`` seconds it visits the runs with work, ``upkeep``: closes the steps that are
+complete or past their grace, writes late updates once per ``late_interval``, gives back the
+file descriptors of quiet runs and takes runs that ended or idle out of the registry), the
+closer (their views and logs closed: ``Tenants.run_closer``), the write-ahead log's syncer, the
+HTTP server's loop, and ``view_workers`` view threads that write every run's
 views (``views.writer.ViewPool``). A failure inside one experiment is logged once, counted in the
 status route and in its ``rankscope/internal_errors`` metric, and the experiment keeps going.
 """
@@ -34,6 +36,7 @@ from ..backends.base import Metric
 from ..metrics.reduce import Reduce
 from .checked import Refusals, ResourceBatch
 from .config import SinkConfig
+from .durable.descriptors import Descriptors, Plan, nofile_limit, open_descriptors, out_of_descriptors
 from .durable.wal import ExperimentLog, WriteAheadLog, encode_record
 from .edge.bodies import OverloadedError
 from .edge.gate import Gate
@@ -44,6 +47,7 @@ from .edge.validate import check_resource, logs_batches, metrics_batches
 from .queries import Queries, recent_of
 from .tally import Tally
 from .tenants import Tenant, Tenants
+from .upkeep import Upkeep
 from .views.captures import ask_stragglers
 from .views.step import StepView
 from .views.writer import ViewPool
@@ -75,11 +79,18 @@ class Supervisor:
         thread.start()
         return thread
 
+    def join(self, names: tuple[str, ...], timeout: float) -> None:
+        """Wait for the named threads to end (the sink is stopping), ``timeout`` each at most."""
+        for name in names:
+            thread = self.threads.get(name)
+            if thread is not None:
+                thread.join(timeout)
+
     def health(self) -> tuple[bool, list[str]]:
         """(healthy, problems): every supervised thread that should run is running."""
         problems = [f"thread {name} died: {why}" for name, why in self.dead.items()]
         if not self._stopping.is_set():
-            for name in ("finalizer", "wal-syncer"):
+            for name in ("finalizer", "closer", "wal-syncer"):
                 thread = self.threads.get(name)
                 if thread is not None and not thread.is_alive() and name not in self.dead:
                     problems.append(f"thread {name} is not running")
@@ -89,9 +100,16 @@ class Supervisor:
 class Sink:
     """Receives OTLP from every process of every experiment and writes per-step views."""
 
-    def __init__(self, config: SinkConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, config: SinkConfig | None = None, *, clock: Callable[[], float] = time.monotonic, plan: Plan | None = None
+    ) -> None:
         self.config = config or SinkConfig()
         self.clock = clock
+        c = self.config
+        self.plan = plan or Plan.of(
+            nofile_limit(), open_descriptors(), view_workers=c.view_workers, max_connections=c.max_connections
+        )
+        """How the process's descriptor limit is split (``durable.descriptors``); ``plan``: a test's own."""
         self.internal_errors: list[str] = []
         self.tally = Tally()
         """Refusals by kind, plain OTel points and spans received, across experiments."""
@@ -99,7 +117,9 @@ class Sink:
         self.supervisor = Supervisor(self._internal_error, self._stop)
         self.gate = Gate(self.config.max_in_flight, self._stop)
         self.wal = WriteAheadLog(self.config.state_dir) if self.config.state_dir is not None else None
-        self.tenants = Tenants(self.config, clock, self.wal, self._internal_error)
+        self.tenants = Tenants(
+            self.config, clock, self.wal, self._internal_error, tally=self.tally, descriptors=Descriptors(self.plan)
+        )
         self.queries = Queries(
             self.config,
             self.tenants,
@@ -110,6 +130,9 @@ class Sink:
             internal_errors=self.internal_errors,
         )
         """What the control routes ask (``edge.ports.Control``): status, spans, captures, reports."""
+        self.tenants.final_status = self.queries.status_of
+        self.upkeep = Upkeep(self.tenants, self._finalize, limits=c.runs, grace=c.grace, clock=clock)
+        """The finalizer's rounds over the runs with work (``upkeep``)."""
         self._servers: list[Any] = []
         self.grpc_port: int | None = None
         self.http_port: int | None = None
@@ -122,14 +145,26 @@ class Sink:
         if self.wal is not None:
             spawn("wal-syncer", self.wal.run_syncer)
             self.tenants.replay()
-        c, transport = self.config, self.config.transport()
+            for tenant in self.tenants.all():
+                self.upkeep.wake(tenant)
+        c, transport = self.config, self.config.transport(self.plan.connections)
+        if self.plan.short:
+            log.warning(
+                "rankscope sink: a descriptor limit of %d (ulimit -n) leaves its runs %d descriptors after %d "
+                "connections per transport; raise it",
+                self.plan.limit,
+                self.plan.runs,
+                self.plan.connections,
+            )
         if c.grpc_port is not None:
             server, self.grpc_port = start_grpc(self, transport, c.grpc_port)
             self._servers.append(server)
         if c.http_port is not None:
-            server, self.http_port = start_http(self, self.queries, transport, c.http_port, spawn)
+            exhausted = self.tenants.descriptors.exhausted
+            server, self.http_port = start_http(self, self.queries, transport, c.http_port, spawn, exhausted)
             self._servers.append(server)
         spawn("finalizer", self._run_finalizer)
+        spawn("closer", lambda: self.tenants.run_closer(self._stop))
         return self
 
     @property
@@ -146,9 +181,8 @@ class Sink:
         self._stop.set()
         for server in self._servers:
             server.stop()
-        finalizer = self.supervisor.threads.get("finalizer")
-        if finalizer is not None:
-            finalizer.join(timeout)
+        self.supervisor.join(("finalizer", "closer"), timeout)
+        self.tenants.finish_closing()
         tenants = self.tenants.all()
         for tenant in tenants:
             self._finalize(tenant, force=True)
@@ -197,7 +231,7 @@ class Sink:
             waits: dict[ExperimentLog, int] = {}
             for batch in batches:
                 self.tally.foreign(batch.foreign)
-                n = batch.point_count + len(batch.markers)
+                n = batch.point_count + len(batch.markers) + int(batch.goodbye)  # a refused goodbye counts
                 tenant = self.tenants.resolve(batch.experiment, batch.resource, refused, n, client)
                 if tenant is None:
                     continue
@@ -205,6 +239,8 @@ class Sink:
                     self._apply(tenant, batch, refused)
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
+                    ended, attempt = tenant.experiment.roster.finished, tenant.experiment.attempt
+                self.tenants.settle(tenant, ended, attempt)  # a last goodbye finishes the run (``book.runs``)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
                 raise OverloadedError("the sink could not make the data durable; retry")
@@ -212,10 +248,17 @@ class Sink:
 
     def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
         """One checked batch into its run, under ``tenant.lock``: take (steps resolved, admitted),
-        log each step's part ahead, merge."""
+        log each step's part ahead (its descriptor held, ``durable.descriptors``), merge."""
         experiment = tenant.experiment
+        _check_open(tenant)
         if batch.digest and batch.digest in experiment.seen:
             return  # a client's retry of something already taken: acknowledged again, merged once
+        if tenant.log is not None and not self.tenants.hold(tenant):
+            refused.add(
+                batch.point_count + len(batch.markers),
+                "the sink's file descriptors are all held by runs writing now (its descriptor budget); retry",
+            )
+            return
         experiment.counts.refused += batch.refused
         try:
             taken = experiment.take(batch, refused)
@@ -227,11 +270,16 @@ class Sink:
                         seqs[step] = tenant.log.append(step, record)
                 experiment.merge(taken, refused, seqs)
         except Exception as exc:  # a bug: this experiment's trouble, nobody else's
+            if out_of_descriptors(exc):  # not a bug: counted and said now and then, not once per request
+                self.tenants.descriptors.exhausted("open", exc)
+                refused.add(batch.point_count, "the sink is out of file descriptors; retry")
+                return
             tenant.failed("ingest", exc)
             refused.add(batch.point_count, f"internal error: {type(exc).__name__}")
             return
         experiment.remember(batch.digest)
         tenant.dirty = True
+        self.upkeep.wake(tenant)
 
     def export_logs(self, request: Any, client: Client = LOCAL) -> Result:
         """Streamed values and ordinary log records go to the views at once; sample rows are merged
@@ -248,7 +296,9 @@ class Sink:
                 streamed = [row for row in batch.samples if row.side == "stream"]
                 if streamed:
                     batch.samples = [row for row in batch.samples if row.side != "stream"]
+                self.upkeep.wake(tenant)
                 with tenant.lock:
+                    _check_open(tenant)
                     tenant.experiment.counts.refused += batch.refused  # refused at the edge
                     batch.refused = 0
                     process = tenant.experiment.stream_process(batch, refused, len(streamed))
@@ -293,7 +343,13 @@ class Sink:
                     result.errors.extend(refused.reasons)
                     self.tally.refusal(refused)
                     continue
+                self.upkeep.wake(tenant)
                 with tenant.lock:
+                    _check_open(tenant)
+                    if tenant.experiment.traces.file is not None and not self.tenants.hold(tenant):
+                        result.rejected += n
+                        result.errors.append(f"{n} spans: the sink's file descriptors are all held by runs writing now")
+                        continue
                     try:
                         process = tenant.experiment.process_for(checked[1])
                         if process is None or process.reused:
@@ -330,6 +386,8 @@ class Sink:
         A step whose view fails to build is counted and skipped; the steps after it still go."""
         try:
             with tenant.lock:
+                if tenant.closed:
+                    return
                 experiment = tenant.experiment
                 finished = experiment.finished(force=force) + experiment.late(force=force)
                 tenant.dirty = False
@@ -350,21 +408,7 @@ class Sink:
 
     def _run_finalizer(self) -> None:
         while not self._stop.wait(self.config.tick):
-            now = self.clock()
-            for tenant in self.tenants.all():
-                deadline = tenant.experiment.next_deadline()
-                if tenant.dirty or (deadline is not None and now >= deadline) or tenant.experiment.late_due(now):
-                    self._finalize(tenant)
-                elif tenant.experiment.idle(now, self.config.idle_timeout) and self.tenants.evict(tenant):
-                    # closed like at stop: views finished (after their page), threads and files released
-                    if tenant.writer is not None:
-                        tenant.writer.report(self.queries.status_of(tenant), None)
-                        tenant.writer.request_close(self.config.stop_timeout)
-                    if tenant.log is not None:
-                        tenant.log.close()
-                    if tenant.experiment.traces.file is not None:
-                        with tenant.lock:
-                            tenant.experiment.traces.file.close()
+            self.upkeep.round()
 
     def _internal_error(self, where: str, exc: BaseException) -> None:
         message = f"rankscope sink: internal error in {where}: {exc!r}"
@@ -411,6 +455,12 @@ class Sink:
     def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
         """Write a run's report page now (``Queries.report``)."""
         return self.queries.report(experiment_id, timeout, run)
+
+
+def _check_open(tenant: Tenant) -> None:
+    """Under ``tenant.lock``: a run closed since it was resolved is answered "retry" (it reopens then)."""
+    if tenant.closed:
+        raise OverloadedError(f"{tenant.name[:96]} was closing; retry")
 
 
 def _act(tenant: Tenant, view: StepView, auto_capture_steps: int) -> None:

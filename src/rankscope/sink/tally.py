@@ -1,29 +1,43 @@
-"""The sink's counts across experiments, as the status route's overview shows them.
+"""The sink's counts across experiments, and what it says about runs, as the status route's overview shows them.
 
-Requests on several threads add to them (gRPC workers, the HTTP pool), so each addition holds
-one lock. Refusals are counted by kind: a reason without the names and numbers in it, so a
-client sending made-up names makes no new kinds; a full table folds new kinds into one entry
-rather than being cleared, so nobody can wipe what the operator is looking at.
+Requests on several threads add to them (gRPC workers, the HTTP pool, the view threads), so each
+addition holds one lock. Refusals are counted by kind: a reason without the names and numbers in
+it, so a client sending made-up names makes no new kinds; a full table folds new kinds into one
+entry rather than being cleared, so nobody can wipe what the operator is looking at. What the
+views dropped (a run's inbox full) is counted by the kind of data, across runs, evicted ones too.
+
+``Notes`` are what the sink says about runs (a resume refused or mapped, a log set aside): by
+kind too, each kind logged at most once per ``NOTE_INTERVAL`` with the count of those not
+logged, and kept as one entry (its count and latest example), so 2,000 refusals of one kind
+write one line and leave the other kinds in the status route.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from .checked import Refusals
+from .views.writer import DROP_KINDS
+
+log = logging.getLogger("rankscope.sink")
 
 MAX_REFUSAL_KINDS = 1000
 """Kinds of refusal counted separately."""
 FULL = "other reasons (the table of reasons is full)"
-_VARYING = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
-"""What varies within one kind of refusal (quoted names, numbers)."""
+_VARYING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|\d+")
+"""What varies within one kind of refusal: quoted names (as ``repr`` quotes them, escapes and
+all, so a name holding quotes or colons is one name) and numbers."""
 
 
 def kind_of(reason: str) -> str:
     """A refusal's kind: its reason after the first key it names, without names and numbers."""
-    return _VARYING.sub("…", reason.split(":", 1)[-1].strip())[:80]
+    return _VARYING.sub("…", reason).split(":", 1)[-1].strip()[:80]
 
 
 class Tally:
@@ -35,6 +49,8 @@ class Tally:
         self.refusals: dict[str, int] = {}
         self.foreign_points = 0
         self.spans_received = 0
+        self.view_drops: dict[str, int] = dict.fromkeys(DROP_KINDS, 0)
+        """What the views of every run dropped (their inbox full), by kind of data."""
 
     def refusal(self, refused: Refusals) -> None:
         """A request's refusals, under the kind of its first reason."""
@@ -57,6 +73,11 @@ class Tally:
         with self._lock:
             self.spans_received += received
 
+    def view_drop(self, kind: str) -> None:
+        """One message a run's views dropped (``views.writer.ViewWriter``: ``step_views``, ...)."""
+        with self._lock:
+            self.view_drops[kind] = self.view_drops.get(kind, 0) + 1
+
     def overview(self) -> dict[str, Any]:
         """The status route's counts (the 20 most frequent kinds of refusal)."""
         with self._lock:
@@ -66,4 +87,69 @@ class Tally:
                 "refusals": top,
                 "foreign_points": self.foreign_points,
                 "spans_received": self.spans_received,
+                "view_drops": dict(self.view_drops),
             }
+
+
+NOTE_INTERVAL = 10.0
+"""Seconds between two log lines of one kind of note (the others are counted, and said with the next)."""
+MAX_NOTE_KINDS = 100
+"""Kinds of note kept (the least recently said goes first); the status route shows the newest 20."""
+
+
+class Notes:
+    """What the sink says about runs: logged at most once per ``interval`` per kind (``kind_of``),
+    with how many of that kind were not logged since; kept per kind, its count and latest example."""
+
+    def __init__(
+        self,
+        *,
+        interval: float = NOTE_INTERVAL,
+        shown: int = 20,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger = log,
+    ) -> None:
+        self.interval = interval
+        self.shown = shown
+        self.clock = clock
+        self.logger = logger
+        self._lock = threading.Lock()
+        self._kinds: OrderedDict[str, _Note] = OrderedDict()
+        """Kind -> its note, the most recently said last."""
+
+    def add(self, note: str) -> None:
+        """Say ``note``: logged (WARNING) unless one of its kind was logged within ``interval``."""
+        kind = kind_of(note)
+        now = self.clock()
+        with self._lock:
+            found = self._kinds.pop(kind, None)
+            if found is None:
+                found = _Note(now - self.interval)
+                while len(self._kinds) >= MAX_NOTE_KINDS:
+                    self._kinds.popitem(last=False)
+            self._kinds[kind] = found
+            found.count += 1
+            found.latest = note
+            if now - found.logged < self.interval:
+                found.unlogged += 1
+                return
+            unlogged, found.unlogged, found.logged = found.unlogged, 0, now
+        more = f" (and {unlogged} more like it in the last {self.interval:g} s)" if unlogged else ""
+        self.logger.warning("rankscope sink: %s%s", note, more)
+
+    def listed(self) -> list[str]:
+        """The newest ``shown`` kinds, oldest first: each its latest note, with its count when over one."""
+        with self._lock:
+            kinds = list(self._kinds.values())[-self.shown :]
+            return [n.latest if n.count == 1 else f"{n.latest} [{n.count} of this kind]" for n in kinds]
+
+
+class _Note:
+    __slots__ = ("count", "latest", "logged", "unlogged")
+
+    def __init__(self, logged: float) -> None:
+        self.count = 0
+        self.latest = ""
+        self.logged = logged
+        """Clock time of its kind's last log line."""
+        self.unlogged = 0

@@ -5,70 +5,22 @@
   const D = JSON.parse(document.getElementById("rankscope-data").textContent);
   const app = document.getElementById("app");
   const PAGE = 64; // Gantt rows per page
-  const EAGER = 60; // charts drawn at once; past this they are drawn when scrolled into view
-  const config = { displaylogo: false, responsive: true };
-
-  // -- DOM helpers: text only
-  function el(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "class") node.className = v;
-      else node.setAttribute(k, v);
-    }
-    for (const child of children) {
-      if (child === null || child === undefined) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
-  }
-  function esc(text) { // plotly parses a little HTML in its strings: give it entities
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-  function fmt(v) {
-    if (v === null || v === undefined) return "–";
-    if (typeof v !== "number") return String(v);
-    const a = Math.abs(v);
-    return a !== 0 && (a < 1e-3 || a >= 1e6) ? v.toExponential(3) : String(Math.round(v * 1e4) / 1e4);
-  }
-  function table(columns, rows) {
-    const t = el("table", {}, el("tr", {}, ...columns.map((c) => el("th", {}, c))));
-    for (const row of rows) t.append(el("tr", {}, ...row.map((v) => el("td", {}, typeof v === "object" && v !== null ? JSON.stringify(v) : fmt(v)))));
-    return t;
-  }
+  const { config, el, esc, fmt, table, when, steps, chart, charted, folded } = window.rankscope;
   function fact(label, value, bad) {
     return el("div", { class: bad ? "fact bad" : "fact" }, el("b", {}, String(value)), label);
   }
 
-  // -- lazy charts
-  const pending = new Map();
-  let drawn = 0;
-  const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
-    for (const e of entries) {
-      if (e.isIntersecting && pending.has(e.target)) {
-        const draw = pending.get(e.target);
-        pending.delete(e.target);
-        observer.unobserve(e.target);
-        draw();
-        document.body.dataset.pending = String(pending.size);
-      }
-    }
-  }, { rootMargin: "400px" }) : null;
-  function chart(node, draw) {
-    if (drawn < EAGER || !observer) { drawn += 1; draw(); } else { pending.set(node, draw); observer.observe(node); }
-    document.body.dataset.pending = String(pending.size);
-  }
-  function charted() { document.body.dataset.charts = String(document.querySelectorAll(".js-plotly-plot").length); }
-
-  // -- header
+  // -- header: the experiment and when its run started, then the run and what the page holds
   const roles = D.roles.map((r) => `${r.role}: ${r.processes} process${r.processes === 1 ? "" : "es"}`);
   const header = el("header", {},
-    el("h1", {}, "rankscope report"),
-    el("div", { class: "id" }, (D.experiment || "(unnamed experiment)") + (D.run ? ` · run ${D.run}` : "")),
+    el("h1", {}, D.title),
+    el("div", { class: "id" }, (D.run ? `run ${D.run}` : "no run id") + " · rankscope report"),
     el("div", { class: "note" },
       D.steps ? `steps ${D.first_step}–${D.last_step} (${D.steps} finalized)` : "no finalized step",
       roles.length ? " · " + roles.join(" · ") : "", ` · generated ${D.generated}`));
   if ((D.runs || []).length > 1) {
-    const links = D.runs.map((r) => r.run === D.run ? el("b", {}, r.run) : r.href ? el("a", { href: r.href }, r.run) : el("span", {}, r.run));
+    const name = (r) => r.started ? `${when(r.started)} · ${r.run.slice(-8)}` : r.run;
+    const links = D.runs.map((r) => r.run === D.run ? el("b", {}, name(r)) : r.href ? el("a", { href: r.href }, name(r)) : el("span", {}, name(r)));
     header.append(el("div", { class: "note runs" }, "runs of this experiment, newest first: ", ...links.flatMap((l, i) => i ? [" · ", l] : [l])));
   }
   if ((D.rewinds || []).length) {
@@ -103,11 +55,13 @@
       `worst at step ${s.worst}: ${fmt(s.seconds)} s, ${fmt(s.ratio)}× the median`));
   }
 
-  // -- metrics: one section per role, each key with its cross-process spread
-  function seriesChart(node, key, points, holders, role) {
+  // -- metrics: the user's keys, one section per role, each key with its cross-process spread
+  const TOP_RIGHT = { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom", font: { size: 11 } }; // beside the title
+  function seriesChart(node, title, points, holders, processes) {
     const x = points.map((p) => p[0]);
     const traces = [];
-    const hasBand = points.some((p) => p[3] !== null && p[4] !== null);
+    // a band (min–max, median) only says something across several processes
+    const hasBand = processes > 1 && points.some((p) => p[3] !== null && p[4] !== null && p[3] !== p[4]);
     if (hasBand) {
       const maxBy = holders.map((h) => esc(h[1] || "?")), minBy = holders.map((h) => esc(h[0] || "?"));
       traces.push({ x, y: points.map((p) => p[4]), name: "max", mode: "lines", line: { width: 0 }, customdata: maxBy,
@@ -119,23 +73,41 @@
     }
     traces.push({ x, y: points.map((p) => p[1]), name: "global", mode: points.length < 60 ? "lines+markers" : "lines",
       line: { color: "#d9482b", width: 2 }, hovertemplate: "global %{y:.4g}<extra></extra>" });
-    const layout = { title: { text: esc(key), font: { size: 13 }, x: 0.01 }, height: 260, margin: { l: 55, r: 10, t: 32, b: 32 },
-      hovermode: "x unified", xaxis: { title: { text: "step" }, tickformat: "d" }, legend: { orientation: "h", y: -0.25 }, showlegend: hasBand };
+    const layout = { title: { text: esc(title), font: { size: 13 }, x: 0.01 }, height: 260, margin: { l: 55, r: 10, t: 32, b: 32 },
+      hovermode: "x unified", xaxis: { title: { text: "step" }, tickformat: "d" }, legend: TOP_RIGHT, showlegend: hasBand };
     Plotly.newPlot(node, traces, layout, config).then(charted);
   }
-  function keyCharts(container, keys, role) {
+  // charts for the keys that change, one table row each for those that never did
+  function keyCharts(container, keys, processes, role) {
     const grid = el("div", { class: "grid" });
     container.append(grid);
+    const flat = [];
     for (const k of keys) {
-      const node = el("div", { class: "chart", "data-key": k.key, "data-role": role });
+      const title = k.role ? `${k.key} (${k.role})` : k.key;
+      if (k.constant) { flat.push([title, k]); continue; }
+      const node = el("div", { class: "chart", "data-key": k.key, "data-role": k.role || role || "" });
       grid.append(node);
-      chart(node, () => seriesChart(node, k.key, k.points, k.holders, role));
+      chart(node, () => seriesChart(node, title, k.points, k.holders, k.processes === undefined ? processes : k.processes));
+    }
+    if (flat.length) {
+      const rows = flat.map(([title, k]) => {
+        const p = k.points[0];
+        const spread = p[3] !== null && p[4] !== null && p[3] !== p[4] ? `${fmt(p[3])}–${fmt(p[4])}` : "";
+        return [title, p[1], steps(k.points), spread];
+      });
+      const spreads = rows.some((r) => r[3]);
+      container.append(table(["constant", "value", "over", ...(spreads ? ["across processes"] : [])],
+        spreads ? rows : rows.map((r) => r.slice(0, 3)), "constants"));
     }
   }
-  if (D.roles.length || D.globals.length) {
+  const userKeys = D.roles.some((r) => r.keys.length) || D.globals.length;
+  if (userKeys) {
     const metrics = section("metrics", "Metrics");
+    const several = D.roles.some((r) => r.processes > 1);
     metrics.append(el("p", { class: "note" },
-      "Each chart: the global value (red), and across the role's processes the min–max band (hover names who holds each) and the median." +
+      "Your keys, in the order they were first recorded." +
+      (several ? " Each chart: the global value (red), and across the role's processes the min–max band (hover names who holds each) and the median." : "") +
+      " A key that never changed is a row of the table below its role's charts." +
       (D.stride > 1 ? ` Long run: a series keeps every 2nd, 4th, … point it got (at most every ${D.stride}th), and its last.` : "")));
     const filter = el("input", { type: "search", placeholder: "filter keys" });
     metrics.append(el("div", { class: "controls" }, filter));
@@ -144,41 +116,62 @@
       for (const node of metrics.querySelectorAll(".chart")) node.style.display = node.dataset.key.toLowerCase().includes(q) ? "" : "none";
     });
     for (const r of D.roles) {
+      if (!r.keys.length) continue;
       metrics.append(el("h3", { class: "role" }, `${r.role} (${r.processes} process${r.processes === 1 ? "" : "es"})`));
-      keyCharts(metrics, r.keys, r.role);
+      keyCharts(metrics, r.keys, r.processes, r.role);
     }
     if (D.globals.length) {
       metrics.append(el("h3", {}, "global only (no per-process values: merged upstream, or too many processes)"));
-      keyCharts(metrics, D.globals, "");
+      keyCharts(metrics, D.globals, 0);
     }
     if (D.series_not_shown) metrics.append(el("p", { class: "note" }, `${D.series_not_shown} more series are not shown (limit).`));
   }
 
-  // -- phases: rank x phase seconds per step, with a step slider
-  if (D.heat.length) {
+  // -- phases: rank x phase seconds per step, with a step slider; each traced block's phases over steps
+  function phaseChart(node, c) {
+    const palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d"];
+    const traces = c.lines.map((line, i) => ({ x: line.points.map((p) => p[0]), y: line.points.map((p) => p[1]),
+      customdata: line.points.map((p) => p[2]), name: esc(line.phase), mode: line.points.length < 60 ? "lines+markers" : "lines",
+      line: line.phase === "total" ? { color: "#1d232b", dash: "dash", width: 1.5 } : { color: palette[i % palette.length], width: 2 },
+      hovertemplate: `${esc(line.phase)}: mean %{y:.4g} s, max %{customdata:.4g} s<extra></extra>` }));
+    const title = `${c.block || "traced"}: seconds per phase` + (c.role ? ` (${c.role})` : "");
+    const layout = { title: { text: esc(title), font: { size: 13 }, x: 0.01 }, height: 280, margin: { l: 55, r: 10, t: 32, b: 32 },
+      hovermode: "x unified", xaxis: { title: { text: "step" }, tickformat: "d" }, yaxis: { title: { text: "s" } },
+      legend: TOP_RIGHT };
+    Plotly.newPlot(node, traces, layout, config).then(charted);
+  }
+  if (D.heat.length || D.phase_charts.length) {
     const phases = section("phases", "Phases");
-    phases.append(el("p", { class: "note" }, "Seconds each process spent in each traced phase of a step." +
-      (D.heat.some((h) => h.band > 1) ? " Many processes: each row is a band of consecutive ranks, showing its slowest." : "")));
-    const slider = el("input", { type: "range", min: "0", max: String(D.heat.length - 1), value: String(D.heat.length - 1) });
-    const label = el("span", {});
-    phases.append(el("div", { class: "controls" }, "step", slider, label));
-    const node = el("div", { class: "wide", id: "heatmap" });
-    phases.append(node);
-    const draw = () => {
-      const h = D.heat[Number(slider.value)];
-      label.textContent = `step ${h.step}`;
-      const trace = { type: "heatmap", z: h.z, x: h.phases.map(esc), y: h.rows.map(esc), colorscale: "YlOrRd", reversescale: true,
-        colorbar: { title: { text: "s" } }, hovertemplate: "%{y} · %{x}: %{z:.4g} s<extra></extra>" };
-      const layout = { height: 120 + 15 * h.rows.length, margin: { l: 170, r: 20, t: 20, b: 90 },
-        yaxis: { autorange: "reversed", automargin: true, type: "category", dtick: 1, tickfont: { size: 10 } }, xaxis: { type: "category" } };
-      Plotly.react(node, [trace], layout, config).then(charted);
-    };
-    slider.addEventListener("input", draw);
-    draw();
-    const ratios = D.meta.filter((m) => m.key.startsWith("straggler/") && m.key.endsWith("/max_over_median"));
-    if (ratios.length) {
-      phases.append(el("h3", {}, "slowest / median per phase"));
-      keyCharts(phases, ratios, "");
+    if (D.heat.length) {
+      phases.append(el("p", { class: "note" }, "Seconds each process spent in each traced phase of a step." +
+        (D.heat.some((h) => h.band > 1) ? " Many processes: each row is a band of consecutive ranks, showing its slowest." : "")));
+      const slider = el("input", { type: "range", min: "0", max: String(D.heat.length - 1), value: String(D.heat.length - 1) });
+      const label = el("span", {});
+      phases.append(el("div", { class: "controls" }, "step", slider, label));
+      const node = el("div", { class: "wide", id: "heatmap" });
+      phases.append(node);
+      const draw = () => {
+        const h = D.heat[Number(slider.value)];
+        label.textContent = `step ${h.step}`;
+        const trace = { type: "heatmap", z: h.z, x: h.phases.map(esc), y: h.rows.map(esc), colorscale: "YlOrRd", reversescale: true,
+          colorbar: { title: { text: "s" } }, hovertemplate: "%{y} · %{x}: %{z:.4g} s<extra></extra>" };
+        const layout = { height: 120 + 15 * h.rows.length, margin: { l: 170, r: 20, t: 20, b: 90 },
+          yaxis: { autorange: "reversed", automargin: true, type: "category", dtick: 1, tickfont: { size: 10 } }, xaxis: { type: "category" } };
+        Plotly.react(node, [trace], layout, config).then(charted);
+      };
+      slider.addEventListener("input", draw);
+      draw();
+    }
+    if (D.phase_charts.length) {
+      phases.append(el("h3", {}, "each phase over steps"));
+      phases.append(el("p", { class: "note" }, "The mean over the role's processes of each phase's seconds (hover: the slowest process's)."));
+      const grid = el("div", { class: "grid" });
+      phases.append(grid);
+      for (const c of D.phase_charts) {
+        const node = el("div", { class: "chart phase", "data-block": c.block, "data-role": c.role });
+        grid.append(node);
+        chart(node, () => phaseChart(node, c));
+      }
     }
   }
 
@@ -297,8 +290,6 @@
   health.append(el("h3", {}, "the sink's counts"));
   if (statusRows.length) health.append(table(["count", "value"], statusRows));
   else health.append(el("p", { class: "note" }, "not asked of the sink (a page rebuilt from the file alone)"));
-  const meta = D.meta.filter((m) => m.key.startsWith("rankscope/"));
-  if (meta.length) keyCharts(health, meta, "");
   if (D.skipped_events) health.append(el("p", { class: "note" }, `${D.skipped_events} malformed lines of the report data were skipped.`));
 
   // -- samples
@@ -320,6 +311,12 @@
       samples.append(el("div", { class: "controls" }, "step", pick), holder);
       draw();
     }
+  }
+  // -- internals: rankscope's own keys (rl/*, rankscope/*, the straggler detector's), folded
+  if (D.internals.length) {
+    const internals = section("internals", "Internals");
+    internals.append(folded(`rankscope's own keys (${D.internals.length}): rl/*, rankscope/*, the straggler detector's slowest/median per phase`,
+      (body) => keyCharts(body, D.internals, 0)));
   }
   charted();
   document.body.dataset.ready = "1";

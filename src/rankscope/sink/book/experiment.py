@@ -21,6 +21,8 @@ The rules (``docs/sink.md``):
 * A higher attempt (a restart, a resume) drops what the earlier attempt left open
   (``abandoned_steps``) and refuses the earlier attempt's processes (``superseded_points``); its
   steps open afresh, and the first one finalized at or below an earlier step is a rewind.
+* A step more than ``step_window`` ahead of the frontier is refused, the run's first step
+  included (measured from 0, or from the last step an earlier attempt finalized).
 
 Each key of a step is one running state (``sink.book.merge``): what arrives is merged at once,
 and nothing is kept per point past the step's view except the rows a view may ask
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...core import names as attr
-from ..checked import Process, Refusals, ResourceBatch, StateRows
+from ..checked import Process, Refusals, ResourceBatch, StateRows, ended_reason
 from ..views.anomalies import Detectors, Watch
 from ..views.step import StepView
 from .admission import Admission, ExperimentLimits
@@ -91,7 +93,10 @@ class Counts:
     superseded_points: int = 0
     """Points refused because their process's attempt is older than the run's (a restart)."""
     reused_points: int = 0
-    """Points refused because another launch reused the id of this run after it ended."""
+    """Points refused because another launch reused the id of this run after it ended (every process
+    said goodbye): any later point of its attempt, once the run book says it finished (``book.runs``)."""
+    scope_refused: int = 0
+    """Points refused because they came with the token of another scope than the run's (``book.runs``)."""
     sample_rows: int = 0
     log_records: int = 0
 
@@ -183,11 +188,13 @@ class Experiment:
         return self.windows.bucketed
 
     @property
-    def frontier(self) -> int | None:
-        """The step new data is measured against: the last finalized, else the lowest open one."""
+    def frontier(self) -> int:
+        """The step new data is measured against: the last finalized, else the lowest open one, else
+        the last step any attempt of the run finalized (0 for a new run): a run's first step is held
+        to the same ``step_window`` as every later one, so one point cannot make the run's steps late."""
         if self.last_finalized >= 0:
             return self.last_finalized
-        return min(self._open) if self._open else None
+        return min(self._open) if self._open else max(self._last_viewed, 0)
 
     def step_at(self, time_unix_nano: int) -> int:
         """The step whose window holds ``time_unix_nano`` (0: now; ``sink.book.windows``)."""
@@ -261,12 +268,7 @@ class Experiment:
         return taken
 
     def _reused_reason(self, process: Process) -> str:
-        return f"run {self.run[:64]!r} ended (every process said goodbye) and another launch reuses its id: " + (
-            "a resuming launch needs its own run id (unset RANKSCOPE_RUN_ID, a new --rdzv-id); "
-            "RANKSCOPE_RESUME names the run it continues"
-            if process.resource.get(attr.RUN_RESUME)
-            else "give the launch its own run id, or resume the run (RANKSCOPE_RESUME)"
-        )
+        return ended_reason(self.run, bool(process.resource.get(attr.RUN_RESUME)))
 
     def _room(self, step: int) -> tuple[Mapping[str, Running], int | None]:
         """What admission weighs a part of ``step`` against: its keys so far, and its late points
@@ -282,7 +284,7 @@ class Experiment:
     ) -> dict[int, ResourceBatch]:
         """The batch's parts by step, each step resolved; what is beyond the step window is refused."""
         frontier = self.frontier
-        horizon = None if frontier is None else frontier + self.step_window
+        horizon = frontier + self.step_window
         parts: dict[int, ResourceBatch] = {}
         opened = 0
 
@@ -290,7 +292,7 @@ class Experiment:
             """The batch's part of ``step`` for ``n`` items (``what``: how a refusal names them); None
             when refused: beyond the step window, or opening a step past ``max_open_steps``."""
             nonlocal opened
-            if horizon is not None and step > horizon:
+            if step > horizon and not replayed:  # acknowledged once: a replayed record keeps its step
                 refused.add(n, f"{what}: step {step} is more than {self.step_window} ahead of {frontier}")
                 return None
             found = parts.get(step)
@@ -448,7 +450,7 @@ class Experiment:
         before = refused.count
         for record in batch.logs:
             step = record.step if record.step is not None else self.step_at(record.time_unix_nano)
-            if frontier is not None and step > frontier + self.step_window:
+            if step > frontier + self.step_window:
                 refused.add(1, f"log record: step {step} is more than {self.step_window} ahead")
             elif self.admission.log_record(step, refused):
                 out.append((step, record))
@@ -501,7 +503,9 @@ class Experiment:
             self._done[step] = bucket
             while len(self._done) > self.retain_steps:
                 self._done.popitem(last=False)
-            out.append(self._finished(bucket, [label for label, _ in absent], rewound=step <= self._last_viewed))
+            done = self._finished(bucket, [label for label, _ in absent], rewound=step <= self._last_viewed)
+            done.interrupted = force and bool(absent)  # the job ended while these had not closed it
+            out.append(done)
             self._last_viewed = step
         return out
 
@@ -548,6 +552,15 @@ class Experiment:
     def idle(self, now: float, after: float) -> bool:
         """Nothing open, nothing pending and no data for ``after`` seconds: safe to evict."""
         return not self._open and not self._late and now - self.last_activity >= after
+
+    @property
+    def settled(self) -> bool:
+        """Nothing open and no late update pending: every step it took is finalized."""
+        return not self._open and not self._late
+
+    def late_deadline(self) -> float | None:
+        """When the pending late updates are due (``late_interval`` after the last), None: none pending."""
+        return self._late_written + self.late_interval if self._late else None
 
     def next_deadline(self) -> float | None:
         if not self._open:

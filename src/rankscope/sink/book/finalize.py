@@ -1,4 +1,5 @@
-"""A finished step into its view: reduce every key, read the step's phases, run the detectors.
+"""A finished step into its view: reduce every key, read the step's phases, run the detectors
+(not on a step the job ended in: that one is named ``interrupted``).
 
 ``view_of`` builds a ``StepView`` (``views.step``: the views' own type) from what the step book
 closed (``Finished``) and acts on nothing: it asks no process for anything and writes nothing.
@@ -58,6 +59,9 @@ class Finished:
     internal_errors: int = 0
     """The run's internal errors before this view (its own merge errors are added as it is built)."""
     keep_spans: bool = False
+    interrupted: bool = False
+    """Finalized at the job's end while processes had not closed it (Ctrl-C, a crash): its view names
+    it ``interrupted`` and no detector judges it (``views.anomalies.Watch.interrupted``)."""
 
 
 class PerProcess(Mapping[Process, list[Metric]]):
@@ -132,10 +136,12 @@ def view_of(done: Finished, *, traces: TraceStore, watch: Watch, on_error: OnErr
             global_metrics.append(metric)
             labels[metric.key] = label
     per_process = PerProcess(done.parts, on_error)
+    missing = [] if done.interrupted else done.missing  # the interrupted record names them, not "missing"
     view = StepView(
-        done.experiment, done.step, done.seq, global_metrics, done.missing, done.late, per_process, labels=labels
+        done.experiment, done.step, done.seq, global_metrics, missing, done.late, per_process, labels=labels
     )
     view.samples, view.attempt, view.rewound = done.samples, done.attempt, done.rewound
+    view.duration = None if done.interrupted else done.duration
     if not done.late:
         _judge(view, done, bad, traces, watch, stamp, done.internal_errors + errors)
     return view
@@ -148,18 +154,21 @@ def _judge(
     if done.keep_spans:  # a view draws a Gantt (the report): the step's spans ride with its view
         view.spans = traces.spans(done.step)[:MAX_VIEW_SPANS]
     view.phase_times = traces.phase_times(done.step)
-    phases = traces.phases(done.step, view.phase_times)
     view.heat = _heat(view.phase_times)
     metrics = view.global_metrics
-    metrics.extend(traces.stragglers(done.step, phases))
-    nonfinite = _nonfinite(done.parts, bad) if bad else []
-    metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
-    view.anomalies = watch.step(
-        done.step, nonfinite=nonfinite, phases=phases, duration=done.duration, missing=done.missing
-    )
-    slowest = {phase.name: phase.slowest for phase in phases}
-    view.stragglers = [(a, slowest[a["phase"]]) for a in view.anomalies if a["type"] == STRAGGLER]
-    metrics.append(Metric(attr.MISSING_PROCESSES, float(len(done.missing)), Reduce.MAX, stamp))
+    if done.interrupted:  # cut short by the job's end: nothing to judge (no straggler views either)
+        view.anomalies = watch.interrupted(done.step, done.missing)
+    else:
+        phases = traces.phases(done.step, view.phase_times)
+        metrics.extend(traces.stragglers(done.step, phases))
+        nonfinite = _nonfinite(done.parts, bad) if bad else []
+        metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
+        view.anomalies = watch.step(
+            done.step, nonfinite=nonfinite, phases=phases, duration=done.duration, missing=done.missing
+        )
+        slowest = {phase.name: phase.slowest for phase in phases}
+        view.stragglers = [(a, slowest[a["phase"]]) for a in view.anomalies if a["type"] == STRAGGLER]
+    metrics.append(Metric(attr.MISSING_PROCESSES, float(len(view.missing)), Reduce.MAX, stamp))
     if done.late_points:
         metrics.append(Metric(attr.LATE_POINTS, float(done.late_points), Reduce.MAX, stamp))
     if errors:

@@ -49,6 +49,11 @@ class Roster:
         """Rank slots each group declared (its largest world size)."""
         self._slot_total: dict[int, int] = {}
         """Rank slots declared per attempt, all groups together (``_declared``)."""
+        self._seen: dict[int, int] = {}
+        self._open: dict[int, int] = {}
+        """Processes per attempt, and those of them that have not said goodbye (``attempt_ended``)."""
+        self._filled: tuple[tuple[int, int], bool] = ((-1, -1), False)
+        """((version, processes), every declared rank slot of the attempt held) as ``finished`` last found it."""
 
     def process_for(self, resource: Mapping[str, Any]) -> Process | None:
         """The sending process (created on first sight), or None past ``max_processes``. A process
@@ -99,6 +104,8 @@ class Roster:
             and not any((p.host, p.pid) == (process.host, process.pid) for p in others)  # not a re-init
         )
         self.processes[pid] = process
+        self._seen[attempt] = self._seen.get(attempt, 0) + 1
+        self._open[attempt] = self._open.get(attempt, 0) + 1
         if not process.merged:
             self._labels[label] = pid
         if attempt > self.attempt:
@@ -139,12 +146,16 @@ class Roster:
         """A process given up on (or that said goodbye) sent data again."""
         if not process.live and process.attempt >= self.attempt:
             process.live = True
+            if process.ended:
+                self._open[process.attempt] += 1
             process.ended = False
             self.version += 1
 
     def ended(self, process: Process) -> None:
         """It said goodbye: not waited for again."""
         process.live = False
+        if not process.ended:
+            self._open[process.attempt] -= 1
         process.ended = True
         self.version += 1
 
@@ -152,6 +163,29 @@ class Roster:
     def all_ended(self) -> bool:
         """Every process said goodbye: the run is over (its views close once it is idle)."""
         return bool(self.processes) and all(p.ended for p in self.processes.values())
+
+    @property
+    def attempt_ended(self) -> bool:
+        """Every process of the run's current attempt said goodbye. Constant time: a goodbye asks."""
+        return self._seen.get(self.attempt, 0) > 0 and self._open.get(self.attempt, 0) == 0
+
+    @property
+    def finished(self) -> bool:
+        """The run's current attempt is over: every process of it said goodbye, and every rank slot
+        it declared (``rankscope.world_size``) was held by one (a rank that never reported may still
+        come: it is late, not another launch). ``book.runs`` then closes the run to the attempt once
+        the sink's grace has passed. Walks the processes only once they have all said goodbye."""
+        if not self.attempt_ended:
+            return False
+        at = (self.version, len(self.processes))
+        if self._filled[0] != at:
+            held: dict[Group, set[int]] = {}
+            for p in self.processes.values():
+                if p.attempt == self.attempt and not p.merged:
+                    held.setdefault(p.group, set()).add(p.rank)
+            declared = [(g, size) for g, size in self._slots.items() if g[2] == self.attempt]
+            self._filled = (at, all(held.get(g, set()).issuperset(range(size)) for g, size in declared))
+        return self._filled[1]
 
     @property
     def stepping(self) -> bool:

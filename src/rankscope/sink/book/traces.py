@@ -91,16 +91,19 @@ def _last_byte(path: Path) -> bytes:
 
 
 class SpanFile:
-    """Every stored span of one experiment, one JSONL row each, up to ``max_bytes``."""
+    """Every stored span of one experiment, one JSONL row each, up to ``max_bytes``. Its handle is
+    open while spans come (``release`` closes it, the next span opens it again: the sink's
+    descriptor budget)."""
 
     def __init__(self, path: Path, max_bytes: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_bytes = max_bytes
-        self._file: IO[str] = path.open("a", encoding="utf-8")
+        file = path.open("a", encoding="utf-8")
+        self._file: IO[str] | None = file
         self.bytes = path.stat().st_size
         if self.bytes and _last_byte(path) != b"\n":  # a sink killed mid-line: the next row starts afresh
-            self._file.write("\n")
+            file.write("\n")
             self.bytes += 1
         self.not_saved = 0
         """Spans past the cap: stored in memory (the last steps), not in the file."""
@@ -119,6 +122,8 @@ class SpanFile:
                 self.max_bytes,
             )
             return
+        if self._file is None:
+            self._file = self.path.open("a", encoding="utf-8")
         self._file.write(line)
         self.bytes += len(line)
 
@@ -126,7 +131,8 @@ class SpanFile:
         """The file's lines (JSON rows) of steps in [first, last] and the given ranks, as far as it
         was written when called (call under the lock that guards ``write``; read lazily without it).
         A line cut by a crash is skipped."""
-        self._file.flush()
+        if self._file is not None:
+            self._file.flush()
         return self._read(self.bytes, first, last, ranks)
 
     def _read(self, size: int, first: int | None, last: int | None, ranks: set[int] | None) -> Iterator[str]:
@@ -158,8 +164,14 @@ class SpanFile:
             "not_saved": self.not_saved,
         }
 
+    def release(self) -> None:
+        """Close the handle (written through); the next span opens it again."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
     def close(self) -> None:
-        self._file.close()
+        self.release()
 
 
 class TraceStore:

@@ -14,7 +14,8 @@ once, so concurrent requests share an fsync (group commit).
 
 The views report each step they wrote with the newest record it covered; ``written.log``
 gets one line per step as it is written (an append, no fsync: the views' own files are not
-fsynced either), and the checkpoint, taken at most every 0.1 s, folds those lines into
+fsynced either; opened per line, so an idle run holds no descriptor for it), and the
+checkpoint, taken at most every 0.1 s, folds those lines into
 ``written[step] = seq`` and empties the journal. A record (seq, step) is replayed on start
 exactly when ``seq > written[step]``, so a SIGKILL at any moment loses no acknowledged point,
 merges none twice, and a view writes each step once: only the step a view was writing when
@@ -22,11 +23,16 @@ the process died is written again (the window is that one step per run). A retri
 is recognized by its digest (also logged). A segment is deleted once every record in it is
 covered. Caveat: a late update pending at the crash is written on start from the late
 records alone (the step's earlier records are gone).
+
+A run's log holds one descriptor, its current segment's, from its first append until it is
+``release``d (the run went quiet, or another needs the descriptor: ``durable.descriptors``) or
+closed; the next append opens the same segment again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -103,8 +109,7 @@ class ExperimentLog:
         self.last_finalized = -1
         self.attempt = 0
         self._segments: dict[Path, dict[int, int]] = {}  # segment -> {step: newest seq in it}
-        self._checkpointed = 0.0
-        self._journal: int | None = None
+        self._checkpointed = time.monotonic()  # a short run's steps are folded in once, as it closes
         self._closed = False
         self.set_aside: list[str] = []
         """Segments ``replay`` found corrupt before their end, renamed ``*.corrupt`` (what it says)."""
@@ -114,10 +119,13 @@ class ExperimentLog:
             _atomic_write(meta, {"experiment": experiment, "run": run})
         self._load_checkpoint()
 
-    def save_meta(self, meta: dict[str, Any]) -> None:
-        """What the run book keeps of the run (``book.runs.Run.record``), beside its records."""
+    def save_meta(self, meta: dict[str, Any], *, sync: bool = True) -> None:
+        """What the run book keeps of the run (``book.runs.Run.record``), beside its records.
+        ``sync=False``: replaced atomically but not fsynced (it survives the sink's crash, not the
+        machine's: for what the sink can do without, such as whether the run finished)."""
         with self._lock:
-            _atomic_write(self.directory / "meta.json", {**meta, "experiment": self.experiment, "run": self.run})
+            meta = {**meta, "experiment": self.experiment, "run": self.run}
+            _atomic_write(self.directory / "meta.json", meta, sync=sync)
 
     def _load_checkpoint(self) -> None:
         try:
@@ -210,6 +218,8 @@ class ExperimentLog:
 
     def append(self, step: int, payload: bytes) -> int:
         with self._lock:
+            if self._fd is None and self._segment is not None and self._size < self.segment_bytes:
+                self._fd = os.open(self._segment, os.O_WRONLY | os.O_APPEND)  # released before: the same segment
             if self._fd is None or self._size >= self.segment_bytes:
                 self._rotate()
             assert self._fd is not None and self._segment is not None
@@ -233,6 +243,25 @@ class ExperimentLog:
         self._size = 0
         _fsync_dir(self.directory)
 
+    def release(self, *, wait: bool = False) -> bool:
+        """Close the segment's descriptor (the next append opens it again) if every record in it is
+        durable; False when the log is in use or has records not yet synced. Never waits for the
+        lock unless told to (``wait``: the run is closing; what is not synced yet is synced now)."""
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
+            if self._fd is not None:
+                if self.durable < self.seq:
+                    if not wait:
+                        return False
+                    os.fsync(self._fd)
+                    self.durable = self.seq
+                os.close(self._fd)
+                self._fd = None
+            return True
+        finally:
+            self._lock.release()
+
     def sync(self) -> None:
         """Make every appended record durable. The fsync runs on a duplicate of the segment's
         descriptor, outside the lock, so appends (the experiment's ingest) go on meanwhile."""
@@ -255,9 +284,16 @@ class ExperimentLog:
             self._note_written(step, seq, last_finalized, attempt)
             if self._closed:  # a view that finished after the run's log closed (eviction, stop): replay covers it
                 return
-            if self._journal is None:
-                self._journal = os.open(self.directory / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.write(self._journal, f"{step} {seq} {last_finalized} {attempt}\n".encode())
+            try:
+                journal = os.open(self.directory / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            except OSError as exc:  # out of descriptors: noted above, the next checkpoint holds it
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+            else:
+                try:
+                    os.write(journal, f"{step} {seq} {last_finalized} {attempt}\n".encode())
+                finally:
+                    os.close(journal)
             now = time.monotonic()
             if not force and now - self._checkpointed < 0.1:
                 return
@@ -289,25 +325,24 @@ class ExperimentLog:
             "seq": self.seq,
         }
         _atomic_write(self.directory / "checkpoint.json", state)
-        if self._journal is not None:  # folded into the checkpoint: a crash from here replays no line twice
-            os.ftruncate(self._journal, 0)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.truncate(self.directory / JOURNAL, 0)
+        with contextlib.suppress(FileNotFoundError):  # in the checkpoint now: a crash replays no line twice
+            os.truncate(self.directory / JOURNAL, 0)
 
     def close(self) -> None:
+        """Sync, checkpoint and close (once: a later call changes nothing, so a log closed twice never
+        writes its checkpoint over that of a log opened on its directory since)."""
         with self._lock:
+            if self._closed:
+                return
             if self._fd is not None:
-                os.fsync(self._fd)
+                if self.durable < self.seq:
+                    os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd = None
                 self.durable = self.seq
             self._segment = None
             with contextlib.suppress(OSError):
                 self._checkpoint()
-            if self._journal is not None:
-                os.close(self._journal)
-                self._journal = None
             self._closed = True
 
 
@@ -456,14 +491,16 @@ def default_state_dir() -> Path:
     return Path(base) / "rankscope" / "sink"
 
 
-def _atomic_write(path: Path, payload: dict[str, Any]) -> None:
+def _atomic_write(path: Path, payload: dict[str, Any], *, sync: bool = True) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         json.dump(payload, f)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if sync:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -1,20 +1,128 @@
-"""Who may talk to the sink: one bearer token, checked the same way by both transports.
+"""Who may talk to the sink, and for which experiments: bearer tokens, checked the same way by both transports.
 
-``Authorization: Bearer <token>`` (the scheme in any case), compared in constant time. The
-gRPC transport reads it from the call's metadata, the HTTP one from the header; both answer a
-missing or wrong token with ``UNAUTHORIZED`` before they read anything else.
+``Authorization: Bearer <token>`` (the scheme in any case). A sink has the one ``--token``
+(every experiment: ``checked.ALL``), scoped tokens (``--tokens FILE``: each may write only the
+experiments its scope names or prefixes, ``load_tokens``), both, or neither (then it takes
+anyone, as one scope). ``Keys.scope_of`` turns a request's header into the ``checked.Scope``
+the transports put on its ``Client``, or None: the gRPC transport reads the header from the
+call's metadata, the HTTP one from the request; both answer None with ``UNAUTHORIZED``
+(401 / UNAUTHENTICATED) before they read anything else. A header that is not UTF-8 (aiohttp
+hands its bytes over as surrogate escapes, grpcio as Latin-1) is a wrong token like any other.
+
+A presented token is looked up by its SHA-256 digest, so the time a lookup takes says nothing
+about how much of a real token it matched.
 """
 
 from __future__ import annotations
 
-import hmac
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from ..checked import ALL, Scope
 
 UNAUTHORIZED = "missing or wrong bearer token"
 
+MIN_TOKEN_CHARS = 16
+"""A scoped token is at least this long: a token is all that tells one team's clients from another's."""
+_SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+"""Printable ASCII without spaces: what an HTTP header and gRPC metadata carry as sent."""
 
-def authorized(expected: str | None, header: str | None) -> bool:
-    """Whether ``header`` carries the sink's token (``expected``; None: the sink takes anyone)."""
-    if expected is None:
-        return True
-    scheme, _, token = (header or "").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
+
+def _presented(header: str | bytes | None) -> bytes | None:
+    """The token a header carries (``Bearer <token>``, the scheme in any case), as bytes; None if none."""
+    if header is None:
+        return None
+    if isinstance(header, str):
+        try:  # aiohttp decodes header bytes that are not UTF-8 as surrogate escapes: back to those bytes
+            header = header.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return None
+    scheme, _, token = header.strip().partition(b" ")
+    if scheme.lower() != b"bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _digest(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
+
+
+class Keys:
+    """The sink's tokens and the scope each one writes for."""
+
+    def __init__(self, token: str | None = None, tokens: Mapping[str, Scope] | None = None) -> None:
+        self._scopes: dict[bytes, Scope] = {}
+        if token:
+            self._scopes[_digest(token.encode())] = ALL
+        for secret, scope in (tokens or {}).items():
+            key = _digest(secret.encode())
+            if key in self._scopes:
+                raise ValueError(f"the token of {scope.label} is also the sink's --token or another scope's")
+            self._scopes[key] = scope
+        self.open = not self._scopes
+        """No token at all: everyone is one scope (``ALL``)."""
+
+    def scope_of(self, header: str | bytes | None) -> Scope | None:
+        """The scope of the token ``header`` carries; None: missing or wrong (answered ``UNAUTHORIZED``)."""
+        if self.open:
+            return ALL
+        token = _presented(header)
+        return None if token is None else self._scopes.get(_digest(token))
+
+
+def authorized(expected: str | None, header: str | bytes | None) -> bool:
+    """Whether ``header`` carries the sink's one token (``expected``; None: the sink takes anyone)."""
+    return Keys(expected).scope_of(header) is not None
+
+
+def load_tokens(path: Path) -> dict[str, Scope]:
+    """Scoped tokens from a file (``rankscope sink --tokens FILE``, ``RANKSCOPE_SINK_TOKENS``): TOML
+    when its name ends in ``.toml``, else JSON, of this shape::
+
+        [scopes.rl-team]                       # {"scopes": {"rl-team": {
+        tokens = ["<a secret of 16+ chars>"]   #    "tokens": ["..."],
+        experiments = ["grpo-*", "eval-qwen"]  #    "experiments": ["grpo-*", "eval-qwen"]}}}
+
+    ``experiments``: exact experiment ids, or prefixes ending in ``*`` (``"*"``: all). Raises
+    ``ValueError`` naming the file and what is wrong with it."""
+    text = path.read_text()
+    try:
+        found: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: not {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}") from None
+    scopes = found.get("scopes") if isinstance(found, dict) else None
+    if not isinstance(scopes, dict) or not scopes:
+        raise ValueError(f"{path}: no scopes (a table 'scopes' of name -> tokens and experiments)")
+    tokens: dict[str, Scope] = {}
+    for name, entry in scopes.items():
+        where = f"{path}: scope {str(name)[:64]!r}"
+        if not isinstance(name, str) or not _SCOPE_NAME.fullmatch(name):
+            raise ValueError(f"{where}: a scope's name is 1-64 characters of [A-Za-z0-9._-]")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: each scope is a table of tokens and experiments")
+        secrets = entry.get("tokens", [entry["token"]] if "token" in entry else None)
+        experiments = entry.get("experiments")
+        if not isinstance(secrets, list) or not secrets:
+            raise ValueError(f"{where}: 'tokens' must be a non-empty list of strings")
+        if not isinstance(experiments, list) or not experiments:
+            raise ValueError(f"{where}: 'experiments' must be a non-empty list of experiment ids or prefixes (x*)")
+        for e in experiments:
+            if not isinstance(e, str) or not e or "*" in e[:-1]:
+                raise ValueError(f"{where}: experiment {str(e)[:64]!r}: an id, or a prefix with one '*' at its end")
+        scope = Scope(name, tuple(experiments))
+        for secret in secrets:
+            if not isinstance(secret, str) or len(secret) < MIN_TOKEN_CHARS or not _TOKEN.fullmatch(secret):
+                raise ValueError(
+                    f"{where}: each token is at least {MIN_TOKEN_CHARS} printable ASCII characters, no spaces"
+                )
+            if secret in tokens:
+                raise ValueError(f"{where}: a token of it is also {tokens[secret].label}'s")
+            tokens[secret] = scope
+    return tokens

@@ -1,7 +1,7 @@
 """The sink's control routes on HTTP, apart from OTLP ingest: what embedded clients and people ask.
 
 ``GET /healthz`` (503 naming a dead sink thread; no token needed), and behind the bearer token
-(``edge.auth``):
+(``edge.auth``; a scoped token sees only its scope's experiments, ``ScopedControl``):
 ``POST /rankscope/v1/config`` (an experiment's views),
 ``GET /rankscope/v1/status[?experiment=ID[&run=RUN]]`` (a route that names an experiment
 takes ``run``, else means its latest run; a resuming launch's own run id means the run it
@@ -25,14 +25,17 @@ import asyncio
 import itertools
 import json
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 from aiohttp import web
 
 from ..book.traces import parse_ranks
-from .auth import UNAUTHORIZED, authorized
+from ..checked import ALL, Scope, clean_text
+from ..views.captures import MAX_RANKS, MAX_STEPS
+from .auth import UNAUTHORIZED, Keys
 from .bodies import HttpError, OverloadedError
 from .ports import Control
 
@@ -43,19 +46,24 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 class ControlRoutes:
-    """The control routes of one sink, answered by its ``Control`` port behind ``token``. ``call``
+    """The control routes of one sink, answered by its ``Control`` port behind ``keys`` (each
+    token sees the experiments of its scope only: ``ScopedControl``). ``call``
     runs a blocking call off the event loop, ``body`` reads a request body within the sink's size
     limit (both from the HTTP transport)."""
 
     def __init__(
         self,
         control: Control,
-        token: str | None,
+        keys: Keys,
         call: Callable[..., Awaitable[Any]],
         body: Callable[[web.BaseRequest], Awaitable[bytes]],
+        *,
+        max_id_chars: int = 256,
     ) -> None:
         self.control = control
-        self.token = token
+        self.keys = keys
+        self.max_id_chars = max_id_chars
+        """An experiment id a body may name (the OTLP edge's bound, ``checked.Limits.max_id_chars``)."""
         self._call = call
         self._body = body
         self._report_lock = threading.Lock()
@@ -77,8 +85,10 @@ class ControlRoutes:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.path == "/healthz" and request.method == "GET":
             return await self._health(request)
-        if not authorized(self.token, request.headers.get("Authorization")):
+        scope = self.keys.scope_of(request.headers.get("Authorization"))
+        if scope is None:
             raise HttpError(401, UNAUTHORIZED)
+        request[_CONTROL] = self.control if scope is ALL else ScopedControl(self.control, scope)
         handler = self.routes.get((request.method, request.path))
         if handler is None:
             if any(path == request.path for _, path in self.routes):
@@ -89,16 +99,26 @@ class ControlRoutes:
     async def _config(self, request: web.BaseRequest) -> web.Response:
         body = await self._body(request)
         try:
-            payload = json.loads(body)
+            payload = _json(body)
             experiment, backends = payload["experiment"], payload["backends"]
             if not isinstance(experiment, str) or not isinstance(backends, dict):
                 raise TypeError("experiment must be a string and backends an object")
+            self._check_id(experiment)
             if not all(isinstance(v, dict) for v in backends.values()):
                 raise TypeError("each backend's options must be an object")
+            if _deeper(backends, MAX_CONFIG_DEPTH):
+                raise ValueError(f"backends nest deeper than {MAX_CONFIG_DEPTH} levels")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad config body: {exc}") from None
-        answer = await self._call(self.control.configure, experiment, backends)  # it takes runs' locks
+        answer = await self._call(_control(request).configure, experiment, backends)  # it takes runs' locks
         return web.json_response({"result": answer})
+
+    def _check_id(self, experiment: str) -> None:
+        """Raise ``ValueError`` for an experiment id the OTLP edge would refuse (``edge.validate``)."""
+        limit = self.max_id_chars
+        if clean_text(experiment, limit) is None:
+            shown = f"of {len(experiment)} characters" if len(experiment) > limit else repr(experiment[:64])
+            raise ValueError(f"experiment id {shown} is empty, over {limit} characters or holds control characters")
 
     async def _health(self, request: web.BaseRequest) -> web.StreamResponse:
         healthy, problems = self.control.health()
@@ -109,8 +129,8 @@ class ControlRoutes:
         query = parse_qs(request.query_string)
         experiment = query.get("experiment", [None])[0]
         if experiment is None:  # both take runs' locks: on the pool, never on the loop that answers everyone
-            return web.json_response(await self._call(self.control.overview))
-        found = await self._call(self.control.status, experiment, _run(query))
+            return web.json_response(await self._call(_control(request).overview))
+        found = await self._call(_control(request).status, experiment, _run(query))
         if found is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
         return web.json_response(found)
@@ -118,7 +138,7 @@ class ControlRoutes:
     async def _recent(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment = query.get("experiment", [""])[0]
-        found = await self._call(self.control.recent, experiment, _run(query))
+        found = await self._call(_control(request).recent, experiment, _run(query))
         if found is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}")
         return web.json_response(found)
@@ -126,15 +146,16 @@ class ControlRoutes:
     async def _pending(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment, process = query.get("experiment", [""])[0], query.get("process", [""])[0]
-        return web.json_response(await self._call(self.control.pending_captures, experiment, process))
+        return web.json_response(await self._call(_control(request).pending_captures, experiment, process))
 
     async def _report(self, request: web.BaseRequest) -> web.Response:
         body = await self._body(request)
         try:
-            payload = json.loads(body)
+            payload = _json(body)
             experiment, run = payload["experiment"], payload.get("run")
             if not isinstance(experiment, str) or not isinstance(run, (str, type(None))):
                 raise TypeError("experiment (and run) must be strings")
+            self._check_id(experiment)
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad report request: {exc}") from None
         with self._report_lock:  # one page at a time per experiment; others' pages go on
@@ -144,7 +165,7 @@ class ControlRoutes:
         if busy:
             raise HttpError(429, "this experiment's report (or 8 others) is being written; ask again", 2)
         try:  # its own thread: waiting on the views never holds the pool that decodes data
-            answer = await asyncio.to_thread(self.control.report, experiment, REPORT_TIMEOUT, run)
+            answer = await asyncio.to_thread(_control(request).report, experiment, REPORT_TIMEOUT, run)
         finally:
             with self._report_lock:
                 self._reporting.discard(experiment)
@@ -155,21 +176,27 @@ class ControlRoutes:
     async def _capture(self, request: web.BaseRequest) -> web.Response:
         body = await self._body(request)
         try:
-            payload = json.loads(body)
+            payload = _json(body)
             experiment, steps = payload["experiment"], payload.get("steps", 2)
-            ranks, run = payload.get("ranks"), payload.get("run")
-            reason = str(payload.get("reason") or "asked")
+            ranks, run, reason = payload.get("ranks"), payload.get("run"), payload.get("reason") or "asked"
             if not isinstance(experiment, str) or isinstance(steps, bool) or not isinstance(steps, int):
                 raise TypeError("experiment must be a string and steps an int")
-            if not isinstance(run, (str, type(None))):
-                raise TypeError("run must be a string")
+            self._check_id(experiment)
+            if not isinstance(run, (str, type(None))) or not isinstance(reason, str):
+                raise TypeError("run and reason must be strings")
+            if not 1 <= steps <= MAX_STEPS:
+                raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {steps}")
             if ranks is not None and not (isinstance(ranks, list) and all(type(r) is int for r in ranks)):
                 raise TypeError("ranks must be a list of ints")
+            if ranks is not None and len(ranks) > MAX_RANKS:
+                raise ValueError(f"at most {MAX_RANKS} ranks, got {len(ranks)}")
+            if ranks is not None and not all(0 <= r < MAX_RANK for r in ranks):
+                raise ValueError(f"ranks must be in [0, {MAX_RANK}), got {min(ranks)} to {max(ranks)}")
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, f"bad capture request: {exc}") from None
         chosen = None if ranks is None else frozenset(ranks)
-        answer = await self._call(self.control.capture, experiment, reason, steps, chosen, run)
-        if isinstance(answer, str):
+        answer = await self._call(_control(request).capture, experiment, reason, steps, chosen, run)
+        if isinstance(answer, str):  # what is left to refuse: an unknown experiment, or its rate limits
             raise HttpError(404 if answer.startswith("no experiment") else 429, answer)
         return web.json_response(answer)
 
@@ -179,9 +206,9 @@ class ControlRoutes:
         if request.content_length is None:
             raise HttpError(411, "a capture file needs a Content-Length")
         try:  # before the body is read: a file nobody asked for costs nothing
-            await self._call(self.control.capture_target, experiment, capture, process, request.content_length)
+            await self._call(_control(request).capture_target, experiment, capture, process, request.content_length)
             body = await self._body(request)
-            path = await self._call(self.control.store_capture, experiment, capture, process, body)
+            path = await self._call(_control(request).store_capture, experiment, capture, process, body)
         except LookupError as exc:
             raise HttpError(404, str(exc)) from None
         except OverloadedError as exc:
@@ -197,7 +224,7 @@ class ControlRoutes:
             ranks = parse_ranks(query.get("ranks", [""])[0])
         except ValueError as exc:
             raise HttpError(400, f"bad span query: {exc}") from None
-        rows = await self._call(self.control.span_rows, experiment, first, last, ranks, _run(query))
+        rows = await self._call(_control(request).span_rows, experiment, first, last, ranks, _run(query))
         if rows is None:
             raise HttpError(404, f"no experiment {experiment[:200]!r}")
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
@@ -207,6 +234,116 @@ class ControlRoutes:
             await response.write("".join(chunk).encode())
         await response.write_eof()
         return response
+
+
+_CONTROL = web.RequestKey("rankscope.control", Control)
+"""Where ``handle`` leaves the request's view of the ``Control`` port (its token's scope)."""
+
+
+def _control(request: web.BaseRequest) -> Control:
+    """The ``Control`` port as the request's token sees it (set by ``ControlRoutes.handle``)."""
+    return request[_CONTROL]
+
+
+class ScopedControl:
+    """The ``Control`` port as a scoped token sees it: an experiment outside its scope does not
+    exist for it (404, like an unknown one), and its views cannot be configured from it."""
+
+    def __init__(self, control: Control, scope: Scope) -> None:
+        self._control = control
+        self._scope = scope
+
+    def _missing(self, experiment_id: str) -> str | None:
+        if self._scope.allows(experiment_id):
+            return None
+        return f"no experiment {experiment_id[:200]!r} in {self._scope.label}"
+
+    def health(self) -> tuple[bool, list[str]]:
+        return self._control.health()
+
+    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
+        if not self._scope.allows(experiment_id):
+            return f"refused: {self._scope.label} may not write experiment {experiment_id[:200]!r}"
+        return self._control.configure(experiment_id, backends)
+
+    def overview(self) -> dict[str, Any]:
+        found = self._control.overview()
+        listed = found.get("experiment_list")
+        if isinstance(listed, list):
+            found["experiment_list"] = [e for e in listed if self._scope.allows(str(e.get("id", "")))]
+        return found
+
+    def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
+        return None if self._missing(experiment_id) else self._control.status(experiment_id, run)
+
+    def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None:
+        return None if self._missing(experiment_id) else self._control.recent(experiment_id, run)
+
+    def span_rows(
+        self,
+        experiment_id: str,
+        first: int | None = None,
+        last: int | None = None,
+        ranks: set[int] | None = None,
+        run: str | None = None,
+    ) -> Iterator[str] | None:
+        if self._missing(experiment_id):
+            return None
+        return self._control.span_rows(experiment_id, first, last, ranks, run)
+
+    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
+        return self._missing(experiment_id) or self._control.report(experiment_id, timeout, run)
+
+    def capture(
+        self,
+        experiment_id: str,
+        reason: str,
+        steps: int,
+        ranks: frozenset[int] | None = None,
+        run: str | None = None,
+    ) -> dict[str, Any] | str:
+        return self._missing(experiment_id) or self._control.capture(experiment_id, reason, steps, ranks, run)
+
+    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
+        return [] if self._missing(experiment_id) else self._control.pending_captures(experiment_id, process_id)
+
+    def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
+        missing = self._missing(experiment_id)
+        if missing:
+            raise LookupError(missing)
+        return self._control.capture_target(experiment_id, capture_id, process_id, size)
+
+    def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
+        missing = self._missing(experiment_id)
+        if missing:
+            raise LookupError(missing)
+        return self._control.store_capture(experiment_id, capture_id, process_id, data)
+
+
+MAX_CONFIG_DEPTH = 16
+"""Levels of objects and lists a posted view config may nest (a view's options are a few deep)."""
+MAX_RANK = 2**31
+"""Ranks a capture may name are below this (a rank is a non-negative int32, as on the wire)."""
+
+
+def _json(body: bytes) -> Any:
+    """A JSON body; ``ValueError`` for one that does not parse, nested past the parser's depth too."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects and lists more than ``limit`` levels (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
 
 
 def _run(query: dict[str, list[str]]) -> str | None:

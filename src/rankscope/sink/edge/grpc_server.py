@@ -4,7 +4,8 @@ The services are registered with raw-bytes request handling, so an undecodable b
 answered INVALID_ARGUMENT (not INTERNAL) by our own parse. grpcio inflates gzip itself and
 enforces ``max_receive_message_length`` on the inflated message, so oversized and gzip-bomb
 requests end as RESOURCE_EXHAUSTED before we see them. Overload answers UNAVAILABLE, which
-OTLP clients retry with backoff. The bearer token is checked by ``edge.auth``, as the HTTP side does.
+OTLP clients retry with backoff. The bearer token is checked by ``edge.auth``, as the HTTP side does,
+and its scope travels with the request's ``Client``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from ...otlp.raw import parse_metrics
-from .auth import UNAUTHORIZED, authorized
+from .auth import UNAUTHORIZED, Keys
 from .bodies import OverloadedError
 from .ports import Client, Ingest, Transport
 
@@ -36,7 +37,7 @@ _SERVICES = (
 
 def _handler(
     ingest: Ingest,
-    token: str | None,
+    keys: Keys,
     parse: Callable[[bytes], Any],
     response_class: type,
     export_name: str,
@@ -45,15 +46,16 @@ def _handler(
     export = getattr(ingest, export_name)
 
     def handle(body: bytes, context: Any) -> Any:
-        sent = dict(context.invocation_metadata()).get("authorization")
-        if not authorized(token, sent):
+        scope = keys.scope_of(dict(context.invocation_metadata()).get("authorization"))
+        if scope is None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
+            return b""  # abort raises: never reached
         try:
             request = parse(body)
         except (DecodeError, ValueError, RecursionError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable OTLP request: {exc}")
         try:
-            result = export(request, Client(peer=_host(context.peer())))
+            result = export(request, Client(peer=_host(context.peer()), scope=scope))
         except OverloadedError as exc:
             context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -79,10 +81,21 @@ def start_grpc(ingest: Ingest, config: Transport, port: int) -> tuple[Any, int]:
     limit = config.max_body_bytes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
-        options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.so_reuseport", 0),
+            # a connection that has not finished its HTTP/2 handshake is closed as an HTTP one
+            # that has not sent its request head (grpcio's default: 120 s)
+            ("grpc.server_handshake_timeout_ms", max(1, int(config.header_timeout * 1000))),
+            # connections past this are closed as they come (the descriptor plan's share); out of
+            # descriptors, grpcio's C core leaves a connection queued and retries once a second,
+            # logging once a second: no spin (``durable.descriptors``)
+            ("grpc.max_allowed_incoming_connections", config.max_connections),
+        ],
     )
+    keys = Keys(config.token, config.tokens)
     for service, parse, response_class, export_name, rejected_field in _SERVICES:
-        handler = _handler(ingest, config.token, parse, response_class, export_name, rejected_field)
+        handler = _handler(ingest, keys, parse, response_class, export_name, rejected_field)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": handler}),))
     bound = server.add_insecure_port(f"{config.host}:{port}")
     if bound == 0:

@@ -3,10 +3,12 @@
 Routes: ``POST /v1/metrics|traces|logs`` (OTLP, protobuf or JSON, optionally gzip); everything
 under ``/rankscope/`` and ``/healthz`` is a control route (``edge.control``).
 
-Facing a network: connections that send nothing are closed after
-``idle_connection_timeout`` (aiohttp's keep-alive timer starts when the connection opens),
-at most ``max_connections`` are open (the newest beyond is closed at once), the listen
-backlog is 1024, a body over ``max_body_bytes`` is answered 413 from its Content-Length
+Facing a network (``edge.connections``): a request head must arrive whole within
+``header_timeout`` of its first byte (of the connection's opening, for the first), a kept-alive
+connection may idle ``idle_connection_timeout`` between requests, at most ``max_connections``
+are open (a newcomer beyond closes the one waiting longest for its head), the listen
+backlog is 1024 (out of file descriptors, a newcomer is answered 503: ``edge.listener``), a
+body over ``max_body_bytes`` is answered 413 from its Content-Length
 without being read, one that takes longer than ``body_timeout`` to arrive is answered 408
 (a trickled body would hold its connection; either is closed after at most 2 s more), and the bearer token is checked by
 ``edge.auth`` before any body is read. Decoding and merging run on a small thread pool, so a
@@ -22,9 +24,11 @@ from typing import Any
 
 from aiohttp import web
 
-from .auth import UNAUTHORIZED, authorized
+from .auth import UNAUTHORIZED, Keys
 from .bodies import HttpError, OverloadedError, decode_body, encode_response, encode_status, media_type
+from .connections import ConnectionServer
 from .control import ControlRoutes
+from .listener import Listener, OnExhausted
 from .ports import Client, Control, Ingest, Spawn, Transport
 
 _GRPC_CODES = {400: 3, 401: 16, 408: 4, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
@@ -36,17 +40,6 @@ _LINGER = 2.0
 (aiohttp's default, 10, would let a trickling client hold it that much longer)."""
 
 
-class _CappedServer(web.Server):
-    """aiohttp's low-level server with a cap on open connections."""
-
-    max_connections = 1024
-
-    def connection_made(self, handler: Any, transport: Any) -> None:
-        super().connection_made(handler, transport)
-        if len(self.connections) > self.max_connections:
-            transport.close()
-
-
 class _Routes:
     """OTLP ingest, and the control routes handed to ``edge.control``."""
 
@@ -54,7 +47,8 @@ class _Routes:
         self.ingest = ingest
         self.config = config
         self.pool = pool
-        self.control = ControlRoutes(control, config.token, self._call, self._body)
+        self.keys = Keys(config.token, config.tokens)
+        self.control = ControlRoutes(control, self.keys, self._call, self._body, max_id_chars=config.max_id_chars)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -77,7 +71,8 @@ class _Routes:
         return await _read_body(request, limit, config.body_timeout)
 
     async def _post(self, request: web.BaseRequest) -> web.StreamResponse:
-        if not authorized(self.config.token, request.headers.get("Authorization")):
+        scope = self.keys.scope_of(request.headers.get("Authorization"))
+        if scope is None:
             raise HttpError(401, UNAUTHORIZED)
         body = await self._body(request)
         decoded = await self._call(
@@ -94,7 +89,7 @@ class _Routes:
             "logs": self.ingest.export_logs,
         }[decoded.signal]
         try:
-            result = await self._call(export, decoded.request, Client(peer=request.remote or ""))
+            result = await self._call(export, decoded.request, Client(peer=request.remote or "", scope=scope))
         except OverloadedError as exc:
             raise HttpError(429 if "capacity" in str(exc) else 503, str(exc), exc.retry_after) from None
         response = decoded.response_class()
@@ -145,29 +140,35 @@ def _error(request: web.BaseRequest, error: HttpError) -> web.Response:
 class HttpServer:
     """The aiohttp server on its own event-loop thread (supervised by the sink)."""
 
-    def __init__(self, ingest: Ingest, control: Control, config: Transport, port: int) -> None:
+    def __init__(
+        self, ingest: Ingest, control: Control, config: Transport, port: int, on_exhausted: OnExhausted | None = None
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rankscope-sink-http")
         routes = _Routes(ingest, control, config, self.pool)
-        server = _CappedServer(
+        server = ConnectionServer(
             routes.handle,
             loop=self.loop,
+            max_connections=config.max_connections,
+            header_timeout=config.header_timeout,
             keepalive_timeout=config.idle_connection_timeout,
             lingering_time=_LINGER,
             access_log=None,
             auto_decompress=False,  # bodies.decompress inflates with the size cap
         )
-        server.max_connections = config.max_connections
         self.runner = web.ServerRunner(server, handle_signals=False, access_log=None)
         self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, config.host, port, backlog=1024, reuse_address=True)
-        self.loop.run_until_complete(site.start())
-        self.port = int(self.runner.addresses[0][1])
+        # accepting is ours, not asyncio's: out of descriptors, a connection is refused with a
+        # reason instead of a spin and a traceback per attempt (``edge.listener``)
+        self.listener = Listener(self.loop, server, config.host, port, backlog=1024, on_exhausted=on_exhausted)
+        self.listener.start()
+        self.port = self.listener.port
         self._stopped = threading.Event()
 
     def serve(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
+        self.listener.close()
         self.loop.run_until_complete(self.runner.cleanup())
         self.loop.close()
         self._stopped.set()
@@ -178,8 +179,16 @@ class HttpServer:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def start_http(ingest: Ingest, control: Control, config: Transport, port: int, spawn: Spawn) -> tuple[HttpServer, int]:
-    """Listen on ``config.host:port`` (0: any free port) and serve on a thread from ``spawn``."""
-    server = HttpServer(ingest, control, config, port)
+def start_http(
+    ingest: Ingest,
+    control: Control,
+    config: Transport,
+    port: int,
+    spawn: Spawn,
+    on_exhausted: OnExhausted | None = None,
+) -> tuple[HttpServer, int]:
+    """Listen on ``config.host:port`` (0: any free port) and serve on a thread from ``spawn``;
+    ``on_exhausted`` counts connections refused for want of a descriptor."""
+    server = HttpServer(ingest, control, config, port, on_exhausted)
     spawn("http", server.serve)
     return server, server.port

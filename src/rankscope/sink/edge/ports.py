@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..checked import Refusals
+from ..checked import ALL, Refusals, Scope
 
 Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 """``spawn(name, target)``: ``target`` on a supervised thread (``/healthz`` names it if it dies)."""
@@ -28,12 +28,19 @@ class Transport:
 
     host: str = "127.0.0.1"
     token: str | None = None
-    """The bearer token both transports check (``edge.auth``); None: the sink takes anyone."""
+    """The bearer token both transports check (``edge.auth``) for every experiment; None: with no
+    ``tokens`` either, the sink takes anyone."""
+    tokens: Mapping[str, Scope] = field(default_factory=dict)
+    """Scoped tokens: each token -> the scope it writes for (``edge.auth.load_tokens``)."""
     max_body_bytes: int = 32 * 1024 * 1024
     max_connections: int = 1024
     idle_connection_timeout: float = 15.0
+    header_timeout: float = 5.0
+    """Seconds a request head (HTTP) or a connection's handshake (gRPC) may take (``edge.connections``)."""
     body_timeout: float = 60.0
     grpc_workers: int = 8
+    max_id_chars: int = 256
+    """An experiment id the control routes take (``checked.Limits.max_id_chars``, as the OTLP edge)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +50,14 @@ class Client:
 
     peer: str = ""
     """The connection's host (``""``: in the sink's own process: the embedded sender, tests)."""
+    scope: Scope = ALL
+    """Its bearer token's scope (``edge.auth``): which experiments it may write, which runs are its."""
 
     @property
     def quota_key(self) -> str:
-        """What per-client bounds count by."""
-        return self.peer
+        """What per-client bounds count by: its scoped token, else its host (every client of one
+        scope on one host, e.g. behind a Collector, counts as one)."""
+        return f"scope {self.scope.name}" if self.scope.name else self.peer
 
 
 LOCAL = Client()

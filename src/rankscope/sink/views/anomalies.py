@@ -3,9 +3,10 @@
 Each finished step is judged once, from what the sink already holds for its view: non-finite
 values (which process recorded them), stragglers (a traced phase whose slowest process is far
 from the median), slow steps (a step's wall-clock window against the rolling median of the
-last ones) and missing processes. A detection is an anomaly record, a plain dict with
-``type`` and ``step``: the views write it (JSONL ``{"kind": "anomaly", ...}``, a W&B alert, a
-console line) and the status route lists the latest. All cheap: a few comparisons per step,
+last ones) and missing processes; a step the job ended in is not judged, only named
+(``interrupted``). A detection is an anomaly record, a plain dict with ``type`` and ``step``:
+the views write it (JSONL ``{"kind": "anomaly", ...}``, a W&B alert, a console line) and the
+status route lists the latest. All cheap: a few comparisons per step,
 and the non-finite scan only touches the keys whose merged value is not finite.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 NONFINITE, STRAGGLER, SLOW_STEP, MISSING = "nonfinite", "straggler", "slow_step", "missing"
+INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,14 @@ class Watch:
         for record in found:
             self.note(record)
         return found
+
+    def interrupted(self, step: int, waiting: list[str]) -> list[dict[str, Any]]:
+        """A step the job ended in (Ctrl-C, a crash: the sink finalized it at the job's end while
+        ``waiting`` had not closed it). Not judged: its phases were cut short and its absentees
+        are not late, so no detector runs on it; its one record says what happened."""
+        record = {"type": INTERRUPTED, "step": step, "processes": waiting[:64], "count": len(waiting)}
+        self.note(record)
+        return [record]
 
     def note(self, record: dict[str, Any]) -> None:
         """Keep a record (the step's detections, or a capture's file) for the status route."""

@@ -51,6 +51,9 @@ class StepView:
         self.labels = labels or {}
         """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
         self.seq = seq
+        self.duration: float | None = None
+        """Seconds from the previous step's first close to this one's (``book.windows``), if known:
+        the step's time, as a console shows it."""
         self.attempt = 0
         """The run's attempt when the step was finalized (what the write-ahead log's checkpoint records)."""
         self.rewound = False

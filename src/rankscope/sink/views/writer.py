@@ -7,12 +7,16 @@ say whose values they are: ``per_process`` (global views: every process's values
 ``process_name``/``process`` (per-process views and streams), ``late`` (a late update),
 ``labels`` (global views: the process a value names, e.g. who holds ``{key}/argmax_rank``),
 and for global views ``missing`` (labels of processes the step went without), ``phase_times``
-(phase → process → seconds) and ``spans`` (a callable giving the step's spans in their JSONL
-form: a view that wants them pays for them).
+(phase → process → seconds), ``step_seconds`` (the step's time, first close to first close)
+and ``spans`` (a callable giving the step's spans in their JSONL form: a view that wants them
+pays for them).
 
 Each run's ``ViewWriter`` holds a bounded inbox of typed messages; the ``ViewPool`` runs a writer
 with mail on one of its threads, a few messages at a time, so one run's messages are handled in
-order and by one thread at a time, and a busy run takes turns with the others.
+order and by one thread at a time, and a busy run takes turns with the others. A writer's
+backends open on the first message that needs them and give their files back on ``Release``
+(the run went quiet) or when the sink's descriptor budget claims an idle writer (``release``,
+on the caller's thread, as a turn would); the next message opens them again.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ TURN = 32
 Written = Callable[[int, int, int, int], None]
 """(step, seq, last finalized step, attempt): a step's view is in every view (the run log's
 ``written_view``; a late update passes -1 and 0, moving neither the frontier nor the attempt)."""
+
+DROP_KINDS = ("step_views", "late_updates", "streamed_values", "sample_rows", "log_records", "anomaly_records")
+"""What a run's views may drop, by kind of data (the status route's ``view_drops``)."""
+DROP_LOG_INTERVAL = 10.0
+"""Seconds between two log lines of one run's drops (every drop is counted: the status route)."""
 
 
 @dataclass(slots=True)
@@ -92,7 +101,13 @@ class Close:
     """Finish the backends after what is queued (W&B's finish can take seconds)."""
 
 
-Message = Step | Stream | Anomaly | Row | Log | Report | Sync | Close
+@dataclass(slots=True)
+class Release:
+    """Finish the backends after what is queued and give their files back; the next message that
+    needs them opens them again (the sink's descriptor budget, ``durable.descriptors``)."""
+
+
+Message = Step | Stream | Anomaly | Row | Log | Report | Sync | Close | Release
 
 
 class ViewPool:
@@ -197,7 +212,12 @@ class ViewWriter:
     key, say); one whose writes fail keeps being called, and the status route shows its last
     *successfully* written step and its last error. After each step, ``on_written`` (the run
     log's ``durable.wal.ExperimentLog.written_view``) lets the write-ahead log drop what is now in
-    every view. A full inbox drops the message, counted (``dropped``) and said once."""
+    every view. A full inbox drops the message, counted by kind of data (``drops``, ``DROP_KINDS``;
+    also what arrives once the writer is closed), handed to ``on_drop`` (the sink's sum) and said
+    at most once per ``DROP_LOG_INTERVAL``. With a write-ahead log, a dropped step's records stay
+    in it (its segment is kept) and the sink's next start writes the step again (a late update of
+    it when later steps were written); streamed values, streamed sample rows, log records and
+    anomaly records are not in the log."""
 
     def __init__(
         self,
@@ -208,9 +228,18 @@ class ViewWriter:
         *,
         max_queued: int = 4096,
         on_written: Written | None = None,
+        on_drop: Callable[[str], None] | None = None,
+        on_open: Callable[[ViewWriter], object] | None = None,
+        on_closed: Callable[[ViewWriter], object] | None = None,
         run: str = "",
     ) -> None:
         self.experiment = experiment
+        self._config = config
+        self._on_open = on_open
+        """Called before the backends open (again) and after they finished: the sink's descriptor
+        budget (``durable.descriptors``) counts their files."""
+        self._on_closed = on_closed
+        self.opens = 0
         self.run = run
         self._on_error = on_error
         self._on_written = on_written
@@ -229,9 +258,54 @@ class ViewWriter:
         self._scheduled = False
         self._opened = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.dropped = 0
+        self.drops: dict[str, int] = dict.fromkeys(DROP_KINDS, 0)
+        """Messages dropped (the inbox full, or the writer closed), by kind of data."""
+        self._on_drop = on_drop
+        self._drops_said = 0
+        self._drop_said_at: float | None = None
         self.written_step = -1
         self.closed = threading.Event()
+
+    @property
+    def descriptors(self) -> int:
+        """File descriptors the views hold while open (``LoggerBackend.descriptors``)."""
+        return sum(v.backend.descriptors for v in self.views if not v.disabled)
+
+    @property
+    def drained(self) -> bool:
+        """Nothing queued and no turn running: every step handed to it is written."""
+        with self._lock:
+            return not self._inbox and not self._scheduled
+
+    def request_release(self) -> None:
+        """Finish the backends after what is queued, giving their files back (``Release``)."""
+        self._put(Release(), always=True)
+
+    def release(self) -> bool:
+        """Finish the backends now, on the calling thread, if no turn is running or due (the
+        descriptor budget's LRU bound, ``durable.descriptors.Holder``): False, without waiting, when
+        one is. What comes after opens them again."""
+        with self._lock:
+            if self._scheduled:
+                return False
+            if self.closed.is_set():
+                return True
+            self._scheduled = True  # claimed, as a turn claims it: no pool thread runs it meanwhile
+        try:
+            self._release()
+        except BaseException as exc:  # a bug here must not reach the caller's request
+            self._on_error(f"views of {self.experiment[:64]!r}", exc)
+        finally:
+            with self._lock:
+                self._scheduled = again = bool(self._inbox)
+            if again:
+                self._pool.schedule(self)
+        return True
+
+    @property
+    def dropped(self) -> int:
+        """Messages dropped, of every kind."""
+        return sum(self.drops.values())
 
     @property
     def backends(self) -> list[LoggerBackend]:
@@ -286,28 +360,42 @@ class ViewWriter:
     def _put(self, message: Message, always: bool = False) -> None:
         """Queue ``message``; a full inbox drops it (``always``: control messages, never dropped)."""
         with self._lock:
-            if self.closed.is_set():
+            if self.closed.is_set() or (len(self._inbox) >= self._max_queued and not always):
                 if isinstance(message, (Report, Sync)):
                     message.done.set()
-                return
-            if len(self._inbox) >= self._max_queued and not always:
-                self.dropped += 1
-                if self.dropped == 1:
-                    log.warning("rankscope sink: views of %s are too slow; dropping updates", self.experiment[:64])
-                return
-            self._inbox.append(message)
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self._pool.schedule(self)
+                said = self._drop(message)
+                schedule = False
+            else:
+                said = None
+                self._inbox.append(message)
+                schedule = not self._scheduled
+                self._scheduled = True
+        if said is not None:
+            log.warning("rankscope sink: %s", said)
+        if schedule:
+            self._pool.schedule(self)
+
+    def _drop(self, message: Message) -> str | None:
+        """Count a dropped message (under ``_lock``); what to log, at most once per ``DROP_LOG_INTERVAL``."""
+        kind = _kind_of(message)
+        if kind is None:
+            return None
+        self.drops[kind] += 1
+        if self._on_drop is not None:
+            self._on_drop(kind)
+        now = time.monotonic()
+        if self._drop_said_at is not None and now - self._drop_said_at < DROP_LOG_INTERVAL:
+            return None
+        total = self.dropped
+        new, self._drops_said, self._drop_said_at = total - self._drops_said, total, now
+        kinds = ", ".join(f"{n} {k}" for k, n in self.drops.items() if n)
+        state = "closed" if self.closed.is_set() else "too slow"
+        return f"views of {self.experiment[:64]} are {state}: dropped {new} updates ({kinds} in all: the status route)"
 
     def turn(self) -> None:
         """Handle up to ``TURN`` messages on the calling pool thread, then give the thread back
         (scheduled again at the back of the line if mail is left)."""
         try:
-            if not self._opened:
-                self._opened = True
-                self._init_views()
             for _ in range(TURN):
                 with self._lock:
                     if not self._inbox:
@@ -324,7 +412,10 @@ class ViewWriter:
         self._pool.schedule(self)
 
     def _handle(self, message: Message) -> bool:
-        """Handle one message; True when it closed the writer."""
+        """Handle one message; True when it closed the writer. The backends open on the first
+        message that needs them (again, after a ``Release``)."""
+        if not self._opened and not isinstance(message, (Sync, Close, Release)):
+            self._open()
         match message:
             case Step(view):
                 self._write_step(view)
@@ -345,17 +436,48 @@ class ViewWriter:
             case Close():
                 self._close()
                 return True
+            case Release():
+                self._release()
         return False
 
-    def _close(self) -> None:
+    def _open(self) -> None:
+        self._opened = True
+        self.opens += 1
+        if self._on_open is not None:
+            self._on_open(self)
+        self._init_views()
+
+    def _release(self) -> None:
+        """Finish the backends and make fresh ones from the config, to open on the next message that
+        needs them (a view switched off stays off)."""
+        if not self._opened:
+            return
         try:
             self._finish_views()
         finally:
+            self._opened = False
+            if self._on_closed is not None:
+                self._on_closed(self)
+        for view in self.views:
+            if not view.disabled:
+                options = self._config[view.name]
+                view.backend = get_backend_class(str(options.get("backend", view.name)))(dict(options))
+
+    def _close(self) -> None:
+        try:
+            if self._opened:
+                self._finish_views()
+        finally:
+            if self._on_closed is not None:
+                self._on_closed(self)
             if self._loop is not None:
                 self._loop.close()
             with self._lock:
                 left, self._inbox = self._inbox, deque()
                 self.closed.set()
+                said = [line for message in left if (line := self._drop(message)) is not None]
+            for line in said:
+                log.warning("rankscope sink: %s", line)
             for message in left:  # nobody waits forever on a closed writer
                 if isinstance(message, (Report, Sync)):
                     message.done.set()
@@ -387,8 +509,11 @@ class ViewWriter:
         return answer[0] if answer else None
 
     def _init_views(self) -> None:
-        """Init every view, disabling those whose init fails or that turn themselves off, and log which are on."""
+        """Init every view, disabling those whose init fails or that turn themselves off, and log which
+        are on (the first time: views opened again after a release are not news)."""
         for view in self.views:
+            if view.disabled:
+                continue
             if not self._call(view, view.backend.init, "global", experiment=self.experiment, run=self.run, role="sink"):
                 view.disabled = True
             elif view.backend.off_reason:  # the backend turned itself off (and logged why)
@@ -404,7 +529,8 @@ class ViewWriter:
                 )
         where = ", ".join(f"{v.name} -> {v.backend.location or '?'}" for v in self.views if not v.disabled)
         run = f" run {self.run[:64]}" if self.run else ""
-        log.info("rankscope sink: new experiment %s%s: %s", self.experiment[:256], run, where or "no view is on")
+        level = logging.INFO if self.opens == 1 else logging.DEBUG
+        log.log(level, "rankscope sink: new experiment %s%s: %s", self.experiment[:256], run, where or "no view is on")
 
     def _finish_views(self) -> None:
         for view in self.views:
@@ -468,6 +594,7 @@ class ViewWriter:
                     labels=view.labels,
                     missing=view.missing,
                     phase_times=view.phase_times,
+                    step_seconds=view.duration,
                     spans=lambda: [span.row() for span in view.spans],
                 )
                 and not view.late
@@ -491,3 +618,19 @@ class ViewWriter:
         if self._on_written is not None and view.seq:  # a late update moves neither the frontier nor the attempt
             late = view.late
             self._on_written(view.step, view.seq, -1 if late else view.step, 0 if late else view.attempt)
+
+
+def _kind_of(message: Message) -> str | None:
+    """The kind of data a message carries (``DROP_KINDS``); None for the writer's own control messages."""
+    match message:
+        case Step(view):
+            return "late_updates" if view.late else "step_views"
+        case Stream():
+            return "streamed_values"
+        case Row():
+            return "sample_rows"
+        case Log():
+            return "log_records"
+        case Anomaly():
+            return "anomaly_records"
+    return None

@@ -1,0 +1,132 @@
+"""What a newcomer runs in the first hour, run as they run it (issue 41): a script of one's own
+with ``rs.init(experiment=...)`` and nothing else, the getting-started snippet as written, a
+mistyped endpoint, a dead one, and a profile captured on a box without CUDA. Each is a fresh
+``python script.py`` in a directory of its own, its output read as a person reads it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ..conftest import ROOT, free_port
+
+_LAUNCHER = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+
+
+def run_script(
+    tmp_path: Path, code: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python script.py`` in ``tmp_path``, in an environment with nothing of rankscope's set."""
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANKSCOPE_", "OTEL_", "TORCHELASTIC_", "SLURM_")) and k not in _LAUNCHER
+    }
+    clean |= {"RANKSCOPE_RUNTIME_DIR": str(tmp_path / "runtime"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=timeout
+    )
+
+
+NEWCOMER = """
+import rankscope as rs
+
+rs.init(experiment="newcomer")
+for step in range(6):
+    rs.record_metric("loss", float("nan") if step in (2, 3) else 1.0 / (step + 1))
+    rs.record_metric("accuracy", 0.1 * step)
+    rs.flush(step)
+rs.shutdown()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_script_with_nothing_configured_says_where_and_prints_each_step_and_its_nan(tmp_path: Path) -> None:
+    done = run_script(tmp_path, NEWCOMER)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = re.findall(r"^step (\d)  accuracy (\S+)  loss (\S+)  \| time \S+$", done.stdout, re.M)
+    assert steps == [
+        ("0", "0", "1"),
+        ("1", "0.1", "0.5"),
+        ("2", "0.2", "nan"),
+        ("3", "0.3", "nan"),
+        ("4", "0.4", "0.2"),
+        ("5", "0.5", "0.1667"),
+    ], done.stdout
+    assert re.findall(r"^!!! .*$", done.stdout, re.M) == ["!!! step 2 non-finite value: loss (nan)"]  # once a streak
+    said = [line for line in done.stderr.splitlines() if line.startswith("rankscope: experiment newcomer")]
+    assert len(said) == 1 and "metrics -> this console, one line per step" in said[0], done.stderr
+
+
+def test_a_mistyped_endpoint_fails_at_init_naming_the_variable(tmp_path: Path) -> None:
+    for value, why in (
+        ("localhost:43l7", "its port is not a number from 1 to 65535"),
+        ("htp://localhost:4317", "'htp':// is not a scheme rankscope exports to"),
+    ):
+        done = run_script(tmp_path, NEWCOMER, {"RANKSCOPE_ENDPOINT": value}, timeout=60)
+        assert done.returncode == 1, done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ValueError: RANKSCOPE_ENDPOINT={value!r}: must be host:port") and why in last, last
+        assert done.stdout == ""
+
+
+def test_a_dead_endpoints_warning_shows_no_line_of_rankscopes_source(tmp_path: Path) -> None:
+    done = run_script(tmp_path, NEWCOMER.replace("nan", "1.0"), {"RANKSCOPE_ENDPOINT": f"127.0.0.1:{free_port()}"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stderr.splitlines()
+    warned = [i for i, line in enumerate(lines) if "metric points were dropped at shutdown" in line]
+    assert len(warned) == 1, done.stderr
+    assert lines[warned[0]].startswith("rankscope:0: RuntimeWarning:"), lines[warned[0]]  # no user line led to it
+    assert "src/rankscope" not in done.stderr and "self.drops" not in done.stderr  # no internal file or source line
+    assert all(not line.startswith(" ") for line in lines), done.stderr
+
+
+def test_the_getting_started_snippet_runs_as_written(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    snippet = re.search(r"^## Use\n.*?```python\n(.*?)```", page, re.S | re.M)
+    assert snippet, "no python snippet under ## Use"
+    done = run_script(tmp_path, snippet.group(1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [
+        float(v) for v in re.findall(r"^step \d+  loss (\S+)  reward \S+  reward/max \S+  \| time", done.stdout, re.M)
+    ]
+    assert len(losses) == 20 and losses[-1] < losses[0] / 4, done.stdout  # it trains, and says so per step
+    assert "rankscope: experiment first-steps run " in done.stderr
+
+
+CAPTURE = """
+import time
+import torch
+import rankscope as rs
+
+rs.init(experiment="capture-on-cpu")
+for step in range(60):
+    if step == 10:  # the sink is found at the first export: from then on it takes requests
+        rs.capture("look", steps=1)
+    torch.randn(64, 64) @ torch.randn(64, 64)
+    rs.record_metric("loss", 1.0)
+    time.sleep(0.1)
+    rs.flush(step)
+rs.shutdown()
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a box without CUDA prints")
+@pytest.mark.timeout(180)
+def test_a_profile_captured_on_a_box_without_cuda_prints_no_cuda_error(tmp_path: Path) -> None:
+    done = run_script(tmp_path, CAPTURE, {"RANKSCOPE_SINK": "embedded"}, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    traces = list((tmp_path / "rankscope_artifacts").rglob("*.pt.trace.json.gz"))
+    assert traces, done.stdout[-2000:] + done.stderr[-2000:]  # the capture was taken and sent
+    out = done.stdout + done.stderr
+    for noise in ("gpuGetDeviceCount", "code 35", "USDT:", "ERROR:"):
+        assert noise not in out, out[-3000:]
+    assert "KINETO_LOG_LEVEL" not in os.environ

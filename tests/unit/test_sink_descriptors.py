@@ -1,0 +1,102 @@
+"""The sink's descriptor budget alone (``sink.durable.descriptors``): the split of the limit, the
+least recently used holders letting go, and running out said now and then, not per attempt."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from rankscope.sink.durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
+from rankscope.sink.durable.wal import WriteAheadLog
+
+
+class Holder:
+    def __init__(self, name: str, busy: bool = False) -> None:
+        self.name, self.busy, self.released = name, busy, 0
+
+    def release(self) -> bool:
+        if self.busy:
+            return False
+        self.released += 1
+        return True
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def test_the_plan_fits_connections_runs_and_headroom_in_the_limit() -> None:
+    low = Plan.of(1024, 10)
+    assert low.connections == (1024 - low.reserved) // 4 < 1024
+    assert low.reserved + 2 * low.connections + low.runs == 1024 and low.runs > 300
+    high = Plan.of(20_000, 10)
+    assert high.connections == 1024 and high.runs > 12_288  # a full sink's 4,096 runs, three each, fit
+    assert Plan.of(1024, 10, max_connections=100).connections == 100  # set by hand: as given
+    assert Plan.of(150, 10).short and not low.short  # the sink says so at start
+    assert low.reserved >= SPARE
+
+
+def test_the_least_recently_used_let_go_and_one_in_use_is_passed_over() -> None:
+    budget = Descriptors(Plan(limit=100, reserved=0, connections=0, runs=4))
+    a, b, c, busy = Holder("a"), Holder("b"), Holder("c"), Holder("busy", busy=True)
+    assert budget.hold(busy, 1) and budget.hold(a, 1) and budget.hold(b, 2)
+    assert budget.hold(a, 1)  # used again: the most recent now
+    assert budget.hold(c, 2)  # room: b goes (busy is older, but in use)
+    assert (a.released, b.released, busy.released) == (0, 1, 0)
+    assert budget.used == 4 and budget.holds(b) == 0 and budget.holds(c) == 2
+    busy.busy = False
+    assert budget.let_go(busy) and budget.used == 3  # quiet: let go by itself
+    assert not budget.let_go(busy)  # holds nothing now
+
+
+def test_when_every_holder_is_in_use_a_newcomer_is_refused_and_a_view_opens_anyway() -> None:
+    budget = Descriptors(Plan(limit=100, reserved=0, connections=0, runs=2))
+    a, b = Holder("a", busy=True), Holder("b", busy=True)
+    assert budget.hold(a, 2)
+    assert not budget.hold(b, 1) and budget.refused == 1
+    assert budget.hold(b, 1, refusable=False) and budget.used == 3  # its views, for steps it took
+    assert budget.hold(a, 3)  # one holding already may grow
+    budget.forget(a)
+    budget.forget(b)
+    assert budget.used == 0 and budget.status()["runs_holding"] == 0
+
+
+def test_running_out_is_counted_every_time_and_said_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    budget = Descriptors(Plan.of(1024, 10), clock=lambda: now[0])
+    error = OSError(24, "Too many open files")
+    assert out_of_descriptors(error) and not out_of_descriptors(OSError(28, "No space left"))
+    with caplog.at_level(logging.ERROR, logger="rankscope.sink"):
+        for _ in range(1000):
+            budget.exhausted("accept", error)
+        now[0] = 11.0
+        budget.exhausted("open", error)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "999 more since the last report" in lines[1]
+    assert budget.status()["exhausted"] == {"accept": 1000, "open": 1}
+    assert "Traceback" not in caplog.text
+
+
+def test_a_released_log_holds_no_descriptor_and_appends_to_the_same_segment(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+    log = wal.open("exp", "run")
+    before = len(os.listdir("/proc/self/fd"))
+    log.append(0, b"first")
+    assert len(os.listdir("/proc/self/fd")) == before + 1
+    assert not log.release()  # not synced yet: kept
+    log.sync()
+    assert log.release() and len(os.listdir("/proc/self/fd")) == before
+    log.written_view(0, 1, 0, 0)  # the journal is opened per line: nothing held
+    assert len(os.listdir("/proc/self/fd")) == before
+    log.append(1, b"second")
+    assert [p.name for p in log.directory.glob("seg-*.log")] == ["seg-0000000000000001.log"]
+    log.sync()
+    log.close()
+    wal.close()
+    reopened = WriteAheadLog(tmp_path)
+    again = reopened.open("exp", "run")
+    assert [(seq, step, payload) for seq, step, payload in again.replay()] == [(2, 1, b"second")]
+    again.close()
+    reopened.close()

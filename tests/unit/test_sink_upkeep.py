@@ -1,0 +1,185 @@
+"""Runs that are done let go, and only runs with work are visited (``sink.upkeep``); who may open
+another run and which run makes room (``sink.quotas``). A sink without servers, its clock
+injected, its finalizer's rounds run by the test."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
+
+from rankscope.core import names as attr
+from rankscope.otlp.common import encode_resource, key_value
+from rankscope.otlp.raw import parse_metrics
+from rankscope.sink import RunLimits, Sink, SinkConfig
+from rankscope.sink.edge.ports import Client
+from rankscope.sink.quotas import Quotas
+from rankscope.sink.upkeep import ENDED_MARGIN, Agenda
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def sink(tmp_path: Path, clock: Clock) -> Iterator[Sink]:
+    views = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "{experiment}.jsonl")}}
+    config = SinkConfig(
+        grpc_port=None,
+        http_port=None,
+        grace=1.0,
+        tick=3600.0,  # the test runs the rounds
+        state_dir=tmp_path / "state",
+        backends=views,
+        runs=RunLimits(quiet_after=30.0, idle_timeout=120.0),
+    )
+    started = Sink(config, clock=clock).start()
+    yield started
+    started.stop()
+    assert started.internal_errors == []
+
+
+def step(experiment: str, run: str, *, goodbye: bool = False, at: int = 0) -> list[object]:
+    r = mpb.ExportMetricsServiceRequest()
+    resource = {attr.EXPERIMENT_ID: experiment, attr.RUN_ID: run, attr.SERVICE_INSTANCE_ID: f"{run}-p", attr.RANK: "0"}
+    metrics = r.resource_metrics.add(resource=encode_resource(resource)).scope_metrics.add().metrics
+    if goodbye:
+        metrics.add(name=attr.GOODBYE).sum.data_points.add(as_int=1)
+    else:
+        point = metrics.add(name="loss").gauge.data_points.add(as_double=1.0)
+        point.attributes.extend([key_value(attr.REDUCE, "max"), key_value(attr.STEP, at)])
+        metrics.add(name=attr.FLUSH_MARKER).sum.data_points.add(as_int=1, attributes=[key_value(attr.STEP, at)])
+    return parse_metrics(r.SerializeToString())  # type: ignore[return-value]
+
+
+def settle(sink: Sink) -> None:
+    """A round, then the views write and the closer closes what it was handed."""
+    sink.upkeep.round()
+    for tenant in sink.tenants.all():
+        if tenant.writer is not None:
+            assert tenant.writer.wait_idle(10)
+    deadline = time.monotonic() + 10
+    while sink.tenants.closing and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_run_that_said_goodbye_closes_within_seconds_and_is_still_answered_for(sink: Sink, clock: Clock) -> None:
+    client = Client(peer="10.0.0.1")
+    assert sink.export_metrics(step("exp", "short"), client).rejected == 0
+    assert sink.export_metrics(step("exp", "short", goodbye=True), client).rejected == 0
+    settle(sink)
+    tenant = sink.tenants.find("exp", "short")
+    assert tenant is not None and tenant.ended and sink.tenants.descriptors.used > 0
+    clock.now += 1.0 + ENDED_MARGIN + 0.1  # the run book now refuses the id's reuse: it may close
+    settle(sink)
+    assert sink.tenants.find("exp", "short") is None and sink.tenants.descriptors.used == 0
+    status = sink.status("exp", "short")
+    assert status is not None and not status["open"] and status["last_written_step"] == 0
+    assert [r["run"] for r in status["runs"]] == ["short"]  # the run book remembers it
+    assert status["client"] == "10.0.0.1"
+
+
+def test_a_quiet_run_gives_its_descriptors_back_and_takes_them_again(sink: Sink, clock: Clock) -> None:
+    assert sink.export_metrics(step("exp", "quiet")).rejected == 0
+    settle(sink)
+    tenant = sink.tenants.find("exp", "quiet")
+    assert tenant is not None and tenant.writer is not None
+    assert sink.tenants.descriptors.holds(tenant) == 1 and sink.tenants.descriptors.holds(tenant.writer) == 1
+    clock.now += 31.0
+    settle(sink)
+    assert sink.tenants.descriptors.used == 0 and tenant.releases == 1
+    assert tenant.log is not None and not [f for f in _open_files() if f.startswith(str(tenant.log.directory))]
+    assert sink.export_metrics(step("exp", "quiet", at=1)).rejected == 0  # the same run: its files open again
+    settle(sink)
+    assert tenant.writer.opens == 2 and sink.tenants.descriptors.holds(tenant) == 1
+    clock.now += 121.0  # idle: closed (its steps go on where they were on new data)
+    settle(sink)
+    settle(sink)
+    assert sink.tenants.find("exp", "quiet") is None and sink.tenants.evicted == 1
+
+
+def test_the_finalizer_visits_only_the_runs_with_work(sink: Sink, clock: Clock) -> None:
+    for i in range(200):
+        assert sink.export_metrics(step("many", f"r{i}")).rejected == 0
+    settle(sink)
+    settle(sink)
+    visits = sink.upkeep.visits
+    for _ in range(100):  # two seconds of ticks with nothing due
+        clock.now += 0.02
+        sink.upkeep.round()
+    assert sink.upkeep.visits == visits
+    assert sink.export_metrics(step("many", "r7", at=1)).rejected == 0
+    sink.upkeep.round()
+    assert sink.upkeep.visits == visits + 1  # the one that took data
+
+
+def test_the_agenda_hands_out_the_woken_and_the_due_once_each() -> None:
+    agenda: Agenda[str] = Agenda()
+    agenda.at("b", 5.0)
+    agenda.at("a", 3.0)
+    agenda.at("b", 2.0)  # sooner: stands; the later entry is stale
+    agenda.wake("c")
+    assert agenda.due(1.0) == ["c"]
+    assert agenda.due(4.0) == ["b", "a"]
+    assert agenda.due(10.0) == [] and len(agenda) == 0
+
+
+@dataclass
+class Run:
+    ended: bool = False
+    closable: bool = False
+
+
+def test_admission_takes_room_from_the_bound_reached_and_refuses_only_busy_excess() -> None:
+    quotas = Quotas(RunLimits(max_open=6, per_experiment=2, per_client=3))
+    runs: dict[tuple[str, str], Run] = {}
+
+    def open_run(experiment: str, run: str, client: str, **state: bool) -> None:
+        runs[(experiment, run)] = Run(**state)
+        quotas.touched((experiment, run), client)
+
+    open_run("e", "1", "hog")
+    open_run("e", "2", "hog")
+    refused = quotas.admit("e", "hog", runs)
+    assert refused.refused is not None and "experiment 'e' has 2 runs open (limit)" in refused.refused
+    runs[("e", "1")].ended = True  # an ended run counts against neither quota
+    assert quotas.admit("e", "hog", runs).victims == []
+    open_run("f", "1", "hog", closable=True)
+    open_run("g", "1", "hog")
+    assert quotas.admit("h", "hog", runs).victims == [("f", "1")]  # its own quiet run makes room
+    open_run("x", "1", "other")
+    open_run("y", "1", "other", closable=True)
+    assert len(runs) == 6
+    runs[("e", "1")].closable = True
+    assert quotas.admit("z", "newcomer", runs).victims == [("e", "1")]  # full: the ended run goes first
+    runs[("e", "1")].closable = False
+    runs[("f", "1")].closable = False
+    assert quotas.admit("z", "newcomer", runs).victims == [("y", "1")]
+    runs[("y", "1")].closable = False
+    found = quotas.admit("z", "newcomer", runs)
+    assert found.refused is not None and "the sink holds 6 runs open" in found.refused
+    assert quotas.status()["refused_runs"] == {"experiment": 1, "client": 0, "sink": 1}
+
+
+def _open_files() -> set[str]:
+    names = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            names.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+    return names
