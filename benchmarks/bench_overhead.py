@@ -267,6 +267,7 @@ def loop_main(
         import rankscope
 
         rs = rankscope
+        os.environ.setdefault("RANKSCOPE_CONSOLE", "off")  # the local variant measures keeping the views, not printing
         rs.init(experiment="bench-overhead", role="trainer", endpoint=endpoint if variant == "otlp" else None)
     run_steps(a, reps, names, 0, warmup, rs, device)
     flushed = rs.force_flush(30) if rs is not None else True

@@ -47,7 +47,8 @@ else:
 """
 
 RANKSCOPE_SETUP = """
-import rankscope as rs, torch
+import os, rankscope as rs, torch
+os.environ["RANKSCOPE_CONSOLE"] = "off"  # no default console view: measured, not printed
 rs.init(experiment="bench", role="bench")
 t = torch.tensor(1.5)
 g = torch.tensor(1.5, device="cuda") if torch.cuda.is_available() else None
@@ -68,7 +69,8 @@ attrs = {"rankscope.step": 0}
 """
 
 SAMPLE_SETUP = """
-import itertools, random, rankscope as rs
+import itertools, os, random, rankscope as rs
+os.environ["RANKSCOPE_CONSOLE"] = "off"  # no default console view: measured, not printed
 rs.init(experiment="bench", role="bench")
 rows = itertools.cycle([
     {"prompt": "q" * 40, "completion": "a" * 200, "reward": random.random(), "tokens": 128, "ok": True}

@@ -39,15 +39,16 @@ def run_main_example(workdir: Path) -> str:
 
 def page(output: str) -> str:
     from rich.console import Console
+    from rich.terminal_theme import MONOKAI
     from rich.text import Text
 
     console = Console(record=True, width=COLUMNS + 2, file=open(os.devnull, "w"), force_terminal=True)  # noqa: SIM115
     console.print(Text("$ python examples/main.py", style="bold"))
     for line in output.rstrip("\n").splitlines():
         console.print(Text.from_ansi(line), no_wrap=True, crop=False)
-    html = console.export_html(inline_styles=True)
-    style = "body{margin:0;background:#1e1e1e;color:#d4d4d4} pre{margin:0;padding:14px;font-size:13px;line-height:1.35}"
-    return html.replace("<head>", f"<head><style>{style}</style>", 1)
+    html = console.export_html(theme=MONOKAI, inline_styles=True)
+    style = "body{margin:0} pre{margin:0;padding:14px;font-size:13px;line-height:1.35;min-height:100vh}"
+    return html.replace("</head>", f"<style>{style}</style></head>", 1)
 
 
 def screenshot(html: str, out: Path, lines: int) -> None:

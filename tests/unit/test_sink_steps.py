@@ -265,3 +265,23 @@ def test_a_runs_groups_declare_at_most_max_processes_rank_slots() -> None:
         honest.process_for(resource(f"r{i}", rank=i % 8, world=8, **{attr.REPLICA: str(i // 8)})) for i in range(32)
     ]
     assert {p.world_size for p in sizes if p is not None} == {8}  # 4 groups of 8: 32 slots, all kept
+
+
+def test_a_step_the_job_ended_in_is_interrupted_and_not_judged() -> None:
+    """Ctrl-C: the sink finalizes the open step when the job ends (``force``); it is named
+    ``interrupted``, with who had not closed it, and no detector runs on its cut-short phases."""
+    clock = Clock()
+    e = Experiment("x", grace=10, clock=clock)
+    ingest(e, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [float("nan")])}, step=0))
+    clock.now = 1.0  # well inside the grace period: the job ended, nobody is late
+    (view,) = e.ready(force=True)
+    assert [a["type"] for a in view.anomalies] == ["interrupted"]  # not "missing", not "nonfinite"
+    assert view.anomalies[0]["processes"] == ["trainer_r1"] and view.missing == []
+    got = values_of(view)
+    assert got[attr.MISSING_PROCESSES] == 0.0 and attr.NONFINITE_VALUES not in got
+    assert not any(key.startswith(attr.STRAGGLER_PREFIX) for key in got)
+    e2 = Experiment("x", grace=2, clock=(later := Clock()))  # past its grace, a process is missing as before
+    ingest(e2, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
+    later.now = 2.5
+    (view,) = e2.ready()
+    assert [a["type"] for a in view.anomalies] == ["missing"] and view.missing == ["trainer_r1"]

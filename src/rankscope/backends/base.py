@@ -84,7 +84,7 @@ class LoggerBackend:
 
     def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> Any:
         """What a sink's detectors found in a step (``type``: nonfinite, straggler, slow_step,
-        missing, capture; the rest names where). Global views only."""
+        missing, interrupted, capture; the rest names where). Global views only."""
 
     def report(self, status: dict[str, Any] | None = None) -> str | None:
         """Write this view's page now and return its path (the ``report`` view; ``status`` is

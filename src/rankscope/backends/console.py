@@ -39,6 +39,7 @@ from .base import LoggerBackend, LoggingMode, Metric
 
 FORMATS = ("compact", "full", "off")
 _DISTRIBUTION_PARTS = ("mean", "p50", "p90", "p99")
+_MAX_STREAKS = 4096
 _TOTAL_MAX = "/total_duration_max_s"
 """A traced block's slowest total (``tracing.tracer``): the largest is the step's time."""
 
@@ -225,11 +226,13 @@ class ConsoleBackend(LoggerBackend):
         last = self._streaks.get(key)
         if step is None:
             return last is None
+        if len(self._streaks) > _MAX_STREAKS:  # bounded: streaks that ended long ago are forgotten
+            self._streaks = {k: s for k, s in self._streaks.items() if s >= step - 1}
         self._streaks[key] = step if last is None else max(last, step)
         return last is None or not 0 <= step - last <= 1
 
     def _alert(self, line: str) -> str:
-        return f"\x1b[1;33m{line}\x1b[0m" if self._color else line
+        return f"\x1b[1;31m{line}\x1b[0m" if self._color else line  # bold red: read on dark and light terminals
 
     @staticmethod
     def _write(text: str) -> None:

@@ -54,8 +54,7 @@ def warn(message: str, stacklevel: int = 2) -> None:
                 frame.f_lineno,
                 module=frame.f_globals.get("__name__", "<string>"),
                 registry=frame.f_globals.setdefault("__warningregistry__", {}),
-                module_globals=frame.f_globals,
-            )
+            )  # no module_globals: a loader's get_source may raise (``python -c``'s __main__), as warn's never does
     except Warning:
         log.warning(message)
 

@@ -67,8 +67,11 @@ def init(
     Args:
         experiment: experiment id shared by all processes of the job (``RANKSCOPE_EXPERIMENT``).
         role: trainer, generator, replay_buffer, controller, ... (``RANKSCOPE_ROLE``).
-        backends: local views, e.g. ``{"console": {"logging_mode": "per_rank_reduce"}}``.
-        endpoint: OTLP endpoint of a sink or Collector (``RANKSCOPE_ENDPOINT``).
+        backends: local views, e.g. ``{"console": {"logging_mode": "per_rank_reduce"}}``
+            (``RANKSCOPE_BACKENDS``). None: a console view, one line per step (``RANKSCOPE_CONSOLE``),
+            where the views stay in the process, and the first rank says once where its metrics go.
+        endpoint: OTLP endpoint of a sink or Collector, ``host:port`` or an ``http(s)://`` URL
+            (``RANKSCOPE_ENDPOINT``).
         replica: replica index of this role (``RANKSCOPE_REPLICA``).
         mesh: a torch ``DeviceMesh``; each named dimension's rank and size join the Resource.
         protocol: ``grpc`` (default) or ``http/protobuf`` (``RANKSCOPE_PROTOCOL``).
@@ -180,18 +183,16 @@ def init(
 def _say_where(
     resource: Resource, settings: Settings, senders: Sender | None, in_sink: bool, views: list[LoggerBackend]
 ) -> None:
-    """With no views configured, say where this process's metrics go: once, on stderr, from the
-    first rank (again only if a later ``init`` sends them elsewhere: a launcher made it a rank)."""
+    """With nothing configured (no views, no endpoint), say where this process's metrics go: once,
+    on stderr, from the first rank (again only if a later ``init`` sends them elsewhere: a launcher
+    made it a rank). A process given an endpoint (``rankscope run`` sets one, and says where) knows."""
     a = resource.attributes
-    if str(a.get(attr.RANK, "0")) != "0":
+    embedded = in_sink and not settings.sink_control
+    if str(a.get(attr.RANK, "0")) != "0" or (senders is not None and not embedded):
         return
     more = ' (files too: RANKSCOPE_BACKENDS=\'{"report": {}, "jsonl": {}}\' or init(backends=...))'
-    if in_sink and settings.sink_control:
-        where = "the sink of `rankscope run`, which writes the views it was asked for"
-    elif in_sink:
+    if embedded:
         where = f"the experiment's embedded sink on this machine, which prints one line per step here{more}"
-    elif senders is not None:
-        where = f"OTLP at {senders.target}; the sink or Collector there keeps the views"
     elif views:
         where = f"this console, one line per step{more}"
     else:
