@@ -126,3 +126,32 @@ def test_per_rank_series_beyond_64_processes_only_for_allowlisted_keys(make_sink
     per_rank = {k for k in row if re.fullmatch(r"\w+/r\d+/k\d", k)}
     assert {k.rsplit("/", 1)[1] for k in per_rank} == {"k0"}, sorted(per_rank)[:5]
     assert len(per_rank) == ranks
+
+
+ORDERED_PROCESS = """
+import rankscope as rs
+rs.init()
+for step in range(2):
+    rs.record_metric("loss", 1.0 + step)                     # MEAN
+    rs.record_metric("grad_norm", 3.0, rs.Reduce.MAX)      # MAX, between two MEAN keys
+    rs.record_metric("accuracy", 0.5)                       # MEAN again
+    rs.record_metric("tokens", 7.0, rs.Reduce.SUM)
+    rs.flush(step)
+rs.shutdown()
+"""
+
+
+def test_a_steps_keys_reach_the_views_in_the_order_they_were_first_recorded(make_sink) -> None:
+    """The sink checks a request's points by reduce type; the views still list the keys as the
+    process first recorded them (a newcomer's ``loss`` first, not after every other MEAN key)."""
+    sink = make_sink(backends={})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    env |= {"RANKSCOPE_ENDPOINT": sink.endpoint, "RANKSCOPE_EXPERIMENT": "ordered", "RANKSCOPE_RUN_ID": "r"}
+    assert subprocess.run([sys.executable, "-c", ORDERED_PROCESS], env=env, cwd=ROOT, timeout=120).returncode == 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(sink.queries.recent("ordered") or []) < 2:
+        time.sleep(0.1)
+    for step in sink.queries.recent("ordered") or []:
+        users = [k for k in step["values"] if k.split("/")[0] in ("loss", "grad_norm", "accuracy", "tokens")]
+        assert [k.split("/")[0] for k in users if "/" not in k] == ["loss", "grad_norm", "accuracy", "tokens"]
+    assert len(sink.queries.recent("ordered") or []) == 2

@@ -154,6 +154,9 @@ class ResourceBatch:
     """Points of this batch refused at the edge (the experiment's status counts them)."""
     digest: bytes = b""
     """Of the ResourceMetrics as received: a retried request is recognized and not merged twice."""
+    order: list[str] = field(default_factory=list)
+    """Its metric names in the order the process sent them, which is the order it first recorded
+    them in (``states`` groups them by reduce type): the views list a run's keys in it."""
 
     @property
     def point_count(self) -> int:

@@ -55,6 +55,8 @@ __all__ = ["Counts", "Experiment", "ExperimentLimits", "Process", "StepView", "T
 
 MAX_SEEN_DIGESTS = 65_536
 """Digests of recently taken ResourceMetrics a run remembers (a client's retry is merged once)."""
+MAX_ORDERED_KEYS = 100_000
+"""Keys a run places in first-recorded order; later new keys go after them, in the order they merge."""
 
 
 @dataclass(slots=True)
@@ -146,6 +148,9 @@ class Experiment:
         self.admission = Admission(limits)
         self.streams = Streams(max_series=limits.max_series)
         self.traces = traces if traces is not None else TraceStore()
+        self.key_order: dict[str, int] = {}
+        """Each key's place among the run's keys: the order its processes first sent them in
+        (``checked.ResourceBatch.order``); the views list a step's values so."""
         self.watch = Watch(detectors)
         """Per-step anomaly detectors and what they found (``sink.views.anomalies``)."""
         self.counts = Counts()
@@ -238,6 +243,11 @@ class Experiment:
 
     def _take(self, batch: ResourceBatch, refused: Refusals, replayed: bool = False) -> Taken | None:
         self.last_activity = self.clock()
+        order = self.key_order
+        if len(order) < MAX_ORDERED_KEYS:
+            for key in batch.order:
+                if key not in order:
+                    order[key] = len(order)
         self.counts.foreign_points += batch.foreign
         n = batch.point_count + len(batch.markers)
         process = self.process_for(batch.resource)
@@ -479,7 +489,7 @@ class Experiment:
 
     def view(self, done: Finished) -> StepView:
         """A finished step's view (``finalize.view_of``)."""
-        return view_of(done, traces=self.traces, watch=self.watch, on_error=self._merge_error)
+        return view_of(done, traces=self.traces, watch=self.watch, on_error=self._merge_error, order=self.key_order)
 
     def finished(self, *, force: bool = False) -> list[Finished]:
         """Close every step that is complete, or past its grace period (all when ``force``)."""

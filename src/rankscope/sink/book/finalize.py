@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +111,16 @@ def reduced_values(key: str, state: Running, on_error: OnError | None) -> list[t
         return []
 
 
-def view_of(done: Finished, *, traces: TraceStore, watch: Watch, on_error: OnError | None = None) -> StepView:
-    """The view of a finished step (a late update: its values only)."""
+def view_of(
+    done: Finished,
+    *,
+    traces: TraceStore,
+    watch: Watch,
+    on_error: OnError | None = None,
+    order: Mapping[str, int] | None = None,
+) -> StepView:
+    """The view of a finished step (a late update: its values only), its keys in ``order`` (each
+    key's place among the run's: the order they were first recorded in; keys without one last)."""
     stamp = time.time()
     global_metrics: list[Metric] = []
     labels: dict[str, str] = {}
@@ -125,7 +133,11 @@ def view_of(done: Finished, *, traces: TraceStore, watch: Watch, on_error: OnErr
         if on_error is not None:
             on_error(where, exc)
 
-    for key, state in done.merged.items():
+    merged: Iterable[tuple[str, Any]] = done.merged.items()
+    if order:
+        last = len(order)
+        merged = sorted(merged, key=lambda item: order.get(item[0], last))  # stable: unplaced keys keep theirs
+    for key, state in merged:
         reduce = reduce_of(state[0])
         values = reduced_values(key, state, failed)
         global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in values)

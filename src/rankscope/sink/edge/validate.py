@@ -265,6 +265,7 @@ def _points(
             continue
         target.keys.append(name)
         target.rows.append(row)
+        batch.order.append(name)
     if custom is not None:
         _custom_states(name, custom, groups, refused)
 
