@@ -24,22 +24,23 @@ Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Transport:
-    """What the servers read of ``SinkConfig`` (``SinkConfig.transport()``)."""
+    """What the servers read of ``SinkConfig``, made by ``SinkConfig.transport()`` at ``start`` (no
+    defaults of its own: the configuration's are the only ones; fixed while the sink runs)."""
 
-    host: str = "127.0.0.1"
-    token: str | None = None
+    host: str
+    token: str | None
     """The bearer token both transports check (``edge.auth``) for every experiment; None: with no
     ``tokens`` either, the sink takes anyone."""
-    tokens: Mapping[str, Scope] = field(default_factory=dict)
+    tokens: Mapping[str, Scope]
     """Scoped tokens: each token -> the scope it writes for (``edge.auth.load_tokens``)."""
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_connections: int = 1024
-    idle_connection_timeout: float = 15.0
-    header_timeout: float = 5.0
+    max_body_bytes: int
+    max_connections: int
+    idle_connection_timeout: float
+    header_timeout: float
     """Seconds a request head (HTTP) or a connection's handshake (gRPC) may take (``edge.connections``)."""
-    body_timeout: float = 60.0
-    grpc_workers: int = 8
-    max_id_chars: int = 256
+    body_timeout: float
+    grpc_workers: int
+    max_id_chars: int
     """An experiment id the control routes take (``checked.Limits.max_id_chars``, as the OTLP edge)."""
 
 
