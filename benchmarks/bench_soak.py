@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_tree import for_step, template  # noqa: E402
 from rankscope.otlp.raw import parse_metrics  # noqa: E402
 from rankscope.sink import Sink, SinkConfig  # noqa: E402
+from rankscope.sink.checked import Limits  # noqa: E402
 
 EXPERIMENT = "soak"
 
@@ -70,6 +71,7 @@ def soak(steps: int, every: int, processes: int, keys: int, root: Path, compact_
         http_port=None,
         grace=60.0,
         state_dir=root / "state",
+        limits=Limits(step_window=1 << 62),  # its steps start at bench_tree.BASE_STEP (2**49), not near 0
         backends={
             "jsonl": {"logging_mode": "global_reduce", "path": str(jsonl)},
             "report": {"path": str(views / "report.html"), "compact_bytes": compact_bytes},

@@ -167,6 +167,7 @@ class Pipeline:
         grpc, http = free_port(), free_port()
         view = {"jsonl": {"logging_mode": "global_reduce", "path": str(self.tmp / f"{name}.jsonl")}}
         command = [sys.executable, "-m", "rankscope.cli", "sink", "--grpc-port", str(grpc), "--http-port", str(http)]
+        command += ["--step-window", str(1 << 62)]  # its steps start at BASE_STEP (2**49), not near 0
         command += ["--backends", json.dumps(view), "--grace", "30", "--state-dir", str(self.tmp / f"{name}-state")]
         proc = self.start(name, command, {"PYTHONPATH": str(ROOT / "src")}, f"http://127.0.0.1:{http}/healthz")
         return proc, grpc, http

@@ -73,6 +73,13 @@ def add_server_options(
         help="an experiment's span file stops growing here, and says so (default 1 GiB)",
     )
     p.add_argument(
+        "--step-window",
+        type=int,
+        default=1_000_000,
+        help="a step may be at most this far ahead of its run's last finalized step, a new run's "
+        "first step this far from 0; further is refused (default 1000000)",
+    )
+    p.add_argument(
         "--time-bucket",
         type=float,
         default=1.0,
@@ -95,6 +102,7 @@ def add_server_options(
 def sink_config(args: argparse.Namespace) -> Any:
     """The ``SinkConfig`` the options say; raises ``ValueError`` for a tokens file that does not load."""
     from ..sink import RunLimits, SinkConfig
+    from ..sink.checked import Limits
     from ..sink.edge.auth import load_tokens
 
     backends = json.loads(args.backends) if args.backends else None
@@ -122,6 +130,7 @@ def sink_config(args: argparse.Namespace) -> Any:
         report=args.report,
         trust_posted_paths=args.command == "run" or args.trust_posted_paths,
         runs=RunLimits(close_ended=args.command != "run"),  # `rankscope run` reads its run at the end
+        limits=Limits(step_window=args.step_window),
     )
 
 
