@@ -285,3 +285,45 @@ def test_a_step_the_job_ended_in_is_interrupted_and_not_judged() -> None:
     later.now = 2.5
     (view,) = e2.ready()
     assert [a["type"] for a in view.anomalies] == ["missing"] and view.missing == ["trainer_r1"]
+
+
+def test_a_process_that_starts_after_the_others_is_in_the_runs_first_step() -> None:
+    """The trainers close step 0 before the generator rank 0 spawned has sent anything: in the run's
+    first ``start_hold`` seconds the step waits (it went final without the generator, whose data
+    came late), and after them a complete step is final at once."""
+    clock = Clock()
+    e = Experiment("x", grace=10, start_hold=2.0, clock=clock)
+    for rank in range(2):
+        ingest(e, resource(f"t{rank}", rank, 2), metrics({"trainer/loss": (Reduce.MEAN, [1.0])}, step=0))
+    assert e.ready() == [] and e.next_deadline() == 2.0  # complete, but held
+    clock.now = 1.5
+    ingest(e, resource("g", role="generator"), metrics({"generator/reward": (Reduce.MEAN, [0.5])}, step=0))
+    clock.now = 2.0
+    (first,) = e.ready()
+    assert {"trainer/loss", "generator/reward"} <= set(values_of(first)) and not first.missing
+    assert e.counts.late_points == 0
+    for rank in range(2):
+        ingest(e, resource(f"t{rank}", rank, 2), metrics({"trainer/loss": (Reduce.MEAN, [1.0])}, step=1))
+    ingest(e, resource("g", role="generator"), metrics({"generator/reward": (Reduce.MEAN, [0.5])}, step=1))
+    assert [v.step for v in e.ready()] == [1]  # past the hold: final once nothing is missing
+    held = Experiment("x", grace=1.0, start_hold=2.0, clock=(short := Clock()))  # never past the grace
+    ingest(held, resource("t0"), metrics({"trainer/loss": (Reduce.MEAN, [1.0])}, step=0))
+    short.now = 1.0
+    assert [v.step for v in held.ready()] == [0]
+
+
+def test_a_steps_keys_are_in_the_same_order_whichever_process_came_first() -> None:
+    """Keys by the role that first sent them (roles by name), each role's in the order its process
+    recorded them: the trainers' data first or the generator's, the views list the same order."""
+    trainer = {"trainer/loss": (Reduce.MEAN, [1.0]), "trainer/grad_norm": (Reduce.MAX, [2.0])}
+    generator = {"generator/reward": (Reduce.MEAN, [0.5]), "generator/tokens": (Reduce.SUM, [8.0])}
+    orders = []
+    for trainers_first in (True, False):
+        e = Experiment("x", grace=10, clock=Clock())
+        sends = [(resource("t0"), trainer), (resource("g", role="generator"), generator)]
+        for who, values in sends if trainers_first else sends[::-1]:
+            ingest(e, who, metrics(values, step=0))
+        (view,) = e.ready()
+        orders.append([k for k in values_of(view) if "/" in k and not k.startswith("rankscope/")])
+    assert orders[0] == orders[1]
+    assert orders[0][:4] == ["generator/reward", "generator/tokens", "trainer/loss", "trainer/grad_norm"], orders

@@ -42,6 +42,7 @@ def sink(tmp_path: Path, clock: Clock) -> Iterator[Sink]:
         grpc_port=None,
         http_port=None,
         grace=1.0,
+        start_hold=0.0,  # a step is final once nothing is missing, from the first
         tick=3600.0,  # the test runs the rounds
         state_dir=tmp_path / "state",
         backends=views,

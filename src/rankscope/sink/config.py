@@ -42,6 +42,10 @@ class SinkConfig:
     ``rankscope run``) takes its own job's. A shared sink holds them to relative paths without
     ``..`` (``edge.validate.check_posted_views``)."""
     grace: float = 10.0
+    start_hold: float = 2.0
+    """Seconds from a run's first data in which a step is final only by ``grace`` (or the run's end),
+    never for having nothing missing: a process that starts a little after the others (a generator
+    rank 0 spawns) is in the run's first step, not late to it. At most ``grace``."""
     token: str | None = None
     """The bearer token for every experiment (``--token``); with ``tokens``, one more scope."""
     tokens: Mapping[str, Scope] = field(default_factory=dict)

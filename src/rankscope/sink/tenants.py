@@ -376,6 +376,7 @@ class Tenants:
             experiment_id,
             run=run,
             grace=c.grace,
+            start_hold=c.start_hold,
             retain_steps=c.retain_steps,
             late_interval=c.late_interval,
             step_window=c.limits.step_window,

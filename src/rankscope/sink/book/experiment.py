@@ -8,8 +8,11 @@ finished step into its view (``finalize``). The service drives one request throu
 The rules (``docs/sink.md``):
 
 * Step N is final when nothing is missing (``roster``), or ``grace`` seconds after its first
-  data; then the missing processes are named (warning + ``rankscope/missing_processes``) and
-  not waited for again until they report. Steps are finalized in increasing order.
+  data; but in the run's first ``start_hold`` seconds only by grace (or the end): a process is
+  missing only once it has flushed a step, so one that starts a little after the others (a
+  generator spawned by rank 0) would find the first step final without it, its data late. Then
+  the missing processes are named (warning + ``rankscope/missing_processes``) and not waited
+  for again until they report. Steps are finalized in increasing order.
 * Monarch actor processes are flushed by their controller's ``flush(N)``: its marker says how
   many processes it flushed (``expected``), and the step waits for that many.
 * A step's part without a step attribute gets one from ``windows`` before it is logged, so a
@@ -45,6 +48,7 @@ from ..views.step import StepView
 from .admission import Admission, ExperimentLimits
 from .finalize import Finished, OnError, view_of
 from .merge import Running, merge_rows
+from .order import KeyOrder
 from .roster import Absent, Roster
 from .streams import Streams
 from .tables import SampleTable, entries, take
@@ -53,10 +57,9 @@ from .windows import StepWindows
 
 __all__ = ["Counts", "Experiment", "ExperimentLimits", "Process", "StepView", "Taken"]
 
+
 MAX_SEEN_DIGESTS = 65_536
 """Digests of recently taken ResourceMetrics a run remembers (a client's retry is merged once)."""
-MAX_ORDERED_KEYS = 100_000
-"""Keys a run places in first-recorded order; later new keys go after them, in the order they merge."""
 
 
 @dataclass(slots=True)
@@ -123,6 +126,7 @@ class Experiment:
         *,
         run: str = "",
         grace: float,
+        start_hold: float = 0.0,
         retain_steps: int = 16,
         late_interval: float = 1.0,
         step_window: int = 1_000_000,
@@ -140,6 +144,8 @@ class Experiment:
         self.started = wall()
         self.clock = clock
         self.grace, self.retain_steps, self.late_interval = grace, retain_steps, late_interval
+        self.held_until = clock() + min(start_hold, grace)
+        """Until then, a step is final only by its grace (``start_hold``)."""
         self.step_window = step_window
         self.on_error = on_error
         limits = limits or ExperimentLimits()
@@ -148,9 +154,8 @@ class Experiment:
         self.admission = Admission(limits)
         self.streams = Streams(max_series=limits.max_series)
         self.traces = traces if traces is not None else TraceStore()
-        self.key_order: dict[str, int] = {}
-        """Each key's place among the run's keys: the order its processes first sent them in
-        (``checked.ResourceBatch.order``); the views list a step's values so."""
+        self.key_order = KeyOrder()
+        """Each key's place among the run's keys (``order``): the views list a step's values so."""
         self.watch = Watch(detectors)
         """Per-step anomaly detectors and what they found (``sink.views.anomalies``)."""
         self.counts = Counts()
@@ -243,11 +248,6 @@ class Experiment:
 
     def _take(self, batch: ResourceBatch, refused: Refusals, replayed: bool = False) -> Taken | None:
         self.last_activity = self.clock()
-        order = self.key_order
-        if len(order) < MAX_ORDERED_KEYS:
-            for key in batch.order:
-                if key not in order:
-                    order[key] = len(order)
         self.counts.foreign_points += batch.foreign
         n = batch.point_count + len(batch.markers)
         process = self.process_for(batch.resource)
@@ -267,6 +267,7 @@ class Experiment:
             refused.add(n, f"from attempt {process.attempt}; the run restarted as attempt {self.attempt}")
             return None
         self.roster.came_back(process)
+        self.key_order.place(process.role, batch.order)
         taken = Taken(process, {}, batch.goodbye)
         for step, part in sorted(self._split(batch, process, refused, replayed).items()):
             part.states = self.admission.states(step, part.states, *self._room(step), refused)
@@ -503,7 +504,7 @@ class Experiment:
             # A step holding only sample rows (sent before their process's flush marker) waits
             # for a marker like a step with an absent process, up to the grace period.
             rows_only = not bucket.reporters and not bucket.merged and bool(bucket.samples)
-            if (absent or rows_only) and not force and now - bucket.opened < self.grace:
+            if (absent or rows_only or now < self.held_until) and not force and now - bucket.opened < self.grace:
                 break
             if self.windows.bucketed and not force and now < self.windows.bucket_due(step, now):
                 break
@@ -577,7 +578,8 @@ class Experiment:
             return None
         if self.windows.bucketed:
             return self.windows.bucket_due(min(self._open), self.clock())
-        return self._open[min(self._open)].opened + self.grace
+        due = self._open[min(self._open)].opened + self.grace
+        return min(due, self.held_until) if self.clock() < self.held_until else due
 
     def _merge_error(self, where: str, exc: BaseException) -> None:
         self.counts.internal_errors += 1

@@ -24,6 +24,7 @@ from ..checked import Process, StateRows
 from ..views.anomalies import STRAGGLER, Watch
 from ..views.step import StepView
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
+from .order import KeyOrder
 from .traces import TraceStore
 
 OnError = Callable[[str, BaseException], None]
@@ -117,10 +118,9 @@ def view_of(
     traces: TraceStore,
     watch: Watch,
     on_error: OnError | None = None,
-    order: Mapping[str, int] | None = None,
+    order: KeyOrder | None = None,
 ) -> StepView:
-    """The view of a finished step (a late update: its values only), its keys in ``order`` (each
-    key's place among the run's: the order they were first recorded in; keys without one last)."""
+    """The view of a finished step (a late update: its values only), its keys in ``order``."""
     stamp = time.time()
     global_metrics: list[Metric] = []
     labels: dict[str, str] = {}
@@ -133,10 +133,7 @@ def view_of(
         if on_error is not None:
             on_error(where, exc)
 
-    merged: Iterable[tuple[str, Any]] = done.merged.items()
-    if order:
-        last = len(order)
-        merged = sorted(merged, key=lambda item: order.get(item[0], last))  # stable: unplaced keys keep theirs
+    merged: Iterable[tuple[str, Any]] = done.merged.items() if order is None else order.arrange(done.merged.items())
     for key, state in merged:
         reduce = reduce_of(state[0])
         values = reduced_values(key, state, failed)
