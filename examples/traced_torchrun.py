@@ -2,9 +2,10 @@
 
     rankscope run --gantt steps.json -- torchrun --standalone --nproc_per_node=4 examples/traced_torchrun.py
 
-Each rank runs 3 steps of data / fwd / bwd phases; rank 3 is slow in fwd. The sink prints each
-step's global view, including ``straggler/train/fwd/slowest_rank: 3.0``, and ``--gantt`` writes a
-Perfetto file (https://ui.perfetto.dev): one track per rank, the phases nested in each step.
+Each rank runs 6 steps of data / fwd / bwd phases; rank 3 is slow in fwd. The sink prints each
+step's global view, including ``straggler/train/fwd/late_rank: 3.0``, names rank 3 a straggler
+once its first 3 steps (warm-up) are past, and ``--gantt`` writes a Perfetto file
+(https://ui.perfetto.dev): one track per rank, the phases nested in each step.
 """
 
 import os
@@ -18,7 +19,7 @@ rank = int(os.environ.get("RANK", "0"))
 model = torch.nn.Linear(256, 256)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
-for step in range(3):
+for step in range(6):
     with rs.trace("train") as t:
         x = torch.randn(64, 256)
         t.step("data")

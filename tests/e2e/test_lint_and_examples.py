@@ -55,9 +55,9 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
     cmd.append(str(ROOT / "examples" / "traced_torchrun.py"))
     result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    for step in range(3):
+    for step in range(6):
         assert f"=== [GlobalReduce] - METRICS STEP {step} ===" in result.stdout
-    assert result.stdout.count("straggler/train/fwd/slowest_rank: 3.0") == 3
+    assert result.stdout.count("straggler/train/fwd/late_rank: 3.0") == 6
     events = json.loads(gantt.read_text())["traceEvents"]
     names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
     assert names == [f"trainer_r{rank}" for rank in range(4)]
@@ -66,7 +66,7 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
     page = tmp_path / report.group(1)  # shown from the command's directory
     assert page.is_relative_to(tmp_path / "rankscope_logs") and page.with_suffix(".jsonl").is_file()
     data = json.loads(page.read_text().split('id="rankscope-data">', 1)[1].split("</script>", 1)[0])
-    assert data["steps"] == 3 and data["stragglers"][0]["process"] == "trainer_r3"
+    assert data["steps"] == 6 and data["stragglers"][0]["process"] == "trainer_r3"
 
 
 def test_trl_example_under_torchrun() -> None:

@@ -155,7 +155,7 @@ def test_the_report_opens_on_the_users_keys_in_the_order_recorded(main_example: 
     assert not any(t.startswith(("rl/", "rankscope/", "straggler/")) for t in everything), everything
     assert folded is False and hidden_rows == []  # closed: nothing of it on screen
     assert "rl/lineage_links_dropped (trainer)" in opened and "rankscope/missing_processes" in opened, opened
-    assert "straggler/train/forward/max_over_median" in internal_charts, internal_charts
+    assert "straggler/train/forward/over_others" in internal_charts, internal_charts
 
 
 def test_phase_durations_are_charted_in_phases_only(main_example: MainExample) -> None:
@@ -419,7 +419,7 @@ def test_long_runs_floods_and_wide_steps_are_bounded() -> None:
     found = summary.Summary()
     cell = {"loss": [0, "a", 1, "b", 0.5, 2]}
     for step in range(10_000):
-        values: dict[str, Any] = {"loss": float(step), f"straggler/phase{step}/max_over_median": 2.0}
+        values: dict[str, Any] = {"loss": float(step), f"straggler/phase{step}/over_others": 2.0}
         if step % 99 == 0:
             values["eval"] = 1.0  # a sparse series keeps its own points
         found.add({"kind": "step", "step": step, "values": values, "spread": {"t": {**cell, "eval": cell["loss"]}}})

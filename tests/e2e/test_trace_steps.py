@@ -77,9 +77,9 @@ def test_every_rank_of_a_step_shares_one_trace_under_one_root(make_sink, tmp_pat
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     view = {(r["step"], r["key"]): r["value"] for r in rows if r["kind"] == "global_reduce"}
     for step in range(3):
-        assert view[(step, "straggler/train/fwd/slowest_rank")] == 3.0
-        assert view[(step, "straggler/train/fwd/max_over_median")] > 3
-        assert view[(step, "straggler/train/fwd/spread_s")] > 0.02
+        assert view[(step, "straggler/train/fwd/late_rank")] == 3.0
+        assert view[(step, "straggler/train/fwd/over_others")] > 3
+        assert view[(step, "straggler/train/fwd/late_s")] > 0.02
         assert view[(step, "train/fwd/duration_max_s")] >= 0.03
 
     # A restarted attempt replays the steps in new traces.

@@ -10,18 +10,26 @@ import pytest
 import rankscope as rs
 from rankscope.backends.console import ConsoleBackend, short_value
 from rankscope.metrics.reduce import Reduce
+from rankscope.sink.checked import Process
 
 M = rs.Metric
 
 
-def straggler(step: int, who: str = "trainer_r2", phase: str = "train/forward") -> dict[str, object]:
-    return {"type": "straggler", "step": step, "process": who, "phase": phase, "ratio": 324.5123}
+def straggler(
+    first: int, who: str = "trainer_r2", phase: str = "train/forward", named: int = 1, **more: object
+) -> dict[str, object]:
+    """A sink's straggler record: one per streak, as when the sink named it (``named`` steps after it began)."""
+    record = {"type": "straggler", "step": first, "first_step": first, "last_step": first + named}
+    record |= {"steps": named + 1, "process": who}
+    record |= {"role": who.rsplit("_r", 1)[0], "replica": None, "rank": int(who.rsplit("_r", 1)[1]), "phase": phase}
+    record |= {"collective": None, "ratio": 352.5876, "excess_s": 0.15012345, "late_s": None, "waited_s_max": None}
+    return {**record, "waiting": 0, **more}
 
 
 def global_step(step: int, loss: float) -> list[rs.Metric]:
     """A sink's global view of a step: the user's keys among rankscope's own, in a shuffled order."""
     metrics = [
-        M("straggler/train/forward/slowest_rank", 2.0, Reduce.MAX),
+        M("straggler/train/forward/over_others", 352.6, Reduce.MAX),
         M("train/total_duration_max_s", 0.4123456, Reduce.MAX),
         M("train/total_duration_max_s/argmax_rank", 2.0, Reduce.MAX),
         M("rl/lineage_links_dropped", 0.0, Reduce.SUM),
@@ -87,22 +95,66 @@ def test_short_values_are_four_significant_digits() -> None:
     assert {short_value(v): want for v, want in cases.items()} == {want: want for want in cases.values()}
 
 
-def test_a_straggler_streak_is_one_highlighted_line(capsys) -> None:
+def test_a_straggler_streak_is_one_highlighted_line_naming_the_cause_and_its_victims(capsys) -> None:
     backend = ConsoleBackend({"logging_mode": "global_reduce"})
     backend.init("global")
+    late = {"collective": "all_reduce", "late_s": 0.1498, "waited_s_max": 0.15, "waiting": 3}
     for step in range(8):
-        if step >= 3:  # trainer_r2 is the straggler from step 3 to the end
-            backend.log_anomaly(straggler(step), step)
-        if step == 5:  # another one, once
-            backend.log_anomaly(straggler(step, "trainer_r0", "train/data"), step)
+        if step == 4:  # trainer_r2 is the straggler from step 3 to the end: named at its 2nd step, once
+            backend.log_anomaly(straggler(3, **late), step)
+        if step == 5:  # another one, in no collective, named at once
+            backend.log_anomaly(straggler(step, "trainer_r0", "train/data", named=0), step)
+        if step == 6:  # the first streak's record again, as it went on (its time now in backward): not news
+            backend.log_anomaly(straggler(3, phase="train/backward", named=3, **late), step)
         sink_view(backend, step)
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("!!!")] == [
-        "!!! step 3 straggler: trainer_r2 in train/forward (324.5x the median)",
-        "!!! step 5 straggler: trainer_r0 in train/data (324.5x the median)",
+        "!!! step 4 straggler: trainer_r2 in train/forward since step 3, +150.1ms (352.6x the others); "
+        "arrived last at all_reduce, 3 others waited up to 150ms",
+        "!!! step 5 straggler: trainer_r0 in train/data, +150.1ms (352.6x the others)",
     ]
-    backend.log_anomaly(straggler(10), 10)  # the streak ended at 7: a new one
-    assert capsys.readouterr().out == "!!! step 10 straggler: trainer_r2 in train/forward (324.5x the median)\n"
+    backend.log_anomaly(straggler(9, waited_s_max=0.002, waiting=1), 10)  # a new streak
+    assert capsys.readouterr().out == (
+        "!!! step 10 straggler: trainer_r2 in train/forward since step 9, +150.1ms (352.6x the others); "
+        "1 other waited up to 2ms\n"
+    )
+    late_only = {"collective": "broadcast", "excess_s": 0.02, "ratio": 3.0, "waited_s_max": 0.04, "waiting": 1}
+    backend.log_anomaly(straggler(10, "trainer_r1", "", named=0, **late_only), 10)  # late to a collective only
+    assert capsys.readouterr().out == (
+        "!!! step 10 straggler: trainer_r1, +20ms (3x the others); arrived last at broadcast, "
+        "1 other waited up to 40ms\n"
+    )
+    for step in (11, 12):  # records of a sink that said each step (no first_step): once per streak
+        backend.log_anomaly(
+            {"type": "straggler", "step": step, "process": "trainer_r3", "phase": "x", "ratio": 2}, step
+        )
+    assert capsys.readouterr().out == "!!! step 11 straggler: trainer_r3 in x (2x the others)\n"
+
+
+def test_the_step_names_who_held_it_up_net_of_waits_from_the_sinks_straggler_keys(capsys, monkeypatch) -> None:
+    """trainer_r0 spent 150 ms waiting in backward's all-reduce for trainer_r1, slow in forward:
+    the step's time names trainer_r1 in forward, from ``straggler/{phase}/late_*``, not the waiter."""
+    monkeypatch.setenv("COLUMNS", "400")
+    backend = ConsoleBackend({"logging_mode": "global_reduce"})
+    r0, r1 = (
+        Process("t-0", "trainer_r0", "trainer", None, 0, 2, 0, "h", 1, {}),
+        Process("t-1", "trainer_r1", "trainer", None, 1, 2, 0, "h", 2, {}),
+    )
+    phase_times = {"train/forward": {r0: 0.001, r1: 0.151}, "train/backward": {r0: 0.1562, r1: 0.005}}
+    keys = {"train/forward": (1.0, 0.15), "train/backward": (0.0, 0.001)}
+    metrics = [M("loss", 1.0, Reduce.MEAN), M("train/total_duration_max_s", 0.16, Reduce.MAX)]
+    for phase, (rank, late_s) in keys.items():
+        metrics += [
+            M(f"straggler/{phase}/late_rank", rank, Reduce.MAX),
+            M(f"straggler/{phase}/late_s", late_s, Reduce.MAX),
+        ]
+    metrics.append(M("straggler/comm/all_reduce/late_s", 0.5, Reduce.MAX))  # an arrival gap, not a phase
+    backend.log_batch(metrics, 4, phase_times=phase_times)
+    backend.log_batch(metrics[:2], 5, phase_times=phase_times)  # no straggler keys: the others' mean
+    assert capsys.readouterr().out.splitlines() == [
+        "step 4  loss 1  | time 160ms, slowest trainer_r1 in train/forward +150ms",
+        "step 5  loss 1  | time 160ms, slowest trainer_r0 in train/backward +151.2ms",
+    ]
 
 
 def test_a_lone_views_nan_is_said_once_per_streak_and_a_sinks_detector_is_not_repeated(capsys) -> None:

@@ -50,8 +50,12 @@ def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Pa
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     handler = elastic._default_metrics_handler
+    collectives = INSTRUMENTORS["torch_distributed"]()
+    if collectives.is_instrumented_by_opentelemetry:  # an earlier test's rs.init instrumented them
+        collectives.uninstrument()
     originals = (_BaseDataLoaderIter.__next__, torch.save, torch.load, dist.all_reduce, handler)
     rs.init(experiment="instr")  # a program that flushes itself: no automatic steps
+    assert dist.all_reduce is not originals[3]  # init instruments the collectives itself
     instrumentors = [cls() for cls in INSTRUMENTORS.values()]
     for instrumentor in instrumentors:
         instrumentor.instrument(force=True)  # force: torchelastic's handler outside torchrun too

@@ -1,10 +1,13 @@
 """What a report page shows first and how runs are compared, as data (``report.series``,
-``report.summary``, ``report.compare``); how it looks on screen is ``tests/e2e/test_report*.py``.
+``report.summary``, ``report.health``, ``report.compare``, and the Perfetto file's
+``report.perfetto``); how it looks on screen is ``tests/e2e/test_report*.py``.
 
 The user's keys in the order they first came, whatever order later steps list them in and
 across a snapshot; traced phases' seconds only as Phases charts; rankscope's own keys apart; a
-constant series flagged; a run's start and configuration kept; runs found on disk linked; the
-comparison's runs, differing configuration and one entry per key with a line per run.
+constant series flagged; each straggler streak once, with its cause and its victims' wait; the
+last arrival at a collective marked in the Gantts; a run's start and configuration kept; runs
+found on disk linked; the comparison's runs, differing configuration and one entry per key with
+a line per run.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any
 from rankscope.backends.base import Metric
 from rankscope.backends.report import ReportBackend
 from rankscope.metrics.reduce import Reduce
-from rankscope.report import compare, page
+from rankscope.report import compare, page, perfetto
 from rankscope.report.series import kind_of
-from rankscope.report.summary import Summary, config_of, read
+from rankscope.report.summary import Summary, config_of, gantt_spans, read
 from rankscope.sink.checked import Process
 
 
@@ -57,7 +60,7 @@ def test_roles_with_more_processes_come_first() -> None:
 def test_phase_seconds_go_to_phases_and_rankscopes_keys_to_internals() -> None:
     assert kind_of("train/forward/duration_avg_s") == kind_of("train/total_duration_max_s") == "duration"
     assert kind_of("rl/lineage_links_dropped") == kind_of("rankscope/missing_processes") == "internal"
-    assert kind_of("straggler/train/max_over_median") == "internal"
+    assert kind_of("straggler/train/over_others") == kind_of("straggler/comm/all_reduce/late_s") == "internal"
     assert kind_of("trainer/loss") == kind_of("comm/all_reduce/duration_s") == "metric"
     summary = Summary()
     for n in range(3):
@@ -70,8 +73,11 @@ def test_phase_seconds_go_to_phases_and_rankscopes_keys_to_internals() -> None:
             "train/total_duration_avg_s": 0.5,
             "train/total_duration_max_s": 0.6,
             "rankscope/missing_processes": 0.0,
-            "straggler/train/fwd/max_over_median": 1.0 + n,
-            "straggler/train/fwd/slowest_rank": 1.0,
+            "straggler/train/fwd/over_others": 1.0 + n,
+            "straggler/train/fwd/late_rank": 1.0,
+            "straggler/train/fwd/late_s": 0.1 * n,
+            "straggler/comm/all_reduce/late_rank": 1.0,
+            "straggler/comm/all_reduce/waited_s_max": 0.1 * n,
         }
         summary.add(step(n, values))
     data = summary.data()
@@ -81,9 +87,93 @@ def test_phase_seconds_go_to_phases_and_rankscopes_keys_to_internals() -> None:
     assert [line["phase"] for line in chart["lines"]] == ["fwd", "bwd", "total"]  # as they came, the total last
     assert chart["lines"][0]["points"] == [[0, 0.0, 0.0], [1, 0.1, 0.2], [2, 0.2, 0.4]]  # [step, mean, max]
     internals = [(k["role"], k["key"], k["constant"]) for k in data["internals"]]
-    assert internals == [
+    assert internals == [  # the ratios and seconds, not the ranks
         ("", "rankscope/missing_processes", True),
-        ("", "straggler/train/fwd/max_over_median", False),
+        ("", "straggler/train/fwd/over_others", False),
+        ("", "straggler/train/fwd/late_s", False),
+        ("", "straggler/comm/all_reduce/waited_s_max", False),
+    ]
+
+
+def straggler(first: int, who: str = "trainer_r2", named: int = 1, **more: Any) -> dict[str, Any]:
+    """A sink's straggler record as the sink named it, ``named`` steps after its streak began
+    (``kind``: a line of report.jsonl)."""
+    record = {"kind": "anomaly", "type": "straggler", "step": first, "first_step": first, "last_step": first + named}
+    record |= {"steps": named + 1, "process": who, "role": "trainer", "replica": None, "rank": int(who[-1])}
+    record |= {"phase": "train/forward", "collective": "all_reduce", "ratio": 352.6, "excess_s": 0.1501}
+    return {**record, "late_s": 0.1498, "waited_s_max": 0.15, "waiting": 3, **more}
+
+
+def test_each_straggler_streak_is_one_entry_with_its_cause_and_victims_however_it_came() -> None:
+    """The sink's record comes when it names the streak; its later state (a copy, or the status's
+    records: its latest step's phase and figures) lengthens that streak and adds none; a sink
+    that said each step is folded into streaks."""
+    summary = Summary()
+    summary.add(straggler(3))
+    summary.add(straggler(5, "trainer_r0", named=0, collective=None, waited_s_max=None, waiting=0))
+    summary.add(straggler(3, named=6, phase="train/backward", excess_s=0.2))  # the streak as it went on
+    status = {"kind": "status", "points": 9, "anomalies": [straggler(5, "trainer_r0", collective=None)]}
+    summary.add(status)
+    summary.add({"kind": "status", "points": 10, "anomalies": [straggler(3, named=5)]})  # an older state
+    for step in (20, 21, 22, 30):  # an older sink's records, one a step
+        summary.add({"kind": "anomaly", "type": "straggler", "step": step, "process": "trainer_r1", "phase": "bwd"})
+    again = Summary()
+    again.add(json.loads(json.dumps(summary.snapshot())))
+    data = summary.data()
+    assert again.data() == data and data["anomaly_counts"] == {"straggler": 6}  # 2 streaks, 4 old records
+    streaks = [(s["process"], s["phase"], s["first"], s["last"], s["steps"]) for s in data["stragglers"]]
+    assert streaks == [
+        ("trainer_r2", "train/backward", 3, 9, 7),
+        ("trainer_r1", "bwd", 20, 22, 3),
+        ("trainer_r0", "train/forward", 5, 6, 2),
+        ("trainer_r1", "bwd", 30, 30, 1),
+    ]  # the longest first
+    first = data["stragglers"][0]
+    assert (first["excess_s"], first["ratio"], first["collective"], first["waited_s_max"], first["waiting"]) == (
+        0.2,
+        352.6,
+        "all_reduce",
+        0.15,
+        3,
+    )
+    assert data["stragglers"][1]["excess_s"] is None and data["stragglers"][2]["collective"] is None
+    assert [a["type"] for a in data["anomalies"]].count("straggler") == 6
+
+
+def test_the_last_arrival_at_a_collective_is_marked_in_the_perfetto_file_and_the_pages_gantt(tmp_path: Path) -> None:
+    """The sink set ``rankscope.comm.wait_s`` on each rank's all-reduce and ``arrived_last`` on the
+    rank the others waited for: Perfetto shows the wait as an arg and an instant on that rank's
+    track at its start; the page's Gantt bars keep both."""
+    rows = []
+    for rank, (start, wait) in enumerate([(0, 150_000_000), (150_000_000, 0.0), (10_000_000, 140_000_000)]):
+        attributes: dict[str, Any] = {"rankscope.comm.op": "all_reduce", "rankscope.comm.wait_s": wait / 1e9}
+        if rank == 1:
+            attributes["rankscope.comm.arrived_last"] = True
+        row = {"name": "comm/all_reduce", "span_id": f"s{rank}", "start_ns": 10**12 + start, "rank": rank}
+        rows.append(row | {"end_ns": 10**12 + 151_000_000, "role": "trainer", "process": f"trainer_r{rank}", "step": 4})
+        rows[-1]["attributes"] = attributes
+    out = tmp_path / "trace.json"
+    perfetto.write(rows, out)
+    events = json.loads(out.read_text())["traceEvents"]
+    pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    (mark,) = [e for e in events if e["name"].startswith("last arrival")]
+    assert mark["name"] == "last arrival: trainer_r1" and mark["ph"] == "i" and mark["pid"] == pids["trainer_r1"]
+    assert mark["ts"] == (10**12 + 150_000_000) / 1e3 and mark["args"]["op"] == "all_reduce"
+    waits = {e["pid"]: e["args"]["rankscope.comm.wait_s"] for e in events if e["name"] == "comm/all_reduce"}
+    assert waits == {pids["trainer_r0"]: 0.15, pids["trainer_r1"]: 0.0, pids["trainer_r2"]: 0.14}
+
+    bars, _ = gantt_spans(rows)
+    assert [(b["p"], b.get("w"), b.get("a")) for b in bars] == [
+        ("trainer_r0", 150.0, None),
+        ("trainer_r1", 0.0, True),
+        ("trainer_r2", 140.0, None),
+    ]
+    summary = Summary()
+    summary.add({"kind": "gantt", "why": "first straggler", "step": 4, "ms": 151.0, "spans": bars})
+    assert [(b.get("w"), b.get("a")) for b in summary.data()["gantt"][0]["spans"]] == [
+        (150.0, None),
+        (0.0, True),
+        (140.0, None),
     ]
 
 

@@ -1,4 +1,4 @@
-"""The sink's span store: bounded by steps and spans, oldest first, and the straggler view."""
+"""The sink's span store: bounded by steps and spans, oldest first."""
 
 from __future__ import annotations
 
@@ -54,18 +54,7 @@ def test_spans_without_a_step_take_their_trace_step_and_bad_ids_are_rejected() -
     assert sorted(s.name for s in store.spans(7)) == ["ours", "users"]
 
 
-def test_straggler_view_names_the_slowest_and_fastest_rank() -> None:
-    store = TraceStore()
-    for rank, fwd in enumerate((0.10, 0.11, 0.12, 0.40)):
-        store.ingest(process(rank), scope_spans(3, {"train/fwd": fwd, "train/bwd": 0.2}))
-    store.ingest(process(0), scope_spans(3, {"solo": 1.0}))
-    view = {m.key: m.value for m in store.stragglers(3)}
-    assert view["straggler/train/fwd/slowest_rank"] == 3.0
-    assert view["straggler/train/fwd/fastest_rank"] == 0.0
-    assert abs(view["straggler/train/fwd/max_over_median"] - 0.40 / 0.115) < 1e-9
-    assert abs(view["straggler/train/fwd/spread_s"] - 0.30) < 1e-9
-    assert view["straggler/train/bwd/max_over_median"] == 1.0
-    assert not any("solo" in key for key in view)  # one process: no spread to speak of
+def test_a_span_query_names_ranks_and_ranges() -> None:
     assert parse_ranks("0,2,4-6") == {0, 2, 4, 5, 6} and parse_ranks("") is None
 
 

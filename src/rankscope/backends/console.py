@@ -8,9 +8,11 @@ Two formats (the view's ``format`` option, else ``RANKSCOPE_CONSOLE``; the Forge
   digits, then the step's time and its slowest process. rankscope's own keys (``rankscope/``,
   ``straggler/``, ``rl/``, what instrumentors record: ``metrics.catalog.key_kind``) and the
   traced phases' durations are left to the other views. Anomalies are one highlighted ``!!!``
-  line per streak: a straggler that stays the straggler for ten steps is said once, when it
-  starts. A non-finite value is said the same way, by the sink's detector or, for a process
-  alone, by this view.
+  line per streak: a straggler that stays the straggler for ten steps is said once, when the
+  sink names it, with its cause and its victims (``trainer_r2 in train/forward since step 3,
+  +150.1ms (352.6x the others); arrived last at all_reduce, 3 others waited up to 150ms``). A
+  non-finite value is said the same way, by the sink's detector or, for a process alone, by
+  this view.
 * ``full``: Forge's blocks, ``=== [GlobalReduce] - METRICS STEP N ===`` then ``key: value``
   for every key, as recorded, and one ``!!!`` line per anomaly.
 * ``off``: nothing.
@@ -25,9 +27,10 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import statistics
 import sys
+import textwrap
 import time
+from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -40,8 +43,15 @@ from .base import LoggerBackend, LoggingMode, Metric
 FORMATS = ("compact", "full", "off")
 _DISTRIBUTION_PARTS = ("mean", "p50", "p90", "p99")
 _MAX_STREAKS = 4096
+_SHOWN_STEPS = 64
+"""Steps whose shown values the compact console remembers (to leave out late updates that change none)."""
 _TOTAL_MAX = "/total_duration_max_s"
 """A traced block's slowest total (``tracing.tracer``): the largest is the step's time."""
+_LATE_RANK, _LATE_S = "/late_rank", "/late_s"
+"""The sink's per-phase straggler keys (``straggler/{phase}/late_rank``, ``.../late_s``): the rank
+whose time in the phase, net of collective waits, is furthest over the others' mean, and by how much."""
+_COMM = f"{attr.STRAGGLER_PREFIX}comm/"
+"""The sink's per-collective straggler keys (``straggler/comm/{op}/...``): arrivals, not a phase."""
 
 
 def format_value(value: float) -> str:
@@ -99,6 +109,8 @@ class ConsoleBackend(LoggerBackend):
         """An anomaly's streak (type and where) -> the last step it was seen in."""
         self._said_nonfinite: int | None = None
         """The step whose non-finite values a sink's detector already named (``log_anomaly``)."""
+        self._shown: OrderedDict[tuple[str, int | None], list[str]] = OrderedDict()
+        """The values each of the last steps' lines showed: a late update that shows the same is not printed."""
         self._cut_short: int | None = None
         """The step the job ended in (``interrupted``): its phases are partial, so no time is shown."""
         # Highlights in color on a terminal (or with FORCE_COLOR), never with NO_COLOR (no-color.org).
@@ -133,7 +145,7 @@ class ConsoleBackend(LoggerBackend):
         seconds = kwargs.get("step_seconds")
         if step_time is None and isinstance(seconds, (int, float)):
             step_time = (float(seconds), None)
-        held_up = _holdup(kwargs.get("phase_times"))
+        held_up = _late(metrics, labels, kwargs.get("phase_times")) or _holdup(kwargs.get("phase_times"))
         if step_time is not None and held_up is not None:
             step_time = (step_time[0], held_up)
         if step is not None and step == self._cut_short:
@@ -143,6 +155,12 @@ class ConsoleBackend(LoggerBackend):
         for key in sorted(k for k in values if k not in self._order):  # new keys go last, A-Z among themselves
             self._order[key] = len(self._order)
         items = [_item(key, values[key], parts.get(key), labels) for key in sorted(values, key=self._order.__getitem__)]
+        shown = (who, step)
+        if kwargs.get("late") and self._shown.get(shown) == items:
+            return []  # a late update that changes nothing on the line (a final barrier's time)
+        self._shown[shown] = list(items)
+        while len(self._shown) > _SHOWN_STEPS:
+            self._shown.popitem(last=False)
         if step_time is not None:
             slowest = f", slowest {step_time[1]}" if step_time[1] else ""
             items.append(f"| time {duration(step_time[0])}{slowest}")
@@ -207,8 +225,12 @@ class ConsoleBackend(LoggerBackend):
             self._said_nonfinite = global_step
         if record.get("type") == "interrupted":
             self._cut_short = global_step
-        if record.get("type") == "capture" or self._new_streak(_streak_of(record), global_step):
-            self._write(self._alert(printable(f"!!! step {global_step} {describe(record)}")))
+        first = record.get("first_step")  # a sink's straggler record is its streak's, said once
+        since = first if isinstance(first, int) and record.get("type") == "straggler" else global_step
+        if record.get("type") == "capture" or self._new_streak(_streak_of(record), since):
+            text = printable(f"!!! step {global_step} {describe(record)}")
+            lines = textwrap.wrap(text, _width(), subsequent_indent="    ", break_on_hyphens=False) or [text]
+            self._write("\n".join(self._alert(line) for line in lines))
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if self.format == "off":
@@ -264,21 +286,52 @@ def _split(
     return values, parts, step_time
 
 
+def _late(metrics: list[Metric], labels: Mapping[str, str], phase_times: object) -> str | None:
+    """Who held the step up, from the sink's straggler keys: the rank furthest over the others'
+    mean in its phase, net of collective waits (``straggler/{phase}/late_s``), so the ranks that
+    waited for it in a collective are not named (``trainer_r2 in train/forward +150.1ms``). Its
+    label is the sink's (``labels``), else the process of that rank in the phase; None: no such key."""
+    ranks: dict[str, float] = {}
+    late: dict[str, float] = {}
+    for m in metrics:
+        if m.key.startswith(attr.STRAGGLER_PREFIX) and not m.key.startswith(_COMM):
+            if m.key.endswith(_LATE_RANK):
+                ranks[m.key[len(attr.STRAGGLER_PREFIX) : -len(_LATE_RANK)]] = m.value
+            elif m.key.endswith(_LATE_S) and math.isfinite(m.value):
+                late[m.key[len(attr.STRAGGLER_PREFIX) : -len(_LATE_S)]] = m.value
+    phase = max((p for p in late if p in ranks), key=late.__getitem__, default=None)
+    if phase is None or late[phase] <= 0:
+        return None
+    while True:  # the phase inside it that holds most of it: train/forward rather than train
+        inside = [p for p in late if p in ranks and p.startswith(phase + "/") and late[p] >= 0.8 * late[phase]]
+        if not inside:
+            break
+        phase = max(inside, key=late.__getitem__)
+    rank = ranks[phase]
+    label = labels.get(f"{attr.STRAGGLER_PREFIX}{phase}{_LATE_RANK}")
+    by_process = phase_times.get(phase) if isinstance(phase_times, Mapping) else None
+    if label is None and isinstance(by_process, Mapping):
+        label = next((getattr(p, "label", None) for p in by_process if getattr(p, "rank", None) == rank), None)
+    who = printable(label) if label is not None else f"rank {short_value(rank)}"
+    return f"{who} in {printable(phase)} +{duration(late[phase])}"
+
+
 def _holdup(phase_times: object) -> str | None:
-    """Who held the step up, from a sink's seconds per phase per process: the process furthest
-    above its phase's median (``trainer_r2 in train/forward +150.2ms``); None without two processes."""
+    """Who held the step up without the sink's straggler keys, from its seconds per phase per
+    process: the process furthest over the others' mean in its phase (``trainer_r2 in
+    train/forward +150.2ms``); None without two processes."""
     if not isinstance(phase_times, Mapping):
         return None
     found: tuple[float, str] | None = None
     for phase, by_process in phase_times.items():
         if not isinstance(by_process, Mapping) or len(by_process) < 2:
             continue
-        seconds = sorted(by_process.values())
-        median = statistics.median(seconds)
+        total = sum(by_process.values())
         process, high = max(by_process.items(), key=lambda kv: kv[1])
-        if found is None or high - median > found[0]:
+        over = high - (total - high) / (len(by_process) - 1)
+        if found is None or over > found[0]:
             label = getattr(process, "label", process)
-            found = (high - median, f"{printable(label)} in {printable(phase)} +{duration(high - median)}")
+            found = (over, f"{printable(label)} in {printable(phase)} +{duration(over)}")
     return None if found is None else found[1]
 
 
@@ -306,10 +359,13 @@ def _block(title: str, metrics: list[Metric], step: int | None, labels: Mapping[
 
 
 def _streak_of(record: dict[str, Any]) -> Hashable:
-    """What makes two steps' anomalies one streak: their type and where they are."""
+    """What makes two steps' anomalies one streak: their type and where they are. A sink's
+    straggler record is one streak already (a process from its ``first_step``, whatever phase
+    its time went to as it went on): a copy of it is not news."""
     kind = record.get("type")
     if kind == "straggler":
-        return (kind, record.get("process"), record.get("phase"))
+        first = record.get("first_step")
+        return (kind, record.get("process"), first if isinstance(first, int) else record.get("phase"))
     if kind == "nonfinite":
         return (kind, record.get("key"), record.get("process"))
     if kind == "missing":
@@ -358,7 +414,9 @@ def describe(record: dict[str, Any]) -> str:
     if kind == "nonfinite":
         return f"non-finite value: {record.get('key')} from {who} ({record.get('count')} in the step)"
     if kind == "straggler":
-        return f"straggler: {who} in {record.get('phase')} ({_ratio(record.get('ratio'))}x the median)"
+        first, last = record.get("first_step"), record.get("last_step")
+        since = f" since step {first}" if isinstance(first, int) and isinstance(last, int) and last > first else ""
+        return f"straggler: {who}{straggler_where(record)}{since}{straggler_details(record)}"
     if kind == "slow_step":
         return f"slow step: {record.get('seconds', 0):.3f}s ({_ratio(record.get('factor'))}x the median)"
     if kind == "missing":
@@ -369,3 +427,34 @@ def describe(record: dict[str, Any]) -> str:
     if kind == "capture":
         return f"capture {record.get('capture')}: {who}: {record.get('path') or record.get('state')}"
     return str(record)
+
+
+def straggler_where(record: dict[str, Any]) -> str:
+    """`` in train/forward``: the phase a straggler's time went to ("" when the sink named none:
+    it was late to a collective only)."""
+    phase = record.get("phase")
+    return f" in {phase}" if phase else ""
+
+
+def straggler_details(record: dict[str, Any]) -> str:
+    """What a straggler record says after who and where (``straggler: trainer_r2 in train/forward``):
+    by how much, then its victims (``, +150.1ms (352.6x the others); arrived last at all_reduce, 3
+    others waited up to 150ms``). Also ``rankscope top``'s words for a streak going on."""
+    line = ""
+    excess, ratio = _seconds(record.get("excess_s")), record.get("ratio")
+    if excess is not None:
+        line += f", +{duration(excess)}"
+    if isinstance(ratio, (int, float)):
+        line += f" ({_ratio(ratio)}x the others)"
+    collective, waited, waiting = record.get("collective"), _seconds(record.get("waited_s_max")), record.get("waiting")
+    victims = ""
+    if waited is not None and waited > 0:
+        others = f"{waiting} other{'s' * (waiting != 1)}" if isinstance(waiting, int) and waiting > 0 else "others"
+        victims = f"{others} waited up to {duration(waited)}"
+    if collective:
+        return f"{line}; arrived last at {collective}" + (f", {victims}" * bool(victims))
+    return f"{line}; {victims}" if victims else line
+
+
+def _seconds(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None

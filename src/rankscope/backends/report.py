@@ -48,6 +48,7 @@ MAX_PROCESSES_SEEN = 100_000
 _STATUS_FIELDS = (
     *("points", "late_points", "refused_points", "foreign_points", "series_overflow", "log_records"),
     *("sample_rows", "spans_stored", "spans_dropped", "internal_errors", "processes", "last_finalized_step"),
+    "straggler_streaks",
 )
 
 

@@ -8,9 +8,10 @@ an embedded one, which announce themselves: ``sink.embedded.discover``).
 Every ``--interval`` seconds (default 1, at most 1) it reads ``/rankscope/v1/status`` and
 ``/rankscope/v1/recent`` and redraws: the experiments and their runs, the chosen run's last finalized step, its
 lag and step rate, chosen keys with sparklines over the last steps, a rank x phase map of the
-last step's span seconds (the slowest cell of each phase marked), stragglers, missing processes,
-refused points, anomalies and captures. Plain text in any terminal (rich), so it works over SSH;
-``q`` quits (so does Ctrl-C).
+last step's span seconds (the slowest cell of each phase marked), the straggler streaks going on
+(who held the others up, in which phase, since which step, by how much, and who waited for it at
+which collective), missing processes, refused points, anomalies and captures. Plain text in any
+terminal (rich), so it works over SSH; ``q`` quits (so does Ctrl-C).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # rich loads when the view draws: every other command starts 
     from rich.table import Table
     from rich.text import Text
 
+from ..backends.console import printable, straggler_details, straggler_where
 from ..core import names as attr
 from .sink import find_sink
 
@@ -194,12 +196,7 @@ def _notes(last: dict[str, Any], status: dict[str, Any]) -> list[Text]:
     """Stragglers, missing processes, the first non-finite value, anomalies and captures."""
     from rich.text import Text
 
-    notes: list[Text] = []
-    stragglers = [a for a in last.get("anomalies", []) if a.get("type") == "straggler"]
-    for a in stragglers:
-        notes.append(
-            Text(f"straggler: {a.get('process')} in {a.get('phase')} ({a.get('ratio')}x the median)", style="red")
-        )
+    notes = [Text(line, style="red") for line in streaks(last, status)]
     if last.get("missing"):
         notes.append(Text(f"missing: {', '.join(last['missing'][:16])}", style="yellow"))
     first = status.get("first_nonfinite")
@@ -213,6 +210,26 @@ def _notes(last: dict[str, Any], status: dict[str, Any]) -> list[Text]:
     for c in status.get("captures", [])[-3:]:
         notes.append(Text(f"capture {c['id']}: {c['reason']} ({len(c['files'])}/{c['taken']} files)"))
     return notes
+
+
+def streaks(last: dict[str, Any], status: dict[str, Any]) -> list[str]:
+    """The straggler streaks going on at the last step, one line each: ``straggler: trainer_r2 in
+    train/forward since step 3 (12 steps), +150.1ms (352.6x the others); arrived last at
+    all_reduce, 3 others waited up to 150ms``. From the status route's records (the sink keeps
+    each streak's record up to date: its ``last_step`` and ``steps``), else the last step's own."""
+    records = [a for a in status.get("anomalies") or () if isinstance(a, dict) and a.get("type") == "straggler"]
+    if not records:
+        records = [a for a in last.get("anomalies") or () if isinstance(a, dict) and a.get("type") == "straggler"]
+    lines: dict[tuple[Any, ...], str] = {}
+    for a in records:
+        first, until = a.get("first_step", a.get("step")), a.get("last_step", a.get("step"))
+        if not isinstance(until, int) or until < last["step"] - 1:  # it ended (one step behind: the status
+            continue  # was read before the recent steps, so it may go on at the last one)
+        steps = a.get("steps", 1)
+        since = f" since step {first} ({steps} step{'s' * (steps != 1)})" if isinstance(first, int) else ""
+        where = f"straggler: {a.get('process')}{straggler_where(a)}{since}"
+        lines[(a.get("process"), first)] = printable(where + straggler_details(a))
+    return list(lines.values())
 
 
 @contextlib.contextmanager
@@ -288,5 +305,3 @@ def command(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("RANKSCOPE_SINK_TOKEN")
     url = find_sink(args.sink)
     return watch(url, args.experiment, keys, max(0.1, min(args.interval, 1.0)), token, args.once, args.run)
-
-

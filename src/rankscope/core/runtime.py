@@ -59,6 +59,9 @@ current: Runtime | None = None
 recorder: Any = None
 """``current.recorder`` (None with no runtime): the metrics stage's ``Recorder``."""
 disabled = False
+ended = False
+"""The program called ``shutdown``: until it calls ``init`` again, instrumentors record nothing,
+so a ``dist.barrier()`` after it starts no runtime of its own (a user's own call still does)."""
 """``RANKSCOPE_DISABLE`` or ``init(disable=True)``: every call is a no-op, nothing starts."""
 
 _starter: Callable[[], Runtime | None] | None = None

@@ -308,6 +308,14 @@ SETTINGS: tuple[Setting, ...] = (
         parse=parse_bool,
     ),
     Setting(
+        "collectives",
+        "RANKSCOPE_COLLECTIVES",
+        True,
+        "init() instruments torch.distributed's collectives (spans: who arrived last, who waited) "
+        "when torch is imported; OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=torch_distributed also turns it off.",
+        parse=parse_bool,
+    ),
+    Setting(
         "grad_norm",
         "RANKSCOPE_GRAD_NORM",
         False,
@@ -402,6 +410,7 @@ class Settings:
     trace_root: bool | None
     max_queued_spans: int
     auto_step: bool
+    collectives: bool
     grad_norm: bool
     host_metrics: bool
     memory_history: int | None

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from ..core import names as attr
+from ..core import runtime
 from ..core.errors import report_internal_error
 from ..metrics.recording import defer_gpu_duration, record_metric
 from ..metrics.reduce import Reduce
@@ -82,15 +83,21 @@ def _first_tensor(value: Any) -> Any:
     return value
 
 
-_group_sizes: dict[int, int] = {}
+_groups: dict[int, tuple[int, str]] = {}
 
 
-def _group_size(dist: Any, group: Any) -> int:
+def _group(dist: Any, group: Any) -> tuple[int, str]:
+    """(size, name) of ``group`` (None: the default group). The name is the same on every member
+    (torch names groups in the order they are made), so the sink matches each member's k-th
+    collective of the group in a step."""
     key = id(group)
-    size = _group_sizes.get(key)
-    if size is None:
-        size = _group_sizes[key] = int(dist.get_world_size(group))
-    return size
+    found = _groups.get(key)
+    if found is None:
+        size = int(dist.get_world_size(group))
+        pg = group if group is not None else getattr(dist.distributed_c10d, "_get_default_group", lambda: None)()
+        name = str(getattr(pg, "group_name", "") or f"size{size}")
+        found = _groups[key] = (size, name)
+    return found
 
 
 def _wrap(op: str, position: int | None, original: Any, dist: Any) -> Any:
@@ -98,6 +105,8 @@ def _wrap(op: str, position: int | None, original: Any, dist: Any) -> Any:
     span_name = f"comm/{op}"
 
     def collective(*args: Any, **kwargs: Any) -> Any:
+        if runtime.ended:  # after rs.shutdown(): a final barrier is not a step of its own
+            return original(*args, **kwargs)
         try:
             tensors = None
             if position is not None:
@@ -109,10 +118,12 @@ def _wrap(op: str, position: int | None, original: Any, dist: Any) -> Any:
             gpu = current_gpu_timer() if first is not None and getattr(first, "is_cuda", False) else None
             start_mark = gpu.mark() if gpu is not None else None
             nbytes = _nbytes(tensors)
+            size, group = _group(dist, kwargs.get("group"))
             attributes = {
                 attr.COMM_OP: op,
                 attr.COMM_BYTES: nbytes,
-                attr.COMM_GROUP_SIZE: _group_size(dist, kwargs.get("group")),
+                attr.COMM_GROUP_SIZE: size,
+                attr.COMM_GROUP: group,
                 attr.COMM_ASYNC: bool(kwargs.get("async_op", False)),
             }
             span = open_span(span_name, attributes)

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -92,6 +93,7 @@ def init(
             message names it); nothing was changed.
     """
     with process.lock:
+        _slot.ended = False
         if resolve("disable", disable):  # first: a disabled process is not held to its other settings
             shutdown_locked()
             _slot.install(None, off=True)
@@ -177,6 +179,8 @@ def init(
         install_tracer_provider(resource)
         if "monarch" in sys.modules:
             _install_monarch_propagation()
+        if settings.collectives and "torch.distributed" in sys.modules:
+            _instrument_collectives()
         return resource
 
 
@@ -336,6 +340,22 @@ def _is_trace_root(resource: Resource, monarch_controller: bool, explicit: bool 
         return False  # an actor process: its controller owns the step
     a = resource.attributes
     return str(a.get(attr.RANK)) == "0" and a.get(attr.ROLE) in ("trainer", "main", "controller")
+
+
+def _instrument_collectives() -> None:
+    """torch.distributed's collectives as spans, as ``opentelemetry-instrument`` would load them
+    (the ``torch_distributed`` entry point): the sink tells the rank that arrived last at each
+    from the ranks that waited for it (``sink.book.stragglers``). Once per process."""
+    disabled = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
+    if "torch_distributed" in {name.strip() for name in disabled.split(",")}:
+        return
+    try:
+        for entry in entry_points(group="opentelemetry_instrumentor", name="torch_distributed"):
+            instrumentor = entry.load()()
+            if not instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.instrument()
+    except Exception as exc:
+        report_internal_error("instrumenting torch.distributed's collectives", exc)
 
 
 def _install_monarch_propagation() -> None:

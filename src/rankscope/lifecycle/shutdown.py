@@ -18,15 +18,18 @@ from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn
 from ..export.senders import request_report, sink_status
 from ..metrics import rates
+from ..metrics.catalog import key_kind
 from .driving import Runtime, installed, started
 from .fork import CHILD_SHUTDOWN_TIMEOUT
 from .state import process
 
 
 def shutdown() -> None:
-    """Export what is left (unflushed values go out without a step) and stop the export thread."""
+    """Export what is left (unflushed values go out without a step, ``_tail_step``) and stop the
+    export thread. Until the next ``init``, instrumentors record nothing (``core.runtime.ended``)."""
     with process.lock:
         shutdown_locked()
+        _slot.ended = True
 
 
 def shutdown_locked(drain_unflushed: bool = True) -> None:
@@ -51,7 +54,7 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
         runtime.thread.captures.abort()  # a profiler still running stops here, its capture dropped
     runtime.tracing.shutdown()  # GPU-timed spans still pending go to the buffer first
     if drain_unflushed:
-        batch = runtime.recorder.take(None)
+        batch = runtime.recorder.take(_tail_step(runtime))
         if batch is not None:
             runtime.thread.submit(batch)
     runtime.thread.shutdown(runtime.shutdown_timeout)
@@ -59,6 +62,16 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
         rates.reset_rates()
     process.dropped_before_shutdown = runtime.thread.dropped_total
     _wait_for_sink_views(runtime)
+
+
+def _tail_step(runtime: Runtime) -> int | None:
+    """The step the values recorded since the last flush go with: none (the sink places them in
+    the step in progress, which the job ended in), unless they are all rankscope's own (a final
+    ``dist.barrier()``'s time): then the last step flushed, as its tail, not a step of their own."""
+    last = runtime.steps.last
+    if last is not None and all(key_kind(key) == "internal" for key in list(runtime.recorder.accs)):
+        return last
+    return None
 
 
 def _close_last_auto_step(runtime: Runtime) -> None:

@@ -114,7 +114,7 @@ _INSTRUMENTORS = (_OPT, _DL, _COMM, _CKPT, _MEM, _NVML, _MON, _TE)
 
 INTERNAL_PREFIXES: tuple[str, ...] = (
     META_PREFIX,  # what a sink or a backend adds about the experiment itself (rankscope/...)
-    STRAGGLER_PREFIX,  # the sink's per-phase straggler views (straggler/...)
+    STRAGGLER_PREFIX,  # the sink's straggler views: straggler/{phase}/..., straggler/comm/{op}/...
     "rl/",  # rs.rl's bookkeeping (lineage links dropped, staleness)
     *sorted({s.name.split("/", 1)[0] + "/" for s in CATALOG if s.source in _INSTRUMENTORS}),  # optimizer/, gpu/ ...
 )

@@ -1,5 +1,14 @@
-"""What went wrong, for the page's health section: the anomalies (and the stragglers they
-name), the steps that went without some processes, the late updates.
+"""What went wrong, for the page's health section: the anomalies (and the straggler streaks
+they name), the steps that went without some processes, the late updates.
+
+A sink's straggler record is one streak (``first_step``): the process that held the others up,
+the phase its time went to, by how much over the others' mean, and the collective it arrived
+last at with how long the others waited for it. It comes when the streak starts (one step); a
+later copy of it (the same process and first step: the sink's record as the streak went on, in
+an anomaly or a ``status`` event's ``anomalies``) updates that streak (its last step, and the
+phase and figures of its latest step), never adds one.
+Records of a sink that named a straggler at every step (no ``first_step``) are folded into
+streaks of consecutive steps.
 
 Bounded however long the run: the first and last ``MAX_ANOMALIES`` anomalies (all counted by
 type), the last ``MAX_LISTED`` steps with missing processes (16 named each) and late steps.
@@ -10,9 +19,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .values import MAX_LISTED, cell, listed, mapping, number, strict, text
+from .values import MAX_LISTED, cell, integer, listed, mapping, number, strict, text
 
 MAX_ANOMALIES = 250
+STRAGGLER = "straggler"
 
 
 class Health:
@@ -29,12 +39,36 @@ class Health:
 
     def anomaly(self, event: dict[str, Any]) -> None:
         kind = text(event.get("type", "?"))[:64]
-        self.anomaly_counts[kind] = self.anomaly_counts.get(kind, 0) + 1
         clean = _record(event)
+        if kind == STRAGGLER and self._extend(clean):
+            return
+        self.anomaly_counts[kind] = self.anomaly_counts.get(kind, 0) + 1
         if len(self.anomalies_first) < MAX_ANOMALIES:
             self.anomalies_first.append(clean)
         else:
             self.anomalies_last.append(clean)
+
+    def streaks(self, records: Any) -> None:
+        """The sink's latest records (a ``status`` event's ``anomalies``): its straggler streaks
+        as they went on update the ones held (or are added, when the view came after their start)."""
+        for record in records[:64] if isinstance(records, list) else ():
+            if isinstance(record, dict) and record.get("type") == STRAGGLER:
+                self.anomaly(record)
+
+    def _extend(self, record: dict[str, Any]) -> bool:
+        """A later copy of a held streak's record updates it (an older one changes nothing); False:
+        no streak held is this one's."""
+        first = integer(record.get("first_step"))
+        if first is None:
+            return False
+        who = (record.get("process"), first)  # the sink's streak: a process, whatever phase its time went to
+        for held in reversed(self.anomalies()):
+            if held.get("type") == STRAGGLER and (held.get("process"), held.get("first_step")) == who:
+                newer = (integer(record.get("last_step")) or 0) >= (integer(held.get("last_step")) or 0)
+                if newer:  # its latest step's phase and figures (an older state changes nothing)
+                    held.update({k: v for k, v in record.items() if k != "step"})
+                return True
+        return False
 
     def missed(self, step: int, processes: Any) -> None:
         """A step that went without ``processes`` (labels)."""
@@ -51,18 +85,34 @@ class Health:
         return self.anomalies_first + list(self.anomalies_last)
 
     def stragglers(self) -> list[dict[str, Any]]:
-        """Each (process, phase) named a straggler, with how often and its first and worst step."""
-        found: dict[tuple[str, str], dict[str, Any]] = {}
+        """Each straggler streak: who, in which phase, its first and last step and how many steps,
+        its seconds over the others' mean and its ratio, the collective it arrived last at, how
+        many waited and the longest wait; the longest streaks first, then the earliest."""
+        found: list[dict[str, Any]] = []
+        going: dict[tuple[str, str], dict[str, Any]] = {}
         for record in self.anomalies():
-            if record.get("type") != "straggler":
+            if record.get("type") != STRAGGLER:
                 continue
-            who = (str(record.get("process")), str(record.get("phase")))
-            ratio = number(record.get("ratio")) or 0.0
-            seen = found.setdefault(who, {"process": who[0], "phase": who[1], "steps": 0, "first": record.get("step")})
-            seen["steps"] += 1
-            if ratio >= seen.get("ratio", 0.0):
-                seen.update(ratio=ratio, worst=record.get("step"), seconds=number(record.get("seconds")))
-        return sorted(found.values(), key=lambda s: (-s["steps"], s["process"]))
+            who = (str(record.get("process")), str(record.get("phase") or ""))  # "": late to a collective only
+            first = integer(record.get("first_step"))  # None: an older sink's record of one step
+            step = first if first is not None else integer(record.get("step"))
+            seen = going.get(who)
+            if first is None and seen is not None and step is not None and step - seen["last"] in (0, 1):
+                seen["steps"] += step - seen["last"]  # a sink that said each step: one streak of them
+                seen["last"] = step
+                continue
+            last = max(integer(record.get("last_step")) or -1, -1 if step is None else step)
+            streak: dict[str, Any] = {"process": who[0], "phase": who[1], "rank": integer(record.get("rank"))}
+            streak.update(first=step)
+            streak.update(last=None if step is None else last, steps=max(integer(record.get("steps")) or 1, 1))
+            streak.update({k: number(record.get(k)) for k in ("ratio", "excess_s", "late_s", "waited_s_max")})
+            collective = record.get("collective")
+            streak.update(collective=collective if isinstance(collective, str) else None)
+            streak.update(waiting=integer(record.get("waiting")) or 0)
+            found.append(streak)
+            if step is not None:
+                going[who] = streak
+        return sorted(found, key=lambda s: (-s["steps"], -1 if s["first"] is None else s["first"], s["process"]))
 
     def state(self) -> dict[str, Any]:
         """This part of a ``snapshot`` event."""

@@ -8,6 +8,10 @@ order roles first appear: ``group × 1,000,000 + rank + 1``, so the tracks sort 
 events for zero-length spans (``record_event``), flow arrows from a caller's span to
 the spans a Monarch endpoint call made in another process, and flow arrows along OTel span
 links (``rs.rl.consume``: from each generation span to the trainer step that trained on it).
+A collective's span the sink matched across ranks carries how long this rank waited for the last
+one (``rankscope.comm.wait_s``, an arg like every attribute); on the rank that arrived last
+(``rankscope.comm.arrived_last``) an instant event ``last arrival: trainer_r1`` marks its start,
+so the straggler is named where the others' waits begin.
 
 Events are written as they are read; memory holds the process table and, for links, where
 the last ``_LINKED_SPANS`` spans were (a link to an older span is drawn from nowhere: skipped),
@@ -123,6 +127,12 @@ class TraceEventWriter:
             event.update(ph="i", s="t", ts=ts, args=args)
         self._event(event)
         self.spans += 1
+        if attributes.get(attr.COMM_LAST) is True:  # the sink's judgement: the others waited for this rank
+            mark = {"op": attributes.get(attr.COMM_OP), "step": row.get("step"), "span_id": row.get("span_id")}
+            self._event(
+                {"name": f"last arrival: {label}", "cat": "straggler", "ph": "i", "s": "t"}
+                | {"pid": pid, "tid": tid, "ts": ts, "args": mark}
+            )
         self._link(row, pid, tid, ts)
         caller = attributes.get(attr.CALLER)
         if isinstance(caller, str) and caller != label:  # a Monarch call from another process: an arrow

@@ -111,4 +111,9 @@ def _bar(bar: dict[str, Any]) -> dict[str, Any] | None:
         out["l"] = [text(x) for x in bar["l"][:16]]
     if isinstance(bar.get("c"), str):
         out["c"] = text(bar["c"])
+    waited = number(bar.get("w"))
+    if waited is not None:
+        out["w"] = waited
+    if bar.get("a") is True:
+        out["a"] = True
     return out

@@ -31,8 +31,11 @@ META_PREFIXES = (attr.META_PREFIX, attr.STRAGGLER_PREFIX)
 DERIVED_SUFFIXES = ("/argmax_rank", "/argmin_rank")
 INTERNAL_PREFIXES = ("rl/", *META_PREFIXES)
 """rankscope's own keys: its RL helpers' counts, the sink's, and the detectors' (folded on a page)."""
-DETECTOR_CHARTS = ("/max_over_median",)
-"""Of the ``straggler/*`` keys, those a page charts (the slowest/median ratio of each phase)."""
+DETECTOR_CHARTS = ("/over_others", "/late_s", "/waited_s_max")
+"""Of the ``straggler/*`` keys, those a page charts: per traced phase, the late rank's time (net of
+collective waits) over the others' mean, as a ratio and in seconds, and the longest collective wait
+in it; per collective (``straggler/comm/{op}/``), the last arrival's lateness and the longest wait.
+Not the ranks (``/late_rank``): a rank is not a quantity to chart."""
 TOTAL_SUFFIXES = {"/total_duration_avg_s": "avg", "/total_duration_max_s": "max"}
 PHASE_SUFFIXES = {"/duration_avg_s": "avg", "/duration_max_s": "max"}
 """The duration metrics ``trace`` records (``tracing.tracer``): a traced block's total and each phase's."""

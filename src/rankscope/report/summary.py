@@ -145,7 +145,9 @@ def config_of(resources: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, d
 def gantt_spans(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """Span rows (the JSONL form) as compact bars in ms from the earliest start, at most
     ``MAX_GANTT_SPANS`` (the rest counted): ``p`` process, ``r`` rank, ``o`` role, ``n`` name,
-    ``s`` start, ``d`` duration, ``i`` span id, ``u`` parent, ``l`` linked span ids, ``c`` caller."""
+    ``s`` start, ``d`` duration, ``i`` span id, ``u`` parent, ``l`` linked span ids, ``c`` caller;
+    on a collective the sink matched, ``w`` the ms this rank waited for the last one and ``a``
+    (true) on the rank that arrived last."""
     kept: list[dict[str, Any]] = []
     more = 0
     for row in rows:
@@ -173,6 +175,11 @@ def gantt_spans(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]]
         caller = attributes.get(attr.CALLER)
         if isinstance(caller, str):
             bar["c"] = text(caller)
+        waited = number(attributes.get(attr.COMM_WAIT))
+        if waited is not None:
+            bar["w"] = round(waited * 1e3, 3)
+        if attributes.get(attr.COMM_LAST) is True:
+            bar["a"] = True
         kept.append(bar)
     if kept:
         zero = min(b["s"] for b in kept)
@@ -303,6 +310,7 @@ class Summary:
 
     def _status(self, event: dict[str, Any]) -> None:
         self.status = _status_fields(event)
+        self.health.streaks(event.get("straggler_streaks") or event.get("anomalies"))  # as they went on
 
     def _step(self, event: dict[str, Any]) -> None:
         step = integer(event["step"])

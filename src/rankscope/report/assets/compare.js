@@ -95,7 +95,7 @@
   const internals = D.keys.filter((k) => k.kind === "internal");
   if (internals.length) {
     const s = section("internals", "Internals");
-    s.append(folded(`rankscope's own keys (${internals.length}): rl/*, rankscope/*, the straggler detector's slowest/median per phase`,
+    s.append(folded(`rankscope's own keys (${internals.length}): rl/*, rankscope/*, the straggler detector's per phase and collective (late rank over the others, the longest wait)`,
       (body) => keyCharts(body, internals)));
   }
   if (!D.keys.length) app.append(el("p", { class: "note" }, "No run has a finalized step."));

@@ -42,17 +42,34 @@
   const facts = el("div", { class: "facts" });
   const st = D.status || {};
   const counts = D.anomaly_counts || {};
-  facts.append(fact("stragglers named", counts.straggler || 0, !!counts.straggler));
+  facts.append(fact("straggler streaks", counts.straggler || 0, !!counts.straggler));
   facts.append(fact("steps missing processes", D.missing.length, D.missing.length > 0));
   facts.append(fact("late updates", D.late_updates, D.late_updates > 0));
   facts.append(fact("refused points", st.refused_points || 0, (st.refused_points || 0) > 0));
   facts.append(fact("spans dropped", st.spans_dropped || 0, (st.spans_dropped || 0) > 0));
   facts.append(fact("non-finite steps", counts.nonfinite || 0, !!counts.nonfinite));
   app.append(facts);
+  // a straggler streak: the cause (who, where its time went, by how much), then its victims
+  const sig = (v) => Number(v.toPrecision(4)); // 4 significant digits, as the console
+  const ms = (seconds) => `${sig(seconds * 1e3)} ms`;
+  function streakSteps(s) {
+    const over = s.last !== null && s.last > s.first ? `steps ${s.first}–${s.last}` : `step ${s.first}`;
+    return `${over} (${s.steps} step${s.steps === 1 ? "" : "s"})`;
+  }
+  function victims(s) {
+    const waited = s.waited_s_max !== null && s.waited_s_max > 0
+      ? `${s.waiting > 0 ? `${s.waiting} other${s.waiting === 1 ? "" : "s"}` : "others"} waited up to ${ms(s.waited_s_max)}` : "";
+    if (s.collective) return `arrived last at ${s.collective}` + (waited ? `, ${waited}` : "");
+    return waited;
+  }
+  function cause(s) {
+    return (s.excess_s !== null ? `+${ms(s.excess_s)}` : "") +
+      (s.ratio !== null ? `${s.excess_s !== null ? " " : ""}(${sig(s.ratio)}× the others)` : "");
+  }
   for (const s of D.stragglers.slice(0, 5)) {
+    const how = [cause(s), victims(s)].filter((x) => x).join("; ");
     app.append(el("div", { class: "alert straggler" },
-      `straggler: ${s.process} in ${s.phase} — named at ${s.steps} step${s.steps === 1 ? "" : "s"} from step ${s.first}, ` +
-      `worst at step ${s.worst}: ${fmt(s.seconds)} s, ${fmt(s.ratio)}× the median`));
+      `straggler: ${s.process}${s.phase ? ` in ${s.phase}` : ""} — ${streakSteps(s)}` + (how ? `: ${how}` : "")));
   }
 
   // -- metrics: the user's keys, one section per role, each key with its cross-process spread
@@ -213,10 +230,16 @@
       const bars = list.filter((s) => s.d > 0), points = list.filter((s) => s.d <= 0);
       if (bars.length) traces.push({ type: "bar", orientation: "h", name: esc(name), y: bars.map((s) => esc(s.p)), x: bars.map((s) => s.d),
         base: bars.map((s) => s.s), width: bars.map((s) => Math.max(0.25, 0.8 - 0.18 * depth(s))), marker: { color },
-        customdata: bars.map((s) => esc(s.n)), hovertemplate: "%{customdata} · %{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>" });
+        customdata: bars.map((s) => esc(s.n) + (s.w !== undefined ? `, waited ${fmt(s.w)} ms for the last arrival` : "")),
+        hovertemplate: "%{customdata} · %{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>" });
       if (points.length) traces.push({ type: "scatter", mode: "markers", name: esc(name), y: points.map((s) => esc(s.p)),
         x: points.map((s) => s.s), marker: { symbol: "diamond", size: 9, color } });
     }
+    // the rank that arrived last at a collective (the sink matched it across ranks): the others waited for it
+    const last = spans.filter((s) => s.a);
+    if (last.length) traces.push({ type: "scatter", mode: "markers", name: "last arrival", y: last.map((s) => esc(s.p)),
+      x: last.map((s) => s.s), customdata: last.map((s) => esc(s.n)), marker: { symbol: "triangle-right", size: 11, color: "#d9482b" },
+      hovertemplate: "last arrival at %{customdata} · %{y}<br>%{x:.3f} ms<extra></extra>" });
     const where = new Map(g.spans.map((s) => [s.i, s]));
     const arrows = [];
     for (const s of spans) {
@@ -236,7 +259,8 @@
   if (D.gantt.length) {
     const gantt = section("gantt", "Step Gantt");
     gantt.append(el("p", { class: "note" }, "Every process's spans in a chosen step: nesting by bar height; arrows: span links " +
-      "(purple, e.g. a trainer step to the generations it trained on) and calls across processes (green)."));
+      "(purple, e.g. a trainer step to the generations it trained on) and calls across processes (green); a red triangle: " +
+      "the rank that arrived last at a collective, the one the others waited for (hover a collective for its wait)."));
     const order = ["first straggler", "slowest step", "last step"];
     const chosen = [...D.gantt].sort((a, b) => (order.indexOf(a.why) + 9) % 9 - (order.indexOf(b.why) + 9) % 9);
     for (const g of chosen) {
@@ -275,8 +299,18 @@
   const health = section("health", "Health");
   const anomalies = D.anomalies;
   health.append(el("h3", {}, `anomalies (${Object.entries(counts).map(([k, v]) => `${k}: ${v}`).join(", ") || "none"})`));
-  if (anomalies.length) {
-    const rows = anomalies.map((a) => {
+  if (D.stragglers.length) {
+    health.append(el("p", { class: "note" }, "Straggler streaks: the process that held the others up, the phase its time " +
+      "went to (net of collective waits), how far over the others' mean, and who waited for it: a streak is said once, " +
+      "however many steps it lasts (the first 3 steps are warm-up, not judged)."));
+    health.append(table(["process", "phase", "steps", "over the others", "× the others", "arrived last at", "others waited"],
+      D.stragglers.map((s) => [s.process, s.phase, streakSteps(s), s.excess_s === null ? null : ms(s.excess_s), s.ratio === null ? null : sig(s.ratio),
+        s.collective || "", s.waited_s_max === null ? "" : `${s.waiting > 0 ? `${s.waiting}, ` : ""}up to ${ms(s.waited_s_max)}`]),
+      "stragglers"));
+  }
+  const others = anomalies.filter((a) => a.type !== "straggler"); // each streak is a row above
+  if (others.length) {
+    const rows = others.map((a) => {
       const rest = Object.fromEntries(Object.entries(a).filter(([k]) => !["type", "step", "process", "phase", "key"].includes(k)));
       return [a.type, a.step, a.process || "", a.phase || a.key || "", rest];
     });
@@ -315,7 +349,7 @@
   // -- internals: rankscope's own keys (rl/*, rankscope/*, the straggler detector's), folded
   if (D.internals.length) {
     const internals = section("internals", "Internals");
-    internals.append(folded(`rankscope's own keys (${D.internals.length}): rl/*, rankscope/*, the straggler detector's slowest/median per phase`,
+    internals.append(folded(`rankscope's own keys (${D.internals.length}): rl/*, rankscope/*, the straggler detector's per phase and collective (late rank over the others, the longest wait)`,
       (body) => keyCharts(body, D.internals, 0)));
   }
   charted();

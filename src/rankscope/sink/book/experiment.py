@@ -8,11 +8,12 @@ finished step into its view (``finalize``). The service drives one request throu
 The rules (``docs/sink.md``):
 
 * Step N is final when nothing is missing (``roster``), or ``grace`` seconds after its first
-  data; but in the run's first ``start_hold`` seconds only by grace (or the end): a process is
-  missing only once it has flushed a step, so one that starts a little after the others (a
-  generator spawned by rank 0) would find the first step final without it, its data late. Then
-  the missing processes are named (warning + ``rankscope/missing_processes``) and not waited
-  for again until they report. Steps are finalized in increasing order.
+  data; but in the run's first ``start_hold`` seconds (until ``HOLD_STEPS`` are open) only by
+  grace (or the end): a process is missing only once it has flushed a step, so one that starts
+  a little after the others (a generator spawned by rank 0) would find the first step final
+  without it, its data late. Then the missing processes are named (warning +
+  ``rankscope/missing_processes``) and not waited for again until they report. Steps are
+  finalized in increasing order.
 * Monarch actor processes are flushed by their controller's ``flush(N)``: its marker says how
   many processes it flushed (``expected``), and the step waits for that many.
 * A step's part without a step attribute gets one from ``windows`` before it is logged, so a
@@ -56,6 +57,10 @@ from .traces import TraceStore
 from .windows import StepWindows
 
 __all__ = ["Counts", "Experiment", "ExperimentLimits", "Process", "StepView", "Taken"]
+
+HOLD_STEPS = 16
+"""Steps open at once that end a run's ``start_hold`` early: a fast job's first steps are not held
+so long that their spans leave the trace store (64 steps) before they are judged."""
 
 
 MAX_SEEN_DIGESTS = 65_536
@@ -144,8 +149,8 @@ class Experiment:
         self.started = wall()
         self.clock = clock
         self.grace, self.retain_steps, self.late_interval = grace, retain_steps, late_interval
-        self.held_until = clock() + min(start_hold, grace)
-        """Until then, a step is final only by its grace (``start_hold``)."""
+        self.held_until: float | None = clock() + min(start_hold, grace)
+        """Until then, a step is final only by its grace (``start_hold``); None: the hold is over."""
         self.step_window = step_window
         self.on_error = on_error
         limits = limits or ExperimentLimits()
@@ -496,6 +501,9 @@ class Experiment:
         """Close every step that is complete, or past its grace period (all when ``force``)."""
         out: list[Finished] = []
         now = self.clock()
+        if self.held_until is not None and (now >= self.held_until or len(self._open) >= HOLD_STEPS):
+            self.held_until = None
+        held = self.held_until is not None
         for step in sorted(self._open):  # in order; nothing opens meanwhile (the tenant's lock)
             if self._checked[:2] != (step, self.roster.version):  # nothing that decides it changed: reuse
                 self._checked = (step, self.roster.version, self._absent(step))
@@ -504,7 +512,7 @@ class Experiment:
             # A step holding only sample rows (sent before their process's flush marker) waits
             # for a marker like a step with an absent process, up to the grace period.
             rows_only = not bucket.reporters and not bucket.merged and bool(bucket.samples)
-            if (absent or rows_only or now < self.held_until) and not force and now - bucket.opened < self.grace:
+            if (absent or rows_only or held) and not force and now - bucket.opened < self.grace:
                 break
             if self.windows.bucketed and not force and now < self.windows.bucket_due(step, now):
                 break
@@ -579,7 +587,7 @@ class Experiment:
         if self.windows.bucketed:
             return self.windows.bucket_due(min(self._open), self.clock())
         due = self._open[min(self._open)].opened + self.grace
-        return min(due, self.held_until) if self.clock() < self.held_until else due
+        return due if self.held_until is None else min(due, self.held_until)
 
     def _merge_error(self, where: str, exc: BaseException) -> None:
         self.counts.internal_errors += 1

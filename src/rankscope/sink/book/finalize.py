@@ -21,10 +21,11 @@ from ...backends.base import Metric
 from ...core import names as attr
 from ...metrics.reduce import Reduce, reduced_items
 from ..checked import Process, StateRows
-from ..views.anomalies import STRAGGLER, Watch
+from ..views.anomalies import Watch
 from ..views.step import StepView
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
 from .order import KeyOrder
+from .stragglers import judge, record_of, straggler_metrics, stragglers
 from .traces import TraceStore
 
 OnError = Callable[[str, BaseException], None]
@@ -168,15 +169,22 @@ def _judge(
     if done.interrupted:  # cut short by the job's end: nothing to judge (no straggler views either)
         view.anomalies = watch.interrupted(done.step, done.missing)
     else:
-        phases = traces.phases(done.step, view.phase_times)
-        metrics.extend(traces.stragglers(done.step, phases))
+        judgement = judge(traces.spans(done.step))
+        keys, labels = straggler_metrics(judgement, stamp)
+        metrics.extend(keys)
+        view.labels.update(labels)
+        d = watch.detectors
+        late = stragglers(judgement, ratio=d.straggler_ratio, min_s=d.straggler_min_s) if d.straggler_ratio > 0 else []
         nonfinite = _nonfinite(done.parts, bad) if bad else []
         metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
         view.anomalies = watch.step(
-            done.step, nonfinite=nonfinite, phases=phases, duration=done.duration, missing=done.missing
+            done.step,
+            nonfinite=nonfinite,
+            stragglers=[(record_of(c), c.process) for c in late],
+            duration=done.duration,
+            missing=done.missing,
         )
-        slowest = {phase.name: phase.slowest for phase in phases}
-        view.stragglers = [(a, slowest[a["phase"]]) for a in view.anomalies if a["type"] == STRAGGLER]
+        view.stragglers = watch.started
     metrics.append(Metric(attr.MISSING_PROCESSES, float(len(view.missing)), Reduce.MAX, stamp))
     if done.late_points:
         metrics.append(Metric(attr.LATE_POINTS, float(done.late_points), Reduce.MAX, stamp))

@@ -1,4 +1,4 @@
-"""An experiment's spans at the sink: bounded storage by step, and per-step straggler views.
+"""An experiment's spans at the sink: bounded storage by step.
 
 Retention (documented in ``docs/tracing.md``): the spans of the last ``retain_steps`` steps (64),
 at most ``max_spans`` (200,000) per experiment; older steps go first, and spans beyond
@@ -11,27 +11,20 @@ With a span file (``SinkConfig.spans_dir``), every stored span is also appended 
 file stops growing, says so in the status route and a warning, and counts what it missed):
 the whole run's Gantt (``rankscope gantt``, ``rankscope run --gantt``), not only the retained steps.
 
-Stragglers, per finished step: for every span name traced by at least two processes, each
-process's total time in it; the slowest and fastest process, and how far the slowest is
-from the median. Written as ``straggler/{phase}/max_over_median``, ``.../slowest_rank``,
-``.../fastest_rank`` and ``.../spread_s`` in the step's global view.
+Who held a step up is judged from these spans (``book.stragglers``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import statistics
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ...backends.base import Metric
 from ...core import names as attr
-from ...metrics.reduce import Reduce
 from ...otlp.common import any_value
 from ..checked import Limits, Refusals, check_span, span_attributes, span_text
 
@@ -310,50 +303,6 @@ class TraceStore:
             by_process = per_phase.setdefault(span.name, {})
             by_process[span.process] = by_process.get(span.process, 0.0) + (span.end_ns - span.start_ns) / 1e9
         return {name: per_phase[name] for name in sorted(per_phase)[:MAX_PHASES_PER_STEP]}
-
-    def phases(self, step: int, times: dict[str, dict[Any, float]] | None = None) -> list[Phase]:
-        """Each span name traced by at least two processes in ``step``: who was slowest and fastest."""
-        out: list[Phase] = []
-        for name, by_process in (self.phase_times(step) if times is None else times).items():
-            if len(by_process) < 2:
-                continue
-            ordered = sorted(by_process.items(), key=lambda kv: kv[1])
-            (fastest, low), (slowest, high) = ordered[0], ordered[-1]
-            out.append(Phase(name, slowest, fastest, high, low, statistics.median(v for _, v in ordered)))
-        return out
-
-    def stragglers(self, step: int, phases: list[Phase] | None = None) -> list[Metric]:
-        """The step's straggler view (see the module docstring)."""
-        stamp = time.time()
-        out: list[Metric] = []
-        for phase in self.phases(step) if phases is None else phases:
-            prefix = f"{attr.STRAGGLER_PREFIX}{phase.name}"
-            out.extend(
-                (
-                    Metric(f"{prefix}/max_over_median", phase.ratio, Reduce.MAX, stamp),
-                    Metric(f"{prefix}/slowest_rank", float(phase.slowest.rank), Reduce.MAX, stamp),
-                    Metric(f"{prefix}/fastest_rank", float(phase.fastest.rank), Reduce.MAX, stamp),
-                    Metric(f"{prefix}/spread_s", phase.high - phase.low, Reduce.MAX, stamp),
-                )
-            )
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Phase:
-    """One traced phase of one step across processes: total seconds per process, summarized."""
-
-    name: str
-    slowest: Any  # experiment.Process
-    fastest: Any
-    high: float
-    low: float
-    median: float
-
-    @property
-    def ratio(self) -> float:
-        """Slowest over median (1.0 when the median is 0)."""
-        return self.high / self.median if self.median > 0 else 1.0
 
 
 def rows(spans: Iterable[StoredSpan]) -> Iterator[dict[str, Any]]:

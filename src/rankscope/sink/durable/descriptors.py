@@ -84,9 +84,7 @@ class Plan:
     """What the runs' descriptors share (``Descriptors.budget``)."""
 
     @classmethod
-    def of(
-        cls, limit: int, base: int | None, *, view_workers: int = 4, max_connections: int | None = None
-    ) -> Plan:
+    def of(cls, limit: int, base: int | None, *, view_workers: int = 4, max_connections: int | None = None) -> Plan:
         """The split of ``limit`` for a process holding ``base`` descriptors before the sink starts;
         ``max_connections`` set by hand is taken as given."""
         reserved = (64 if base is None else base) + SERVERS + SPARE + 4 * max(1, view_workers)

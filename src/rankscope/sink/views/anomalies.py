@@ -1,13 +1,21 @@
 """Per-step anomaly detectors: what went wrong in a step, named where it happened, while it happens.
 
 Each finished step is judged once, from what the sink already holds for its view: non-finite
-values (which process recorded them), stragglers (a traced phase whose slowest process is far
-from the median), slow steps (a step's wall-clock window against the rolling median of the
-last ones) and missing processes; a step the job ended in is not judged, only named
-(``interrupted``). A detection is an anomaly record, a plain dict with ``type`` and ``step``:
-the views write it (JSONL ``{"kind": "anomaly", ...}``, a W&B alert, a console line) and the
-status route lists the latest. All cheap: a few comparisons per step,
-and the non-finite scan only touches the keys whose merged value is not finite.
+values (which process recorded them), stragglers (the causes ``book.stragglers`` found: a rank
+far over the others in a phase net of its collective waits, or the last to arrive at a
+collective), slow steps (a step's wall-clock window against the rolling median of the last ones)
+and missing processes; a step the job ended in is not judged, only named (``interrupted``).
+
+A run's first ``warmup_steps`` judged steps are not judged for stragglers or slow steps (compiling,
+caches, the first all-reduce's rendezvous). A straggler is one **streak** while it is named in
+consecutive judged steps: said once, as one record, when it has held ``straggler_steps`` steps in
+a row (one noisy step on a busy box is not a straggler), with its ``first_step``; the live record
+(the status route) keeps its ``last_step`` and ``steps`` up to date.
+
+A detection is an anomaly record, a plain dict with ``type`` and ``step``: the views write it
+(JSONL ``{"kind": "anomaly", ...}``, a W&B alert, a console line) and the status route lists the
+latest. All cheap: a few comparisons per step, and the non-finite scan only touches the keys whose
+merged value is not finite.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 NONFINITE, STRAGGLER, SLOW_STEP, MISSING = "nonfinite", "straggler", "slow_step", "missing"
+MAX_STREAKS_SHOWN = 64
+"""Straggler streaks the status route lists (the latest), each with its extent so far."""
 INTERRUPTED = "interrupted"
 
 
@@ -26,9 +36,14 @@ class Detectors:
     """Thresholds (``SinkConfig.detectors``); 0 turns a detector off."""
 
     straggler_ratio: float = 1.5
-    """A traced phase whose slowest process took this many times the median..."""
+    """A process that took this many times the others' mean in a phase (net of its collective
+    waits), or to reach a collective it arrived last at..."""
     straggler_min_s: float = 0.05
-    """...and at least this many seconds more than the median (tiny phases are noise)."""
+    """...and at least this many seconds more (tiny phases are noise)."""
+    straggler_steps: int = 2
+    """Judged steps in a row a straggler holds before it is named (its record says its first)."""
+    warmup_steps: int = 3
+    """A run's first judged steps, not judged for stragglers or slow steps."""
     slow_step_factor: float = 3.0
     """A step whose window is this many times the median of the last ``slow_step_history`` steps."""
     slow_step_history: int = 16
@@ -51,17 +66,25 @@ class Watch:
         self.counts: Counter[str] = Counter()
         self.recent: deque[dict[str, Any]] = deque(maxlen=keep)
         self._durations: deque[float] = deque(maxlen=max(1, self.detectors.slow_step_history))
+        self.judged = 0
+        self.named: deque[dict[str, Any]] = deque(maxlen=MAX_STREAKS_SHOWN)
+        """The run's latest straggler streaks named, live (the status route, the report)."""
+        self.streaks: dict[str, dict[str, Any]] = {}
+        """Open streaks by process label: the live record (named) or its start (not yet)."""
+        self.started: list[tuple[dict[str, Any], Any]] = []
+        """The streaks named at the last judged step, with their processes (to profile)."""
 
     def step(
         self,
         step: int,
         *,
         nonfinite: list[tuple[str, Any]],
-        phases: list[Any],
+        stragglers: list[tuple[dict[str, Any], Any]],
         duration: float | None,
         missing: list[str],
     ) -> list[dict[str, Any]]:
-        """Judge one finished step; returns its anomaly records (also kept in ``recent``)."""
+        """Judge one finished step; returns its anomaly records (also kept in ``recent``).
+        ``stragglers``: this step's (record, process) over the thresholds (``book.stragglers``)."""
         d = self.detectors
         found: list[dict[str, Any]] = []
         if d.nonfinite and nonfinite:
@@ -73,13 +96,11 @@ class Watch:
                 self.first_nonfinite = {"step": step, **first}
                 record["first"] = True
             found.append(record)
-        if d.straggler_ratio > 0:
-            for phase in phases:
-                if phase.ratio >= d.straggler_ratio and phase.high - phase.median >= d.straggler_min_s:
-                    record = {"type": STRAGGLER, "step": step, "phase": phase.name, **_who(phase.slowest)}
-                    record.update(ratio=round(phase.ratio, 3), seconds=phase.high, median_s=phase.median)
-                    found.append(record)
-        if d.slow_step_factor > 0 and duration is not None and duration > 0:
+        self.started = []
+        self.judged += 1
+        warm = self.judged <= d.warmup_steps
+        said = self._streaks(step, stragglers) if d.straggler_ratio > 0 and not warm else []
+        if d.slow_step_factor > 0 and duration is not None and duration > 0 and not warm:
             history = list(self._durations)
             if len(history) >= self._durations.maxlen:  # type: ignore[operator]
                 median = statistics.median(history)
@@ -98,7 +119,30 @@ class Watch:
             found.append({"type": MISSING, "step": step, "processes": missing[:64], "count": len(missing)})
         for record in found:
             self.note(record)
-        return found
+        return said + found  # a streak's live record is noted already
+
+    def _streaks(self, step: int, stragglers: list[tuple[dict[str, Any], Any]]) -> list[dict[str, Any]]:
+        """Go on with each open streak named again, close the others, start new ones; returns the
+        records of the streaks named now (copies: the live ones go on changing)."""
+        named: list[dict[str, Any]] = []
+        now: dict[str, dict[str, Any]] = {}
+        for record, process in stragglers:
+            label = record["process"]
+            live = self.streaks.get(label)
+            if live is None:
+                live = {"type": STRAGGLER, "step": step, "first_step": step, "last_step": step, "steps": 0, **record}
+            else:  # the latest step's figures, the streak's extent
+                live.update(record, last_step=step)
+            live["steps"] += 1
+            now[label] = live
+            if live["steps"] == max(1, self.detectors.straggler_steps):
+                self.note(live)  # the status route's: it goes on changing
+                self.named.append(live)
+                said = dict(live)
+                named.append(said)
+                self.started.append((said, process))
+        self.streaks = now
+        return named
 
     def interrupted(self, step: int, waiting: list[str]) -> list[dict[str, Any]]:
         """A step the job ended in (Ctrl-C, a crash: the sink finalized it at the job's end while
@@ -118,4 +162,5 @@ class Watch:
             "first_nonfinite": self.first_nonfinite,
             "anomaly_counts": dict(self.counts),
             "anomalies": list(self.recent)[-16:],
+            "straggler_streaks": list(self.named),
         }

@@ -8,7 +8,8 @@ artifact directory (``ARTIFACTS/<experiment>/captures/<id>/<process>.pt.trace.js
 made safe, never paths) and announced to the views as a ``capture`` anomaly record.
 
 Bounded and rate-limited: detector captures at most one per ``auto_interval`` seconds per
-experiment, any capture at most one per ``min_interval`` seconds, at most ``MAX_OPEN`` asked in
+process of the run (an early false alarm on one rank cannot block the real one on another),
+any other capture at most one per ``min_interval`` seconds, at most ``MAX_OPEN`` asked in
 the last ``open_for`` seconds (a capture is open that long, finished or not), a file at most the
 sink's ``max_body_bytes``, and an experiment's files at most ``max_bytes`` in all (then uploads
 are refused, with the reason); a flapping detector cannot profile forever.
@@ -86,7 +87,8 @@ class CaptureBook:
         self.captures: OrderedDict[str, Capture] = OrderedDict()
         self.refused = 0
         self._last: float | None = None
-        self._last_auto: float | None = None
+        self._last_auto: dict[str, float] = {}
+        """Process id -> when a detector last asked it for a capture."""
 
     def ask(
         self,
@@ -104,10 +106,12 @@ class CaptureBook:
             return f"steps must be in [1, {MAX_STEPS}]"
         if ranks is not None and len(ranks) > MAX_RANKS:
             return f"at most {MAX_RANKS} ranks"
-        if auto and self._last_auto is not None and now - self._last_auto < self.auto_interval:
-            self.refused += 1
-            return f"a detector asked for a capture less than {self.auto_interval:.0f}s ago"
-        if self._last is not None and now - self._last < self.min_interval:
+        if auto:
+            asked = [self._last_auto.get(p) for p in processes or ()]
+            if any(at is not None and now - at < self.auto_interval for at in asked):
+                self.refused += 1
+                return f"a detector asked this process for a capture less than {self.auto_interval:.0f}s ago"
+        elif self._last is not None and now - self._last < self.min_interval:
             self.refused += 1
             return f"a capture was asked for less than {self.min_interval:.0f}s ago"
         if len(self.captures) >= MAX_OPEN:
@@ -115,9 +119,12 @@ class CaptureBook:
             return f"{MAX_OPEN} captures are open"
         capture = Capture(f"c{next(_IDS)}-{int(time.time())}", reason[:200], steps, ranks, processes, now)
         self.captures[capture.id] = capture
-        self._last = now
         if auto:
-            self._last_auto = now
+            if len(self._last_auto) >= MAX_RANKS:  # bounded: forget those asked longest ago
+                self._last_auto = {p: at for p, at in self._last_auto.items() if now - at < self.auto_interval}
+            self._last_auto.update(dict.fromkeys(processes or (), now))
+        else:
+            self._last = now
         return capture
 
     def pending(self, process: Any) -> list[dict[str, Any]]:
@@ -167,7 +174,12 @@ def ask_stragglers(book: CaptureBook, stragglers: list[tuple[dict[str, Any], Any
     if steps <= 0:
         return
     for record, process in stragglers:
-        reason = f"straggler at step {record['step']}: {process.label} in {record['phase']}"
+        reason = f"straggler from step {record['first_step']}: {process.label}"
+        reason += (
+            f" in {record['phase'] or 'untraced code'}, +{record['excess_s']:.3g}s ({record['ratio']:.3g}x the others)"
+        )
+        if record.get("collective"):
+            reason += f", arrived last at {record['collective']}"
         asked = book.ask(reason, steps, processes=frozenset({process.id}), auto=True)
         if not isinstance(asked, str):
             record["capture"] = asked.id

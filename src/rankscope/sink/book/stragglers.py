@@ -1,0 +1,335 @@
+"""Who held a step up: the rank that arrived last at each collective, and every traced phase net of
+the waits inside it. The cause, never its victims.
+
+A rank slow in its forward pass makes every other rank wait in the next all-reduce; judged by
+phase time alone, the waiters' backward looks as slow as the culprit's forward (with two ranks,
+both are "2x the median"). So, from one step's spans:
+
+* **Collectives.** Each process's ``comm/{op}`` spans (``instrumentation.distributed``) in the
+  order it made them, per process group (``rankscope.comm.group``): the k-th of a group on every
+  member is one collective. A blocking collective releases its members together, so its end is a
+  moment they share: a rank's arrival is its end minus its duration, the last to arrive is the
+  one that spent least time in it, and each other rank waited its duration minus that. Host
+  clocks need not agree. (An async collective counts from launch to completion: its wait is an
+  upper bound.) The matched spans get ``rankscope.comm.wait_s`` and, on the last to arrive,
+  ``rankscope.comm.arrived_last`` (the report's Gantt marks it).
+* **Phases.** Each process's time in each traced phase, net of the collective waits inside it
+  (inside by time on its own clock: a phase's span is made when the phase closes, so the SDK
+  parents a collective to the block around it; a collective that matched nothing counts whole),
+  against the mean of the other processes that traced it: right with two ranks (the other one)
+  and with 10,000 (linear per step).
+* **Causes.** The process furthest over the others in a phase, and the last to arrive at a
+  collective, with how much its time to get there (since its previous collective, or its step's
+  start) exceeds the others'. The detectors (``views.anomalies``) decide which are stragglers.
+
+Everything is linear in the step's spans; nothing compares ranks pairwise.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ...backends.base import Metric
+from ...core import names as attr
+from ...metrics.reduce import Reduce
+from .traces import ROOT_NAME, StoredSpan
+
+COMM_PREFIX = "comm/"
+
+
+@dataclass(frozen=True, slots=True)
+class Lateness:
+    """One candidate cause: ``process`` took ``seconds`` where the others took ``others_s`` on
+    average; for a collective, it arrived ``late_s`` after the others' mean arrival and the first
+    to arrive waited ``waited_s_max`` for it, ``waiting`` ranks in all."""
+
+    process: Any  # checked.Process
+    phase: str
+    seconds: float
+    others_s: float
+    collective: str | None = None
+    late_s: float | None = None
+    waited_s_max: float | None = None
+    waiting: int = 0
+
+    @property
+    def excess_s(self) -> float:
+        return self.late_s if self.late_s is not None else self.seconds - self.others_s
+
+    @property
+    def ratio(self) -> float:
+        """Its time over the others' (a large number when theirs is 0)."""
+        if self.others_s > 0:
+            return self.seconds / self.others_s
+        return 1.0 if self.seconds <= 0 else 1e9
+
+
+@dataclass(slots=True)
+class PhaseTimes:
+    """Net seconds per process of one phase; its furthest process and the others' mean."""
+
+    name: str
+    seconds: dict[Any, float] = field(default_factory=dict)
+    waited: dict[Any, float] = field(default_factory=dict)
+    """Seconds each process waited in collectives inside the phase."""
+
+    def others_mean(self, process: Any) -> float:
+        n = len(self.seconds)
+        return (sum(self.seconds.values()) - self.seconds[process]) / (n - 1) if n > 1 else 0.0
+
+    def furthest(self) -> Lateness | None:
+        if len(self.seconds) < 2:
+            return None
+        total = sum(self.seconds.values())
+        process, seconds = max(self.seconds.items(), key=lambda kv: kv[1])
+        others = (total - seconds) / (len(self.seconds) - 1)
+        return Lateness(process, self.name, seconds, others)
+
+
+@dataclass(slots=True)
+class Judgement:
+    """One step's phases (net of waits) and collectives, and the candidate causes in them."""
+
+    phases: dict[str, PhaseTimes] = field(default_factory=dict)
+    collectives: dict[str, Lateness] = field(default_factory=dict)
+    """Per op (``all_reduce``): its collective of the step with the latest last arrival."""
+    causes: list[Lateness] = field(default_factory=list)
+    """Per phase its furthest process; per op, each process that arrived last at one of its
+    collectives, at the latest of them (named by the phase where its time went)."""
+
+
+def judge(spans: Iterable[StoredSpan]) -> Judgement:
+    """The step's judgement from its spans (see the module docstring). Sets the matched
+    collectives' ``rankscope.comm.wait_s`` and ``rankscope.comm.arrived_last``."""
+    comms: dict[Any, list[StoredSpan]] = defaultdict(list)
+    phases: list[StoredSpan] = []
+    began: dict[Any, int] = {}
+    for span in spans:
+        if span.end_ns < span.start_ns:
+            continue
+        process = span.process
+        if process not in began or span.start_ns < began[process]:
+            began[process] = span.start_ns
+        if attr.COMM_OP in span.attributes and span.name.startswith(COMM_PREFIX):
+            comms[process].append(span)
+        elif not (span.name == ROOT_NAME and not span.parent_span_id):
+            phases.append(span)
+    judgement = Judgement()
+    waits = _collectives(comms, began, judgement)
+    _net_phases(phases, _waited_in(comms, phases, waits), judgement)
+    for times in judgement.phases.values():
+        furthest = times.furthest()
+        if furthest is not None:
+            judgement.causes.append(furthest)
+    judgement.causes = [c if c.collective is None else _with_phase(c, judgement.phases) for c in judgement.causes]
+    return judgement
+
+
+def _waited_in(
+    comms: Mapping[Any, list[StoredSpan]], phases: list[StoredSpan], waits: Mapping[int, float]
+) -> dict[int, float]:
+    """Per phase span (by ``id``): seconds its process waited in the collectives inside it (a
+    collective that matched nothing: its whole time). Inside by time, on the process's own clock,
+    not by parent id: a phase's span is made when it closes, so a collective made meanwhile is a
+    child of the block around it. One sweep per process: the phases open at each collective."""
+    by_process: dict[Any, list[StoredSpan]] = defaultdict(list)
+    for span in phases:
+        by_process[span.process].append(span)
+    waited_in: dict[int, float] = defaultdict(float)
+    for process, made in comms.items():  # each sorted by start (``_collectives``)
+        mine = sorted(by_process.get(process, ()), key=lambda s: s.start_ns)
+        open_: list[StoredSpan] = []
+        i = 0
+        for comm in made:
+            while i < len(mine) and mine[i].start_ns <= comm.start_ns:
+                open_.append(mine[i])
+                i += 1
+            open_ = [s for s in open_ if s.end_ns > comm.start_ns]
+            wait = waits.get(id(comm), (comm.end_ns - comm.start_ns) / 1e9)
+            for span in open_:
+                if span.end_ns >= comm.end_ns:
+                    waited_in[id(span)] += wait
+    return waited_in
+
+
+def _net_phases(phases: list[StoredSpan], waited_in: Mapping[int, float], judgement: Judgement) -> None:
+    for span in phases:
+        times = judgement.phases.get(span.name)
+        if times is None:
+            times = judgement.phases[span.name] = PhaseTimes(span.name)
+        waited = waited_in.get(id(span), 0.0)
+        net = max(0.0, (span.end_ns - span.start_ns) / 1e9 - waited)
+        times.seconds[span.process] = times.seconds.get(span.process, 0.0) + net
+        if waited:
+            times.waited[span.process] = times.waited.get(span.process, 0.0) + waited
+
+
+def _collectives(
+    comms: Mapping[Any, list[StoredSpan]], began: Mapping[Any, int], judgement: Judgement
+) -> dict[int, float]:
+    """Match the collectives, mark their spans, keep each op's latest; returns each matched span's wait."""
+    matched: dict[tuple[str, int, str], list[tuple[Any, StoredSpan, float]]] = defaultdict(list)
+    for process, made in comms.items():
+        made.sort(key=lambda s: s.start_ns)
+        index: dict[str, int] = defaultdict(int)
+        previous_end = began.get(process, made[0].start_ns)
+        for span in made:
+            group = str(span.attributes.get(attr.COMM_GROUP) or span.attributes.get(attr.COMM_GROUP_SIZE, ""))
+            k = index[group]
+            index[group] = k + 1
+            to_arrive = max(0, span.start_ns - previous_end) / 1e9
+            matched[(group, k, str(span.attributes[attr.COMM_OP]))].append((process, span, to_arrive))
+            previous_end = max(previous_end, span.end_ns)
+    waits: dict[int, float] = {}
+    worst: dict[tuple[int, str], Lateness] = {}
+    """Per (process, op): the collective it arrived latest at."""
+    for (_, _, op), members in matched.items():
+        if len(members) < 2:
+            continue
+        durations = [(s.end_ns - s.start_ns) / 1e9 for _, s, _ in members]
+        last = min(range(len(members)), key=durations.__getitem__)
+        shortest = durations[last]
+        total_wait = 0.0
+        waiting = 0
+        for i, (_, span, _) in enumerate(members):
+            wait = durations[i] - shortest
+            waits[id(span)] = wait
+            span.attributes[attr.COMM_WAIT] = round(wait, 9)
+            total_wait += wait
+            waiting += wait > 0
+        process, span, to_arrive = members[last]
+        span.attributes[attr.COMM_LAST] = True
+        n = len(members)
+        others_to_arrive = (sum(t for _, _, t in members) - to_arrive) / (n - 1)
+        late = Lateness(
+            process,
+            "",
+            to_arrive,
+            others_to_arrive,
+            collective=op,
+            late_s=total_wait / (n - 1),  # its arrival after the others' mean arrival
+            waited_s_max=max(durations) - shortest,
+            waiting=waiting,
+        )
+        kept = judgement.collectives.get(op)
+        if kept is None or late.excess_s > kept.excess_s:
+            judgement.collectives[op] = late
+        mine = worst.get((id(process), op))
+        if mine is None or late.excess_s > mine.excess_s:
+            worst[(id(process), op)] = late
+    judgement.causes.extend(worst.values())
+    return waits
+
+
+def _with_phase(late: Lateness, phases: Mapping[str, PhaseTimes]) -> Lateness:
+    """``late`` named by the phase where its process's time most exceeds the others' (net)."""
+    over = {
+        name: times.seconds[late.process] - times.others_mean(late.process)
+        for name, times in phases.items()
+        if late.process in times.seconds and len(times.seconds) > 1
+    }
+    return replace(late, phase=deepest(over))
+
+
+def deepest(excess: Mapping[str, float]) -> str:
+    """The phase of the largest positive excess, or a phase inside it that holds most of it
+    (``train/forward`` rather than ``train`` when forward is where the time went); "" if none."""
+    positive = {name: over for name, over in excess.items() if over > 0}
+    if not positive:
+        return ""
+    best = max(positive, key=positive.__getitem__)
+    while True:
+        inside = [n for n in positive if n.startswith(best + "/") and positive[n] >= 0.8 * positive[best]]
+        if not inside:
+            return best
+        best = max(inside, key=positive.__getitem__)
+
+
+def stragglers(judgement: Judgement, *, ratio: float, min_s: float) -> list[Lateness]:
+    """The causes over both thresholds (``ratio`` times the others', ``min_s`` seconds more),
+    one per process: named by the phase inside which most of its excess lies, with the collective
+    it arrived latest at, if it was the last at one."""
+    over: dict[Any, list[Lateness]] = defaultdict(list)
+    for cause in judgement.causes:
+        if cause.ratio >= ratio and cause.excess_s >= min_s:
+            over[cause.process].append(cause)
+    out: list[Lateness] = []
+    for found in over.values():
+        phased = {c.phase: c for c in found if c.collective is None}
+        arrived = [c for c in found if c.collective is not None]
+        collective = max(arrived, key=lambda c: c.late_s or 0.0) if arrived else None
+        name = deepest({n: c.excess_s for n, c in phased.items()})
+        if name:
+            chosen = phased[name]
+            if collective is not None:
+                chosen = replace(
+                    chosen,
+                    collective=collective.collective,
+                    late_s=collective.late_s,
+                    waited_s_max=collective.waited_s_max,
+                    waiting=collective.waiting,
+                )
+        else:
+            assert collective is not None
+            chosen = collective
+        out.append(chosen)
+    return out
+
+
+MAX_NAMED = 64
+"""Phases, and collective ops, a step's ``straggler/*`` keys name at most (span names are the client's)."""
+
+
+def straggler_metrics(judgement: Judgement, stamp: float) -> tuple[list[Metric], dict[str, str]]:
+    """The step's ``straggler/*`` keys: per traced phase its furthest process (``late_rank``),
+    how far over the others (``late_s``, ``over_others``) and the longest collective wait in it
+    (``waited_s_max``); per collective op its latest last arrival (``comm/{op}/late_rank``, ``late_s``
+    after the others' mean arrival, ``waited_s_max`` of the first to arrive), and the label of the
+    process each ``late_rank`` names (ranks of different roles share the numbering)."""
+    out: list[Metric] = []
+    labels: dict[str, str] = {}
+
+    def add(prefix: str, name: str, value: float) -> None:
+        out.append(Metric(f"{attr.STRAGGLER_PREFIX}{prefix}/{name}", value, Reduce.MAX, stamp))
+
+    for name in sorted(judgement.phases)[:MAX_NAMED]:
+        times = judgement.phases[name]
+        furthest = times.furthest()
+        if furthest is None:
+            continue
+        add(name, "late_rank", float(furthest.process.rank))
+        labels[out[-1].key] = furthest.process.label
+        add(name, "late_s", furthest.excess_s)
+        add(name, "over_others", min(furthest.ratio, 1e9))
+        add(name, "waited_s_max", max(times.waited.values(), default=0.0))
+    for op in sorted(judgement.collectives)[:MAX_NAMED]:
+        late = judgement.collectives[op]
+        prefix = f"{COMM_PREFIX}{op}"
+        add(prefix, "late_rank", float(late.process.rank))
+        labels[out[-1].key] = late.process.label
+        add(prefix, "late_s", late.late_s or 0.0)
+        add(prefix, "waited_s_max", late.waited_s_max or 0.0)
+    return out, labels
+
+
+def record_of(late: Lateness) -> dict[str, Any]:
+    """A straggler as the detectors and views read it (``views.anomalies``: its streak)."""
+    p = late.process
+    return {
+        "process": p.label,
+        "role": p.role,
+        "replica": p.replica,
+        "rank": p.rank,
+        "phase": late.phase,
+        "collective": late.collective,
+        "ratio": round(min(late.ratio, 1e9), 3),
+        "excess_s": round(late.excess_s, 6),
+        "seconds": round(late.seconds, 6),
+        "others_s": round(late.others_s, 6),
+        "late_s": None if late.late_s is None else round(late.late_s, 6),
+        "waited_s_max": None if late.waited_s_max is None else round(late.waited_s_max, 6),
+        "waiting": late.waiting,
+    }

@@ -1,0 +1,225 @@
+"""The straggler, not its victims (issue 42): real torchrun ranks on gloo, one of them made slow in a
+known phase for known steps (``tests/workers/straggler_worker.py``), into a real sink. Each test is
+judged against the rank it made slow: the sink must name that rank, in that phase, as one streak
+per stretch of steps, never the ranks that waited for it in the all-reduce, and profile that rank
+only, after the warm-up steps. Read back from the sink's JSONL view and its status route."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import ROOT
+from ..pipeline import clean_env
+
+WORKER = str(ROOT / "tests" / "workers" / "straggler_worker.py")
+WARMUP = 3
+"""``Detectors.warmup_steps``' default: steps 0-2 of a run are not judged."""
+
+
+def _torchrun(sink: Any, experiment: str, cwd: Path, ranks: int, steps: int, *slow: str, base: float = 0.003) -> None:
+    """Run the worker under torchrun into ``sink`` (its control route too: captures); the job's
+    process group is killed if the test ends first (torchrun's ranks outlive a killed agent)."""
+    env = clean_env(
+        RANKSCOPE_EXPERIMENT=experiment,
+        RANKSCOPE_ENDPOINT=sink.endpoint,
+        RANKSCOPE_SINK_CONTROL=f"http://127.0.0.1:{sink.http_port}",
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", WORKER]
+    cmd += ["--steps", str(steps), "--base", str(base)]
+    for s in slow:
+        cmd += ["--slow", s]
+    job = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, stderr = job.communicate(timeout=150)
+        assert job.returncode == 0, stderr[-4000:]
+    finally:
+        if job.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+
+
+def _sink(make_sink: Any, tmp_path: Path) -> Any:
+    path = tmp_path / "global.jsonl"
+    return make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}},
+        grace=30,
+        artifacts_dir=tmp_path / "artifacts",
+    )
+
+
+def _finish(sink: Any, experiment: str, tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The JSONL view's rows and the status route, once every step is written."""
+    sink.finalize(experiment)
+    assert sink.wait_written(experiment)
+    status = sink.status(experiment)
+    assert status is not None
+    rows = [json.loads(line) for line in (tmp_path / "global.jsonl").read_text().splitlines()]
+    return rows, status
+
+
+def _records(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["kind"] == "anomaly" and r["type"] == kind]
+
+
+def _live(status: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """The status route's ``count`` straggler streaks, in the order they started."""
+    live = sorted((a for a in status["anomalies"] if a["type"] == "straggler"), key=lambda a: a["first_step"])
+    assert len(live) == count, live
+    return live
+
+
+def _per_step(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """A key of the steps' global views, by step (the last row of a step wins: a late update)."""
+    return {r["step"]: r["value"] for r in rows if r["kind"] == "global_reduce" and r["key"] == key}
+
+
+def _profiled_steps(path: str) -> set[int]:
+    """The steps a captured Chrome trace profiled (its ``rankscope.step N`` ranges)."""
+    events = json.loads(gzip.decompress(Path(path).read_bytes()))["traceEvents"]
+    names = {str(e.get("name", "")) for e in events}
+    return {int(n.split()[-1]) for n in names if n.startswith("rankscope.step ")}
+
+
+def _streak(record: dict[str, Any], rank: int, phase: str, first: int, last: int | None = None) -> None:
+    """``record`` names trainer ``rank``, in ``phase``, from step ``first`` (to ``last``)."""
+    who = {k: record[k] for k in ("process", "role", "replica", "rank", "phase")}
+    assert who == {"process": f"trainer_r{rank}", "role": "trainer", "replica": None, "rank": rank, "phase": phase}
+    assert record["step"] == record["first_step"] == first, record
+    if last is not None:
+        assert record["last_step"] == last and record["steps"] == last - first + 1, record
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_the_slow_forward_is_named_its_waiting_peer_is_not_and_only_it_is_profiled(
+    make_sink, tmp_path: Path
+) -> None:
+    """Rank 1 spends 0.2 s more in every forward; rank 0 waits that long in every all-reduce."""
+    steps = 30
+    sink = _sink(make_sink, tmp_path)
+    _torchrun(sink, "pair", tmp_path, 2, steps, f"1:forward:0-{steps - 1}:0.2")
+    rows, status = _finish(sink, "pair", tmp_path)
+    judged = range(WARMUP, steps)
+
+    records = _records(rows, "straggler")  # one streak, from the first judged step: never rank 0
+    assert [r["process"] for r in records] == ["trainer_r1"], records
+    (record,) = records
+    _streak(record, 1, "train/forward", WARMUP)
+    assert record["collective"] == "all_reduce"
+    assert record["ratio"] >= 1.5 and 0.15 <= record["excess_s"] <= 0.35, record
+    assert 0.15 <= record["late_s"] <= 0.35 and 0.15 <= record["waited_s_max"] <= 0.35, record
+    (live,) = _live(status, 1)
+    assert status["anomaly_counts"]["straggler"] == 1  # said once, however long it lasts
+    _streak(live, 1, "train/forward", WARMUP, steps - 1)  # kept up to date through the last step
+
+    late_rank = _per_step(rows, "straggler/comm/all_reduce/late_rank")
+    waited = _per_step(rows, "straggler/comm/all_reduce/waited_s_max")
+    assert {s: late_rank.get(s) for s in judged} == dict.fromkeys(judged, 1.0)
+    assert {s: _per_step(rows, "straggler/train/forward/late_rank").get(s) for s in judged} == dict.fromkeys(
+        judged, 1.0
+    )
+    # rank 0's wait is a wait: about the 0.2 s rank 1 spent (more on a step its profiler stopped in)
+    assert all(waited.get(s, 0.0) >= 0.15 for s in judged), waited
+    assert 0.15 <= statistics.median(waited[s] for s in judged) <= 0.3, waited
+
+    (capture,) = _records(rows, "capture")  # profiled on rank 1, after the warm-up and the streak's start
+    assert (capture["process"], capture["rank"]) == ("trainer_r1", 1)
+    assert Path(capture["path"]).is_file()
+    assert [p.name for p in (tmp_path / "artifacts").rglob("*.gz")] == ["trainer_r1.pt.trace.json.gz"]
+    profiled = _profiled_steps(capture["path"])
+    assert profiled and min(profiled) > WARMUP, profiled
+
+
+@pytest.mark.timeout(120)
+def test_four_ranks_the_slow_rank_changes_two_streaks_each_profiled_on_its_own_rank(make_sink, tmp_path: Path) -> None:
+    """Rank 2 slow in forward for steps 5-14, then rank 0 from step 15 to the end: two streaks, and
+    two captures: the detectors' rate limit is per rank, and rank 0 has not used its own."""
+    steps, slow = 26, 0.3
+    sink = _sink(make_sink, tmp_path)
+    _torchrun(sink, "handover", tmp_path, 4, steps, f"2:forward:5-14:{slow}", f"0:forward:15-{steps - 1}:{slow}")
+    rows, status = _finish(sink, "handover", tmp_path)
+
+    records = sorted(_records(rows, "straggler"), key=lambda r: r["first_step"])
+    assert [r["process"] for r in records] == ["trainer_r2", "trainer_r0"], records
+    first, second = records
+    _streak(first, 2, "train/forward", 5)
+    _streak(second, 0, "train/forward", 15)
+    assert first["collective"] == second["collective"] == "all_reduce"
+    live_first, live_second = _live(status, 2)
+    _streak(live_first, 2, "train/forward", 5, 14)
+    _streak(live_second, 0, "train/forward", 15, steps - 1)
+
+    late_rank = _per_step(rows, "straggler/comm/all_reduce/late_rank")
+    expected = {s: 2.0 if s <= 14 else 0.0 for s in range(5, steps)}
+    assert {s: late_rank.get(s) for s in expected} == expected
+
+    captures = {r["process"]: r for r in _records(rows, "capture")}
+    assert sorted(r["process"] for r in _records(rows, "capture")) == ["trainer_r0", "trainer_r2"]  # no victim
+    for process, started in (("trainer_r2", 5), ("trainer_r0", 15)):
+        assert Path(captures[process]["path"]).is_file()
+        profiled = _profiled_steps(captures[process]["path"])
+        assert profiled and min(profiled) > started, (process, profiled)
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_data_loader_and_a_slow_optimizer_step_are_each_named_in_their_own_phase(
+    make_sink, tmp_path: Path
+) -> None:
+    """Rank 1 loads its batches 0.2 s slower in steps 4-10 (before forward: the others wait in that
+    step's all-reduce); rank 3 takes 0.2 s more in its optimizer step in steps 13-19 (after the
+    step's last collective: the others wait in the next step's all-reduce, whose own phases are
+    all on time)."""
+    steps = 24
+    sink = _sink(make_sink, tmp_path)
+    _torchrun(sink, "phases", tmp_path, 4, steps, "1:data:4-10:0.2", "3:optimizer:13-19:0.2")
+    rows, status = _finish(sink, "phases", tmp_path)
+
+    records = sorted(_records(rows, "straggler"), key=lambda r: r["first_step"])
+    assert [r["process"] for r in records] == ["trainer_r1", "trainer_r3"], records
+    data, optimizer = records
+    _streak(data, 1, "train/data", 4)
+    _streak(optimizer, 3, "train/optimizer", 13)
+    assert data["collective"] == "all_reduce", data  # it arrived last at its step's all-reduce
+    live_data, live_optimizer = _live(status, 2)
+    _streak(live_data, 1, "train/data", 4, 10)
+    _streak(live_optimizer, 3, "train/optimizer", 13, 19)
+    late_data = _per_step(rows, "straggler/train/data/late_rank")
+    late_optimizer = _per_step(rows, "straggler/train/optimizer/late_rank")
+    assert {late_data.get(s) for s in range(4, 11)} == {1.0}
+    assert {late_optimizer.get(s) for s in range(13, 20)} == {3.0}
+
+
+@pytest.mark.timeout(120)
+def test_no_rank_slow_no_straggler_in_a_hundred_steps(make_sink, tmp_path: Path) -> None:
+    """Four ranks alike, 100 steps of about 20 ms on a busy 2-core box: the default thresholds
+    name no one, though every step was judged (its straggler views are there: the hold on a run's
+    first seconds ends once 16 steps are open, before their spans leave the trace store)."""
+    steps = 100
+    sink = _sink(make_sink, tmp_path)
+    _torchrun(sink, "even", tmp_path, 4, steps, base=0.005)
+    rows, status = _finish(sink, "even", tmp_path)
+    assert _records(rows, "straggler") == [], _records(rows, "straggler")
+    assert _live(status, 0) == [] and "straggler" not in status["anomaly_counts"]
+    assert _records(rows, "capture") == []
+    late_rank = _per_step(rows, "straggler/comm/all_reduce/late_rank")
+    assert set(range(steps)) <= set(late_rank), sorted(late_rank)
+    assert set(late_rank.values()) <= {0.0, 1.0, 2.0, 3.0}

@@ -1,0 +1,193 @@
+"""Who held a step up (``sink.book.stragglers``) and how a straggler is told (``views.anomalies``):
+the rank that arrived last at a collective and the phase its time went to, never the ranks that
+waited for it; right with 2 and 3 ranks, linear at 10,000; warm-up not judged; one streak."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from rankscope.core import names as attr
+from rankscope.sink.book.stragglers import judge, record_of, straggler_metrics, stragglers
+from rankscope.sink.book.traces import StoredSpan
+from rankscope.sink.checked import Process
+from rankscope.sink.views.anomalies import Detectors, Watch
+
+PHASES = ("data", "forward", "backward", "optimizer")
+BASE = {"data": 0.002, "forward": 0.004, "backward": 0.004, "optimizer": 0.002}
+TRANSFER = 0.001
+_IDS = itertools.count(1)
+
+
+def process(rank: int, world: int) -> Process:
+    return Process(f"p{rank}", f"trainer_r{rank}", "trainer", None, rank, world, 0, "h", rank, {})
+
+
+def span(p: Process, name: str, start: float, end: float, parent: str = "", **attributes: Any) -> StoredSpan:
+    ns = lambda seconds: int(seconds * 1e9)  # noqa: E731
+    return StoredSpan("t", f"{next(_IDS):016x}", parent, name, ns(start), ns(end), 0, p, dict(attributes), None)
+
+
+def step_spans(world: int, slow: dict[tuple[int, str], float], *, skew: float = 0.0, jitter: float = 0.0) -> list[Any]:
+    """One DDP-like step on ``world`` ranks: ``train`` with data, forward, backward (which ends in
+    an all-reduce every rank leaves together, once the last arrived) and optimizer. ``slow``:
+    (rank, phase) -> extra seconds. Each rank's clock is off by ``rank * skew`` seconds."""
+    processes = [process(r, world) for r in range(world)]
+    arrive, starts = [], []
+    for r in range(world):
+        extra = {ph: slow.get((r, ph), 0.0) + jitter * ((r * 7 + i) % 3) for i, ph in enumerate(PHASES)}
+        t = 0.0
+        starts.append(t)
+        t += BASE["data"] + extra["data"] + BASE["forward"] + extra["forward"]
+        arrive.append((t, t + BASE["backward"] + extra["backward"], extra))
+    released = max(a for _, a, _ in arrive) + TRANSFER
+    out: list[Any] = []
+    for r, p in enumerate(processes):
+        off = r * skew
+        backward_start, reaches, extra = arrive[r]
+        data_end = BASE["data"] + extra["data"]
+        end = released + BASE["optimizer"] + extra["optimizer"]
+        root = span(p, "step", off, off + end)
+        train = span(p, "train", off, off + end, root.span_id)
+        backward = span(p, "train/backward", off + backward_start, off + released, train.span_id)
+        comm = span(
+            p,
+            "comm/all_reduce",
+            off + reaches,
+            off + released,
+            train.span_id,  # as the SDK parents it: the phase's own span is made when it closes
+            **{attr.COMM_OP: "all_reduce", attr.COMM_GROUP: "0", attr.COMM_GROUP_SIZE: world},
+        )
+        out += [
+            root,
+            train,
+            span(p, "train/data", off, off + data_end, train.span_id),
+            span(p, "train/forward", off + data_end, off + backward_start, train.span_id),
+            backward,
+            comm,
+            span(p, "train/optimizer", off + released, off + end, train.span_id),
+        ]
+    return out
+
+
+def named(spans: list[Any], **thresholds: float) -> dict[str, dict[str, Any]]:
+    d = Detectors(**thresholds)  # type: ignore[arg-type]
+    found = stragglers(judge(spans), ratio=d.straggler_ratio, min_s=d.straggler_min_s)
+    return {c.process.label: record_of(c) for c in found}
+
+
+def test_two_ranks_name_the_slow_one_and_its_victims_wait_is_a_wait() -> None:
+    """Rank 1 slow in forward: rank 0 waits 0.2 s in the all-reduce inside its backward. Judged by
+    phase time alone rank 0's backward was "1.997x the median" too; host clocks 3 s apart."""
+    spans = step_spans(2, {(1, "forward"): 0.2}, skew=3.0)
+    judgement = judge(spans)
+    found = named(spans)
+    assert list(found) == ["trainer_r1"], found
+    one = found["trainer_r1"]
+    assert one["phase"] == "train/forward" and one["collective"] == "all_reduce"
+    assert abs(one["late_s"] - 0.2) < 1e-6 and abs(one["waited_s_max"] - 0.2) < 1e-6 and one["waiting"] == 1
+    assert one["ratio"] > 10 and abs(one["excess_s"] - 0.2) < 0.01
+    metrics, labels = straggler_metrics(judgement, 0.0)
+    keys = {m.key: m.value for m in metrics}
+    assert labels["straggler/comm/all_reduce/late_rank"] == labels["straggler/train/forward/late_rank"] == "trainer_r1"
+    assert keys["straggler/comm/all_reduce/late_rank"] == 1.0
+    assert abs(keys["straggler/comm/all_reduce/waited_s_max"] - 0.2) < 1e-6
+    assert abs(keys["straggler/train/backward/waited_s_max"] - 0.2) < 1e-6  # rank 0's backward: a wait
+    assert keys["straggler/train/backward/late_s"] < 0.001  # net of it, nobody's backward is slow
+    assert keys["straggler/train/forward/late_rank"] == 1.0 and keys["straggler/train/forward/over_others"] > 10
+    comm = {s.process.rank: s.attributes for s in spans if s.name == "comm/all_reduce"}
+    assert comm[1][attr.COMM_LAST] is True and attr.COMM_LAST not in comm[0]
+    assert abs(comm[0][attr.COMM_WAIT] - 0.2) < 1e-6 and comm[1][attr.COMM_WAIT] == 0
+
+
+def test_three_ranks_judge_against_the_others_not_a_median_holding_the_slow_one() -> None:
+    found = named(step_spans(3, {(2, "backward"): 0.08}))
+    assert list(found) == ["trainer_r2"] and found["trainer_r2"]["phase"] == "train/backward"
+    assert found["trainer_r2"]["collective"] == "all_reduce" and found["trainer_r2"]["waiting"] == 2
+
+
+def test_a_slow_loader_and_a_slow_optimizer_are_each_named_in_their_phase() -> None:
+    """Slow before forward on rank 1; slow after the last collective on rank 3 (nobody waits for it
+    within the step); 4 ranks."""
+    found = named(step_spans(4, {(1, "data"): 0.15, (3, "optimizer"): 0.12}, skew=0.5))
+    assert sorted(found) == ["trainer_r1", "trainer_r3"], found
+    assert found["trainer_r1"]["phase"] == "train/data" and found["trainer_r1"]["collective"] == "all_reduce"
+    assert found["trainer_r3"]["phase"] == "train/optimizer" and found["trainer_r3"]["collective"] is None
+
+
+def test_jitter_alone_names_nobody() -> None:
+    assert named(step_spans(8, {}, jitter=0.004, skew=0.01)) == {}
+
+
+def test_a_collective_each_member_made_in_the_same_order_is_one_even_when_groups_interleave() -> None:
+    """Two groups ({0,1} and {0,1} again under another name): the k-th of each group is matched,
+    whatever order a rank made them in across groups."""
+    a, b = process(0, 2), process(1, 2)
+    spans = []
+    for p, (g0, g1) in ((a, ((1.0, 1.5), (2.0, 2.1))), (b, ((1.4, 1.5), (1.6, 2.1)))):
+        spans.append(span(p, "comm/all_reduce", *g0, **{attr.COMM_OP: "all_reduce", attr.COMM_GROUP: "1"}))
+        spans.append(span(p, "comm/all_gather", *g1, **{attr.COMM_OP: "all_gather", attr.COMM_GROUP: "2"}))
+    judgement = judge(spans)
+    assert (
+        judgement.collectives["all_reduce"].process is b
+        and abs(judgement.collectives["all_reduce"].late_s - 0.4) < 1e-6
+    )
+    assert (
+        judgement.collectives["all_gather"].process is a
+        and abs(judgement.collectives["all_gather"].late_s - 0.4) < 1e-6
+    )
+
+
+def watch_steps(watch: Watch, plan: dict[int, int | None], world: int = 4) -> list[dict[str, Any]]:
+    """Judge steps 0..N: ``plan[step]`` is the rank slow in forward then (None: nobody)."""
+    said = []
+    for step, slow in sorted(plan.items()):
+        spans = step_spans(world, {} if slow is None else {(slow, "forward"): 0.2})
+        d = watch.detectors
+        late = stragglers(judge(spans), ratio=d.straggler_ratio, min_s=d.straggler_min_s)
+        records = watch.step(
+            step, nonfinite=[], stragglers=[(record_of(c), c.process) for c in late], duration=None, missing=[]
+        )
+        said += [r for r in records if r["type"] == "straggler"]
+    return said
+
+
+def test_warm_up_is_not_judged_and_a_persisting_straggler_is_one_streak() -> None:
+    """Rank 2 slow from step 0 to 14, rank 0 from 15 to 22: warm-up (steps 0-2) not judged, then
+    two streaks, each said once (when it held two steps), with its first and last step live."""
+    watch = Watch()
+    plan: dict[int, int | None] = {s: 2 if s < 15 else 0 for s in range(23)}
+    said = watch_steps(watch, plan)
+    assert [(r["process"], r["first_step"], r["step"]) for r in said] == [("trainer_r2", 3, 3), ("trainer_r0", 15, 15)]
+    live = [r for r in watch.status()["anomalies"] if r["type"] == "straggler"]
+    assert [(r["process"], r["first_step"], r["last_step"], r["steps"]) for r in live] == [
+        ("trainer_r2", 3, 14, 12),
+        ("trainer_r0", 15, 22, 8),
+    ]
+    assert watch.status()["anomaly_counts"] == {"straggler": 2}
+
+
+def test_one_noisy_step_is_not_a_straggler() -> None:
+    """A rank slow in one judged step only (a busy box's hiccup) is not named."""
+    plan: dict[int, int | None] = {s: None for s in range(12)} | {6: 1, 9: 3}
+    assert watch_steps(Watch(), plan) == []
+    assert [r["first_step"] for r in watch_steps(Watch(Detectors(straggler_steps=1)), plan)] == [6, 9]
+
+
+def test_the_judgement_is_linear_in_ranks_at_10000() -> None:
+    """A step of 1,000 and of 10,000 simulated ranks (7 spans each): time per rank about the same
+    (best of 3; a pairwise judgement would take 10x more per rank), the one slow rank found."""
+
+    def best(world: int) -> float:
+        times = []
+        for _ in range(3):
+            spans = step_spans(world, {(world - 7, "forward"): 0.3})
+            started = time.perf_counter()
+            found = stragglers(judge(spans), ratio=1.5, min_s=0.05)
+            times.append(time.perf_counter() - started)
+            assert [c.process.rank for c in found] == [world - 7]
+        return min(times)
+
+    small, large = best(1_000), best(10_000)
+    assert large / small < 30, (small, large)  # linear: ~10; pairwise: ~100

@@ -1,0 +1,51 @@
+"""``rankscope top``'s screen from one snapshot of a sink's routes (``cli.top.render``, a pure
+function); the live view over a real sink is ``tests/e2e/test_top.py``."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console
+
+from rankscope.cli.top import render
+
+
+def streak(first: int, last: int, who: str = "trainer_r2", **more: Any) -> dict[str, Any]:
+    """The sink's record of a straggler streak as the status route keeps it (updated as it goes on)."""
+    record = {"type": "straggler", "step": first, "first_step": first, "last_step": last, "steps": last - first + 1}
+    record |= {"process": who, "role": "trainer", "replica": None, "rank": int(who[-1]), "phase": "train/forward"}
+    record |= {"collective": "all_reduce", "ratio": 352.5876, "excess_s": 0.15012, "late_s": 0.1498}
+    return {**record, "waited_s_max": 0.15, "waiting": 3, **more}
+
+
+def screen(status: dict[str, Any], last_anomalies: list[dict[str, Any]] | None = None) -> str:
+    recent = [
+        {"step": step, "time": 100.0 + step, "values": {"loss": 1.0 / step}, "missing": [], "phases": {}}
+        for step in range(1, 15)
+    ]
+    recent[-1]["anomalies"] = last_anomalies or []
+    snap = {"experiments": [{"id": "exp", "run": "r", "processes": 4, "last_finalized_step": 14}], "experiment": "exp"}
+    snap |= {"run": "r", "status": status, "recent": recent}
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render(snap, None, now=120.0))
+    return console.export_text()
+
+
+def test_top_shows_the_streak_going_on_its_cause_since_when_and_who_waited() -> None:
+    ended = streak(3, 6, "trainer_r1", collective=None, waited_s_max=None, waiting=0)
+    status = {"processes": 4, "anomaly_counts": {"straggler": 2}, "anomalies": [ended, streak(9, 14)]}
+    lines = [line.strip() for line in screen(status).splitlines() if line.startswith("straggler")]
+    assert lines == [
+        "straggler: trainer_r2 in train/forward since step 9 (6 steps), +150.1ms (352.6x the others); "
+        "arrived last at all_reduce, 3 others waited up to 150ms"
+    ]  # the streak that ended at step 6 is not going on: the anomalies line lists it
+
+
+def test_without_the_status_routes_records_the_last_steps_own_are_shown() -> None:
+    started = streak(14, 14, "trainer_r3", collective=None, waiting=0, waited_s_max=0.0012)
+    lines = [line.strip() for line in screen({}, [started]).splitlines() if line.startswith("straggler")]
+    assert lines == [
+        "straggler: trainer_r3 in train/forward since step 14 (1 step), +150.1ms (352.6x the others); "
+        "others waited up to 1.2ms"
+    ]

@@ -1,0 +1,98 @@
+"""A torchrun rank for the straggler tests (``tests/e2e/test_stragglers.py``): a small DDP-style step.
+
+Each step is ``rs.trace("train")`` with four phases: ``data`` (loading a batch), ``forward``,
+``backward`` (ending in a real ``dist.all_reduce`` of the gradients, through the Python API so
+the ``torch_distributed`` instrumentor, which ``rs.init`` turns on, sees it) and ``optimizer`` (after the step's last
+collective); then ``loss`` is recorded and the step flushed. Each phase takes ``--base`` seconds
+(a sleep: a 2-core box running 4 ranks stays idle enough to keep time), plus the extra seconds
+of every ``--slow`` that names this rank, phase and step.
+
+    straggler_worker.py --steps 22 --slow 2:forward:5-14:0.3 --slow 0:forward:15-21:0.3
+
+``--slow RANK:PHASE:FIRST-LAST:SECONDS`` (repeatable; the steps inclusive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import rankscope as rs
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Slow:
+    rank: int
+    phase: str
+    first: int
+    last: int
+    seconds: float
+
+    @classmethod
+    def parse(cls, text: str) -> Slow:
+        rank, phase, steps, seconds = text.split(":")
+        first, last = steps.split("-")
+        if phase not in PHASES:
+            raise argparse.ArgumentTypeError(f"phase {phase!r} is not one of {PHASES}")
+        return cls(int(rank), phase, int(first), int(last), float(seconds))
+
+
+def extra(slow: list[Slow], rank: int, phase: str, step: int) -> float:
+    return sum(s.seconds for s in slow if s.rank == rank and s.phase == phase and s.first <= step <= s.last)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--base", type=float, default=0.003, help="seconds each phase takes on every rank")
+    parser.add_argument("--slow", type=Slow.parse, action="append", default=[])
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rs.init(role="trainer")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def phase(name: str, step: int) -> None:
+        time.sleep(args.base + extra(args.slow, rank, name, step))
+
+    for step in range(args.steps):
+        with rs.trace("train") as t:
+            phase("data", step)
+            batch, target = torch.randn(8, 16), torch.randn(8, 4)
+            t.step("data")
+            phase("forward", step)
+            loss = torch.nn.functional.mse_loss(model(batch), target)
+            t.step("forward")
+            phase("backward", step)
+            optimizer.zero_grad()
+            loss.backward()
+            grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            dist.all_reduce(grads)  # the gradients averaged, as DDP's reducer would
+            grads /= world
+            offset = 0
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.copy_(grads[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
+            t.step("backward")
+            phase("optimizer", step)
+            optimizer.step()
+            t.step("optimizer")
+        rs.record_metric("loss", loss.item())
+        rs.flush(step)
+    rs.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
