@@ -95,7 +95,8 @@ def test_short_values_are_four_significant_digits() -> None:
     assert {short_value(v): want for v, want in cases.items()} == {want: want for want in cases.values()}
 
 
-def test_a_straggler_streak_is_one_highlighted_line_naming_the_cause_and_its_victims(capsys) -> None:
+def test_a_straggler_streak_is_one_highlighted_line_naming_the_cause_and_its_victims(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # one line each here (wrapped at a terminal's width)
     backend = ConsoleBackend({"logging_mode": "global_reduce"})
     backend.init("global")
     late = {"collective": "all_reduce", "late_s": 0.1498, "waited_s_max": 0.15, "waiting": 3}

@@ -191,3 +191,78 @@ def test_the_judgement_is_linear_in_ranks_at_10000() -> None:
 
     small, large = best(1_000), best(10_000)
     assert large / small < 30, (small, large)  # linear: ~10; pairwise: ~100
+
+
+def comm(p: Process, op: str, start: float, end: float, group: str = "0", size: int | None = None) -> StoredSpan:
+    extra: dict[str, Any] = {attr.COMM_OP: op, attr.COMM_GROUP: group}
+    if size is not None:
+        extra[attr.COMM_GROUP_SIZE] = size
+    return span(p, f"comm/{op}", start, end, **extra)
+
+
+def test_worlds_attempts_and_pipelines_are_not_mixed() -> None:
+    """Two roles (each its own torch world, default group "0"), a rerun step's dead attempt and a
+    pipeline's send/recv: only the trainers' all-reduce is one collective, and its last is theirs."""
+    t0, t1 = process(0, 2), process(1, 2)
+    g0 = Process("g0", "generator_r0", "generator", None, 0, 1, 0, "h", 9, {})
+    old = Process("o1", "trainer_r1", "trainer", None, 1, 2, 0, "h", 8, {})
+    t0.attempt = t1.attempt = 1
+    spans = [
+        comm(t0, "all_reduce", 1.0, 1.3),
+        comm(t1, "all_reduce", 1.29, 1.3),
+        comm(g0, "all_reduce", 1.295, 1.3),  # the generator's own world: not a third member
+        comm(old, "all_reduce", 1.299, 1.3),  # the earlier attempt's rank 1: not judged
+        comm(t0, "send", 2.0, 2.5),  # a pipeline's bubble: no collective, nobody "last"
+        comm(t1, "recv", 2.0, 2.01),
+    ]
+    judgement = judge(spans)
+    assert list(judgement.collectives) == ["all_reduce"] and judgement.collectives["all_reduce"].process is t1
+    assert abs((judgement.collectives["all_reduce"].waited_s_max or 0) - 0.29) < 1e-6
+    assert attr.COMM_LAST not in spans[2].attributes and attr.COMM_LAST not in spans[3].attributes
+
+
+def test_a_collective_missing_a_member_or_where_nobody_waited_names_no_one() -> None:
+    a, b, c = (process(r, 3) for r in range(3))
+    spans = [comm(a, "all_reduce", 1.0, 1.3, size=3), comm(b, "all_reduce", 1.2, 1.3, size=3)]  # c's span lost
+    spans += [comm(x, "broadcast", 2.0, 2.1) for x in (a, b, c)]  # all alike: nobody was last
+    judgement = judge(spans)
+    assert judgement.collectives == {} and judgement.causes == []
+    assert not any(attr.COMM_LAST in s.attributes for s in spans)
+
+
+def test_an_async_wait_that_straddles_two_phases_is_taken_from_both() -> None:
+    """An all-reduce launched at the end of backward and waited on in the optimizer (DDP's overlap):
+    rank 1 is slow in backward; rank 0's wait spans its backward's end and its optimizer."""
+    ranks = [process(r, 2) for r in range(2)]
+    spans = []
+    for p, backward_end in zip(ranks, (1.0, 1.3), strict=True):
+        spans += [
+            span(p, "train/backward", 0.5, backward_end),
+            span(p, "train/optimizer", backward_end, 1.42),
+            comm(p, "all_reduce", backward_end - 0.01, 1.4),
+        ]
+    found = named(spans)
+    assert list(found) == ["trainer_r1"] and found["trainer_r1"]["phase"] == "train/backward", found
+
+
+def test_hostile_span_attributes_are_not_judged_nor_keys() -> None:
+    p0, p1 = process(0, 2), process(1, 2)
+    spans = [
+        span(p0, "comm/x", 1.0, 1.5, **{attr.COMM_OP: ["not", "a", "str"]}),
+        span(p1, "comm/x", 1.4, 1.5, **{attr.COMM_OP: ["not", "a", "str"]}),
+        span(p0, "comm/y", 2.0, 2.5, **{attr.COMM_OP: "DROP TABLE"}),
+        span(p1, "comm/y", 2.4, 2.5, **{attr.COMM_OP: "DROP TABLE", attr.COMM_LAST: True}),
+    ]
+    judgement = judge(spans)
+    metrics, _ = straggler_metrics(judgement, 0.0)
+    assert judgement.collectives == {} and not [m for m in metrics if "comm/" in m.key]
+    assert attr.COMM_LAST not in spans[3].attributes  # the sink's to say, not a client's
+    assert stragglers(judge(step_spans(2, {})), ratio=1.0, min_s=0.0) is not None  # ties: no crash
+
+
+def test_a_restart_starts_the_warm_up_again_and_ends_the_streak() -> None:
+    watch = Watch()
+    watch_steps(watch, {s: 1 for s in range(8)})
+    watch.restart()
+    said = watch_steps(watch, {s: 1 for s in range(8)})
+    assert [(r["first_step"], r["steps"]) for r in said] == [(3, 2)]  # a new streak, after a new warm-up

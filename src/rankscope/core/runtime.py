@@ -59,10 +59,11 @@ current: Runtime | None = None
 recorder: Any = None
 """``current.recorder`` (None with no runtime): the metrics stage's ``Recorder``."""
 disabled = False
-ended = False
-"""The program called ``shutdown``: until it calls ``init`` again, instrumentors record nothing,
-so a ``dist.barrier()`` after it starts no runtime of its own (a user's own call still does)."""
 """``RANKSCOPE_DISABLE`` or ``init(disable=True)``: every call is a no-op, nothing starts."""
+ended = False
+"""The program called ``shutdown``: until it calls ``init`` again, the collectives instrumentor
+records nothing, so a ``dist.barrier()`` after it starts no runtime of its own (a user's own call
+still does)."""
 
 _starter: Callable[[], Runtime | None] | None = None
 

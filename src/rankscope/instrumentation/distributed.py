@@ -13,6 +13,7 @@ all-reduce runs inside its C++ reducer and is not seen here.
 
 from __future__ import annotations
 
+import inspect
 from types import ModuleType
 from typing import Any
 
@@ -61,7 +62,7 @@ class CollectivesInstrumentor(ModuleInstrumentor):
             original = getattr(c10d, op, None)
             if original is None:
                 continue
-            wrapped = _wrap(op, position, original, module)
+            wrapped = _wrap(op, position, _group_position(original), original, module)
             for owner in (module, c10d):
                 if getattr(owner, op, None) is original:
                     swap(owner, op, wrapped, self._saved)
@@ -100,7 +101,16 @@ def _group(dist: Any, group: Any) -> tuple[int, str]:
     return found
 
 
-def _wrap(op: str, position: int | None, original: Any, dist: Any) -> Any:
+def _group_position(original: Any) -> int | None:
+    """Where ``group`` sits among ``original``'s positional parameters (``dist.barrier(pg)``)."""
+    try:
+        names = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("group") if "group" in names else None
+
+
+def _wrap(op: str, position: int | None, group_at: int | None, original: Any, dist: Any) -> Any:
     keys = (f"comm/{op}/duration_s", f"comm/{op}/duration_max_s", f"comm/{op}/bytes", f"comm/{op}/calls")
     span_name = f"comm/{op}"
 
@@ -118,7 +128,8 @@ def _wrap(op: str, position: int | None, original: Any, dist: Any) -> Any:
             gpu = current_gpu_timer() if first is not None and getattr(first, "is_cuda", False) else None
             start_mark = gpu.mark() if gpu is not None else None
             nbytes = _nbytes(tensors)
-            size, group = _group(dist, kwargs.get("group"))
+            pg = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
+            size, group = _group(dist, pg)
             attributes = {
                 attr.COMM_OP: op,
                 attr.COMM_BYTES: nbytes,

@@ -68,10 +68,11 @@ def _tail_step(runtime: Runtime) -> int | None:
     """The step the values recorded since the last flush go with: none (the sink places them in
     the step in progress, which the job ended in), unless they are all rankscope's own (a final
     ``dist.barrier()``'s time): then the last step flushed, as its tail, not a step of their own."""
-    last = runtime.steps.last
-    if last is not None and all(key_kind(key) == "internal" for key in list(runtime.recorder.accs)):
-        return last
-    return None
+    last, recorder = runtime.steps.last, runtime.recorder
+    if last is None or recorder.samples or recorder.phases or recorder.device.items:
+        return None
+    keys = list(recorder.accs)
+    return last if keys and all(key_kind(key) == "internal" for key in keys) else None
 
 
 def _close_last_auto_step(runtime: Runtime) -> None:

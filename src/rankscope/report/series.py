@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import names as attr
+from ..metrics.catalog import key_kind
 from .values import listed, mapping, number, strict, string, text
 
 MAX_POINTS = 1000
@@ -42,9 +43,10 @@ PHASE_SUFFIXES = {"/duration_avg_s": "avg", "/duration_max_s": "max"}
 
 
 def kind_of(key: str) -> str:
-    """Where a key goes on a page: ``internal`` (``INTERNAL_PREFIXES``), ``duration`` (a traced
-    phase's seconds: the Phases section) or ``metric`` (the user's own: first)."""
-    if key.startswith(INTERNAL_PREFIXES):
+    """Where a key goes on a page: ``internal`` (``INTERNAL_PREFIXES``, and what instrumentors
+    record: ``comm/*``, ``optimizer/*``..., as the console has it), ``duration`` (a traced phase's
+    seconds: the Phases section) or ``metric`` (the user's own: first)."""
+    if key.startswith(INTERNAL_PREFIXES) or key_kind(key) == "internal":
         return "internal"
     if key.endswith((*TOTAL_SUFFIXES, *PHASE_SUFFIXES)):
         return "duration"

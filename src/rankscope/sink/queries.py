@@ -271,6 +271,8 @@ class Queries:
             return f"no experiment {experiment_id[:200]!r}" + (f" run {run[:64]!r}" if run else "")
         deadline = time.monotonic() + timeout
         run = tenant.experiment.run
+        with tenant.lock:  # asked for now: what is complete is final, the run's first seconds or not
+            tenant.experiment.end_hold()
         self.wait_written(experiment_id, timeout, run)
         status = self.status(experiment_id, run)
         writer = tenant.writer

@@ -349,7 +349,7 @@
   // -- internals: rankscope's own keys (rl/*, rankscope/*, the straggler detector's), folded
   if (D.internals.length) {
     const internals = section("internals", "Internals");
-    internals.append(folded(`rankscope's own keys (${D.internals.length}): rl/*, rankscope/*, the straggler detector's per phase and collective (late rank over the others, the longest wait)`,
+    internals.append(folded(`rankscope's own keys (${D.internals.length}): what instrumentors record (comm/*, optimizer/*, ...), rl/*, rankscope/*, the straggler detector's per phase and collective (late rank over the others, the longest wait)`,
       (body) => keyCharts(body, D.internals, 0)));
   }
   charted();

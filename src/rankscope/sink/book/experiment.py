@@ -444,6 +444,7 @@ class Experiment:
         self._late.clear()
         self.last_finalized = -1
         self.windows.clear()
+        self.watch.restart()  # its warm-up again; a streak does not carry over a restart
 
     # -- what goes to the views at once ------------------------------------------------------
 
@@ -493,6 +494,10 @@ class Experiment:
         """Views of every step that is complete, or past its grace period (all when ``force``)."""
         return [self.view(done) for done in self.finished(force=force)]
 
+    def end_hold(self) -> None:
+        """End the run's ``start_hold`` now (a report asked for: what is complete is final)."""
+        self.held_until = None
+
     def view(self, done: Finished) -> StepView:
         """A finished step's view (``finalize.view_of``)."""
         return view_of(done, traces=self.traces, watch=self.watch, on_error=self._merge_error, order=self.key_order)
@@ -503,7 +508,7 @@ class Experiment:
         now = self.clock()
         if self.held_until is not None and (now >= self.held_until or len(self._open) >= HOLD_STEPS):
             self.held_until = None
-        held = self.held_until is not None
+        held = self.held_until is not None and not self.windows.bucketed  # buckets wait for their lag anyway
         for step in sorted(self._open):  # in order; nothing opens meanwhile (the tenant's lock)
             if self._checked[:2] != (step, self.roster.version):  # nothing that decides it changed: reuse
                 self._checked = (step, self.roster.version, self._absent(step))

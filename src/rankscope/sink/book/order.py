@@ -1,5 +1,6 @@
-"""Where a run's keys go in its step views: by the role that first sent them, roles by name, each
-role's keys in the order its processes first recorded them.
+"""Where a run's keys go in its step views: by role, roles by name (a key several roles record,
+``comm/*`` say, goes with the first of them by name), each role's keys in the order its processes
+first recorded them.
 
 The order depends on what the processes recorded, not on whose data reached the sink first: on a
 busy box the generator's export may land after the trainers' one run and before them the next,
@@ -23,7 +24,7 @@ LAST: Place = ("\U0010ffff", 0)
 
 
 class KeyOrder:
-    """Each key's place: (the role that first sent it, its index among that role's keys)."""
+    """Each key's place: (the first role by name that sent it, its index among that role's keys)."""
 
     def __init__(self, limit: int = MAX_ORDERED_KEYS) -> None:
         self.limit = limit
@@ -37,7 +38,8 @@ class KeyOrder:
             return
         n = self._per_role.get(role, 0)
         for key in keys:
-            if key not in places:
+            held = places.get(key)
+            if held is None or role < held[0]:  # a key several roles record goes with the first by name
                 places[key] = (role, n)
                 n += 1
         self._per_role[role] = n

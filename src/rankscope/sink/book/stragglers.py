@@ -3,30 +3,37 @@ the waits inside it. The cause, never its victims.
 
 A rank slow in its forward pass makes every other rank wait in the next all-reduce; judged by
 phase time alone, the waiters' backward looks as slow as the culprit's forward (with two ranks,
-both are "2x the median"). So, from one step's spans:
+both are "2x the median"). So, from one step's spans (of the run's latest attempt in them):
 
 * **Collectives.** Each process's ``comm/{op}`` spans (``instrumentation.distributed``) in the
-  order it made them, per process group (``rankscope.comm.group``): the k-th of a group on every
-  member is one collective. A blocking collective releases its members together, so its end is a
-  moment they share: a rank's arrival is its end minus its duration, the last to arrive is the
-  one that spent least time in it, and each other rank waited its duration minus that. Host
-  clocks need not agree. (An async collective counts from launch to completion: its wait is an
-  upper bound.) The matched spans get ``rankscope.comm.wait_s`` and, on the last to arrive,
-  ``rankscope.comm.arrived_last`` (the report's Gantt marks it).
-* **Phases.** Each process's time in each traced phase, net of the collective waits inside it
-  (inside by time on its own clock: a phase's span is made when the phase closes, so the SDK
-  parents a collective to the block around it; a collective that matched nothing counts whole),
-  against the mean of the other processes that traced it: right with two ranks (the other one)
-  and with 10,000 (linear per step).
+  order it made them, per torch world (role, replica, attempt) and process group
+  (``rankscope.comm.group``): the k-th of a group on every member is one collective, judged
+  only when every member's span is in (``rankscope.comm.group_size``). A blocking collective
+  releases its members together, so its end is a moment they share: a rank's arrival is its end
+  minus its duration, the last to arrive is the one that spent least time in it, and each other
+  rank waited its duration minus that. Host clocks need not agree. (An async collective counts
+  from launch to completion: its wait is an upper bound.) Point-to-point calls (``send``,
+  ``recv``) are no collective: a pipeline's stages wait for each other by design; their time
+  counts as waiting. The matched spans get ``rankscope.comm.wait_s`` and, on the last to
+  arrive, ``rankscope.comm.arrived_last`` (the report's Gantt marks it): the one thing judging
+  writes, onto the sink's own copy of the spans.
+* **Phases.** Each process's time in each traced phase, net of its waits that overlap the phase
+  in time on its own clock (a phase's span is made when the phase closes, so the SDK parents a
+  collective to the block around it; an async wait may straddle two phases; a collective that
+  matched nothing counts whole), against the mean of the role's other processes that traced
+  it: right with two ranks (the other one) and with 10,000.
 * **Causes.** The process furthest over the others in a phase, and the last to arrive at a
   collective, with how much its time to get there (since its previous collective, or its step's
-  start) exceeds the others'. The detectors (``views.anomalies``) decide which are stragglers.
+  start) exceeds the others'. ``stragglers`` keeps those over the detectors' thresholds.
 
-Everything is linear in the step's spans; nothing compares ranks pairwise.
+Linear in the step's spans: nothing compares ranks pairwise, a process's open phases at a wait
+are at most ``MAX_OPEN_PHASES``, a role's phase names at most ``MAX_NAMED`` (the rest are not
+judged): a client's spans cannot make the shared finalizer quadratic.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,6 +45,16 @@ from ...metrics.reduce import Reduce
 from .traces import ROOT_NAME, StoredSpan
 
 COMM_PREFIX = "comm/"
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv"})
+OP = re.compile(r"[a-z][a-z0-9_]{0,39}")
+"""An op name judged (``all_reduce``): a client's other values are not matched, nor become keys."""
+MAX_NAMED = 64
+"""Phase names per role judged, and phases and collective ops a step's keys name, at most."""
+MAX_OPEN_PHASES = 64
+"""Phases of one process open at one wait that it is subtracted from (deeper nesting is not judged)."""
+
+World = tuple[str, str | None, int]
+"""A torch world: (role, replica, attempt), ``checked.Process.group``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,31 +86,37 @@ class Lateness:
 
 @dataclass(slots=True)
 class PhaseTimes:
-    """Net seconds per process of one phase; its furthest process and the others' mean."""
+    """Net seconds per process of one phase of one role; its furthest process and the others' mean."""
 
     name: str
     seconds: dict[Any, float] = field(default_factory=dict)
     waited: dict[Any, float] = field(default_factory=dict)
-    """Seconds each process waited in collectives inside the phase."""
+    """Seconds each process waited in collectives during the phase."""
+    total: float = 0.0
+
+    def add(self, process: Any, net: float, waited: float) -> None:
+        self.seconds[process] = self.seconds.get(process, 0.0) + net
+        self.total += net
+        if waited:
+            self.waited[process] = self.waited.get(process, 0.0) + waited
 
     def others_mean(self, process: Any) -> float:
         n = len(self.seconds)
-        return (sum(self.seconds.values()) - self.seconds[process]) / (n - 1) if n > 1 else 0.0
+        return (self.total - self.seconds[process]) / (n - 1) if n > 1 else 0.0
 
     def furthest(self) -> Lateness | None:
         if len(self.seconds) < 2:
             return None
-        total = sum(self.seconds.values())
         process, seconds = max(self.seconds.items(), key=lambda kv: kv[1])
-        others = (total - seconds) / (len(self.seconds) - 1)
-        return Lateness(process, self.name, seconds, others)
+        return Lateness(process, self.name, seconds, self.others_mean(process))
 
 
 @dataclass(slots=True)
 class Judgement:
     """One step's phases (net of waits) and collectives, and the candidate causes in them."""
 
-    phases: dict[str, PhaseTimes] = field(default_factory=dict)
+    phases: dict[tuple[str, str], PhaseTimes] = field(default_factory=dict)
+    """Per (role, phase name)."""
     collectives: dict[str, Lateness] = field(default_factory=dict)
     """Per op (``all_reduce``): its collective of the step with the latest last arrival."""
     causes: list[Lateness] = field(default_factory=list)
@@ -104,17 +127,22 @@ class Judgement:
 def judge(spans: Iterable[StoredSpan]) -> Judgement:
     """The step's judgement from its spans (see the module docstring). Sets the matched
     collectives' ``rankscope.comm.wait_s`` and ``rankscope.comm.arrived_last``."""
+    kept = [s for s in spans if s.end_ns >= s.start_ns]
+    attempt = max((s.process.attempt for s in kept), default=0)
     comms: dict[Any, list[StoredSpan]] = defaultdict(list)
     phases: list[StoredSpan] = []
     began: dict[Any, int] = {}
-    for span in spans:
-        if span.end_ns < span.start_ns:
-            continue
+    for span in kept:
         process = span.process
+        if process.attempt != attempt:  # a step run again: the earlier attempt's spans are not judged
+            continue
         if process not in began or span.start_ns < began[process]:
             began[process] = span.start_ns
-        if attr.COMM_OP in span.attributes and span.name.startswith(COMM_PREFIX):
-            comms[process].append(span)
+        if span.name.startswith(COMM_PREFIX):
+            span.attributes.pop(attr.COMM_LAST, None)  # the sink's to say, not a client's
+            span.attributes.pop(attr.COMM_WAIT, None)
+            if isinstance(span.attributes.get(attr.COMM_OP), str):
+                comms[process].append(span)
         elif not (span.name == ROOT_NAME and not span.parent_span_id):
             phases.append(span)
     judgement = Judgement()
@@ -131,105 +159,125 @@ def judge(spans: Iterable[StoredSpan]) -> Judgement:
 def _waited_in(
     comms: Mapping[Any, list[StoredSpan]], phases: list[StoredSpan], waits: Mapping[int, float]
 ) -> dict[int, float]:
-    """Per phase span (by ``id``): seconds its process waited in the collectives inside it (a
-    collective that matched nothing: its whole time). Inside by time, on the process's own clock,
-    not by parent id: a phase's span is made when it closes, so a collective made meanwhile is a
-    child of the block around it. One sweep per process: the phases open at each collective."""
+    """Per phase span (by ``id``): seconds of its process's collective waits that overlap it. A
+    wait is the end of its collective (``[end - wait, end]``: a rank that waited arrived first and
+    left with the others); a collective that matched nothing counts whole. One sweep per process."""
     by_process: dict[Any, list[StoredSpan]] = defaultdict(list)
     for span in phases:
         by_process[span.process].append(span)
     waited_in: dict[int, float] = defaultdict(float)
-    for process, made in comms.items():  # each sorted by start (``_collectives``)
+    for process, made in comms.items():
+        windows = sorted(
+            (comm.end_ns - int(waits.get(id(comm), (comm.end_ns - comm.start_ns) / 1e9) * 1e9), comm.end_ns)
+            for comm in made
+        )
         mine = sorted(by_process.get(process, ()), key=lambda s: s.start_ns)
         open_: list[StoredSpan] = []
         i = 0
-        for comm in made:
-            while i < len(mine) and mine[i].start_ns <= comm.start_ns:
+        for low, high in windows:
+            if high <= low:
+                continue
+            while i < len(mine) and mine[i].start_ns < high:
                 open_.append(mine[i])
                 i += 1
-            open_ = [s for s in open_ if s.end_ns > comm.start_ns]
-            wait = waits.get(id(comm), (comm.end_ns - comm.start_ns) / 1e9)
+            open_ = [s for s in open_ if s.end_ns > low][-MAX_OPEN_PHASES:]
             for span in open_:
-                if span.end_ns >= comm.end_ns:
-                    waited_in[id(span)] += wait
+                overlap = min(span.end_ns, high) - max(span.start_ns, low)
+                if overlap > 0:
+                    waited_in[id(span)] += overlap / 1e9
     return waited_in
 
 
 def _net_phases(phases: list[StoredSpan], waited_in: Mapping[int, float], judgement: Judgement) -> None:
+    names: dict[str, int] = defaultdict(int)
     for span in phases:
-        times = judgement.phases.get(span.name)
+        role = span.process.role
+        times = judgement.phases.get((role, span.name))
         if times is None:
-            times = judgement.phases[span.name] = PhaseTimes(span.name)
+            if names[role] >= MAX_NAMED:
+                continue
+            names[role] += 1
+            times = judgement.phases[(role, span.name)] = PhaseTimes(span.name)
         waited = waited_in.get(id(span), 0.0)
-        net = max(0.0, (span.end_ns - span.start_ns) / 1e9 - waited)
-        times.seconds[span.process] = times.seconds.get(span.process, 0.0) + net
-        if waited:
-            times.waited[span.process] = times.waited.get(span.process, 0.0) + waited
+        times.add(span.process, max(0.0, (span.end_ns - span.start_ns) / 1e9 - waited), waited)
 
 
 def _collectives(
     comms: Mapping[Any, list[StoredSpan]], began: Mapping[Any, int], judgement: Judgement
 ) -> dict[int, float]:
     """Match the collectives, mark their spans, keep each op's latest; returns each matched span's wait."""
-    matched: dict[tuple[str, int, str], list[tuple[Any, StoredSpan, float]]] = defaultdict(list)
+    matched: dict[tuple[World, str, int, str], list[tuple[Any, StoredSpan, float]]] = defaultdict(list)
     for process, made in comms.items():
         made.sort(key=lambda s: s.start_ns)
         index: dict[str, int] = defaultdict(int)
         previous_end = began.get(process, made[0].start_ns)
         for span in made:
+            op = span.attributes[attr.COMM_OP]
+            if op in POINT_TO_POINT or not OP.fullmatch(op):
+                continue
             group = str(span.attributes.get(attr.COMM_GROUP) or span.attributes.get(attr.COMM_GROUP_SIZE, ""))
             k = index[group]
             index[group] = k + 1
             to_arrive = max(0, span.start_ns - previous_end) / 1e9
-            matched[(group, k, str(span.attributes[attr.COMM_OP]))].append((process, span, to_arrive))
+            matched[(process.group, group, k, op)].append((process, span, to_arrive))
             previous_end = max(previous_end, span.end_ns)
     waits: dict[int, float] = {}
     worst: dict[tuple[int, str], Lateness] = {}
     """Per (process, op): the collective it arrived latest at."""
-    for (_, _, op), members in matched.items():
-        if len(members) < 2:
+    for (_, _, _, op), members in matched.items():
+        size = members[0][1].attributes.get(attr.COMM_GROUP_SIZE)
+        if len(members) < 2 or (isinstance(size, int) and len(members) < size):
+            continue  # a member's span is missing (dropped, late): who was last is not known
+        late = _arrivals(op, members, waits)
+        if late is None:
             continue
-        durations = [(s.end_ns - s.start_ns) / 1e9 for _, s, _ in members]
-        last = min(range(len(members)), key=durations.__getitem__)
-        shortest = durations[last]
-        total_wait = 0.0
-        waiting = 0
-        for i, (_, span, _) in enumerate(members):
-            wait = durations[i] - shortest
-            waits[id(span)] = wait
-            span.attributes[attr.COMM_WAIT] = round(wait, 9)
-            total_wait += wait
-            waiting += wait > 0
-        process, span, to_arrive = members[last]
-        span.attributes[attr.COMM_LAST] = True
-        n = len(members)
-        others_to_arrive = (sum(t for _, _, t in members) - to_arrive) / (n - 1)
-        late = Lateness(
-            process,
-            "",
-            to_arrive,
-            others_to_arrive,
-            collective=op,
-            late_s=total_wait / (n - 1),  # its arrival after the others' mean arrival
-            waited_s_max=max(durations) - shortest,
-            waiting=waiting,
-        )
         kept = judgement.collectives.get(op)
         if kept is None or late.excess_s > kept.excess_s:
             judgement.collectives[op] = late
-        mine = worst.get((id(process), op))
+        mine = worst.get((id(late.process), op))
         if mine is None or late.excess_s > mine.excess_s:
-            worst[(id(process), op)] = late
+            worst[(id(late.process), op)] = late
     judgement.causes.extend(worst.values())
     return waits
 
 
-def _with_phase(late: Lateness, phases: Mapping[str, PhaseTimes]) -> Lateness:
+def _arrivals(op: str, members: list[tuple[Any, StoredSpan, float]], waits: dict[int, float]) -> Lateness | None:
+    """One collective: each member's wait (into ``waits``, onto its span) and the last to arrive,
+    or None when nobody waited (no one was last)."""
+    durations = [(s.end_ns - s.start_ns) / 1e9 for _, s, _ in members]
+    last = min(range(len(members)), key=durations.__getitem__)
+    shortest = durations[last]
+    if max(durations) <= shortest:
+        return None
+    total_wait, waiting = 0.0, 0
+    for i, (_, span, _) in enumerate(members):
+        wait = durations[i] - shortest
+        waits[id(span)] = wait
+        span.attributes[attr.COMM_WAIT] = round(wait, 9)
+        total_wait += wait
+        waiting += wait > 0
+    process, span, to_arrive = members[last]
+    span.attributes[attr.COMM_LAST] = True
+    n = len(members)
+    return Lateness(
+        process,
+        "",
+        to_arrive,
+        (sum(t for _, _, t in members) - to_arrive) / (n - 1),
+        collective=op,
+        late_s=total_wait / (n - 1),  # its arrival after the others' mean arrival
+        waited_s_max=max(durations) - shortest,
+        waiting=waiting,
+    )
+
+
+def _with_phase(late: Lateness, phases: Mapping[tuple[str, str], PhaseTimes]) -> Lateness:
     """``late`` named by the phase where its process's time most exceeds the others' (net)."""
+    role = late.process.role
     over = {
         name: times.seconds[late.process] - times.others_mean(late.process)
-        for name, times in phases.items()
-        if late.process in times.seconds and len(times.seconds) > 1
+        for (of, name), times in phases.items()
+        if of == role and late.process in times.seconds and len(times.seconds) > 1
     }
     return replace(late, phase=deepest(over))
 
@@ -262,49 +310,51 @@ def stragglers(judgement: Judgement, *, ratio: float, min_s: float) -> list[Late
         arrived = [c for c in found if c.collective is not None]
         collective = max(arrived, key=lambda c: c.late_s or 0.0) if arrived else None
         name = deepest({n: c.excess_s for n, c in phased.items()})
-        if name:
-            chosen = phased[name]
-            if collective is not None:
-                chosen = replace(
-                    chosen,
-                    collective=collective.collective,
-                    late_s=collective.late_s,
-                    waited_s_max=collective.waited_s_max,
-                    waiting=collective.waiting,
-                )
-        else:
-            assert collective is not None
-            chosen = collective
+        if not name:
+            out.append(collective if collective is not None else max(found, key=lambda c: c.excess_s))
+            continue
+        chosen = phased[name]
+        if collective is not None:
+            chosen = replace(
+                chosen,
+                collective=collective.collective,
+                late_s=collective.late_s,
+                waited_s_max=collective.waited_s_max,
+                waiting=collective.waiting,
+            )
         out.append(chosen)
     return out
 
 
-MAX_NAMED = 64
-"""Phases, and collective ops, a step's ``straggler/*`` keys name at most (span names are the client's)."""
-
-
 def straggler_metrics(judgement: Judgement, stamp: float) -> tuple[list[Metric], dict[str, str]]:
-    """The step's ``straggler/*`` keys: per traced phase its furthest process (``late_rank``),
-    how far over the others (``late_s``, ``over_others``) and the longest collective wait in it
-    (``waited_s_max``); per collective op its latest last arrival (``comm/{op}/late_rank``, ``late_s``
-    after the others' mean arrival, ``waited_s_max`` of the first to arrive), and the label of the
-    process each ``late_rank`` names (ranks of different roles share the numbering)."""
+    """The step's ``straggler/*`` keys: per traced phase its furthest process (``late_rank``; of
+    the role where it is furthest over the others, when several roles trace the name), how far
+    over the others (``late_s``, ``over_others``) and the longest collective wait in it
+    (``waited_s_max``); per collective op its latest last arrival (``comm/{op}/late_rank``,
+    ``late_s`` after the others' mean arrival, ``waited_s_max`` of the first to arrive); and the
+    label of the process each ``late_rank`` names (ranks of different roles share the numbering)."""
     out: list[Metric] = []
     labels: dict[str, str] = {}
 
     def add(prefix: str, name: str, value: float) -> None:
         out.append(Metric(f"{attr.STRAGGLER_PREFIX}{prefix}/{name}", value, Reduce.MAX, stamp))
 
-    for name in sorted(judgement.phases)[:MAX_NAMED]:
-        times = judgement.phases[name]
+    by_name: dict[str, tuple[Lateness, float]] = {}
+    for times in judgement.phases.values():
         furthest = times.furthest()
         if furthest is None:
             continue
+        waited = max(times.waited.values(), default=0.0)
+        held = by_name.get(times.name)
+        if held is None or furthest.excess_s > held[0].excess_s:
+            by_name[times.name] = (furthest, max(waited, held[1] if held else 0.0))
+    for name in sorted(by_name)[:MAX_NAMED]:
+        furthest, waited = by_name[name]
         add(name, "late_rank", float(furthest.process.rank))
         labels[out[-1].key] = furthest.process.label
         add(name, "late_s", furthest.excess_s)
         add(name, "over_others", min(furthest.ratio, 1e9))
-        add(name, "waited_s_max", max(times.waited.values(), default=0.0))
+        add(name, "waited_s_max", waited)
     for op in sorted(judgement.collectives)[:MAX_NAMED]:
         late = judgement.collectives[op]
         prefix = f"{COMM_PREFIX}{op}"

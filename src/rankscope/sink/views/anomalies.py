@@ -121,6 +121,11 @@ class Watch:
             self.note(record)
         return said + found  # a streak's live record is noted already
 
+    def restart(self) -> None:
+        """The run restarted (a new attempt): its warm-up comes again, no streak goes on."""
+        self.judged = 0
+        self.streaks = {}
+
     def _streaks(self, step: int, stragglers: list[tuple[dict[str, Any], Any]]) -> list[dict[str, Any]]:
         """Go on with each open streak named again, close the others, start new ones; returns the
         records of the streaks named now (copies: the live ones go on changing)."""

@@ -9,7 +9,8 @@ made safe, never paths) and announced to the views as a ``capture`` anomaly reco
 
 Bounded and rate-limited: detector captures at most one per ``auto_interval`` seconds per
 process of the run (an early false alarm on one rank cannot block the real one on another),
-any other capture at most one per ``min_interval`` seconds, at most ``MAX_OPEN`` asked in
+any other capture at most one per ``min_interval`` seconds, at most ``MAX_OPEN`` (of them
+``MAX_AUTO_OPEN`` a detector's) asked in
 the last ``open_for`` seconds (a capture is open that long, finished or not), a file at most the
 sink's ``max_body_bytes``, and an experiment's files at most ``max_bytes`` in all (then uploads
 are refused, with the reason); a flapping detector cannot profile forever.
@@ -28,6 +29,8 @@ from typing import Any
 from ...core.paths import safe_component
 
 MAX_OPEN = 8
+MAX_AUTO_OPEN = 4
+"""Detector captures open at once: the other slots stay for people and ``rs.capture``."""
 MAX_STEPS = 64
 MAX_RANKS = 16_384
 _IDS = itertools.count(1)
@@ -43,6 +46,8 @@ class Capture:
     processes: frozenset[str] | None
     """process ids asked (a detector names the very process)."""
     asked_at: float
+    auto: bool = False
+    """Asked by a detector (``ask_stragglers``)."""
     taken: set[str] = field(default_factory=set)
     """Processes that picked the request up."""
     files: dict[str, str] = field(default_factory=dict)
@@ -107,6 +112,9 @@ class CaptureBook:
         if ranks is not None and len(ranks) > MAX_RANKS:
             return f"at most {MAX_RANKS} ranks"
         if auto:
+            if sum(1 for c in self.captures.values() if c.auto) >= MAX_AUTO_OPEN:
+                self.refused += 1
+                return f"{MAX_AUTO_OPEN} detector captures are open"
             asked = [self._last_auto.get(p) for p in processes or ()]
             if any(at is not None and now - at < self.auto_interval for at in asked):
                 self.refused += 1
@@ -117,7 +125,7 @@ class CaptureBook:
         if len(self.captures) >= MAX_OPEN:
             self.refused += 1
             return f"{MAX_OPEN} captures are open"
-        capture = Capture(f"c{next(_IDS)}-{int(time.time())}", reason[:200], steps, ranks, processes, now)
+        capture = Capture(f"c{next(_IDS)}-{int(time.time())}", reason[:200], steps, ranks, processes, now, auto)
         self.captures[capture.id] = capture
         if auto:
             if len(self._last_auto) >= MAX_RANKS:  # bounded: forget those asked longest ago
