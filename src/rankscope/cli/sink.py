@@ -36,6 +36,7 @@ def add_server_options(
     p: argparse.ArgumentParser, name: str, grpc_default: int | None, http_default: int | None
 ) -> None:
     """The options ``rankscope sink`` and ``rankscope run`` share (both run a sink); ``name`` says which."""
+    from ..sink.config import JOB_START_HOLD
     from ..sink.durable.wal import default_state_dir
 
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -47,6 +48,14 @@ def add_server_options(
         "(default: what each experiment's processes ask for, else the console global view)",
     )
     p.add_argument("--grace", type=float, help="seconds to wait for a step's last processes (RANKSCOPE_SINK_GRACE)")
+    hold = JOB_START_HOLD if name == "run" else 0.0
+    p.add_argument(
+        "--start-hold",
+        type=float,
+        default=hold,
+        help="seconds from a run's first data in which a step is final only by its grace, so a process "
+        f"that starts a little after the others is in the first step (default {hold:g})",
+    )
     p.add_argument("--token", help="bearer token clients must send, for every experiment (RANKSCOPE_SINK_TOKEN)")
     p.add_argument(
         "--state-dir",
@@ -119,6 +128,7 @@ def sink_config(args: argparse.Namespace) -> Any:
         http_port=args.http_port,
         backends=backends,
         grace=args.grace if args.grace is not None else resolve("sink_grace"),
+        start_hold=max(0.0, args.start_hold),
         token=args.token or os.environ.get("RANKSCOPE_SINK_TOKEN") or None,
         tokens=tokens,
         state_dir=None if args.no_state_dir or args.state_dir in (None, "") else Path(args.state_dir),

@@ -22,6 +22,10 @@ DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "glob
 """The views of an experiment when neither the sink nor the experiment's processes chose any."""
 
 
+JOB_START_HOLD = 2.0
+"""``start_hold`` of the sink of one job, whose processes start together (embedded, ``rankscope run``)."""
+
+
 @dataclass(kw_only=True)
 class SinkConfig:
     """How a sink listens, what it writes and what one client may make it hold.
@@ -42,10 +46,11 @@ class SinkConfig:
     ``rankscope run``) takes its own job's. A shared sink holds them to relative paths without
     ``..`` (``edge.validate.check_posted_views``)."""
     grace: float = 10.0
-    start_hold: float = 2.0
+    start_hold: float = 0.0
     """Seconds from a run's first data in which a step is final only by ``grace`` (or the run's end),
     never for having nothing missing: a process that starts a little after the others (a generator
-    rank 0 spawns) is in the run's first step, not late to it. At most ``grace``."""
+    rank 0 spawns) is in the run's first step, not late to it. At most ``grace``; until 16 steps
+    are open. The sink of one job (embedded, ``rankscope run``) holds ``JOB_START_HOLD``."""
     token: str | None = None
     """The bearer token for every experiment (``--token``); with ``tokens``, one more scope."""
     tokens: Mapping[str, Scope] = field(default_factory=dict)

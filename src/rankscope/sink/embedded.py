@@ -128,7 +128,7 @@ def _start(experiment: str, run: str, info: Path, timeout: float) -> dict[str, A
 def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2, run: str = "") -> None:
     """Run the sink until every local client and the starter have exited."""
     from ..core.settings import resolve
-    from .config import SinkConfig
+    from .config import JOB_START_HOLD, SinkConfig
     from .quotas import RunLimits
     from .service import Sink
 
@@ -136,6 +136,7 @@ def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2, run:
         grpc_port=0,
         http_port=0,
         grace=resolve("sink_grace"),
+        start_hold=JOB_START_HOLD,
         trust_posted_paths=True,
         runs=RunLimits(close_ended=False),  # one job's sink: its runs stay until it exits
     )
