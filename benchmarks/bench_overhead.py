@@ -390,9 +390,9 @@ def _parse_result(stdout: str) -> dict[str, Any]:
     raise RuntimeError("the child printed no result")
 
 
-def run_child(args: Sequence[str], timeout: float) -> dict[str, Any]:
-    """Run this file with ``--child ...``; its result, or an error with the tail of its stderr."""
-    command = [sys.executable, HERE, *args]
+def run_child(args: Sequence[str], timeout: float, script: str = HERE) -> dict[str, Any]:
+    """Run ``script`` (this file) with ``--child ...``; its result, or an error with the tail of its stderr."""
+    command = [sys.executable, script, *args]
     try:
         done = subprocess.run(
             command,
@@ -412,11 +412,12 @@ def run_child(args: Sequence[str], timeout: float) -> dict[str, Any]:
 
 
 class Receiver:
-    """The OTLP receiver in its own process; closing its stdin ends it (so does our death)."""
+    """The OTLP receiver in its own process (``script``'s ``--child receiver``); closing its stdin ends it
+    (so does our death)."""
 
-    def __init__(self, max_seconds: float) -> None:
+    def __init__(self, max_seconds: float, script: str = HERE) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, HERE, "--child", "receiver", "--max-seconds", str(int(max_seconds))],
+            [sys.executable, script, "--child", "receiver", "--max-seconds", str(int(max_seconds))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
