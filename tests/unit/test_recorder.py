@@ -86,7 +86,7 @@ def test_accumulators_the_export_thread_made_for_deferred_phases_are_not_recycle
     try:
         for step in range(2):
             recording.record_metric("loss", 1.0)
-            assert recording.defer_phase(("t/fwd/duration_avg_s", "t/fwd/duration_max_s", "t/fwd"), 0, 10**6, None)
+            assert recording.defer_phase("t", "fwd", 0, 10**6, None)
             batch = recorder.take(step)
             assert batch is not None
             recorder.resolve_phases(batch)  # the export thread's part

@@ -44,7 +44,8 @@ from ..metrics.reduce import Reduce
 from ..metrics.samples import Provenance, Row
 from ..otlp.common import encode_resource
 from ..otlp.templates import MetricEncoder, SpanEncoder
-from ..tracing.spans import SpanBuffer, phase_span
+from ..tracing.spans import SpanBuffer
+from ..tracing.tracer import phase_spans
 from .captures import Captures
 from .drops import Drops
 from .endpoint import Endpoint
@@ -69,11 +70,6 @@ this process holds (a busy box): past ``RANKSCOPE_SHUTDOWN_TIMEOUT``, counted fr
 
 
 # -- messages to the export thread (one inbox, handled in order) --------------------------
-
-
-@dataclass(slots=True)
-class _Step:
-    batch: StepBatch
 
 
 @dataclass(slots=True)
@@ -118,7 +114,8 @@ class _Stop:
         return self.asked + self.timeout
 
 
-_Message = _Step | _Stream | _Row | _Relayed | _Poll | _Sync | _Stop
+_Message = StepBatch | _Stream | _Row | _Relayed | _Poll | _Sync | _Stop
+"""A flushed step is its own message (one object less on the caller's thread)."""
 
 
 @dataclass(slots=True)
@@ -209,7 +206,7 @@ class ExportThread:
         """How long ``shutdown`` waits for this thread (the drain moves it, with a sink this job owns)."""
         self._waiting: list[threading.Event] = []
         self._handlers: dict[type[_Message], Callable[[Any, _Round], None]] = {
-            _Step: self._on_step,
+            StepBatch: self._on_step,
             _Stream: self._on_stream,
             _Row: self._on_row,
             _Poll: self._on_poll,
@@ -235,14 +232,18 @@ class ExportThread:
                 points, f"{self.bound.max_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
             )
             self._refused(batch)
-        elif not self._inbox.put(_Step(batch)):
+        elif not self._inbox.put(batch):
             self.bound.release(1, points)
             self.drops.points(points, "the export queue is full")
             self._refused(batch)
 
     def _refused(self, batch: StepBatch) -> None:
-        """A step refused at ``submit`` still gets its root span (made here, on the caller's thread):
-        its phases' and the user's spans may have gone to the span buffer already."""
+        """A step refused at ``submit`` still gets its spans (made here, on the caller's thread): its
+        traced blocks' and phases', and its root span, as the user's may have gone to the span buffer already."""
+        if batch.phases:
+            phases, batch.phases = batch.phases, None
+            for span in phase_spans(phases):
+                self.span_buffer.add(span)
         if self._taken is not None and batch.root_span is not None:
             self._guarded(self._taken, batch.step, batch.root_span)
 
@@ -339,11 +340,11 @@ class ExportThread:
             return max(0.0, last_export + self._round_gap() - now, after_bug - now), False
         return self.export_interval, True
 
-    def _on_step(self, item: _Step, taken: _Round) -> None:
-        self._guarded(self._prepare, item.batch)
-        taken.pending.append(item.batch)
+    def _on_step(self, batch: StepBatch, taken: _Round) -> None:
+        self._guarded(self._prepare, batch)
+        taken.pending.append(batch)
         if self._taken is not None:
-            self._guarded(self._taken, item.batch.step, item.batch.root_span)
+            self._guarded(self._taken, batch.step, batch.root_span)
 
     def _on_stream(self, item: _Stream, taken: _Round) -> None:
         if self.stream_to_sink:
@@ -511,9 +512,8 @@ class ExportThread:
             self.recorder.resolve_deferred(batch)
         if batch.phases:
             self.recorder.resolve_phases(batch)
-            for (_, _, name), start, end, parent in batch.phases:
-                if parent is not None and name:  # sampled: the phase's span, before the step's marker leaves
-                    self.span_buffer.add(phase_span(name, start, end, parent))
+            for span in phase_spans(batch.phases):  # sampled: the spans, before the step's marker leaves
+                self.span_buffer.add(span)
             batch.phases = None
         if batch.device is not None:
             self.recorder.stream_device_values(batch, batch.device.values())

@@ -45,6 +45,8 @@ class Runtime:
         self.steps = steps
         self.tracing = tracing
         self.thread = thread
+        self.compile_checked = False
+        """``record_metric`` stays out of ``torch.compile`` graphs (checked at each flush until torch is imported)."""
 
     @property
     def shutdown_timeout(self) -> float:
@@ -52,12 +54,13 @@ class Runtime:
 
     def close(self, step: int, driven: bool, auto: bool = False) -> None:
         """Close ``step`` on this process (``flush``, a controller's flush, an automatic step)."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        if (type(step) is not int and (isinstance(step, bool) or not isinstance(step, int))) or step < 0:
             raise TypeError(f"flush(step): step must be a non-negative int, got {step!r}")
         steps = self.steps
         if not auto:
             steps.auto = steps.auto_pending = False
-        bind_compile_check()
+        if not self.compile_checked:
+            self.compile_checked = bind_compile_check()
         if flush_hooks:
             run_flush_hooks()
         captures = self.thread.captures
@@ -146,9 +149,9 @@ def started() -> Runtime | None:
 def flush(step: int) -> None:
     """Close ``step`` on this process: everything recorded since the last flush is exported
     stamped with it. Returns at once; export runs on a background thread."""
-    runtime = started()
+    runtime: Runtime | None = _slot.current or started()  # type: ignore[assignment]  # the slot holds a Runtime
     if runtime is not None:
-        runtime.close(step, driven=False)
+        runtime.close(step, False)
 
 
 def current_step() -> int | None:

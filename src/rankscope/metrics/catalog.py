@@ -132,6 +132,14 @@ PHASE_SUFFIXES = (
 """What ``rs.trace``/``Tracer`` record per phase (Forge's names, ``tracing.tracer``): the phases'
 durations, which a person's view shows as the step's time and its slowest process."""
 
+
+def phase_keys(prefix: str, phase: str | None) -> tuple[str, str]:
+    """The MEAN and MAX duration keys of ``rs.trace(prefix)``'s phase ``phase`` (None: the whole block)."""
+    if phase is None:
+        return f"{prefix}/total_duration_avg_s", f"{prefix}/total_duration_max_s"
+    return f"{prefix}/{phase}/duration_avg_s", f"{prefix}/{phase}/duration_max_s"
+
+
 EXTREME_SUFFIXES = ("/argmax_rank", "/argmin_rank")
 """What a sink adds to a MAX (MIN) key: the rank holding the step's extreme."""
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import warn_once
+from .catalog import phase_keys
 from .reduce import (
     CountAccumulator,
     LastAccumulator,
@@ -32,8 +33,9 @@ from .samples import MAX_TABLES, Provenance, Row, TableSample, check_row, check_
 from .values import check_key, to_number
 
 StreamSink = Callable[[str, float, Reduce, float], None]
-Phase = tuple[tuple[str, str, str], int, int, Any]
-"""A traced phase: (average key, max key, span name), start and end (ns), the parent span or None."""
+Phase = tuple[str, str | None, int, int, Any]
+"""A traced phase: its block's prefix, its name (None: the whole block), start and end (ns), and the
+block (``tracing.tracer.Block``: its span and the phases' parent) or None."""
 RowSink = Callable[[str, Row, Provenance], None]
 
 
@@ -129,6 +131,7 @@ class Recorder:
         "_export_keys",
         "_lock",
         "_lower",
+        "_phase_keys",
         "_reduce_of",
         "_spares",
         "_step_start",
@@ -167,8 +170,10 @@ class Recorder:
         self._export_keys: set[str] = set()
         """Keys whose accumulators the export thread makes (deferred phases' durations): never recycled
         into the caller's spares, which would only hold them until the caller's thread frees them."""
+        self._phase_keys: dict[tuple[str, str | None], tuple[str, str]] = {}
+        """Each (prefix, phase)'s duration keys (``resolve_phases``, on the export thread)."""
         self.phases: list[Phase] = []
-        """The step's CPU-timed phases (``recording.defer_phase``: one append on the caller's thread)."""
+        """The step's CPU-timed phases (``Tracer.step``/``stop``: one append on the caller's thread)."""
         self._streams = streams
         # The hot path may skip ``record`` only when nothing else must see the value.
         self.fast = not streams
@@ -336,7 +341,30 @@ class Recorder:
     def take(self, step: int | None) -> StepBatch | None:
         """Hand off the current step's state and start a fresh one (caller's thread; O(1))."""
         with self._lock:
-            return self._take(step)
+            if (
+                self._asked_at is not None
+                or self.device.items
+                or self._deferred
+                or self.samples
+                or step is None
+                or not self._spares
+            ):
+                return self._take(step)
+            # ``_take``, inlined for a flush of host values and phases (a training loop's every step)
+            accs = self.accs
+            self.accs = {}
+            now = time.time_ns()
+            start, self._step_start = self._step_start, now
+            try:
+                spare = self._spares.pop()
+            except IndexError:  # another thread took the last one: these spares stay
+                spare = self.spare
+            self.spare = spare
+            phases = self.phases
+            if phases:
+                self.phases = []
+                return StepBatch(step, start, now, accs, None, phases=phases)
+            return StepBatch(step, start, now, accs, None)
 
     # -- periodic exports of processes that never flush ------------------------------------
     #
@@ -384,18 +412,22 @@ class Recorder:
         if self._asked_at is not None:
             self._asked_at = None
             self.fast = not self._streams
-        accs, deferred, samples, phases = self.accs, self._deferred, self.samples, self.phases
+        accs = self.accs
+        self.accs = {}
         now = time.time_ns()
         start, self._step_start = self._step_start, now
-        self.accs = {}
         device: DeviceValues | None = None
         if self.device.items:
             device, self.device = self.device, DeviceValues()
-        self._next_spare()
+        if self._spares:
+            self._next_spare()
+        deferred = self._deferred
         if deferred:
             self._deferred = []
+        phases = self.phases
         if phases:
             self.phases = []
+        samples = self.samples
         if samples:
             self.samples = {}
         if device is not None:
@@ -424,9 +456,13 @@ class Recorder:
     def resolve_phases(self, batch: StepBatch) -> None:
         """A batch's CPU-timed phases into their MEAN and MAX durations (export thread). A key already
         recorded with another reduce type is reported once, not raised: the caller has moved on."""
-        for (avg_key, max_key, _), start, end, _ in batch.phases or ():
+        names = self._phase_keys
+        for prefix, name, start, end, _ in batch.phases or ():
+            keys = names.get((prefix, name))
+            if keys is None:
+                keys = names[(prefix, name)] = phase_keys(prefix, name)
             seconds = (end - start) / 1e9
-            for key, reduce in ((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)):
+            for key, reduce in zip(keys, (Reduce.MEAN, Reduce.MAX), strict=True):
                 known = self._reduce_of.get(key)
                 if known is None:
                     try:

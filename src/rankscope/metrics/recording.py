@@ -50,7 +50,11 @@ def record_metric(key: str, value: Any, reduce: Reduce = _MEAN) -> None:
             acc = r.spare.pop(key, None)
             if acc is not None and acc.reduction_type is reduce:
                 r.accs[key] = acc
-                acc.append(value)
+                if type(acc) is _MeanAccumulator:  # as below: no method call
+                    acc.sum += value
+                    acc.count += 1
+                else:
+                    acc.append(value)
                 return
         elif acc.reduction_type is reduce:
             if type(acc) is _MeanAccumulator:  # the default reduce, added in place: no method call
@@ -145,22 +149,25 @@ def _never() -> bool:
 _is_compiling: Callable[[], bool] = _never
 
 
-def bind_compile_check() -> None:
-    """Once torch is imported, ``record_metric`` stays out of ``torch.compile`` graphs."""
+def bind_compile_check() -> bool:
+    """Once torch is imported, ``record_metric`` stays out of ``torch.compile`` graphs; True once it does."""
     global _is_compiling
     torch = sys.modules.get("torch")
     if torch is not None and _is_compiling is _never:
         _is_compiling = torch.compiler.is_compiling
+    return _is_compiling is not _never
 
 
-def defer_phase(names: tuple[str, str, str], start: int, end: int, parent: Any) -> bool:
-    """A CPU-timed ``Tracer`` phase: one append here; its two durations and its span are made on the
-    export thread (``Recorder.resolve_phases``). False (do it now) while values are streamed as they
-    come or the export thread waits for a periodic step, and when rankscope is off."""
+def defer_phase(prefix: str, name: str | None, start: int, end: int, block: Any) -> bool:
+    """A CPU-timed ``Tracer`` phase (``name`` None: the whole block): one append here; its two
+    durations and, with its ``block`` sampled, its span are made on the export thread
+    (``Recorder.resolve_phases``, ``tracing.tracer.phase_spans``). False (do it now) while values are
+    streamed as they come or the export thread waits for a periodic step, and when rankscope is off.
+    (``Tracer.step`` and ``stop`` inline it.)"""
     r = _recorder
     if r is None or not r.fast:
         return False
-    r.phases.append((names, start, end, parent))
+    r.phases.append((prefix, name, start, end, block))
     return True
 
 

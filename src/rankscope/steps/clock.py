@@ -52,14 +52,23 @@ class StepClock:
 
     def close(self, step: int) -> None:
         self.last, self.explicit, self.flushed = step, None, True
-        self.closed.add(step)
+        closed = self.closed
+        set.add(closed, step)  # ``RecentSteps.add``, inlined: every flush comes here
+        if len(closed) > RecentSteps.LIMIT:
+            closed.trim()
 
 
 class RecentSteps(set[int]):
     """The steps closed lately (bounded: only a late controller flush asks)."""
 
+    LIMIT = 1024
+
     def add(self, step: int) -> None:
         super().add(step)
-        if len(self) > 1024:
-            for old in sorted(self)[:512]:
-                self.discard(old)
+        if len(self) > self.LIMIT:
+            self.trim()
+
+    def trim(self) -> None:
+        """Forget the older half."""
+        for old in sorted(self)[: self.LIMIT // 2]:
+            self.discard(old)

@@ -96,13 +96,6 @@ class SpanRecord:
         return f"SpanRecord({self.name!r}, trace={self.trace_id:032x}, span={self.span_id:016x})"
 
 
-def phase_span(name: str, start: int, end: int, parent: SpanRecord) -> SpanRecord:
-    """A ``Tracer`` phase's span under ``parent`` (made on the export thread from the phase's times)."""
-    span = SpanRecord(name, parent.trace_id, random_id(64) or 1, parent.span_id, start, end)
-    span.attributes = {attr.STEP: (parent.attributes or {}).get(attr.STEP)}
-    return span
-
-
 def step_ids(experiment: str, attempt: int, step: int) -> tuple[int, int]:
     """(trace id, root span id) of one step: the same in every process of the experiment."""
     digest = hashlib.blake2b(f"{experiment}\x00{attempt}\x00{step}".encode(), digest_size=24).digest()

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -37,6 +38,8 @@ from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn_once
 from ..core.identity import process_label
+from ..metrics.catalog import phase_keys
+from ..metrics.recorder import Phase, Recorder
 from ..metrics.recording import defer_gpu_duration, defer_phase, record_metric
 from ..metrics.reduce import Reduce
 from ..steps.clock import StepClock
@@ -61,11 +64,15 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
-class Scope:
+class Scope(NonRecordingSpan):
     """Where new spans go: trace id, parent span id, sampled, step (and a remote caller's label),
-    and the recorded span itself when this process records it (``span``: links are added to it)."""
+    and the recorded span itself when this process records it (``span``: links are added to it).
 
-    __slots__ = ("caller", "parent_id", "sampled", "span", "step", "trace_id")
+    Entered (``enter_scope``), it is also the current OpenTelemetry span of its context: a
+    non-recording span whose ``SpanContext`` is made only when something asks for it (the user's own
+    spans, a propagator), so a traced block builds one object, not four."""
+
+    __slots__ = ("_context", "caller", "parent_id", "remote", "sampled", "span", "step", "trace_id")
 
     def __init__(
         self,
@@ -82,29 +89,90 @@ class Scope:
         self.step = step
         self.caller = caller
         self.span = span
+        self.remote = False
+
+    def get_span_context(self) -> SpanContext:
+        try:
+            return self._context
+        except AttributeError:  # the first ask: made here, not when the scope is entered
+            flags = _SAMPLED if self.sampled else _NOT_SAMPLED
+            found = self._context = SpanContext(self.trace_id, self.parent_id, self.remote, flags)
+            return found
+
+    def __repr__(self) -> str:
+        return f"Scope(trace={self.trace_id:032x}, span={self.parent_id:016x}, step={self.step})"
 
 
-_current: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("rankscope_scope", default=None)
-"""The innermost rankscope span (or remote caller) of this context; carries the step."""
+class Block(Scope):
+    """A ``Tracer`` block in progress: the scope its phases and the user's spans hang under (its own
+    span id is ``parent_id``), plus what its span needs (name, start, the span it hangs under). The
+    span record is made when first needed: at the end, on the export thread (``phase_spans``), or
+    earlier on the caller's thread when something must be added to it (links, memory, an error)."""
+
+    __slots__ = ("name", "start", "up")
+
+    def __init__(self, name: str, trace_id: int, span_id: int, up: int, sampled: bool, step: int, start: int) -> None:
+        self.name = name
+        self.trace_id = trace_id
+        self.parent_id = span_id
+        self.up = up
+        self.sampled = sampled
+        self.step = step
+        self.start = start
+        self.caller = self.span = None
+        self.remote = False
+
+    def record(self) -> SpanRecord | None:
+        """The block's span (None when its step is not sampled), made on first use."""
+        span = self.span
+        if span is None and self.sampled:
+            span = self.span = SpanRecord(self.name, self.trace_id, self.parent_id, self.up, self.start, 0)
+            span.attributes = {_STEP: self.step}
+        return span
 
 
-def enter_scope(scope: Scope, remote: bool, context: otel_context.Context | None = None) -> tuple[Any, Any]:
-    """Make ``scope``'s span (``parent_id``) the current OTel span and rankscope scope; returns tokens.
-    ``context``: the current OTel context, when the caller has just read it (one read less)."""
-    flags = _SAMPLED if scope.sampled else _NOT_SAMPLED
-    span = NonRecordingSpan(SpanContext(scope.trace_id, scope.parent_id, remote, flags))
-    return otel_context.attach(otel_trace.set_span_in_context(span, context)), _current.set(scope)
+def _span_key() -> str:
+    """The OTel context's key of the current span, read through the public API (``set_span_in_context``)."""
+    return next(iter(otel_trace.set_span_in_context(otel_trace.INVALID_SPAN, Context())))
 
 
-def leave_scope(tokens: tuple[Any, Any] | None) -> None:
+_SPAN_KEY = _span_key()
+_SCOPE_KEY = otel_context.create_key("rankscope-scope")
+"""The innermost rankscope scope (a block, a remote caller) of an OTel context, kept beside its span:
+under the user's own spans (whose contexts are copies of it) it still gives the step."""
+
+
+def _scope_of(context: otel_context.Context) -> Scope | None:
+    found: Scope | None = context.get(_SCOPE_KEY)  # type: ignore[assignment]
+    return found
+
+
+def _entered(scope: Scope, context: otel_context.Context) -> otel_context.Context:
+    """``context`` with ``scope`` as its current span and rankscope scope (one dict, no ``set_value`` copies)."""
+    values = dict(context)
+    values[_SPAN_KEY] = values[_SCOPE_KEY] = scope
+    return Context(values)
+
+
+def enter_scope(scope: Scope, remote: bool, context: otel_context.Context | None = None) -> Any:
+    """Make ``scope`` (its span is ``parent_id``) the current OTel span and rankscope scope; returns
+    the token ``leave_scope`` takes. ``context``: the current OTel context, when the caller has just
+    read it (one read less)."""
+    scope.remote = remote
+    return otel_context.attach(_entered(scope, otel_context.get_current() if context is None else context))
+
+
+def leave_scope(token: Any) -> None:
     """Undo ``enter_scope``; a no-op when left in another context (e.g. another asyncio task)."""
-    if tokens is None:
+    if token is None:
         return
-    try:
-        _current.reset(tokens[1])  # raises first when left in another context
-        otel_context.detach(tokens[0])  # the same context as the attach, so it cannot fail (and log)
+    if type(token) is not contextvars.Token:  # another runtime context (``OTEL_PYTHON_CONTEXT``)
+        otel_context.detach(token)
+        return
+    try:  # the OTel runtime context's ContextVar, reset here: another context raises (and is
+        token.var.reset(token)  # left alone) instead of being logged by ``otel_context.detach``
     except (ValueError, RuntimeError):
-        pass
+        return
 
 
 class TracingState:
@@ -136,6 +204,12 @@ class TracingState:
         self.steps = steps
         self.step_started_ns: int | None = None
         self.env_parent = _env_parent()
+        var = _context_var()
+        self.get_context: Callable[[], otel_context.Context] = otel_context.get_current if var is None else var.get
+        """``otel_context.get_current``; with the default runtime context, its ContextVar's own ``get``."""
+        self.attach: Callable[[otel_context.Context], Any] = otel_context.attach if var is None else var.set
+        """``otel_context.attach``; with the default runtime context, its ContextVar's own ``set`` (the
+        same token: ``leave_scope`` resets it). A block starts with two C calls, not four Python ones."""
 
     # -- steps -------------------------------------------------------------------------
 
@@ -170,19 +244,19 @@ class TracingState:
         return found
 
     def scope(self, context: otel_context.Context | None = None) -> Scope:
-        """Where a span started now hangs (see the module docstring). ``context``: the current OTel
-        context, when the caller has just read it."""
+        """Where a span started now hangs (see the module docstring); read, never changed, by the
+        caller. ``context``: the current OTel context, when the caller has just read it."""
         if context is None:
             context = otel_context.get_current()
         if not context and self.env_parent is None:  # no span anywhere: under the step's root span
-            steps = self.steps  # ``step`` and ``ids`` inlined: a traced block starts here, on cold caches
-            step = steps.explicit
-            if step is None:
-                step = 0 if steps.last is None else steps.last + 1
+            step = self._step_now()
             trace_id, root_id, sampled = self._ids.get(step) or self._add_ids(step)
             return Scope(trace_id, root_id, sampled, step)
-        ctx = otel_trace.get_current_span(context).get_span_context()
-        mine = _current.get()
+        current = otel_trace.get_current_span(context)
+        if isinstance(current, Scope):  # rankscope's own (a block, a remote caller, a server span)
+            return current
+        ctx = current.get_span_context()
+        mine = _scope_of(context)
         if ctx.is_valid:
             if mine is not None and mine.trace_id == ctx.trace_id:
                 step = mine.step
@@ -197,10 +271,18 @@ class TracingState:
         trace_id, root_id, sampled = self.ids(step)
         return Scope(trace_id, root_id, sampled, step)
 
+    def _step_now(self) -> int:
+        """``step``, read without the property (a traced block starts here, on cold caches)."""
+        steps = self.steps
+        step = steps.explicit
+        if step is None:
+            step = 0 if steps.last is None else steps.last + 1
+        return step
+
     def closed(self) -> tuple[int, int] | None:
         """``flush`` ran (caller's thread): the step's root span's start and end when this process
         emits it (the root process), for ``taken`` to make on the export thread."""
-        now = now_ns()
+        now = perf_ns() + CLOCK_OFFSET  # ``now_ns``, inlined: every flush comes here
         started = self.step_started_ns
         self.step_started_ns = now  # the clock itself was closed by the runtime
         return (now if started is None else started, now) if self.root else None
@@ -242,6 +324,17 @@ class TracingState:
             self._gpu.shutdown()
 
 
+def _context_var() -> contextvars.ContextVar[otel_context.Context] | None:
+    """The ContextVar behind OTel's runtime context, when it is one (the default,
+    ``ContextVarsRuntimeContext``), found through the public API: the token ``attach`` returns."""
+    token = otel_context.attach(otel_context.get_current())
+    otel_context.detach(token)
+    if type(token) is not contextvars.Token:  # another runtime context (``OTEL_PYTHON_CONTEXT``)
+        return None
+    var: contextvars.ContextVar[otel_context.Context] = token.var
+    return var
+
+
 def _env_parent() -> SpanContext | None:
     """A parent process's span from ``TRACEPARENT`` (see ``inject_env``)."""
     import os
@@ -264,6 +357,19 @@ def tracing_of(runtime: _slot.Runtime) -> TracingState:
     return state
 
 
+_recorder: Recorder | None = None
+"""The runtime slot's recorder (``Tracer.step``/``stop`` append the step's phases to it), followed as
+``metrics.recording`` follows it: one global read."""
+
+
+def _follow(recorder: Recorder | None, disabled: bool) -> None:
+    global _recorder
+    _recorder = recorder
+
+
+_slot.watch(_follow)
+
+
 _names: dict[str, dict[str, tuple[str, str, str]]] = {}
 """Metric and span names of each (prefix, phase), by prefix then phase (two lookups of strings,
 whose hashes are cached, cost less than hashing a tuple each call)."""
@@ -276,11 +382,7 @@ def _phase_names(prefix: str, name: str) -> tuple[str, str, str]:
         phases = _names[prefix] = {}
     found = phases.get(name)
     if found is None:
-        found = phases[name] = (
-            f"{prefix}/{name}/duration_avg_s",
-            f"{prefix}/{name}/duration_max_s",
-            f"{prefix}/{name}",
-        )
+        found = phases[name] = (*phase_keys(prefix, name), f"{prefix}/{name}")
     return found
 
 
@@ -288,7 +390,7 @@ _total_names: dict[str, tuple[str, str]] = {}
 
 
 def _total_names_of(prefix: str) -> tuple[str, str]:
-    found = _total_names[prefix] = (f"{prefix}/total_duration_avg_s", f"{prefix}/total_duration_max_s")
+    found = _total_names[prefix] = phase_keys(prefix, None)
     return found
 
 
@@ -314,6 +416,11 @@ class Tracer:
             block set a new high; rankscope never resets the peak, so nested blocks and other
             users of ``torch.cuda.max_memory_allocated`` stay correct.
         timer: ``"cpu"`` or ``"gpu"`` (CUDA events; CPU timing with one warning without CUDA).
+
+    On the caller's thread a CPU-timed block reads the clock at each mark and appends one tuple
+    per phase (and one at ``stop``) to the step's phases; their durations and spans are made on the
+    export thread (``Recorder.resolve_phases``, ``phase_spans``). What it must do at once is make
+    its ``Block`` the current OTel span, so the user's own spans nest under it.
     """
 
     __slots__ = (
@@ -322,7 +429,6 @@ class Tracer:
         "_last_mark",
         "_memory",
         "_scope",
-        "_span",
         "_start_mark",
         "_started",
         "_state",
@@ -333,13 +439,13 @@ class Tracer:
     )
 
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
-        _check(prefix, timer)
+        if type(prefix) is not str or not prefix or (timer != "cpu" and timer != "gpu"):
+            _check(prefix, timer)
         self.prefix = prefix
         self.timer = timer
         self.track_memory = track_memory
         self._state: TracingState | None = None
-        self._span: SpanRecord | None = None
-        self._scope: Scope | None = None
+        self._scope: Block | None = None
         self._gpu: CudaTimingProcessor | None = None
         self._start_mark: Mark | None = None
         self._last_mark: Mark | None = None
@@ -349,26 +455,33 @@ class Tracer:
 
     def start(self) -> Tracer:
         runtime = _slot.current or _slot.get()  # ``_state()``, inlined as ``step``'s lookups are
-        state = self._state = None if runtime is None else runtime.tracing
         now = perf_ns() + CLOCK_OFFSET
         self._last = self._started = now
-        if state is None:
+        if runtime is None:
+            self._state = self._scope = None
             return self
+        state = self._state = runtime.tracing
         try:
-            context = otel_context.get_current()
-            scope = state.scope(context)
+            context = state.get_context()
+            if not context and state.env_parent is None:  # no span anywhere: under the step's root span
+                steps = state.steps  # ``TracingState.scope``'s fast path, inlined: a block starts on cold caches
+                step = steps.explicit
+                if step is None:
+                    step = 0 if steps.last is None else steps.last + 1
+                trace_id, up, sampled = state._ids.get(step) or state._add_ids(step)
+                block = self._scope = Block(self.prefix, trace_id, random_id(64) or 1, up, sampled, step, now)
+                self._token = state.attach(Context({_SPAN_KEY: block, _SCOPE_KEY: block}))
+            else:
+                parent = state.scope(context)
+                block = Block(
+                    self.prefix, parent.trace_id, random_id(64) or 1, parent.parent_id, parent.sampled, parent.step, now
+                )
+                self._scope = block
+                if parent.caller is not None and (span := block.record()) is not None:
+                    span.attributes[attr.CALLER] = parent.caller  # type: ignore[index]
+                self._token = state.attach(_entered(block, context))
             if state.step_started_ns is None:  # ``note_start``
                 state.step_started_ns = now
-            if scope.sampled:
-                span = self._span = SpanRecord(self.prefix, scope.trace_id, random_id(64) or 1, scope.parent_id, now, 0)
-                span.attributes = {attr.STEP: scope.step}
-                if scope.caller is not None:
-                    span.attributes[attr.CALLER] = scope.caller
-                span_id = span.span_id
-            else:
-                span_id = random_id(64) or 1
-            self._scope = Scope(scope.trace_id, span_id, scope.sampled, scope.step, None, self._span)
-            self._token = enter_scope(self._scope, remote=False, context=context)
             if self.timer == "gpu":
                 self._gpu = state.gpu()
                 if self._gpu is not None:
@@ -381,13 +494,18 @@ class Tracer:
 
     def step(self, name: str) -> None:
         """Close the phase ``name``: the time since ``start()`` or the previous ``step``."""
-        now = perf_ns() + CLOCK_OFFSET  # ``now_ns`` and ``_phase_names`` inlined: called between
-        names = _names.get(self.prefix, _NO_PHASES).get(name) or _phase_names(self.prefix, name)  # cold caches
-        gpu = self._gpu
-        if gpu is None and defer_phase(names, self._last, now, self._span):
+        now = perf_ns() + CLOCK_OFFSET
+        r = _recorder  # ``defer_phase``, inlined: called between cold caches
+        if r is not None and r.fast and self._gpu is None:
+            r.phases.append((self.prefix, name, self._last, now, self._scope))
             self._last = now  # its durations and its span are made on the export thread
             return
-        avg_key, max_key, span_name = names
+        self._step_now(name, now)
+
+    def _step_now(self, name: str, now: int) -> None:
+        """A phase whose durations are recorded now (values streamed, a GPU timer, rankscope off)."""
+        avg_key, max_key, span_name = _names.get(self.prefix, _NO_PHASES).get(name) or _phase_names(self.prefix, name)
+        gpu = self._gpu
         mark = gpu.mark() if gpu is not None else None
         if mark is None or self._last_mark is None:
             seconds = (now - self._last) / 1e9
@@ -395,10 +513,10 @@ class Tracer:
             record_metric(max_key, seconds, _MAX)
         else:
             defer_gpu_duration(avg_key, max_key, self._last_mark, mark, gpu)
-        parent = self._span
-        if parent is not None:
-            span = SpanRecord(span_name, parent.trace_id, random_id(64) or 1, parent.span_id, self._last, now)
-            span.attributes = {_STEP: parent.attributes[_STEP]}  # type: ignore[index]
+        block = self._scope
+        if block is not None and block.sampled:
+            span = SpanRecord(span_name, block.trace_id, random_id(64) or 1, block.parent_id, self._last, now)
+            span.attributes = {_STEP: block.step}
             if gpu is not None:
                 gpu.submit(span, self._last_mark, mark)
             else:
@@ -409,7 +527,33 @@ class Tracer:
     def stop(self, error: BaseException | None = None) -> None:
         """Close the block: total duration, memory, and its span (status error with ``error``)."""
         now = perf_ns() + CLOCK_OFFSET
-        span = self._span
+        block = self._scope
+        r = _recorder
+        if (
+            r is not None
+            and r.fast
+            and error is None
+            and self._gpu is None
+            and self._memory is None
+            and (block is None or block.span is None)
+        ):  # the total's durations and the block's span are made on the export thread
+            r.phases.append((self.prefix, None, self._started, now, block))
+        else:
+            self._stop_now(now, error)
+        token, self._token = self._token, None
+        if token is None:
+            return
+        if type(token) is not contextvars.Token:  # ``leave_scope``, inlined
+            otel_context.detach(token)
+            return
+        try:
+            token.var.reset(token)
+        except (ValueError, RuntimeError):  # left in another context (another asyncio task)
+            return
+
+    def _stop_now(self, now: int, error: BaseException | None) -> None:
+        block = self._scope
+        span = block.record() if block is not None else None
         gpu = self._gpu
         end_mark = gpu.mark() if gpu is not None else None
         prefix = self.prefix
@@ -417,13 +561,11 @@ class Tracer:
             defer_gpu_duration(
                 f"{prefix}/total_duration_avg_s", f"{prefix}/total_duration_max_s", self._start_mark, end_mark, gpu
             )
-        else:
-            started = self._started
+        elif not defer_phase(prefix, None, self._started, now, None):  # the block's own span is below
+            seconds = (now - self._started) / 1e9
             avg_key, max_key = _total_names.get(prefix) or _total_names_of(prefix)
-            if not defer_phase((avg_key, max_key, ""), started, now, None):  # the block's own span is below
-                seconds = (now - started) / 1e9
-                record_metric(avg_key, seconds, _MEAN)
-                record_metric(max_key, seconds, _MAX)
+            record_metric(avg_key, seconds, _MEAN)
+            record_metric(max_key, seconds, _MAX)
         if self._memory is not None and (cuda := _cuda()) is not None:
             allocated, peak_before = self._memory
             peak = cuda.max_memory_allocated()
@@ -442,11 +584,24 @@ class Tracer:
                 gpu.submit(span, self._start_mark, end_mark)
             else:
                 self._state.buffer.add(span)  # type: ignore[union-attr]  # the processor's only stage
-        self._detach()
 
-    def _detach(self) -> None:
-        token, self._token = self._token, None
-        leave_scope(token)
+
+def phase_spans(phases: list[Phase]) -> list[SpanRecord]:
+    """The spans of a step's deferred phases and blocks (``Tracer.step``/``stop``), when sampled:
+    made on the export thread as it takes the step (and for a step refused at its flush)."""
+    spans = []
+    for prefix, name, start, end, block in phases:
+        if block is None or not block.sampled:
+            continue
+        if name is None:  # the block's end: its own span
+            span = block.record()
+            assert span is not None  # sampled
+            span.end_time = end
+        else:
+            span = SpanRecord(f"{prefix}/{name}", block.trace_id, random_id(64) or 1, block.parent_id, start, end)
+            span.attributes = {_STEP: block.step}
+        spans.append(span)
+    return spans
 
 
 class trace:  # noqa: N801 - Forge's name
@@ -563,10 +718,10 @@ def link_active_span(contexts: list[tuple[int, int]], limit: int, name: str = "r
     recorded span, to a zero-length ``name`` span under the step root. At most ``limit`` links
     per span: beyond it a uniform random choice is kept and the rest counted (returned, and in
     the span's ``rankscope.links.dropped``). Nothing happens when the step is not sampled."""
-    mine = _current.get()
+    current = otel_trace.get_current_span()
     span = None
-    if mine is not None and otel_trace.get_current_span().get_span_context().span_id == mine.parent_id:
-        span = mine.span  # else a user's own OTel span is current: not ours to change
+    if isinstance(current, Scope):  # else a user's own OTel span is current: not ours to change
+        span = current.record() if isinstance(current, Block) else current.span
     opened = None
     if span is None:
         span = opened = open_span(name)
