@@ -42,10 +42,11 @@ that reads one number back per step); the step is then the GPU's time, and the t
 CPU what it spends launching, waiting and in rankscope.
 
 The budgets (``BUDGETS_PERCENT``: the training thread <= 0.5 %, the export thread <= 1 %, the whole
-process <= 2 % of the step) are judged on the ``otlp`` variant. ``--before DIR`` runs the ``otlp``
-and ``local`` loops with another checkout's ``src`` too, in the same rounds. The wall-clock
-overhead is printed too, but on a small shared box it mostly measures the export thread and
-other jobs competing for the same cores.
+process <= 2 % of the step) are judged on the ``otlp`` variant, under ``--device cuda`` only (issue
+43): on a CPU box the budgets are ratios to the floor and the peers, ``bench_peers.py``.
+``--before DIR`` runs the ``otlp`` and ``local`` loops with another checkout's ``src`` too, in the
+same rounds. The wall-clock overhead is printed too, but on a small shared box it mostly measures
+the export thread and other jobs competing for the same cores.
 
 Run from the repository root:  python benchmarks/bench_overhead.py [--quick] [--pairs N] ...
 (``--help`` lists the flags).
@@ -701,8 +702,15 @@ def report(
             "export thread": paired("otlp", percent(lambda i, b: per_step(i, "export_cpu_s"))),
             "whole process": paired("otlp", percent(diff("process_cpu_s"))),
         }
-        for line in verdicts(judged, paired("otlp", percent(diff("inside_cpu_s")))):
-            print(line)
+        if args.device == "cuda":
+            for line in verdicts(judged, paired("otlp", percent(diff("inside_cpu_s")))):
+                print(line)
+        else:  # issue 43: a percentage of a CPU step on a small shared box is not a budget
+            print(
+                "the absolute budgets (issue 29: training thread <= 0.5 %, export thread <= 1 %, process <= 2 % "
+                "of the step) are judged on a GPU host (--device cuda); on this box, the ratios to the floor "
+                "and the peers: benchmarks/bench_peers.py"
+            )
 
 
 def print_notes(instrumented: Sequence[str], results: dict[str, list[dict[str, Any]]]) -> None:
