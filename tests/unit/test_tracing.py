@@ -35,3 +35,22 @@ def test_an_unsampled_blocks_total_is_from_its_start_not_its_last_phase(tmp_path
     view = {row["key"]: row["value"] for row in map(json.loads, out.read_text().splitlines())}
     phases = view["block/slow/duration_max_s"] + view["block/fast/duration_max_s"]
     assert view["block/total_duration_max_s"] >= phases >= 0.06
+
+
+def test_a_phase_named_none_is_a_phase_not_the_blocks_end(tmp_path) -> None:
+    """A phase tuple marks the block's own end with ``None``: ``t.step(None)`` is the phase "None"
+    (it once folded the phase into the block's total and sent the block's span twice)."""
+    import json
+    import time
+
+    out = tmp_path / "rank.jsonl"
+    rs.init(experiment="alone", backends={"jsonl": {"logging_mode": "per_rank_reduce", "path": str(out)}})
+    with rs.trace("blk") as t:
+        time.sleep(0.01)
+        t.step(None)  # type: ignore[arg-type]
+        time.sleep(0.03)
+    rs.flush(0)
+    rs.shutdown()
+    view = {row["key"]: row["value"] for row in map(json.loads, out.read_text().splitlines())}
+    assert view["blk/None/duration_max_s"] < 0.03 <= view["blk/total_duration_max_s"]
+    assert view["blk/total_duration_avg_s"] == view["blk/total_duration_max_s"]

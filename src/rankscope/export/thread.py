@@ -386,6 +386,10 @@ class ExportThread:
             pending.append(batch)
         else:
             self.drops.points(batch.held_points, "the export queue is full")
+            if batch.phases:  # its traced blocks' spans are made from its phases: kept, as at ``submit``
+                phases, batch.phases = batch.phases, None
+                for span in phase_spans(phases):
+                    self.span_buffer.add(span)
 
     def _end_round(self, taken: _Round, took_items: bool, last_export: float) -> tuple[list[StepBatch], float]:
         """After a round's messages: service captures, take a periodic step, send when due, answer

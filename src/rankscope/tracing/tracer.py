@@ -495,6 +495,8 @@ class Tracer:
     def step(self, name: str) -> None:
         """Close the phase ``name``: the time since ``start()`` or the previous ``step``."""
         now = perf_ns() + CLOCK_OFFSET
+        if type(name) is not str:  # None marks the block's own end in a phase tuple
+            name = str(name)
         r = _recorder  # ``defer_phase``, inlined: called between cold caches
         if r is not None and r.fast and self._gpu is None:
             r.phases.append((self.prefix, name, self._last, now, self._scope))
