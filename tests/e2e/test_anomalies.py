@@ -131,3 +131,16 @@ def test_a_process_asks_for_a_capture_of_itself(make_sink, tmp_path: Path) -> No
     (capture,) = sink.status("self")["captures"]
     assert capture["reason"] == "rank 3 wants a look" and capture["ranks"] == [3] and capture["steps"] == 1
     assert list(capture["files"]) == ["trainer_r3"] and _trace_steps(capture["files"]["trainer_r3"]) == 1
+
+
+def test_a_capture_of_the_jobs_last_step_is_sent_at_shutdown(make_sink, tmp_path: Path) -> None:
+    """The job ends at the flush that stops rank 3's profiler: the trace is written and sent
+    by ``rs.shutdown`` (which waits for the upload), not lost with the process."""
+    sink = make_sink(grace=30, artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0)
+    control = f"http://127.0.0.1:{sink.http_port}"
+    env = clean_env(RANKSCOPE_EXPERIMENT="last", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_SINK_CONTROL=control)
+    _torchrun("last", 60, env, tmp_path)
+    (capture,) = sink.status("last")["captures"]
+    assert capture["ranks"] == [3] and capture["taken"] == 1
+    assert list(capture["files"]) == ["trainer_r3"] and _trace_steps(capture["files"]["trainer_r3"]) == 1
+    assert (sink.status("last") or {}).get("last_finalized_step", 60) < 59  # it ended early, as meant

@@ -152,8 +152,11 @@ def test_two_ranks_the_slow_forward_is_named_its_waiting_peer_is_not_and_only_it
 @pytest.mark.timeout(120)
 def test_four_ranks_the_slow_rank_changes_two_streaks_each_profiled_on_its_own_rank(make_sink, tmp_path: Path) -> None:
     """Rank 2 slow in forward for steps 5-14, then rank 0 from step 15 to the end: two streaks, and
-    two captures: the detectors' rate limit is per rank, and rank 0 has not used its own."""
-    steps, slow = 26, 0.3
+    two captures: the detectors' rate limit is per rank, and rank 0 has not used its own. Rank 0's
+    stretch is long enough for its capture on a busy box: the streak is named once step 16 is
+    judged, the rank polls for it within 2.4 s and profiles 2 steps; a profiler still running at
+    the job's end is dropped."""
+    steps, slow = 34, 0.3
     sink = _sink(make_sink, tmp_path)
     _torchrun(sink, "handover", tmp_path, 4, steps, f"2:forward:5-14:{slow}", f"0:forward:15-{steps - 1}:{slow}")
     rows, status = _finish(sink, "handover", tmp_path)

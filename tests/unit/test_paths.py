@@ -199,4 +199,3 @@ def test_a_sink_announces_itself_in_a_file_named_by_its_pid_and_a_dead_one_is_no
     assert [f["control"] for f in discover()] == ["http://127.0.0.1:4318"]
     withdraw(path)
     assert not path.exists() and discover() == []
-

@@ -54,3 +54,15 @@ def test_a_phase_named_none_is_a_phase_not_the_blocks_end(tmp_path) -> None:
     view = {row["key"]: row["value"] for row in map(json.loads, out.read_text().splitlines())}
     assert view["blk/None/duration_max_s"] < 0.03 <= view["blk/total_duration_max_s"]
     assert view["blk/total_duration_avg_s"] == view["blk/total_duration_max_s"]
+
+
+def test_the_clock_offset_is_read_between_the_closest_monotonic_reads(monkeypatch) -> None:
+    """A process preempted between its clock reads at import (5 ms here, on the first try) must not
+    carry that gap into its spans' wall times: the tightest bracket of the tries wins."""
+    from rankscope.tracing import spans
+
+    perf = iter([1_000, 5_001_000, 10_000_000, 10_000_200, 20_000_000, 20_000_900])
+    wall = iter([7_000_000_500, 7_010_000_100, 7_020_000_450])
+    monkeypatch.setattr(spans.time, "perf_counter_ns", lambda: next(perf))
+    monkeypatch.setattr(spans.time, "time_ns", lambda: next(wall))
+    assert spans._clock_offset(tries=3) == 7_010_000_100 - 10_000_100

@@ -4,6 +4,8 @@
 ``straggler STEPS``: rank 1 sleeps 0.3 s inside the ``fwd`` phase from step 5 on.
 ``steady STEPS``: every rank alike, 0.1 s a step (a job to capture from a shell).
 ``self STEPS``: steady, and rank 3 asks for a one-step capture of itself at step 3 (``rs.capture``).
+``last STEPS``: steady, rank 3 asks as in ``self``, and every rank ends at the flush that stops
+rank 3's profiler (at most STEPS steps): the capture's trace is then sent only by shutdown.
 """
 
 from __future__ import annotations
@@ -11,9 +13,18 @@ from __future__ import annotations
 import sys
 import time
 
+import torch
 import torch.distributed as dist
 
 import rankscope as rs
+from rankscope.lifecycle.driving import installed
+
+
+def _profiled() -> bool:
+    """This process's capture has stopped profiling (its trace not yet sent)."""
+    runtime = installed()
+    captures = runtime.thread.captures if runtime is not None else None
+    return captures is not None and bool(captures._finished or getattr(captures, "_uploads", ()))
 
 
 def main(mode: str, steps: int) -> None:
@@ -25,9 +36,9 @@ def main(mode: str, steps: int) -> None:
             time.sleep(0.01)
             if mode == "straggler" and rank == 1 and step >= 5:
                 time.sleep(0.3)
-            if mode in ("steady", "self"):
+            if mode in ("steady", "self", "last"):
                 time.sleep(0.1)
-            if mode == "self" and rank == 3 and step == 3:
+            if mode in ("self", "last") and rank == 3 and step == 3:
                 rs.capture("rank 3 wants a look", steps=1, ranks=[3])
             t.step("fwd")
             time.sleep(0.01)
@@ -37,6 +48,11 @@ def main(mode: str, steps: int) -> None:
         rs.record_metric("grad_norm", 0.5, rs.Reduce.MAX)
         dist.barrier()
         rs.flush(step)
+        if mode == "last":
+            done = torch.tensor([1.0 if _profiled() else 0.0])
+            dist.all_reduce(done)
+            if done.item():
+                break
     rs.shutdown()
     dist.destroy_process_group()
 

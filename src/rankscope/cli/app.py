@@ -33,4 +33,3 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # bad RANKSCOPE_*/OTEL_* values
         print(f"rankscope: {exc}", file=sys.stderr)
         return 2
-

@@ -83,5 +83,3 @@ def command(args: argparse.Namespace) -> int:
     for label, path in sorted(files.items()):
         print(f"{label}\t{path}")
     return 0
-
-

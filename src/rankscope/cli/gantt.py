@@ -72,5 +72,3 @@ def command(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-

@@ -16,5 +16,3 @@ def command(_: argparse.Namespace) -> int:
 
     print(json.dumps(dict(build_resource().attributes), indent=2, sort_keys=True))
     return 0
-
-

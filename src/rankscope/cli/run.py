@@ -176,5 +176,3 @@ def auto_instrumentation_env(env: dict[str, str]) -> dict[str, str]:
         "OTEL_PYTHON_DISTRO": env.get("OTEL_PYTHON_DISTRO", "rankscope"),
         "OTEL_PYTHON_CONFIGURATOR": env.get("OTEL_PYTHON_CONFIGURATOR", "rankscope"),
     }
-
-

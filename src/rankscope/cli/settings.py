@@ -15,5 +15,3 @@ def add_parser(commands: Any) -> None:
 def command(args: argparse.Namespace) -> int:
     print(settings_markdown())
     return 0
-
-

@@ -219,4 +219,3 @@ def the_experiment(url: str, token: str | None) -> str:
         raise LookupError(f"{url} has no experiment yet")
     shown = ", ".join(repr(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
     raise LookupError(f"{url} has {len(names)} experiments ({shown}): give --experiment")
-

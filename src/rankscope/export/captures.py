@@ -11,8 +11,9 @@ GPU are kept out of the job's output) and stops after the asked number of steps 
 the recorded events: it can take a moment on the caller's thread), each step marked as a
 ``rankscope.step N`` range in the trace and the capture as a ``rankscope.capture`` event in the
 step's trace. The Chrome trace is written, gzipped and uploaded on a thread of its own. A
-profiler still running at shutdown is stopped and its capture dropped; forked children are
-never profiled.
+profiler still running at shutdown is stopped and its capture dropped; a finished one is still
+sent, and shutdown waits for the uploads under way (``finish``, bounded by the shutdown timeout),
+so a capture of a job's last steps is not lost with the process. Forked children are never profiled.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Captures:
         self._running: tuple[str, Any, Any, int] | None = None
         """(capture id, profiler, the open step range, steps left) while profiling."""
         self.uploaded: list[str] = []
+        self._uploads: list[threading.Thread] = []
+        """Uploads under way (``finish`` waits for them)."""
         self._lock = threading.Lock()
 
     # -- caller's thread -----------------------------------------------------------------
@@ -142,12 +145,32 @@ class Captures:
                 self._asked.extend(r for r in found if isinstance(r, dict) and "id" in r and "steps" in r)
             wait = self.poll_interval if isinstance(found, list) else 30.0  # an unreachable sink: rarely
             self._next_poll = now + wait * random.uniform(0.8, 1.2)
-        while self._finished:  # written and sent on a thread of their own: never stall the export
+        self._send_finished(control)
+
+    def finish(self, timeout: float) -> None:
+        """At shutdown, once the export thread has stopped: drop a capture still profiling, send the
+        finished ones and wait up to ``timeout`` seconds for every upload under way."""
+        self.abort()
+        control = self._control()
+        if control is not None:
+            self._send_finished(control)
+        deadline = time.monotonic() + timeout
+        for upload in self._uploads:
+            upload.join(max(0.0, deadline - time.monotonic()))
+        left = sum(upload.is_alive() for upload in self._uploads)
+        if left:
+            log.warning("rankscope: %d capture upload(s) not done %.0f s into shutdown; not sent", left, timeout)
+
+    def _send_finished(self, control: str) -> None:
+        """Write and send each finished trace on a thread of its own: never stall the export."""
+        self._uploads = [upload for upload in self._uploads if upload.is_alive()]
+        while self._finished:
             capture_id, profiler = self._finished.popleft()
-            uploader = threading.Thread(
+            upload = threading.Thread(
                 target=self._upload, args=(control, capture_id, profiler), name="rankscope-capture", daemon=True
             )
-            uploader.start()
+            upload.start()
+            self._uploads.append(upload)
 
     def _upload(self, control: str, capture_id: str, profiler: Any) -> None:
         handle, name = tempfile.mkstemp(suffix=".pt.trace.json")

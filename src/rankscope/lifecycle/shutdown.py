@@ -58,6 +58,8 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
         if batch is not None:
             runtime.thread.submit(batch)
     runtime.thread.shutdown(runtime.shutdown_timeout)
+    if runtime.thread.captures is not None:
+        runtime.thread.captures.finish(runtime.shutdown_timeout)  # the traces finished, sent
     if drain_unflushed:
         rates.reset_rates()
     process.dropped_before_shutdown = runtime.thread.dropped_total

@@ -26,7 +26,23 @@ from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 from ..core import names as attr
 
-CLOCK_OFFSET = time.time_ns() - time.perf_counter_ns()
+
+def _clock_offset(tries: int = 32) -> int:
+    """``time_ns() - perf_counter_ns()`` from the wall-clock read most tightly bracketed by two
+    monotonic reads of ``tries``: a process preempted between its two reads (a busy box, at
+    import) would carry the gap into every span's wall time, and spans of processes that ran one
+    after the other would overlap."""
+    best_gap, offset = None, 0
+    for _ in range(tries):
+        before = time.perf_counter_ns()
+        wall = time.time_ns()
+        after = time.perf_counter_ns()
+        if best_gap is None or after - before < best_gap:
+            best_gap, offset = after - before, wall - (before + after) // 2
+    return offset
+
+
+CLOCK_OFFSET = _clock_offset()
 """``now_ns() == perf_ns() + CLOCK_OFFSET`` (a hot caller may inline it)."""
 perf_ns = time.perf_counter_ns
 random_id = random.getrandbits  # ids need uniqueness, not secrecy (the OTel SDK does the same)
