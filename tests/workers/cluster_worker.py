@@ -48,7 +48,9 @@ for step in range(first, steps):
     together = torch.tensor([1.0])
     dist.all_reduce(together)  # the job is one: a rank cut off holds every other rank here
     rs.flush(step)
-    log.write(json.dumps({"step": step, "rank": rank, "size": size, "values": {k: v for k, (v, _) in recorded.items()}}))
+    node = os.environ["CLUSTER_NODE"]
+    values = {k: v for k, (v, _) in recorded.items()}
+    log.write(json.dumps({"step": step, "rank": rank, "size": size, "node": node, "values": values}))
     log.write("\n")
     log.flush()
     if rank == 0:
