@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,15 +194,21 @@ def view_rows(tmp: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def judge(tmp: Path, twice_allowed: int = 0, rewritten_allowed: int = 0) -> dict[str, Any]:
-    """Every rank's logged values against the sink's views, as a reader of the JSONL views reads
-    them (a late update's row replaces the step's first, a rewind row drops the rows of its step on);
-    of a step logged by two attempts, the later attempt's ranks. Returns what a test checks further."""
-    logged = rank_logs(tmp)
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for row in sorted(logged, key=lambda r: -r["attempt"]):
-        if not by_step[row["step"]] or by_step[row["step"]][0]["attempt"] == row["attempt"]:
-            by_step[row["step"]].append(row)
+def first_rows(tmp: Path) -> dict[int, dict[str, float]]:
+    """Each step's global values as first written (not its late updates)."""
+    found: dict[int, dict[str, float]] = defaultdict(dict)
+    for row in view_rows(tmp, "global"):
+        if row.get("kind") == "global_reduce" and not row.get("late"):
+            found[row["step"]].setdefault(row["key"], row["value"])
+    return found
+
+
+def read_global(
+    tmp: Path,
+) -> tuple[dict[int, dict[str, float]], dict[int, int], set[int], dict[int, list[str]], list[int]]:
+    """The global view as its reader keeps it (a late update's row replaces the step's first, a
+    rewind drops its step on); how many times each step was written (late updates aside), the
+    late-updated steps, the ``missing`` records and the rewinds."""
     global_view: dict[int, dict[str, float]] = defaultdict(dict)
     written: dict[int, int] = defaultdict(int)
     late: set[int] = set()
@@ -215,13 +221,18 @@ def judge(tmp: Path, twice_allowed: int = 0, rewritten_allowed: int = 0) -> dict
                 del global_view[step]
                 written.pop(step, None)
         elif row.get("kind") == "global_reduce":
-            global_view[row["step"]][row["key"]] = row["value"]  # a late update's row replaces the first
+            global_view[row["step"]][row["key"]] = row["value"]
             if row["key"] == "samples":
                 written[row["step"]] += 0 if row.get("late") else 1
                 if row.get("late"):
                     late.add(row["step"])
         elif row.get("kind") == "anomaly" and row.get("type") == "missing":
             missing[row["step"]] = row["processes"]
+    return global_view, written, late, missing, rewinds
+
+
+def read_per_rank(tmp: Path) -> dict[tuple[int, str], dict[str, float]]:
+    """{(step, process label): {key: value}} from the per-process view, rewinds applied."""
     per_rank: dict[tuple[int, str], dict[str, float]] = defaultdict(dict)
     for row in view_rows(tmp, "ranks"):
         if row.get("kind") == "rewind":
@@ -229,6 +240,20 @@ def judge(tmp: Path, twice_allowed: int = 0, rewritten_allowed: int = 0) -> dict
                 del per_rank[key]
         elif "key" in row:
             per_rank[(row["step"], row["process"])][row["key"]] = row["value"]
+    return per_rank
+
+
+def judge(tmp: Path, twice_allowed: int = 0, rewritten_allowed: int = 0) -> dict[str, Any]:
+    """Every rank's logged values against the sink's views, as a reader of the JSONL views reads
+    them (a late update's row replaces the step's first, a rewind row drops the rows of its step on);
+    of a step logged by two attempts, the later attempt's ranks. Returns what a test checks further."""
+    logged = rank_logs(tmp)
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in sorted(logged, key=lambda r: -r["attempt"]):
+        if not by_step[row["step"]] or by_step[row["step"]][0]["attempt"] == row["attempt"]:
+            by_step[row["step"]].append(row)
+    global_view, written, late, missing, rewinds = read_global(tmp)
+    per_rank = read_per_rank(tmp)
     twice = []
     for step, rows in sorted(by_step.items()):
         ranks = {r["rank"] for r in rows}
@@ -251,8 +276,15 @@ def judge(tmp: Path, twice_allowed: int = 0, rewritten_allowed: int = 0) -> dict
     assert len(twice) <= twice_allowed, ("steps counted twice", twice)
     rewritten = sorted(s for s, n in written.items() if n != 1)
     assert len(rewritten) <= rewritten_allowed and all(written[s] == 2 for s in rewritten), dict(written)
-    return {"steps": sorted(by_step), "late": late, "twice": twice, "missing": missing, "rewinds": rewinds,
-            "global": global_view, "logged": by_step}
+    return {
+        "steps": sorted(by_step),
+        "late": late,
+        "twice": twice,
+        "missing": missing,
+        "rewinds": rewinds,
+        "global": global_view,
+        "logged": by_step,
+    }
 
 
 @pytest.mark.timeout(300)
@@ -320,8 +352,10 @@ def test_the_sink_killed_and_restarted_writes_every_step(binaries, tmp_path: Pat
 @pytest.mark.timeout(420)
 def test_a_node_cut_off_for_30_s_is_named_missing_then_its_data_comes_late(binaries, tmp_path: Path) -> None:
     """Node 2's veth down for 30 s. The job waits in its all-reduce; the sink waits out its grace
-    (10 s) for the step the node had flushed, finalizes it without the node's two ranks, names them,
-    and when the node is back its agent's queue sends them: a late update of that step, whole."""
+    (10 s) for the first step the node had flushed but not sent, finalizes it without the node's
+    two ranks and names them (a warning, a ``missing`` record), then finalizes the node's other
+    unsent steps without waiting, counting them missing again (docs/sink.md). When the node is
+    back its agent's queue sends them: a late update of each of those steps, whole."""
     with job(binaries, tmp_path) as made:
         procs = run_ranks(made, STEPS, PAUSE)
         wait_for_step(made, FAULT_AT)
@@ -330,14 +364,20 @@ def test_a_node_cut_off_for_30_s_is_named_missing_then_its_data_comes_late(binar
         time.sleep(30.0)
         made.net.cut(cut, down=False)
         finish(made, procs, STEPS - 1, timeout=300)
-    found = judge(tmp_path)
+        sink_log = "".join(p.text() for p in made.net.service.processes[:1])
+    found = judge(tmp_path)  # every step whole in the end: the late updates replaced the first rows
     assert found["steps"] == list(range(STEPS))
     node2 = sorted(f"trainer_r{r['rank']}" for r in found["logged"][0] if r["node"] == "2")
-    assert found["missing"], "no step was finalized without the cut-off node"
-    for step, processes in found["missing"].items():
-        assert sorted(processes) == node2, (step, processes)
-        assert step in found["late"], (step, "its late data was not written as a late update")
-    assert set(found["late"]) == set(found["missing"])
+    first = first_rows(tmp_path)
+    without = sorted(s for s, row in first.items() if row["samples"] == NODES * PER_NODE - PER_NODE)
+    assert without, "no step was finalized without the cut-off node"
+    assert without == list(range(without[0], without[-1] + 1)), without  # the steps it had not sent, in a row
+    assert all(first[s]["samples"] == NODES * PER_NODE for s in first if s not in without)
+    assert {s: first[s]["rankscope/missing_processes"] for s in without} == {s: 2.0 for s in without}
+    assert found["missing"] == {without[0]: found["missing"].get(without[0])}  # one record: named once
+    assert sorted(found["missing"][without[0]]) == node2
+    assert sink_log.count("finalized without") == 1, sink_log
+    assert found["late"] == set(without)
 
 
 @pytest.mark.timeout(420)

@@ -43,10 +43,13 @@ def test_the_roster_waits_for_live_laggards_and_empty_rank_slots_then_gives_up_o
     roster.give_up(roster.absent(0))
     assert roster.version > version
     assert roster.absent(1) == [("trainer_r0", r0), ("trainer_r1", r1)]  # rank 2's slot is not waited for again
+    assert roster.away(1) == ["trainer_r2"]  # but a step without it still counts it missing
     roster.give_up(roster.absent(1))
     assert roster.absent(2) == [] and not r0.live
+    assert roster.away(2) == ["trainer_r0", "trainer_r1", "trainer_r2"]
     roster.marked(r1, 2)  # it came back: waited for again
     assert roster.absent(3) == [("trainer_r1", r1)]
+    assert roster.away(2) == ["trainer_r0", "trainer_r2"] and roster.away(3) == ["trainer_r0", "trainer_r2"]
 
 
 def test_a_higher_attempt_retires_the_earlier_attempts_processes_and_a_full_roster_refuses() -> None:

@@ -522,12 +522,14 @@ class Experiment:
             if self.windows.bucketed and not force and now < self.windows.bucket_due(step, now):
                 break
             del self._open[step]
+            away = self.roster.away(step)  # named at an earlier step: counted again, not named again
             self.roster.give_up(absent)
             self.last_finalized = step
             self._done[step] = bucket
             while len(self._done) > self.retain_steps:
                 self._done.popitem(last=False)
             done = self._finished(bucket, [label for label, _ in absent], rewound=step <= self._last_viewed)
+            done.away = away
             done.interrupted = force and bool(absent)  # the job ended while these had not closed it
             out.append(done)
             self._last_viewed = step

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...backends.base import Metric
@@ -50,6 +50,10 @@ class Finished:
     """Rows by process for per-process values (a late update: of processes new to the step)."""
     samples: dict[str, list[dict[str, Any]]]
     missing: list[str]
+    """Processes the step waited for in vain (named in its ``missing`` record)."""
+    away: list[str] = field(default_factory=list)
+    """Processes named missing at an earlier step and absent from this one too: not waited for,
+    not named again, but counted (the step's values lack them)."""
     late: bool = False
     attempt: int = 0
     rewound: bool = False
@@ -146,11 +150,12 @@ def view_of(
             global_metrics.append(metric)
             labels[metric.key] = label
     per_process = PerProcess(done.parts, on_error)
-    missing = [] if done.interrupted else done.missing  # the interrupted record names them, not "missing"
+    missing = [] if done.interrupted else done.missing + done.away  # the interrupted record names them, not "missing"
     view = StepView(
         done.experiment, done.step, done.seq, global_metrics, missing, done.late, per_process, labels=labels
     )
     view.samples, view.attempt, view.rewound = done.samples, done.attempt, done.rewound
+    view.away = len(done.away) if missing else 0
     view.duration = None if done.interrupted else done.duration
     if not done.late:
         _judge(view, done, bad, traces, watch, stamp, done.internal_errors + errors)

@@ -194,7 +194,16 @@ class Roster:
 
     def absent(self, step: int) -> list[Absent]:
         """Who ``step`` still waits for: live laggards by their label, empty rank slots by theirs."""
+        return self._walk(step)[0]
+
+    def away(self, step: int) -> list[str]:
+        """Who is absent from ``step`` but not waited for: named missing at an earlier step
+        (``give_up``) and not reported since. The step's view still counts them missing."""
+        return self._walk(step)[1]
+
+    def _walk(self, step: int) -> tuple[list[Absent], list[str]]:
         absent: list[Absent] = []
+        away: list[str] = []
         present: dict[Group, set[int]] = {}
         sizes: dict[Group, int] = {}
         for p in self.processes.values():
@@ -207,10 +216,12 @@ class Roster:
                 absent.append((p.label, p))
         for group, size in sizes.items():
             for rank in sorted(set(range(size)) - present.get(group, set())):
+                role, replica, _ = group
                 if (group, rank) not in self._given_up:
-                    role, replica, _ = group
                     absent.append((label_of(role, replica, rank), (group, rank)))
-        return absent
+                else:
+                    away.append(label_of(role, replica, rank))
+        return absent, away
 
     def give_up(self, absent: list[Absent]) -> None:
         """Named once, not waited for again until they report (a dead rank costs one grace period)."""

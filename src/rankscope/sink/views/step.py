@@ -35,6 +35,8 @@ class StepView:
         spans: list[Any] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
+        self.away = 0
+        """How many of ``missing`` (its last) were named at an earlier step: counted, not warned of again."""
         self.heat = heat or {}
         """Seconds per phase per process label (at most ``HEAT_PROCESSES`` of them): ``rankscope top``."""
         self.phase_times = phase_times or {}

@@ -572,12 +572,13 @@ class ViewWriter:
             for target in self.views:
                 if not target.disabled:
                     self._call(target, target.backend.rewind, view.step)
-        if view.missing and not view.late:
+        named = view.missing[: len(view.missing) - view.away]  # the others were named at an earlier step
+        if named and not view.late:
             log.warning(
                 "rankscope sink: experiment %s step %d finalized without %s (%d missing)",
                 view.experiment[:64],
                 view.step,
-                ", ".join(repr(m) for m in view.missing[:16]) + (", ..." if len(view.missing) > 16 else ""),
+                ", ".join(repr(m) for m in named[:16]) + (", ..." if len(named) > 16 else ""),
                 len(view.missing),
             )
         for target in self._live(LoggingMode.GLOBAL_REDUCE):
