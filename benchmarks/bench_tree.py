@@ -49,8 +49,12 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-def template(rank: int, ranks: int, keys: int, experiment: str) -> bytes:
-    """Rank ``rank``'s request for step BASE_STEP, encoded by rankscope's own encoder."""
+def template(
+    rank: int, ranks: int, keys: int, experiment: str, step: int = BASE_STEP, values: list[list[float]] | None = None
+) -> bytes:
+    """Rank ``rank``'s request for ``step``, encoded by rankscope's own encoder. ``values[k]`` are
+    key k's two values; without them they depend on the rank only, so one encoding serves every
+    step (``for_step``)."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     from rankscope.core import names as attr
@@ -83,9 +87,9 @@ def template(rank: int, ranks: int, keys: int, experiment: str) -> bytes:
         reduce = Reduce.get(REDUCES[k % len(REDUCES)])
         acc = reduce.accumulator_class(reduce)
         for i in range(2):
-            acc.append(float((rank * 7 + k + i) % 16) / 4)  # dyadic: exact in any order
-        scope.metrics.append(encode(f"k{k:03d}", acc, BASE_STEP, now - 10**9, now, cache))
-    add_flush_marker(scope, [key_value(attr.STEP, BASE_STEP)], keys, now - 10**9, now)
+            acc.append(values[k][i] if values is not None else float((rank * 7 + k + i) % 16) / 4)  # dyadic
+        scope.metrics.append(encode(f"k{k:03d}", acc, step, now - 10**9, now, cache))
+    add_flush_marker(scope, [key_value(attr.STEP, step)], keys, now - 10**9, now)
     return request.SerializeToString()
 
 
