@@ -378,14 +378,18 @@ def test_a_node_cut_off_for_30_s_is_named_missing_then_its_data_comes_late(binar
     assert found["steps"] == list(range(STEPS))
     node2 = sorted(f"trainer_r{r['rank']}" for r in found["logged"][0] if r["node"] == "2")
     first = first_rows(tmp_path)
-    without = sorted(s for s, row in first.items() if row["samples"] == NODES * PER_NODE - PER_NODE)
+    world = NODES * PER_NODE
+    without = sorted(
+        s for s, row in first.items() if row["samples"] < world
+    )  # the node's two ranks may stop a step apart
     assert without, "no step was finalized without the cut-off node"
     assert without == list(range(without[0], without[-1] + 1)), without  # the steps it had not sent, in a row
-    assert all(first[s]["samples"] == NODES * PER_NODE for s in first if s not in without)
-    assert {s: first[s]["rankscope/missing_processes"] for s in without} == {s: 2.0 for s in without}
-    assert found["missing"] == {without[0]: found["missing"].get(without[0])}  # one record: named once
-    assert sorted(found["missing"][without[0]]) == node2
-    assert sink_log.count("finalized without") == 1, sink_log
+    assert all(first[s]["samples"] >= world - PER_NODE for s in without), {s: first[s]["samples"] for s in without}
+    counted = {s: first[s]["rankscope/missing_processes"] for s in without}
+    assert counted == {s: world - first[s]["samples"] for s in without}, counted
+    named = [label for processes in found["missing"].values() for label in processes]
+    assert sorted(named) == node2, found["missing"]  # each named once, at the first step without it
+    assert sink_log.count("finalized without") == len(found["missing"]), sink_log
     assert found["late"] == set(without)
 
 
