@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -188,13 +188,21 @@ def sink_status(http: int, experiment: str) -> dict[str, Any]:
         return {}
 
 
-def wait_until_settled(http: int, experiment: str, last_step: int, quiet: float = 5.0, timeout: float = 90) -> None:
+def wait_until_settled(
+    http: int,
+    experiment: str,
+    last_step: int,
+    quiet: float = 5.0,
+    timeout: float = 90,
+    status_of: Callable[[], dict[str, Any]] | None = None,
+) -> None:
     """Until the sink wrote ``last_step`` and nothing (late data included) changed for ``quiet`` seconds,
-    longer than the Collectors' longest retry interval."""
+    longer than the Collectors' longest retry interval. ``status_of``: how to ask the sink's status
+    where the test cannot reach its port (a sink in a network namespace)."""
     deadline = time.monotonic() + timeout
     seen, since = None, time.monotonic()
     while time.monotonic() < deadline:
-        status = sink_status(http, experiment)
+        status = status_of() if status_of is not None else sink_status(http, experiment)
         state = (status.get("last_written_step"), status.get("late_points"), status.get("spans_stored"))
         if state != seen:
             seen, since = state, time.monotonic()

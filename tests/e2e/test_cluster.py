@@ -25,7 +25,7 @@ import pytest
 
 from ..cluster import SERVICE_IP, Cluster, Host, cluster, netns_refusal
 from ..conftest import ROOT
-from ..pipeline import CONFIGS, Process, clean_env
+from ..pipeline import CONFIGS, Process, clean_env, wait_until_settled
 
 WORKER = str(ROOT / "tests" / "workers" / "cluster_worker.py")
 EXPERIMENT = "cluster"
@@ -54,6 +54,8 @@ class Job:
 
     net: Cluster
     tmp: Path
+    binaries: dict[str, str]
+    grace: float
 
     def collector(self, host: Host, config: str, name: str, **env: str) -> Process:
         process = host.start(
@@ -130,17 +132,13 @@ class Job:
         path = self.tmp / f"{name}.log"
         return path if not path.exists() else self.tmp / f"{name}-{time.monotonic_ns()}.log"
 
-    binaries: dict[str, str] = None  # type: ignore[assignment]
-    grace: float = 10.0
-
 
 @contextmanager
 def job(binaries: dict[str, str], tmp: Path, grace: float = 10.0) -> Iterator[Job]:
     """The cluster with the sink, the gateway and an agent per node running; no ranks yet."""
     (tmp / "ranks").mkdir()
     with cluster(NODES) as net:
-        made = Job(net, tmp)
-        made.binaries, made.grace = binaries, grace
+        made = Job(net, tmp, binaries, grace)
         made.sink()
         made.gateway()
         for i in range(NODES):
@@ -168,16 +166,8 @@ def finish(made: Job, procs: list[Process], last_step: int, timeout: float = 240
     for proc in procs:
         proc.proc.wait(max(1.0, deadline - time.monotonic()))
         assert proc.proc.returncode == 0, proc.text()[-3000:]
-    seen, since = None, time.monotonic()
-    while time.monotonic() < deadline:
-        status = made.status()
-        state = (status.get("last_written_step"), status.get("late_points"))
-        if state != seen:
-            seen, since = state, time.monotonic()
-        elif (status.get("last_written_step") or -1) >= last_step and time.monotonic() - since >= quiet:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"the sink did not settle: {seen}")
+    left = max(1.0, deadline - time.monotonic())
+    wait_until_settled(SINK_HTTP, EXPERIMENT, last_step, quiet=quiet, timeout=left, status_of=made.status)
 
 
 def rank_logs(tmp: Path) -> list[dict[str, Any]]:
