@@ -151,3 +151,25 @@ def test_torchrun_standalone_runs_are_shown_as_the_agents_start_time_and_a_short
     assert identity._standalone_run("job-42", env, proc) is None  # your --rdzv-id stays as you wrote it
     assert identity._standalone_run(uuid, {**env, "WORLD_SIZE": "4"}, proc) is None  # nodes share no agent
     assert identity._standalone_run(uuid, env, tmp_path / "no-proc") is None  # no /proc: the uuid, everywhere
+
+
+def test_the_rendezvous_to_read_the_round_from_is_torchruns_c10d_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsed by torchrun's own parser from its command line; only c10d keeps a round to read."""
+    from rankscope.core import identity
+    from rankscope.core.torchrun import _rendezvous_of
+
+    c10d = ["--nnodes=2:3", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "--rdzv-id=j", "train.py"]
+    assert _rendezvous_of(c10d, {}) == ("10.0.0.1", 29500)
+    assert _rendezvous_of(["--rdzv_backend", "c10d", "--rdzv_endpoint", "node-a", "t.py", "--lr=1"], {}) == (
+        "node-a",
+        29400,
+    )
+    assert _rendezvous_of(["--nnodes=2", "--master-addr=a", "train.py"], {}) is None  # static: the restart count
+    assert _rendezvous_of(["--standalone", "--nproc-per-node=8", "train.py"], {}) is None  # one agent
+    assert _rendezvous_of(["--rdzv-backend=c10d", "--no-such-flag"], {}) is None  # its parser refuses it: no round
+    monkeypatch.setenv("PET_RDZV_BACKEND", "c10d")  # torchrun's flags as its variables, which its ranks inherit
+    assert _rendezvous_of(["--rdzv-endpoint=h:1", "t.py"], dict(os.environ)) == ("h", 1)
+    # the round outranks this node's own count, a Slurm requeue outranks both
+    assert identity.attempt_of({"TORCHELASTIC_RESTART_COUNT": "0"}, 2) == 2
+    assert identity.attempt_of({"TORCHELASTIC_RESTART_COUNT": "1"}, None) == 1
+    assert identity.attempt_of({"SLURM_RESTART_COUNT": "1"}, 3) == SLURM_ATTEMPTS + 3

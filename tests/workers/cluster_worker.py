@@ -8,7 +8,7 @@ the step to its node's agent, and appends what it recorded to its own log
 (``DIR/ranks/a{attempt}-r{rank}.jsonl``, one line per flushed step, written before the next
 step begins): the record each test judges the sink's views against. Rank 0 keeps the last step
 the whole job finished in ``DIR/checkpoint`` (after the all-reduce: every rank reached it); a
-job restarted by torchrun (a new attempt: ``TORCHELASTIC_RESTART_COUNT``) resumes after it, as a
+job restarted by torchrun (a new attempt: the rendezvous round) resumes after it, as a
 job resumes from its checkpoint.
 """
 
@@ -27,8 +27,8 @@ import rankscope as rs
 directory, steps, pause = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 dist.init_process_group("gloo", timeout=timedelta(seconds=300))
 rank, size = dist.get_rank(), dist.get_world_size()
-attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 rs.init(role="trainer")
+attempt = rs.get_resource().attributes["rankscope.experiment.attempt"]  # the rendezvous round
 checkpoint = directory / "checkpoint"
 first = int(checkpoint.read_text()) + 1 if checkpoint.exists() else 0
 log = (directory / "ranks" / f"a{attempt}-r{rank}.jsonl").open("a")

@@ -25,6 +25,7 @@ from typing import Any
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from . import names as attr
+from . import torchrun
 from .settings import resolve
 
 
@@ -88,7 +89,6 @@ def detect_run(env: Mapping[str, str]) -> str | None:
 
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_TORCHRUN = ("torch.distributed.run", "torch/distributed/run.py", "torchrun")
 
 
 def _standalone_run(elastic: str, env: Mapping[str, str], proc: Path = Path("/proc")) -> str | None:
@@ -101,32 +101,22 @@ def _standalone_run(elastic: str, env: Mapping[str, str], proc: Path = Path("/pr
     world, local = _int_env(env, "WORLD_SIZE"), _int_env(env, "LOCAL_WORLD_SIZE")
     if not _UUID.fullmatch(elastic) or (world is not None and local is not None and world > local):
         return None
-    try:
-        lines = (proc / "stat").read_text().splitlines()
-        boot = next(int(line.split()[1]) for line in lines if line.startswith("btime"))
-        pid = os.getppid()
-        for _ in range(8):  # the agent, or an ancestor of a process a rank started
-            if pid <= 1:
-                return None
-            after = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-            command = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
-            if any(part.decode(errors="replace").endswith(_TORCHRUN) for part in command[:3]):
-                started = boot + int(after[19]) / os.sysconf("SC_CLK_TCK")
-                return time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + "-" + elastic[:8]
-            pid = int(after[1])
-    except (OSError, ValueError, IndexError, StopIteration):
+    agent = torchrun.find_agent(proc)
+    if agent is None:
         return None
-    return None
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(agent.started)) + "-" + elastic[:8]
 
 
 SLURM_ATTEMPTS = 10_000
 """A Slurm requeue counts as this many torchelastic restarts: attempts only need to grow."""
 
 
-def attempt_of(env: Mapping[str, str]) -> int:
+def attempt_of(env: Mapping[str, str], rendezvous_round: int | None = None) -> int:
     """Which restart of its run this launch is: a Slurm requeue (``SLURM_RESTART_COUNT``) outranks
-    every torchelastic restart (``TORCHELASTIC_RESTART_COUNT``) within one allocation."""
-    elastic = _int_env(env, "TORCHELASTIC_RESTART_COUNT") or 0
+    every torchelastic restart within one allocation. A torchelastic restart is the c10d
+    rendezvous round where one was read (the same on every node: ``core.torchrun``), else this
+    node's ``TORCHELASTIC_RESTART_COUNT`` (never above the round: each restart is a new round)."""
+    elastic = max(_int_env(env, "TORCHELASTIC_RESTART_COUNT") or 0, rendezvous_round or 0)
     requeues = _int_env(env, "SLURM_RESTART_COUNT") or 0
     return max(0, requeues) * SLURM_ATTEMPTS + max(0, elastic)
 
@@ -241,7 +231,7 @@ def build_resource(
         found[attr.RANK] = local
     found.update(_detect_monarch())
     found.update(_detect_torch_distributed())
-    attempt = attempt_of(env)
+    attempt = attempt_of(env, torchrun.rendezvous_round(env))
     found.setdefault(attr.RANK, 0)
     found.setdefault(attr.WORLD_SIZE, 1)
     found.setdefault(attr.LOCAL_RANK, found[attr.RANK] if found[attr.WORLD_SIZE] == 1 else None)
