@@ -170,7 +170,7 @@ class Recorder:
         self._export_keys: set[str] = set()
         """Keys whose accumulators the export thread makes (deferred phases' durations): never recycled
         into the caller's spares, which would only hold them until the caller's thread frees them."""
-        self._phase_keys: dict[tuple[str, str | None], tuple[str, str]] = {}
+        self._phase_keys: dict[tuple[str, str | None], tuple[tuple[str, Reduce], ...]] = {}
         """Each (prefix, phase)'s duration keys (``resolve_phases``, on the export thread)."""
         self.phases: list[Phase] = []
         """The step's CPU-timed phases (``Tracer.step``/``stop``: one append on the caller's thread)."""
@@ -454,30 +454,39 @@ class Recorder:
         batch.deferred = None
 
     def resolve_phases(self, batch: StepBatch) -> None:
-        """A batch's CPU-timed phases into their MEAN and MAX durations (export thread). A key already
-        recorded with another reduce type is reported once, not raised: the caller has moved on."""
+        """A batch's CPU-timed phases into their MEAN and MAX durations (export thread)."""
         names = self._phase_keys
+        accs = batch.accs
         for prefix, name, start, end, _ in batch.phases or ():
             keys = names.get((prefix, name))
             if keys is None:
-                keys = names[(prefix, name)] = phase_keys(prefix, name)
+                keys = names[(prefix, name)] = self._phase_durations(prefix, name)
             seconds = (end - start) / 1e9
-            for key, reduce in zip(keys, (Reduce.MEAN, Reduce.MAX), strict=True):
-                known = self._reduce_of.get(key)
-                if known is None:
-                    try:
-                        self._register(key, reduce)
-                    except (TypeError, ValueError) as exc:
-                        warn_once(f"rankscope trace: {exc}")
-                        continue
-                elif known is not reduce:
-                    warn_once(f"rankscope trace: {key!r} was recorded with {known!r} before; phase durations are not")
-                    continue
-                acc = batch.accs.get(key)
+            for key, reduce in keys:
+                acc = accs.get(key)
                 if acc is None:
-                    acc = batch.accs[key] = reduce.accumulator_class(reduce)
-                    self._export_keys.add(key)
+                    acc = accs[key] = reduce.accumulator_class(reduce)
                 acc.append(seconds)
+
+    def _phase_durations(self, prefix: str, name: str | None) -> tuple[tuple[str, Reduce], ...]:
+        """A phase's duration keys, registered once: a key's reduce type is fixed for good, so one
+        recorded with another reduce type before is reported once, not raised (the caller has moved
+        on), and left out of every later step."""
+        taken = []
+        for key, reduce in zip(phase_keys(prefix, name), (Reduce.MEAN, Reduce.MAX), strict=True):
+            known = self._reduce_of.get(key)
+            if known is None:
+                try:
+                    self._register(key, reduce)
+                except (TypeError, ValueError) as exc:
+                    warn_once(f"rankscope trace: {exc}")
+                    continue
+            elif known is not reduce:
+                warn_once(f"rankscope trace: {key!r} was recorded with {known!r} before; phase durations are not")
+                continue
+            self._export_keys.add(key)
+            taken.append((key, reduce))
+        return tuple(taken)
 
     def stream_device_values(self, batch: StepBatch, values: list[float]) -> None:
         """Feed host copies of a batch's device values into its accumulators (export thread). Their

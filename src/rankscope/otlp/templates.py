@@ -5,7 +5,9 @@ Resource, with new numbers. ``encode`` (``otlp.metrics``) builds protobuf object
 every step, on the export thread and under the GIL (~5 µs a key). ``MetricEncoder`` writes the wire
 format itself: the Resource and scope once per process, each key's bytes up to its data point once
 (per length of the step attribute), each step's shared point fields (the step attribute, the
-step's start and end time) once per step, and then per key only its numbers, packed by ``struct``.
+step's start and end time) once per step, and then per key only its numbers, packed by ``struct``:
+a step of the same keys as an earlier one (a training loop's) packs each reduce kind's points in one
+``struct`` call (``_Group``), about 0.15 µs a key.
 Protobuf's wire format makes this exact and simple: a message is its fields in any order, and two
 serialized messages of one type, concatenated, parse as their merge, so the SDK reader's own request
 and the markers (still built as protobuf objects, one or two a step) are joined as bytes.
@@ -21,7 +23,8 @@ input (``tests/unit/test_metric_templates.py``).
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
@@ -102,6 +105,81 @@ def _head(number: int, length: int) -> bytes:
     return varint(number << 3 | 2) + varint(length)
 
 
+_PACKED = ("mean", "sum", "count", "max", "min")
+"""Kinds whose points a step packs in one ``struct`` call per kind (``_Group``)."""
+_MAX_LAYOUTS = 64
+_TAIL = {"mean": 0, "std": 0, "sum": 1, "count": 1, "max": 1, "min": 1, "last": 2}
+"""Which of a step's shared tails a kind's points carry after their reduce attribute: the step as a
+histogram point's attribute and both times, as a number point's and both times, or its start only."""
+
+
+class _Group:
+    """One kind's keys in a step shape: their points in one ``struct`` call. The call's arguments are a
+    list made once, with each key's head and the tags in place; a step writes its shared part and
+    numbers into it by slices (no Python loop per key)."""
+
+    __slots__ = ("_heads", "_number", "_packers", "_shared", "kind", "positions", "take")
+
+    def __init__(self, kind: str, positions: list[int], heads: list[bytes], shared: int) -> None:
+        self.kind, self.positions = kind, positions
+        one = positions[0]
+        self.take: Callable[[list[MetricAccumulator]], tuple[MetricAccumulator, ...]] = (
+            (lambda values: (values[one],)) if len(positions) == 1 else itemgetter(*positions)
+        )
+        self._number = attrgetter(kind)
+        self._heads, self._shared = heads, shared
+        self._packers: dict[type, tuple[struct.Struct, list[Any]]] = {}
+
+    def pack(self, accs: tuple[MetricAccumulator, ...], shared: bytes, out: list[bytes]) -> bool:
+        """Append the group's points to ``out``; False (nothing appended) when its numbers mix types."""
+        if self.kind == "mean":
+            packer, args = self._packer(float)
+            args[1::9] = [shared] * len(accs)
+            counts = list(map(_COUNT, accs))
+            args[3::9] = counts
+            args[5::9] = list(map(_SUM, accs))
+            args[8::9] = counts
+        else:
+            numbers = list(map(self._number, accs))
+            types = set(map(type, numbers))
+            if len(types) != 1 or not (float in types or int in types):
+                return False
+            packer, args = self._packer(types.pop())
+            args[1::4] = [shared] * len(accs)
+            args[3::4] = numbers
+        out.append(packer.pack(*args))
+        return True
+
+    def _packer(self, number: type) -> tuple[struct.Struct, list[Any]]:
+        found = self._packers.get(number)
+        if found is None:
+            if self.kind == "mean":
+                each, tags = "BQBdBBQ", [0x21, 0, 0x29, 0.0, 0x32, 8, 0]
+            elif number is float:
+                each, tags = "Bd", [0x21, 0.0]
+            else:
+                each, tags = "Bq", [0x31, 0]
+            fmt = "<" + "".join(f"{len(h)}s{self._shared}s{each}" for h in self._heads)
+            args: list[Any] = []
+            for head in self._heads:
+                args += [head, b"", *tags]
+            found = self._packers[number] = (struct.Struct(fmt), args)
+        return found
+
+
+_COUNT, _SUM = attrgetter("count"), attrgetter("sum")
+
+
+class _Layout:
+    """A step shape: its keys' state types (checked each step), its packed groups and the positions
+    of the keys that go one at a time."""
+
+    __slots__ = ("groups", "rest", "types")
+
+    def __init__(self, types: tuple[type, ...], groups: list[_Group], rest: list[int]) -> None:
+        self.types, self.groups, self.rest = types, groups, rest
+
+
 class MetricEncoder:
     """One process's ``ExportMetricsServiceRequest`` bytes, built from per-key templates.
 
@@ -124,21 +202,75 @@ class MetricEncoder:
         self._last_step: tuple[int | None, int, int, bytes] | None = None
         """The last ``step``'s number, times and its points' step attribute and times (its marker's)."""
         self._marker_heads: dict[int, bytes] = {}
+        self._layouts: dict[tuple[tuple[str, ...], int], _Layout] = {}
+        """Step shapes (the keys in order, the step attribute's length) seen, with their groups."""
 
     def step(
         self, step: int | None, start_time_unix_nano: int, time_unix_nano: int, accs: Mapping[str, MetricAccumulator]
     ) -> list[bytes]:
-        """One step's metrics as serialized ``ScopeMetrics.metrics`` fields (in ``accs``' order), each
-        in consecutive parts: bytes to be joined, not one element per metric."""
+        """One step's metrics as serialized ``ScopeMetrics.metrics`` fields, each in consecutive parts:
+        bytes to be joined, not one element per metric. Grouped by reduce kind (the order of a
+        request's metrics means nothing), each group in ``accs``' order."""
         step_kv = _kv(attr.STEP, step) if step is not None else b""
         number_step = field(_NUMBER_ATTRIBUTE, step_kv) if step_kv else b""
         histogram_step = field(_HISTOGRAM_ATTRIBUTE, step_kv) if step_kv else b""
         start, end = _START + _Q(start_time_unix_nano), _TIME + _Q(time_unix_nano)
         times = start + end
         self._last_step = (step, start_time_unix_nano, time_unix_nano, number_step + times)
-        layouts: dict[str, tuple[bytes, dict[str, bytes]]] = {}  # by reduce kind: the step's shared part, heads
+        tails = (histogram_step + times, number_step + times, number_step + start)  # by _TAIL
+        values = list(accs.values())
+        shape = (tuple(accs), len(step_kv))
+        layout = self._layouts.get(shape)
+        if layout is None or layout.types != tuple(map(type, values)):
+            # new, or the same keys in other states (a key's reduce type is the recorder's for good:
+            # its state types are all a step checks)
+            layout = self._layout(shape, values, tails)
         out: list[bytes] = []  # a metric's parts in a row (the request joins them): no copy per metric
-        for key, acc in accs.items():
+        rest = layout.rest
+        for group in layout.groups:
+            if not group.pack(group.take(values), self._reduce_attributes[group.kind] + tails[_TAIL[group.kind]], out):
+                rest = rest + group.positions  # numbers of mixed types: key by key
+        if rest:
+            keys = shape[0]
+            items = [(keys[i], values[i]) for i in sorted(rest)]
+            self._key_by_key(items, step, start_time_unix_nano, time_unix_nano, tails, out)
+        return out
+
+    def _layout(
+        self, shape: tuple[tuple[str, ...], int], values: list[MetricAccumulator], tails: tuple[bytes, ...]
+    ) -> _Layout:
+        """A step shape's groups: each templated kind but ``last`` and ``std`` packs its keys' points
+        in one ``struct`` call; the rest go key by key."""
+        positions: dict[str, list[int]] = {}
+        rest: list[int] = []
+        for i, acc in enumerate(values):
+            kind = _KIND.get(type(acc))
+            if kind in _PACKED and acc.reduction_type is _BUILTIN[kind]:
+                positions.setdefault(kind, []).append(i)
+            else:
+                rest.append(i)
+        keys = shape[0]
+        groups = []
+        for kind, at in positions.items():
+            shared = len(self._reduce_attributes[kind]) + len(tails[_TAIL[kind]])
+            groups.append(_Group(kind, at, [self._head_of(keys[i], kind, shared) for i in at], shared))
+        layout = _Layout(tuple(map(type, values)), groups, rest)
+        if len(self._layouts) >= _MAX_LAYOUTS:  # shapes that keep changing: start over
+            self._layouts.clear()
+        self._layouts[shape] = layout
+        return layout
+
+    def _key_by_key(
+        self,
+        items: list[tuple[str, MetricAccumulator]],
+        step: int | None,
+        start_time_unix_nano: int,
+        time_unix_nano: int,
+        tails: tuple[bytes, ...],
+        out: list[bytes],
+    ) -> None:
+        """Points one at a time: ``last``, ``std``, a group of mixed number types, a state without a template."""
+        for key, acc in items:
             kind = _KIND.get(type(acc))
             if kind is None or acc.reduction_type is not _BUILTIN[kind]:
                 # not templated: a user's state, or a reduce type of the user's on a built-in state
@@ -146,17 +278,8 @@ class MetricEncoder:
                 if metric is not None:
                     out.append(field(2, metric.SerializeToString()))
                 continue
-            layout = layouts.get(kind)
-            if layout is None:
-                attributes = self._reduce_attributes[kind]
-                if kind in ("mean", "std"):
-                    shared = attributes + histogram_step + times
-                elif kind == "last":
-                    shared = attributes + number_step + start
-                else:
-                    shared = attributes + number_step + times
-                layout = layouts[kind] = (shared, self._heads_for(kind, len(shared)))
-            shared, heads = layout
+            shared = self._reduce_attributes[kind] + tails[_TAIL[kind]]
+            heads = self._heads_for(kind, len(shared))
             head = heads.get(key)
             if head is None:
                 head = heads[key] = self._head_of(key, kind, len(shared))
@@ -181,7 +304,6 @@ class MetricEncoder:
             else:
                 value = getattr(acc, kind)
                 out += (head, shared, _DOUBLE_FIELD(0x21, value) if type(value) is float else _value(value))
-        return out
 
     def _heads_for(self, kind: str, shared: int) -> dict[str, bytes]:
         """The heads of ``kind``'s keys for a shared part of ``shared`` bytes."""
@@ -220,9 +342,7 @@ class MetricEncoder:
     def request(self, metrics: list[bytes], before: bytes = b"") -> bytes:
         """An ``ExportMetricsServiceRequest`` of ``metrics`` under this process's Resource and scope,
         after ``before`` (a serialized request, e.g. the SDK reader's own instruments)."""
-        scope_metrics = self._scope + b"".join(metrics)
-        resource_metrics = self._resource + _head(2, len(scope_metrics)) + scope_metrics
-        return before + _head(1, len(resource_metrics)) + resource_metrics
+        return _joined(before, self._resource, self._scope, metrics)
 
     def _head_of(self, key: str, kind: str, shared: int, unit: str | None = None) -> bytes:
         """Key ``key``'s bytes up to its point's own fields, for a point whose shared part is ``shared``
@@ -243,6 +363,17 @@ class MetricEncoder:
         named = field(1, key.encode()) + (field(3, unit.encode()) if unit else b"")  # Metric.name, Metric.unit
         metric = named + _head(data, len(inner) + point) + inner
         return _head(2, len(metric) + point) + metric  # ScopeMetrics.metrics
+
+
+def _joined(before: bytes, resource: bytes, scope: bytes, items: list[bytes]) -> bytes:
+    """``before``, then one ``Resource{Metrics,Spans}`` (field 1 of the request) of ``resource``, one
+    ``Scope{Metrics,Spans}`` (its field 2) of ``scope`` and ``items``: the lengths summed first, so
+    the request is one join. (Joined inside out, a round's request of ~0.5 MB was copied four
+    times, ~0.9 ms of the export thread's CPU in fresh pages.)"""
+    inner = len(scope) + sum(map(len, items))
+    inner_head = _head(2, inner)
+    outer = len(resource) + len(inner_head) + inner
+    return b"".join([before, _head(1, outer), resource, inner_head, scope, *items])
 
 
 def _kv(key: str, value: Any) -> bytes:
@@ -275,10 +406,7 @@ class SpanEncoder:
         self._attributes: dict[tuple[str, str | int], bytes] = {}
 
     def request(self, records: list[SpanLike]) -> bytes:
-        spans = [self._span(r) for r in records]
-        scope_spans = self._scope + b"".join(spans)
-        resource_spans = self._resource + _head(2, len(scope_spans)) + scope_spans
-        return _head(1, len(resource_spans)) + resource_spans
+        return _joined(b"", self._resource, self._scope, [self._span(r) for r in records])
 
     def _span(self, r: SpanLike) -> bytes:
         """One ``ScopeSpans.spans`` field."""
@@ -314,8 +442,11 @@ class SpanEncoder:
     def _attribute(self, key: str, value: Any) -> bytes:
         """A ``Span.attributes`` field; kept for str and int values (a float's -0.0 equals 0.0 and a
         bool equals an int as dict keys, so those are encoded each time)."""
-        kv = field(9, _kv(key, attribute_value(value)))
         kind = type(value)
+        if kind is int and -(1 << 63) <= value < 1 << 63:  # the step, a rank: AnyValue.int_value = 3 (varint)
+            kv = field(9, field(1, key.encode()) + field(2, b"\x18" + varint(value & _LOW64)))
+        else:
+            kv = field(9, _kv(key, attribute_value(value)))
         if kind is str or kind is int:
             if len(self._attributes) > 65536:
                 self._attributes.clear()
