@@ -56,14 +56,17 @@ from .senders import SIGNALS, EmbeddedSender, RelaySender, Sender
 
 _INBOX_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
-_REQUEST_GAP = 0.5
-"""Seconds per OTLP request between export rounds (2 requests a second, up to ``_MAX_ROUND_GAP``): a
-round that sent metrics and spans waits 1 s. Steps flushed faster than this share a request: a gRPC
-call costs ~0.5 ms of CPU after a pause (docs/benchmarks.md), ~40 µs of each 20 ms step at one round
-a second, ~100 µs at the 2.5 a second this was before. A slower step leaves at its flush (``Inbox``)."""
-_MAX_ROUND_GAP = 1.0
+_REQUEST_GAP = 0.2
+"""Seconds per OTLP request between export rounds (5 requests a second, up to ``_MAX_ROUND_GAP``): a
+round that sent metrics and spans waits 0.4 s. Steps flushed faster than this share a request (a 20 ms training step
+would otherwise pay a gRPC call per step and signal); a slower step leaves at its flush (``Inbox``).
+Longer gaps pay gRPC less often but cost the training thread more than they save the export thread
+(0.5 s a request, at most 1 s: the training thread's calls +33 µs a 20 ms step, the export thread
+−20 µs, ``bench_peers.py`` on the 2-core VM, 2026-11-27)."""
+_MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
-endpoint within about this long of its flush."""
+endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
+ask 0.8 s)."""
 OWNED_SINK_DRAIN = 30.0
 """Seconds a shutdown keeps retrying a sink this job owns while it is alive but has not taken what
 this process holds (a busy box): past ``RANKSCOPE_SHUTDOWN_TIMEOUT``, counted from when the sink was ready."""
