@@ -27,3 +27,6 @@ def test_every_arm_of_the_peers_benchmark_keeps_the_same_data(tmp_path) -> None:
     assert re.search(
         r"rankscope's training thread inside its calls <= 2 x floor's: .*: (HOLDS|NOT MET|INCONCLUSIVE)", done.stdout
     )
+    judged = r"rankscope's whole-process CPU \(calls \+ other threads\) <= 1 x csv's: .*: (HOLDS|NOT MET|INCONCLUSIVE)"
+    assert re.search(judged, done.stdout), done.stdout  # the budget is judged on the direct reading
+    assert "(cross-check, two processes' totals differenced: noisier)" in done.stdout
