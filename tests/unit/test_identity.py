@@ -160,14 +160,17 @@ def test_the_rendezvous_to_read_the_round_from_is_torchruns_c10d_endpoint(monkey
 
     c10d = ["--nnodes=2:3", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "--rdzv-id=j", "train.py"]
     assert _rendezvous_of(c10d, {}) == ("10.0.0.1", 29500)
-    assert _rendezvous_of(["--rdzv_backend", "c10d", "--rdzv_endpoint", "node-a", "t.py", "--lr=1"], {}) == (
-        "node-a",
-        29400,
-    )
+    spaced = ["--nnodes", "4", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node-a", "t.py", "--lr=1"]
+    assert _rendezvous_of(spaced, {}) == ("node-a", 29400)
+    one_node = ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "train.py"]
+    assert _rendezvous_of(one_node, {}) is None  # one agent: its restart count is the world's
+    own_store = ["--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "train.py"]
+    assert _rendezvous_of(own_store, {}) is None  # port 0: a store of its own, nothing to connect to
     assert _rendezvous_of(["--nnodes=2", "--master-addr=a", "train.py"], {}) is None  # static: the restart count
     assert _rendezvous_of(["--standalone", "--nproc-per-node=8", "train.py"], {}) is None  # one agent
     assert _rendezvous_of(["--rdzv-backend=c10d", "--no-such-flag"], {}) is None  # its parser refuses it: no round
     monkeypatch.setenv("PET_RDZV_BACKEND", "c10d")  # torchrun's flags as its variables, which its ranks inherit
+    monkeypatch.setenv("PET_NNODES", "2")
     assert _rendezvous_of(["--rdzv-endpoint=h:1", "t.py"], dict(os.environ)) == ("h", 1)
     # the round outranks this node's own count, a Slurm requeue outranks both
     assert identity.attempt_of({"TORCHELASTIC_RESTART_COUNT": "0"}, 2) == 2

@@ -148,6 +148,34 @@ def test_the_template_encoder_decodes_to_exactly_what_the_protobuf_encoder_makes
     assert _canonical(_new(batches, goodbye, marker)) == _canonical(_old(batches, goodbye, marker))
 
 
+@st.composite
+def repeated_steps(draw: st.DrawFn) -> Steps:
+    """One step shape (the same keys, in order) over several steps, its numbers changing type: the
+    packed path (a layout per shape, from its second step), and its fall back key by key."""
+    keys = draw(st.lists(st.from_regex(r"[a-z][a-z0-9_/]{0,20}", fullmatch=True), min_size=1, max_size=8, unique=True))
+    reduces = {key: draw(st.sampled_from(REDUCES)) for key in keys}
+    out = []
+    t = draw(st.integers(min_value=0, max_value=2**62))
+    for step in range(draw(st.integers(0, 300)), 0, -draw(st.integers(1, 150))):
+        accs: dict[str, MetricAccumulator] = {}
+        for key in keys:
+            acc = reduces[key].accumulator_class(reduces[key])
+            for value in draw(st.lists(st.one_of(FLOATS, INT64), min_size=1, max_size=3)):
+                if reduces[key] is Reduce.DISTRIBUTION and not (isinstance(value, float) and math.isfinite(value)):
+                    continue
+                acc.append(value)
+            accs[key] = acc
+        out.append((step, t, t + 1, accs))
+        t += 2
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(repeated_steps())
+def test_a_repeated_step_shape_packs_to_exactly_what_the_protobuf_encoder_makes(batches: Steps) -> None:
+    assert _canonical(_new(batches, False)) == _canonical(_old(batches, False))
+
+
 def test_templates_follow_the_step_attribute_across_its_varint_lengths() -> None:
     """A key's head is cached per length of the step attribute (steps 127, 128, 16384 change it)."""
     batches = []

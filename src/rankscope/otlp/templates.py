@@ -203,7 +203,10 @@ class MetricEncoder:
         """The last ``step``'s number, times and its points' step attribute and times (its marker's)."""
         self._marker_heads: dict[int, bytes] = {}
         self._layouts: dict[tuple[tuple[str, ...], int], _Layout] = {}
-        """Step shapes (the keys in order, the step attribute's length) seen, with their groups."""
+        """Step shapes (the keys in order, the step attribute's length) seen twice, with their groups."""
+        self._layout_keys = 0
+        """Keys in ``_layouts``, all shapes together (cleared past ``_MAX_HEADS``)."""
+        self._seen_once: set[tuple[tuple[str, ...], int]] = set()
 
     def step(
         self, step: int | None, start_time_unix_nano: int, time_unix_nano: int, accs: Mapping[str, MetricAccumulator]
@@ -220,12 +223,19 @@ class MetricEncoder:
         tails = (histogram_step + times, number_step + times, number_step + start)  # by _TAIL
         values = list(accs.values())
         shape = (tuple(accs), len(step_kv))
+        out: list[bytes] = []  # a metric's parts in a row (the request joins them): no copy per metric
         layout = self._layouts.get(shape)
         if layout is None or layout.types != tuple(map(type, values)):
             # new, or the same keys in other states (a key's reduce type is the recorder's for good:
-            # its state types are all a step checks)
+            # its state types are all a step checks). A shape seen once goes key by key: keys that
+            # change every step never pay for a layout.
+            if shape not in self._seen_once:
+                if len(self._seen_once) >= _MAX_LAYOUTS:
+                    self._seen_once.clear()
+                self._seen_once.add(shape)
+                self._key_by_key(list(accs.items()), step, start_time_unix_nano, time_unix_nano, tails, out)
+                return out
             layout = self._layout(shape, values, tails)
-        out: list[bytes] = []  # a metric's parts in a row (the request joins them): no copy per metric
         rest = layout.rest
         for group in layout.groups:
             if not group.pack(group.take(values), self._reduce_attributes[group.kind] + tails[_TAIL[group.kind]], out):
@@ -253,12 +263,25 @@ class MetricEncoder:
         groups = []
         for kind, at in positions.items():
             shared = len(self._reduce_attributes[kind]) + len(tails[_TAIL[kind]])
-            groups.append(_Group(kind, at, [self._head_of(keys[i], kind, shared) for i in at], shared))
+            groups.append(_Group(kind, at, [self._head(keys[i], kind, shared) for i in at], shared))
         layout = _Layout(tuple(map(type, values)), groups, rest)
-        if len(self._layouts) >= _MAX_LAYOUTS:  # shapes that keep changing: start over
+        self._layout_keys += len(values)
+        if len(self._layouts) >= _MAX_LAYOUTS or self._layout_keys > _MAX_HEADS:  # shapes that keep changing
             self._layouts.clear()
+            self._layout_keys = len(values)
         self._layouts[shape] = layout
         return layout
+
+    def _head(self, key: str, kind: str, shared: int) -> bytes:
+        """Key ``key``'s head for ``kind`` and a shared part of ``shared`` bytes, from the bounded cache."""
+        heads = self._heads_for(kind, shared)
+        head = heads.get(key)
+        if head is None:
+            head = heads[key] = self._head_of(key, kind, shared)
+            self._cached += 1
+            if self._cached > _MAX_HEADS:  # keys that keep changing: start over (this step's stay)
+                self._heads, self._cached = {}, 0
+        return head
 
     def _key_by_key(
         self,
@@ -279,13 +302,7 @@ class MetricEncoder:
                     out.append(field(2, metric.SerializeToString()))
                 continue
             shared = self._reduce_attributes[kind] + tails[_TAIL[kind]]
-            heads = self._heads_for(kind, len(shared))
-            head = heads.get(key)
-            if head is None:
-                head = heads[key] = self._head_of(key, kind, len(shared))
-                self._cached += 1
-                if self._cached > _MAX_HEADS:  # keys that keep changing: start over (this step's stay)
-                    self._heads, self._cached = {}, 0
+            head = self._head(key, kind, len(shared))
             if kind == "mean":
                 count = acc.count  # type: ignore[attr-defined]
                 out += (head, shared, _HISTOGRAM_FIELDS(0x21, count, 0x29, acc.sum, 0x32, 8, count))  # type: ignore[attr-defined]
