@@ -36,6 +36,8 @@ def _rows(directory: Path, experiment: str) -> dict[int, dict[str, float]]:
     found: dict[int, dict[str, float]] = {}
     path = directory / f"{experiment}.jsonl"
     for row in map(json.loads, path.read_text().splitlines() if path.exists() else []):
+        if row["kind"] == "anomaly":  # a view's record of a step, not a value (a slow step on a busy box)
+            continue
         found.setdefault(row["step"], {})[row["key"]] = row["value"]
     return found
 

@@ -2,9 +2,9 @@
 ``otlp.spans.encode_spans``).
 
 Both run on the same steps; the template's bytes must parse to exactly the request the protobuf
-objects make (compared canonically: parsed, a step's metrics sorted (their order means nothing, and the
-template groups them by reduce kind) before its flush marker, then serialized deterministically, so NaN
-payloads and field order are compared as bytes). No thread, no socket.
+objects make, metrics in the same order (a view lists a step's keys in the order they came), compared
+canonically: parsed, then serialized deterministically, so NaN payloads and field order are compared
+as bytes. No thread, no socket.
 """
 
 from __future__ import annotations
@@ -86,22 +86,6 @@ def _new(steps: Steps, goodbye: bool, marker: tuple[int, bool] = (4, True)) -> b
 
 def _canonical(data: bytes, drop_goodbye_time: bool = True) -> bytes:
     request = ExportMetricsServiceRequest.FromString(data)
-    for rm in (
-        request.resource_metrics
-    ):  # a step's metrics in any order (the template groups them by kind), its marker after them
-        for sm in rm.scope_metrics:
-            ordered, segment = [], []
-            for m in sm.metrics:
-                segment.append(m)
-                if m.name in (attr.FLUSH_MARKER, attr.GOODBYE):
-                    ordered += (
-                        sorted(segment[:-1], key=lambda m: m.SerializeToString(deterministic=True)) + segment[-1:]
-                    )
-                    segment = []
-            ordered += sorted(segment, key=lambda m: m.SerializeToString(deterministic=True))
-            copies = [type(m).FromString(m.SerializeToString()) for m in ordered]
-            del sm.metrics[:]
-            sm.metrics.extend(copies)
     if drop_goodbye_time:  # the goodbye is stamped with the clock when it is made
         for rm in request.resource_metrics:
             for sm in rm.scope_metrics:

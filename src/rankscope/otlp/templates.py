@@ -6,8 +6,8 @@ every step, on the export thread and under the GIL (~5 µs a key). ``MetricEncod
 format itself: the Resource and scope once per process, each key's bytes up to its data point once
 (per length of the step attribute), each step's shared point fields (the step attribute, the
 step's start and end time) once per step, and then per key only its numbers, packed by ``struct``:
-a step of the same keys as an earlier one (a training loop's) packs each reduce kind's points in one
-``struct`` call (``_Group``), about 0.15 µs a key.
+a step of the same keys as an earlier one (a training loop's) packs each run of one reduce kind's
+points in one ``struct`` call (``_Group``), about 0.15 µs a key.
 Protobuf's wire format makes this exact and simple: a message is its fields in any order, and two
 serialized messages of one type, concatenated, parse as their merge, so the SDK reader's own request
 and the markers (still built as protobuf objects, one or two a step) are joined as bytes.
@@ -108,29 +108,29 @@ def _head(number: int, length: int) -> bytes:
 _PACKED = ("mean", "sum", "count", "max", "min")
 """Kinds whose points a step packs in one ``struct`` call per kind (``_Group``)."""
 _MAX_LAYOUTS = 64
+_MIN_RUN = 4
+"""Keys of one kind in a row that pack in one call; shorter runs (a phase's MEAN and MAX durations,
+side by side) cost less key by key."""
 _TAIL = {"mean": 0, "std": 0, "sum": 1, "count": 1, "max": 1, "min": 1, "last": 2}
 """Which of a step's shared tails a kind's points carry after their reduce attribute: the step as a
 histogram point's attribute and both times, as a number point's and both times, or its start only."""
 
 
 class _Group:
-    """One kind's keys in a step shape: their points in one ``struct`` call. The call's arguments are a
+    """A run of one kind's keys in a step shape: their points in one ``struct`` call. The call's arguments are a
     list made once, with each key's head and the tags in place; a step writes its shared part and
     numbers into it by slices (no Python loop per key)."""
 
     __slots__ = ("_heads", "_number", "_packers", "_shared", "kind", "positions", "take")
 
-    def __init__(self, kind: str, positions: list[int], heads: list[bytes], shared: int) -> None:
-        self.kind, self.positions = kind, positions
-        one = positions[0]
-        self.take: Callable[[list[MetricAccumulator]], tuple[MetricAccumulator, ...]] = (
-            (lambda values: (values[one],)) if len(positions) == 1 else itemgetter(*positions)
-        )
+    def __init__(self, kind: str, start: int, end: int, heads: list[bytes], shared: int) -> None:
+        self.kind, self.positions = kind, list(range(start, end))
+        self.take: Callable[[list[MetricAccumulator]], list[MetricAccumulator]] = itemgetter(slice(start, end))
         self._number = attrgetter(kind)
         self._heads, self._shared = heads, shared
         self._packers: dict[type, tuple[struct.Struct, list[Any]]] = {}
 
-    def pack(self, accs: tuple[MetricAccumulator, ...], shared: bytes, out: list[bytes]) -> bool:
+    def pack(self, accs: list[MetricAccumulator], shared: bytes, out: list[bytes]) -> bool:
         """Append the group's points to ``out``; False (nothing appended) when its numbers mix types."""
         if self.kind == "mean":
             packer, args = self._packer(float)
@@ -171,13 +171,13 @@ _COUNT, _SUM = attrgetter("count"), attrgetter("sum")
 
 
 class _Layout:
-    """A step shape: its keys' state types (checked each step), its packed groups and the positions
-    of the keys that go one at a time."""
+    """A step shape: its keys' state types (checked each step) and its runs, in the step's order: a
+    packed run of one kind, or the positions of keys that go one at a time."""
 
-    __slots__ = ("groups", "rest", "types")
+    __slots__ = ("runs", "types")
 
-    def __init__(self, types: tuple[type, ...], groups: list[_Group], rest: list[int]) -> None:
-        self.types, self.groups, self.rest = types, groups, rest
+    def __init__(self, types: tuple[type, ...], runs: list[_Group | list[int]]) -> None:
+        self.types, self.runs = types, runs
 
 
 class MetricEncoder:
@@ -211,9 +211,8 @@ class MetricEncoder:
     def step(
         self, step: int | None, start_time_unix_nano: int, time_unix_nano: int, accs: Mapping[str, MetricAccumulator]
     ) -> list[bytes]:
-        """One step's metrics as serialized ``ScopeMetrics.metrics`` fields, each in consecutive parts:
-        bytes to be joined, not one element per metric. Grouped by reduce kind (the order of a
-        request's metrics means nothing), each group in ``accs``' order."""
+        """One step's metrics as serialized ``ScopeMetrics.metrics`` fields (in ``accs``' order), each
+        in consecutive parts: bytes to be joined, not one element per metric."""
         step_kv = _kv(attr.STEP, step) if step is not None else b""
         number_step = field(_NUMBER_ATTRIBUTE, step_kv) if step_kv else b""
         histogram_step = field(_HISTOGRAM_ATTRIBUTE, step_kv) if step_kv else b""
@@ -236,35 +235,43 @@ class MetricEncoder:
                 self._key_by_key(list(accs.items()), step, start_time_unix_nano, time_unix_nano, tails, out)
                 return out
             layout = self._layout(shape, values, tails)
-        rest = layout.rest
-        for group in layout.groups:
-            if not group.pack(group.take(values), self._reduce_attributes[group.kind] + tails[_TAIL[group.kind]], out):
-                rest = rest + group.positions  # numbers of mixed types: key by key
-        if rest:
-            keys = shape[0]
-            items = [(keys[i], values[i]) for i in sorted(rest)]
+        keys = shape[0]
+        for run in layout.runs:  # in the step's order: a view lists a step's keys in the order they came
+            if isinstance(run, _Group):
+                if run.pack(run.take(values), self._reduce_attributes[run.kind] + tails[_TAIL[run.kind]], out):
+                    continue
+                run = run.positions  # numbers of mixed types: key by key
+            items = [(keys[i], values[i]) for i in run]
             self._key_by_key(items, step, start_time_unix_nano, time_unix_nano, tails, out)
         return out
 
     def _layout(
         self, shape: tuple[tuple[str, ...], int], values: list[MetricAccumulator], tails: tuple[bytes, ...]
     ) -> _Layout:
-        """A step shape's groups: each templated kind but ``last`` and ``std`` packs its keys' points
-        in one ``struct`` call; the rest go key by key."""
-        positions: dict[str, list[int]] = {}
-        rest: list[int] = []
-        for i, acc in enumerate(values):
+        """A step shape's runs, in its order: each run of at least ``_MIN_RUN`` keys of one templated
+        kind but ``last`` and ``std`` packs its points in one ``struct`` call; the keys between go key
+        by key."""
+        kinds = []
+        for acc in values:
             kind = _KIND.get(type(acc))
-            if kind in _PACKED and acc.reduction_type is _BUILTIN[kind]:
-                positions.setdefault(kind, []).append(i)
-            else:
-                rest.append(i)
+            kinds.append(kind if kind in _PACKED and acc.reduction_type is _BUILTIN[kind] else None)
         keys = shape[0]
-        groups = []
-        for kind, at in positions.items():
-            shared = len(self._reduce_attributes[kind]) + len(tails[_TAIL[kind]])
-            groups.append(_Group(kind, at, [self._head(keys[i], kind, shared) for i in at], shared))
-        layout = _Layout(tuple(map(type, values)), groups, rest)
+        runs: list[_Group | list[int]] = []
+        start = 0
+        while start < len(values):
+            kind, end = kinds[start], start + 1
+            while end < len(values) and kinds[end] == kind:
+                end += 1
+            if kind is not None and end - start >= _MIN_RUN:
+                shared = len(self._reduce_attributes[kind]) + len(tails[_TAIL[kind]])
+                heads = [self._head(keys[i], kind, shared) for i in range(start, end)]
+                runs.append(_Group(kind, start, end, heads, shared))
+            elif runs and not isinstance(runs[-1], _Group):
+                runs[-1].extend(range(start, end))
+            else:
+                runs.append(list(range(start, end)))
+            start = end
+        layout = _Layout(tuple(map(type, values)), runs)
         self._layout_keys += len(values)
         if len(self._layouts) >= _MAX_LAYOUTS or self._layout_keys > _MAX_HEADS:  # shapes that keep changing
             self._layouts.clear()
