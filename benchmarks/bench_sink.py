@@ -39,8 +39,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from bench_tree import BASE_STEP, for_step, template  # noqa: E402
 from rankscope.backends.base import LoggerBackend, register_backend  # noqa: E402
-from rankscope.sink import Sink, SinkConfig  # noqa: E402
-from rankscope.sink.checked import Limits  # noqa: E402
+from rankscope.sink import (  # noqa: E402
+    BookConfig,
+    Sink,
+    SinkConfig,
+)
+from rankscope.sink.testing import Limits  # noqa: E402
 
 STEPS = 3
 
@@ -98,9 +102,9 @@ def measure(ranks: int, keys: int, state_dir: str | None) -> tuple[float, list[f
             grpc_port=0,
             http_port=None,
             backends={"timing": {"logging_mode": "global_reduce"}},
-            grace=60,
             state_dir=None if state_dir is None else Path(state_dir),
-            limits=Limits(step_window=1 << 62),  # its steps start at bench_tree.BASE_STEP (2**49)
+            limits=Limits(step_window=1 << 62),
+            book=BookConfig(grace=60),
         )
     ).start()
     try:

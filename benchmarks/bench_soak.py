@@ -34,8 +34,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_tree import for_step, template  # noqa: E402
 from rankscope.otlp.raw import parse_metrics  # noqa: E402
-from rankscope.sink import Sink, SinkConfig  # noqa: E402
-from rankscope.sink.checked import Limits  # noqa: E402
+from rankscope.sink import (  # noqa: E402
+    BookConfig,
+    Sink,
+    SinkConfig,
+)
+from rankscope.sink.testing import Limits  # noqa: E402
 
 EXPERIMENT = "soak"
 
@@ -69,13 +73,13 @@ def soak(steps: int, every: int, processes: int, keys: int, root: Path, compact_
     config = SinkConfig(
         grpc_port=None,
         http_port=None,
-        grace=60.0,
         state_dir=root / "state",
-        limits=Limits(step_window=1 << 62),  # its steps start at bench_tree.BASE_STEP (2**49), not near 0
+        limits=Limits(step_window=1 << 62),
         backends={
             "jsonl": {"logging_mode": "global_reduce", "path": str(jsonl)},
             "report": {"path": str(views / "report.html"), "compact_bytes": compact_bytes},
         },
+        book=BookConfig(grace=60.0),
     )
     body = b"".join(template(rank, processes, keys, EXPERIMENT) for rank in range(processes))
     points = processes * (keys + 1)

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT
 from ..pipeline import clean_env
 
@@ -30,7 +32,9 @@ def test_a_nan_on_one_rank_is_counted_in_its_step_and_named_with_its_first_occur
     make_sink, tmp_path: Path
 ) -> None:
     path = tmp_path / "global.jsonl"
-    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, grace=30)
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, book=BookConfig(grace=30)
+    )
     env = clean_env(RANKSCOPE_EXPERIMENT="nan", RANKSCOPE_ENDPOINT=sink.endpoint)
     _torchrun("nan", 6, env, tmp_path)
     sink.finalize("nan")
@@ -62,7 +66,7 @@ def test_a_straggler_is_named_and_profiled_on_its_rank_only(make_sink, tmp_path:
         "jsonl": {"logging_mode": "global_reduce", "path": str(path)},
         "wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path), "mode": "offline"},
     }
-    sink = make_sink(backends=views, grace=30, artifacts_dir=tmp_path / "artifacts")
+    sink = make_sink(backends=views, artifacts_dir=tmp_path / "artifacts", book=BookConfig(grace=30))
     control = f"http://127.0.0.1:{sink.http_port}"
     env = clean_env(
         RANKSCOPE_EXPERIMENT="slow",
@@ -94,7 +98,7 @@ def test_a_straggler_is_named_and_profiled_on_its_rank_only(make_sink, tmp_path:
 def test_rankscope_capture_profiles_exactly_the_asked_ranks_and_steps(make_sink, tmp_path: Path) -> None:
     import time
 
-    sink = make_sink(grace=30, artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0)
+    sink = make_sink(artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0, book=BookConfig(grace=30))
     control = f"http://127.0.0.1:{sink.http_port}"
     env = clean_env(RANKSCOPE_EXPERIMENT="asked", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_SINK_CONTROL=control)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", WORKER, "steady", "80"]
@@ -124,7 +128,7 @@ def test_rankscope_capture_profiles_exactly_the_asked_ranks_and_steps(make_sink,
 
 
 def test_a_process_asks_for_a_capture_of_itself(make_sink, tmp_path: Path) -> None:
-    sink = make_sink(grace=30, artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0)
+    sink = make_sink(artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0, book=BookConfig(grace=30))
     control = f"http://127.0.0.1:{sink.http_port}"
     env = clean_env(RANKSCOPE_EXPERIMENT="self", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_SINK_CONTROL=control)
     _torchrun("self", 60, env, tmp_path)
@@ -136,7 +140,7 @@ def test_a_process_asks_for_a_capture_of_itself(make_sink, tmp_path: Path) -> No
 def test_a_capture_of_the_jobs_last_step_is_sent_at_shutdown(make_sink, tmp_path: Path) -> None:
     """The job ends at the flush that stops rank 3's profiler: the trace is written and sent
     by ``rs.shutdown`` (which waits for the upload), not lost with the process."""
-    sink = make_sink(grace=30, artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0)
+    sink = make_sink(artifacts_dir=tmp_path / "artifacts", auto_capture_steps=0, book=BookConfig(grace=30))
     control = f"http://127.0.0.1:{sink.http_port}"
     env = clean_env(RANKSCOPE_EXPERIMENT="last", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_SINK_CONTROL=control)
     _torchrun("last", 60, env, tmp_path)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from rankscope.metrics.catalog import CATALOG
+from rankscope.sink import BookConfig
 
 from ..conftest import ROOT
 from ..wandb_file import by_step, run_files, wandb_tables
@@ -139,7 +140,7 @@ def test_toy_grpo_fills_one_wandb_run_with_every_role_and_a_cross_actor_trace(
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's process-wide settings are made once, from the env
     wandb = {"logging_mode": "global_reduce", "dir": str(tmp_path), "mode": "offline"}
-    sink = make_sink(backends={"wandb": wandb}, grace=30)
+    sink = make_sink(backends={"wandb": wandb}, book=BookConfig(grace=30))
     env = {"RANKSCOPE_EXPERIMENT": "grpo", "RANKSCOPE_ENDPOINT": sink.endpoint, "WANDB_MODE": "offline"}
     command = [sys.executable, str(ROOT / "examples" / "grpo_monarch.py"), "--steps", "6", "--sync-every", "3"]
     _instrumented(command, env, tmp_path)

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from rankscope.sink import BookConfig
+
 from ..pipeline import ROOT, clean_env, collector, free_port
 
 WORKERS = ROOT / "tests" / "workers"
@@ -44,8 +46,7 @@ def test_telemetrygen_metrics_traces_and_logs_land_in_the_views_or_are_refused_w
     view = tmp_path / "view.jsonl"
     sink = make_sink(
         backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}},
-        time_bucket=1.0,
-        time_bucket_lag=0.5,
+        book=BookConfig(time_bucket=1.0, time_bucket_lag=0.5),
     )
     tg, ours = binaries["telemetrygen"], 'rankscope.experiment.id="tg"'
     for signal, flags in (
@@ -93,8 +94,7 @@ def test_a_prometheus_endpoint_scraped_by_the_collector_lands_in_the_experiment(
     view = tmp_path / "view.jsonl"
     sink = make_sink(
         backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}},
-        time_bucket=1.0,
-        time_bucket_lag=0.5,
+        book=BookConfig(time_bucket=1.0, time_bucket_lag=0.5),
     )
     port = free_port()
     server = subprocess.Popen(

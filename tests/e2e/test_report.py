@@ -40,6 +40,7 @@ from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.markers import add_flush_marker
 from rankscope.otlp.metrics import PointAttributes, encode
 from rankscope.report import page, phases, series, summary
+from rankscope.sink import BookConfig
 
 from .. import browser
 
@@ -296,7 +297,7 @@ def _spans(experiment: str, ranks: range, step: int, world: int = RANKS) -> tpb.
 def test_a_1024_process_report_renders_in_time_and_stays_small(browser_ready: None, make_sink, tmp_path) -> None:
     experiment = "wide"
     template = str(tmp_path / "reports" / "{experiment}" / "report.html")
-    sink = make_sink(backends={"report": {"path": template}}, grace=60.0)
+    sink = make_sink(backends={"report": {"path": template}}, book=BookConfig(grace=60.0))
     with grpc.insecure_channel(sink.endpoint) as channel:
         metrics, traces = mgrpc.MetricsServiceStub(channel), tgrpc.TraceServiceStub(channel)
         for step in range(STEPS):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.cli import main as cli
-from rankscope.sink import Sink
+from rankscope.sink import BookConfig, Sink
 
 from .. import browser
 from ..conftest import ROOT
@@ -73,7 +73,9 @@ def test_two_runs_of_one_experiment_are_overlaid_and_listed(browser_ready: None,
     template = str(logs / "{experiment}" / "{run}" / "report.html")
     runs = []
     for tag, lr in ((1, "0.01"), (2, "0.02")):
-        sink = make_sink(backends={"report": {"path": template}}, grace=10.0)  # a sink of its own per launch
+        sink = make_sink(
+            backends={"report": {"path": template}}, book=BookConfig(grace=10.0)
+        )  # a sink of its own per launch
         run = launch(sink, tag, OTEL_RESOURCE_ATTRIBUTES=f"lr={lr},seed=7")
         written(sink, run)
         sink.stop()

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from rankscope.report.summary import read
+from rankscope.sink import BookConfig
 
 from ..conftest import ROOT
 from ..pipeline import clean_env
@@ -24,7 +25,7 @@ def test_an_elastic_restart_ends_with_the_final_timeline(make_sink, tmp_path: Pa
         "jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "views.jsonl")},
         "report": {"path": str(tmp_path / "report.html")},
     }
-    sink = make_sink(backends=views, grace=30.0)
+    sink = make_sink(backends=views, book=BookConfig(grace=30.0))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     command += ["--max-restarts=1", "--monitor-interval=0.5"]
     command += [str(ROOT / "tests" / "workers" / "elastic_worker.py"), str(STEPS), str(CHECKPOINT), str(DIE_AFTER)]

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rankscope.sink import BookConfig
 from rankscope.tracing.spans import step_ids
 
 from ..conftest import ROOT
@@ -53,7 +54,7 @@ def test_four_ranks_keep_exactly_the_top_and_bottom_two_rows_with_provenance(
         "jsonl": {"logging_mode": "global_reduce", "path": str(jsonl)},
         "wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path), "mode": "offline"},
     }
-    sink = make_sink(backends=views, grace=30)
+    sink = make_sink(backends=views, book=BookConfig(grace=30))
     env = clean_env(RANKSCOPE_EXPERIMENT=experiment, RANKSCOPE_ENDPOINT=sink.endpoint, WANDB_MODE="offline")
     _torchrun("ranked", steps, env, tmp_path)
     sink.finalize(experiment)
@@ -96,7 +97,9 @@ def test_without_rank_by_each_ranks_rows_are_kept_in_proportion_to_how_many_it_r
     600 kept rows; each share within 0.06 of its expectation (over 3 standard deviations)."""
     steps, experiment = 150, "samples-reservoir"
     jsonl = tmp_path / "global.jsonl"
-    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(jsonl)}}, grace=30)
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(jsonl)}}, book=BookConfig(grace=30)
+    )
     env = clean_env(RANKSCOPE_EXPERIMENT=experiment, RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_SAMPLE_SEED="11")
     _torchrun("reservoir", steps, env, tmp_path)
     sink.finalize(experiment)

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT
 from ..pipeline import clean_env
 
@@ -62,8 +64,8 @@ def _sink(make_sink: Any, tmp_path: Path) -> Any:
     path = tmp_path / "global.jsonl"
     return make_sink(
         backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}},
-        grace=30,
         artifacts_dir=tmp_path / "artifacts",
+        book=BookConfig(grace=30),
     )
 
 

@@ -17,6 +17,8 @@ import termios
 import time
 from pathlib import Path
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT
 from ..pipeline import clean_env
 
@@ -25,7 +27,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\r")
 
 
 def test_top_shows_the_experiment_its_step_advancing_and_the_straggler(make_sink, tmp_path: Path) -> None:
-    sink = make_sink(grace=30, auto_capture_steps=0)
+    sink = make_sink(auto_capture_steps=0, book=BookConfig(grace=30))
     env = clean_env(RANKSCOPE_EXPERIMENT="watched", RANKSCOPE_ENDPOINT=sink.endpoint)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", WORKER, "straggler"]
     job = subprocess.Popen(  # its own process group: the ranks go with torchrun at the end

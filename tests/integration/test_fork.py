@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rankscope.sink import Sink
+from rankscope.sink import BookConfig, Sink
 
 from ..conftest import run_python
 
@@ -71,7 +71,7 @@ def test_dataloader_workers_values_reach_the_experiment_view(
 ) -> None:
     """num_workers=2: new workers each epoch (they export as they exit), or persistent workers
     still alive when the program ends (the parent's shutdown asks them for their values)."""
-    sink = make_sink(backends=_views(tmp_path), grace=30)
+    sink = make_sink(backends=_views(tmp_path), book=BookConfig(grace=30))
     job = DATALOADER_JOB.replace("sys.argv[1]", "'loader'").replace("PERSISTENT = False", f"PERSISTENT = {persistent}")
     result = run_python(job, {"RANKSCOPE_ENDPOINT": sink.endpoint})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -142,7 +142,7 @@ print(f"pid={os.getpid()} dropped={rs.dropped_points()}")
 def test_forked_children_never_hang_and_export_what_they_record(make_sink: Callable[..., Sink], tmp_path: Path) -> None:
     """16 multiprocessing children forked while the parent records, flushes and exports on two
     threads: each re-arms, exports at its exit and ends in time."""
-    sink = make_sink(backends=_views(tmp_path), grace=30)
+    sink = make_sink(backends=_views(tmp_path), book=BookConfig(grace=30))
     result = run_python(FORK_STRESS_JOB, {"RANKSCOPE_ENDPOINT": sink.endpoint}, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     assert _fields(result.stdout)["dropped"] == 0

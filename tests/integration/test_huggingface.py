@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT
 from ..pipeline import clean_env
 
@@ -23,7 +25,9 @@ STEPS = 4
 @pytest.mark.timeout(240)
 def test_trainer_logs_land_in_the_experiment_at_the_trainers_steps(make_sink, tmp_path: Path) -> None:
     view = tmp_path / "view.jsonl"
-    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}}, grace=30)
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}}, book=BookConfig(grace=30)
+    )
     env = clean_env(RANKSCOPE_EXPERIMENT="hf", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_ROLE="trainer")
     done = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "workers" / "hf_trainer.py"), str(STEPS)],

@@ -1,5 +1,6 @@
 """The instrumentors under the real ``opentelemetry-instrument``: each one enabled records its
-metrics, and ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` turns off exactly the ones it names."""
+metrics, and ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` turns off exactly the ones it names; and
+``rs.init`` wraps the collectives in a process that sees none of rankscope's entry points."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,57 @@ def test_opentelemetry_instrument_honours_disabled_instrumentations(disabled: st
         emitted = any(k.startswith(prefix) for k in found["keys"])
         assert emitted == (name not in off), (name, found["keys"])
     assert found["server_spans"] is (None if "monarch" in off else True)
+
+
+WITHOUT_METADATA = """
+import json, os, sys
+from importlib.metadata import distributions, entry_points
+import torch, torch.distributed as dist
+import rankscope as rs
+from rankscope.core import runtime as slot
+
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+original = dist.all_reduce
+rs.init(experiment="no-entry-points")
+wrapped = dist.all_reduce is not original and dist.all_reduce.__wrapped__ is original
+dist.all_reduce(torch.ones(2))
+calls = slot.recorder.accs["comm/all_reduce/calls"].sum if "comm/all_reduce/calls" in slot.recorder.accs else 0
+rs.shutdown()
+dist.destroy_process_group()
+print(json.dumps({
+    "rankscope": rs.__file__,
+    "instrumentors": sorted(e.name for e in entry_points(group="opentelemetry_instrumentor")),
+    "distributions": sorted({d.metadata["Name"] for d in distributions() if d.metadata["Name"]}),
+    "wrapped": wrapped,
+    "calls": calls,
+}))
+"""
+
+
+def _site_packages_without_rankscope(into: Path) -> Path:
+    """This environment's site-packages as links, less rankscope's metadata, editable finder and package."""
+    into.mkdir()
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        for entry in Path(site).iterdir():
+            name = entry.name.lower()
+            if "rankscope" in name and (name.startswith("rankscope") or "editable" in name):
+                continue
+            if not (into / entry.name).exists():
+                (into / entry.name).symlink_to(entry.resolve())
+    return into
+
+
+def test_init_wraps_the_collectives_from_a_source_tree_without_entry_points(tmp_path: Path) -> None:
+    """``rs.init`` imports the collectives' wrappers (the layering contracts see that import): run
+    from ``src`` with rankscope not installed, its collectives are still recorded."""
+    site = _site_packages_without_rankscope(tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(site)]), RANKSCOPE_CONSOLE="off")
+    command = [sys.executable, "-S", "-c", WITHOUT_METADATA, str(tmp_path / "store")]  # -S: no site-packages, no .pth
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found["rankscope"] == str(ROOT / "src" / "rankscope" / "__init__.py")
+    assert "torch" in found["distributions"] and "rankscope" not in found["distributions"]
+    assert "torch_distributed" not in found["instrumentors"]
+    assert found["wrapped"] is True and found["calls"] == 1

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT
 from ..pipeline import clean_env
 from ..wandb_file import by_step, run_files
@@ -23,7 +25,7 @@ STEPS = 5
 def test_self_log_values_of_two_ddp_ranks_reach_the_wandb_run(make_sink, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     wandb = {"logging_mode": "global_reduce", "dir": str(tmp_path), "mode": "offline"}
-    sink = make_sink(backends={"wandb": wandb}, grace=30)
+    sink = make_sink(backends={"wandb": wandb}, book=BookConfig(grace=30))
     env = clean_env(RANKSCOPE_EXPERIMENT="lightning", RANKSCOPE_ENDPOINT=sink.endpoint, WANDB_MODE="offline")
     done = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "workers" / "lightning_ddp.py"), str(STEPS)],

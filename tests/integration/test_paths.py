@@ -25,6 +25,7 @@ from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.metrics import PointAttributes, encode
+from rankscope.sink import BookConfig
 
 from ..hostile_names import assert_contained, hostile_jobs
 
@@ -82,8 +83,8 @@ def test_path_hostile_ids_and_roles_create_files_only_under_the_configured_direc
         "tb_rank": {"backend": "tensorboard", "logging_mode": "per_rank_reduce", "logdir": str(views / "tb")},
     }
     wandb_view = {"wandb": {"logging_mode": "global_reduce", "dir": str(views / "wandb")}}
-    sink = make_sink(backends=backends, grace=30)
-    wandb_sink = make_sink(backends=wandb_view, grace=30)  # W&B runs are slow to open: a few ids only
+    sink = make_sink(backends=backends, book=BookConfig(grace=30))
+    wandb_sink = make_sink(backends=wandb_view, book=BookConfig(grace=30))  # W&B runs are slow to open: a few ids only
 
     jobs = [*hostile_jobs(tag), ("plain-exp", "trainer", None)]
     accepted = []

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.report import perfetto
+from rankscope.sink import BookConfig
 
 from ..conftest import ROOT
 
@@ -27,9 +28,8 @@ def test_a_plain_otel_sdk_program_lands_in_the_global_view(make_sink, tmp_path) 
     view = tmp_path / "view.jsonl"
     sink = make_sink(
         backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}},
-        time_bucket=1.0,
-        time_bucket_lag=1.0,
         spans_dir=tmp_path / "spans",
+        book=BookConfig(time_bucket=1.0, time_bucket_lag=1.0),
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
     workers = [

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rankscope.report.summary import read
-from rankscope.sink import Sink
+from rankscope.sink import BookConfig, Sink
 
 from ..conftest import ROOT
 from ..pipeline import clean_env
@@ -85,7 +85,7 @@ def final_values(found: list[dict[str, Any]], run: str, key: str = "loss") -> di
 
 @pytest.mark.parametrize("restart", [False, True], ids=["one-sink", "sink-restarted-between"])
 def test_two_launches_under_one_name_are_two_complete_runs(make_sink, tmp_path: Path, restart: bool) -> None:
-    config = {"backends": views(tmp_path), "state_dir": tmp_path / "state", "grace": 10.0}
+    config = {"backends": views(tmp_path), "state_dir": tmp_path / "state", "book": BookConfig(grace=10.0)}
     sink = make_sink(**config)
     first = launch(sink, 1, 3, tag=1)
     written(sink, first, 3)
@@ -115,7 +115,7 @@ def test_two_launches_under_one_name_are_two_complete_runs(make_sink, tmp_path: 
 
 
 def test_a_resumed_launch_rewinds_its_run_in_every_view(make_sink, tmp_path: Path, capfd) -> None:
-    sink = make_sink(backends=views(tmp_path), state_dir=tmp_path / "state", grace=10.0)
+    sink = make_sink(backends=views(tmp_path), state_dir=tmp_path / "state", book=BookConfig(grace=10.0))
     first = launch(sink, 0, 5, tag=1)
     written(sink, first, 5)
     launcher = launch(sink, 3, 7, tag=2, RANKSCOPE_RESUME="1")  # from its checkpoint at step 2
@@ -147,7 +147,7 @@ def test_a_resumed_launch_rewinds_its_run_in_every_view(make_sink, tmp_path: Pat
 
 
 def test_a_slurm_requeue_continues_its_run(make_sink, tmp_path: Path) -> None:
-    sink = make_sink(backends=views(tmp_path), grace=10.0)
+    sink = make_sink(backends=views(tmp_path), book=BookConfig(grace=10.0))
     job = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
     first = launch(sink, 0, 4, tag=1, SLURM_RESTART_COUNT="0", **job)
     written(sink, first, 4)
@@ -161,7 +161,7 @@ def test_a_slurm_requeue_continues_its_run(make_sink, tmp_path: Path) -> None:
 
 
 def test_a_resume_of_an_unknown_run_is_refused_with_a_reason(make_sink, tmp_path: Path) -> None:
-    sink = make_sink(backends=views(tmp_path), grace=10.0)
+    sink = make_sink(backends=views(tmp_path), book=BookConfig(grace=10.0))
     first = launch(sink, 0, 1, tag=1)
     written(sink, first, 1)
     launch(sink, 0, 1, tag=2, RANKSCOPE_RESUME="no-such-run")
@@ -175,7 +175,9 @@ def test_a_resume_of_an_unknown_run_is_refused_with_a_reason(make_sink, tmp_path
 
 def test_wandb_gets_one_run_per_launch_in_the_experiments_group(make_sink, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
-    sink = make_sink(backends={"wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path)}}, grace=10.0)
+    sink = make_sink(
+        backends={"wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path)}}, book=BookConfig(grace=10.0)
+    )
     launches = [launch(sink, 0, 2, tag=1, WANDB_MODE="offline"), launch(sink, 0, 2, tag=2, WANDB_MODE="offline")]
     for run in launches:
         written(sink, run, 2)

@@ -15,7 +15,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource
-from rankscope.sink import ExperimentLimits
+from rankscope.sink import BookConfig, ExperimentLimits
 
 from ..sample_records import record
 
@@ -60,7 +60,9 @@ def test_a_corpus_of_lying_rows_is_refused_with_reasons_and_good_rows_beside_the
     make_sink, tmp_path: Path
 ) -> None:
     path = tmp_path / "view.jsonl"
-    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, grace=30)
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, book=BookConfig(grace=30)
+    )
     with grpc.insecure_channel(sink.endpoint) as channel:
         logs = lgrpc.LogsServiceStub(channel)
         for i, (name, bad, why) in enumerate(REFUSED):
@@ -93,7 +95,9 @@ def test_a_corpus_of_lying_rows_is_refused_with_reasons_and_good_rows_beside_the
 
 
 def test_a_steps_tables_and_the_characters_they_hold_are_bounded(make_sink) -> None:
-    sink = make_sink(experiment_limits=ExperimentLimits(max_sample_tables=2, max_sample_chars_per_step=1000), grace=0.5)
+    sink = make_sink(
+        book=BookConfig(limits=ExperimentLimits(max_sample_tables=2, max_sample_chars_per_step=1000), grace=0.5)
+    )
     with grpc.insecure_channel(sink.endpoint) as channel:
         logs = lgrpc.LogsServiceStub(channel)
         tables = [record(**{attr.SAMPLE_TABLE: f"t{i}"}) for i in range(3)]
@@ -112,7 +116,9 @@ def test_a_retried_request_with_other_bytes_does_not_keep_a_row_twice(make_sink,
     """A client whose retry carries its earlier rows plus new ones (so another digest): each row
     is kept once, and the top 2 stay exact. A streamed row with a junk key is taken, not raised on."""
     path = tmp_path / "view.jsonl"
-    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, grace=30)
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, book=BookConfig(grace=30)
+    )
 
     def row(reward: float, seq: int) -> LogRecord:
         return record({"reward": reward}, **{attr.SAMPLE_KEY: reward, attr.SAMPLE_SEQ: seq})

@@ -20,7 +20,7 @@ import pytest
 
 import rankscope as rs
 from rankscope.export import _otel_sdk
-from rankscope.sink import Sink
+from rankscope.sink import BookConfig, Sink
 
 from ..conftest import free_port
 
@@ -117,7 +117,7 @@ def test_steps_flushed_while_the_endpoint_is_down_all_arrive_once_it_is_back(
         else:
             run_down(range(40))
         ports = {"grpc_port": port} if protocol == "grpc" else {"http_port": port}
-        sink = make_sink(**ports, backends=_views(tmp_path), grace=30)
+        sink = make_sink(**ports, backends=_views(tmp_path), book=BookConfig(grace=30))
         for step in range(40, 60):
             _step(step)
             time.sleep(0.05)
@@ -145,7 +145,7 @@ def test_only_the_steps_that_overflow_the_queue_are_dropped_and_counted(
         for step in range(20):
             _step(step)
     assert rs.dropped_points() == 15 * (KEYS + 1)  # steps 5..19, every key of each
-    sink = make_sink(grpc_port=port, backends=_views(tmp_path), grace=30)
+    sink = make_sink(grpc_port=port, backends=_views(tmp_path), book=BookConfig(grace=30))
     assert rs.force_flush(30)
     _wait_written(sink, "overflow", 4)
     for step in range(20, 23):  # the queue has room again

@@ -32,6 +32,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from rankscope.backends.base import LoggerBackend, register_backend
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
+from rankscope.sink import Transport
 from tests.victim import Victim, step_request
 
 TOKEN = "s3cret"
@@ -122,7 +123,7 @@ def test_a_half_open_flood_neither_locks_out_a_legitimate_client_nor_holds_its_c
     room, so a gRPC newcomer at its cap is refused (UNAVAILABLE, which OTLP clients retry) until
     then: it is served within the header deadline of the flood."""
     with descriptors(8192):
-        sink = make_sink(token=TOKEN)
+        sink = make_sink(transport=Transport(token=TOKEN))
         flood: list[socket.socket] = []
         grpc_flood: list[socket.socket] = []
         try:
@@ -223,7 +224,9 @@ def test_what_a_slow_view_drops_is_counted_in_the_status_route_per_run_and_overa
     lines: list[logging.LogRecord] = []
     handler = _Collect(lines)
     logging.getLogger("rankscope.sink").addHandler(handler)
-    sink = make_sink(token=TOKEN, backends={"slow": {"backend": "slow-test", "logging_mode": "global_reduce"}})
+    sink = make_sink(
+        backends={"slow": {"backend": "slow-test", "logging_mode": "global_reduce"}}, transport=Transport(token=TOKEN)
+    )
     try:
         with Victim(sink.http_port, grpc_port=sink.grpc_port, token=TOKEN) as victim:
             started(victim)
@@ -298,7 +301,7 @@ def test_a_flood_of_one_refusal_writes_a_bounded_log_and_leaves_the_other_notes(
     handler = _Collect(lines)
     logger = logging.getLogger("rankscope.sink")
     logger.addHandler(handler)
-    sink = make_sink(token=TOKEN)
+    sink = make_sink(transport=Transport(token=TOKEN))
     try:
         with Victim(sink.http_port, grpc_port=sink.grpc_port, token=TOKEN) as victim:
             started(victim)
@@ -360,7 +363,7 @@ def test_lying_control_bodies_are_answered_400_with_a_reason_and_change_nothing(
     """A config body nested 100,000 deep was answered 500 (``RecursionError``); capture requests that
     failed validation were answered 429, and ranks ``[-1, 2**70]`` were taken; the config route took
     experiment ids with NUL or of 10,000 characters that the OTLP edge refuses."""
-    sink = make_sink(token=TOKEN)
+    sink = make_sink(transport=Transport(token=TOKEN))
     port = sink.http_port
     with Victim(port, grpc_port=sink.grpc_port, token=TOKEN) as victim:
         started(victim)
@@ -401,5 +404,5 @@ def test_lying_control_bodies_are_answered_400_with_a_reason_and_change_nothing(
         time.sleep(0.5)
     victim.check(min_steps=5, within=2.0)
     assert ask(port, "GET", "/healthz")[0] == 200
-    assert "x" * 10_000 not in sink.tenants.posted_backends and "bad\x00id" not in sink.tenants.posted_backends
+    assert "x" * 10_000 not in sink.views.posted_backends and "bad\x00id" not in sink.views.posted_backends
     assert [c["ranks"] for c in sink.status("victim")["captures"]] == [[0]]

@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
-from rankscope.sink import RunLimits
+from rankscope.sink import BookConfig, RunLimits
 
 from ..conftest import free_port
 from ..pipeline import Process, clean_env, wait_http
@@ -282,7 +282,7 @@ def test_one_client_with_thousands_of_short_runs_locks_nobody_out(make_sink, tmp
     admitted and finalize."""
     limits = RunLimits(max_open=256, per_experiment=64, per_client=100)
     views = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "views" / "{experiment}.jsonl")}}
-    sink = make_sink(grace=20.0, runs=limits, backends=views, state_dir=tmp_path / "state")
+    sink = make_sink(runs=limits, backends=views, state_dir=tmp_path / "state", book=BookConfig(grace=20.0))
     http_port, grpc_port = sink.http_port, sink.grpc_port
     newcomer = Client(http_port, grpc_port, source="127.0.0.3")
 

@@ -22,7 +22,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
-from rankscope.sink.quotas import RunLimits
+from rankscope.sink import BookConfig, Transport
+from rankscope.sink.testing import RunLimits
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -134,7 +135,7 @@ CORPUS: list[tuple[str, list[pb.Metric], int, str]] = [
 
 
 def test_corpus_of_lying_points_is_refused_and_counted(make_sink) -> None:
-    sink = make_sink(grace=1.0, max_body_bytes=4 * 1024 * 1024)
+    sink = make_sink(transport=Transport(max_body_bytes=4 * 1024 * 1024), book=BookConfig(grace=1.0))
     conn = Http(sink.http_port)
     assert conn.export(request([gauge("frontier", 1.0, step=5)]))[:2] == (200, 0)  # the experiment's frontier
     steady_experiment(conn, 0)
@@ -212,7 +213,7 @@ def _mutations(rng: random.Random) -> bytes:
 
 
 def test_fuzzed_requests_get_otlp_answers_and_nobody_else_notices(make_sink) -> None:
-    sink = make_sink(grace=1.0)
+    sink = make_sink(book=BookConfig(grace=1.0))
     conn, steady = Http(sink.http_port), Http(sink.http_port)
     rng = random.Random(12)
     statuses: dict[int, int] = {}
@@ -327,7 +328,7 @@ PLAIN_REFUSED: list[tuple[str, pb.Metric, str]] = [
 def test_plain_otel_points_at_the_edges_of_the_rules_are_taken_or_refused_never_raising(make_sink) -> None:
     """Points that hold a mergeable state, however odd, are taken and the step finalizes with no
     internal error (the fixture checks); the rest are refused with the reason."""
-    sink = make_sink(grace=0.5)
+    sink = make_sink(book=BookConfig(grace=0.5))
     conn = Http(sink.http_port)
     for name, metric in PLAIN_TAKEN:
         assert conn.export(request([metric], "odd"))[:2] == (200, 0), name
@@ -350,7 +351,7 @@ def test_a_made_up_world_size_costs_the_other_experiments_nothing(make_sink) -> 
     on the finalizer every experiment shares (13.6 s and 2.6 GB for one). A run's groups now
     declare at most ``max_processes`` slots in all; a rank in non-ASCII digits is refused (it would
     parse as nothing), and so is a padded Resource (kept per process, logged with every step)."""
-    sink = make_sink(grace=1.0)
+    sink = make_sink(book=BookConfig(grace=1.0))
     conn = Http(sink.http_port)
     steady_experiment(conn, 0)
     for replica in range(3):
@@ -432,7 +433,7 @@ def test_a_span_query_naming_millions_of_ranks_is_refused_at_once(make_sink) -> 
 
 
 def test_parse_ranks_bounds_what_a_list_may_name() -> None:
-    from rankscope.sink.book.traces import MAX_QUERY_RANKS, parse_ranks
+    from rankscope.sink.testing import MAX_QUERY_RANKS, parse_ranks
 
     assert parse_ranks("0,2,4-7") == {0, 2, 4, 5, 6, 7} and parse_ranks("") is None
     assert len(parse_ranks(f"0-{MAX_QUERY_RANKS - 1}") or ()) == MAX_QUERY_RANKS
@@ -446,7 +447,7 @@ def test_a_trickled_body_is_answered_408_and_frees_its_connection(make_sink) -> 
     liked; at ``max_connections`` of them nobody else could connect."""
     import socket
 
-    sink = make_sink(body_timeout=1.0, max_connections=4)
+    sink = make_sink(transport=Transport(body_timeout=1.0, max_connections=4))
     slow = []
     for _ in range(4):
         s = socket.create_connection(("127.0.0.1", sink.http_port), timeout=10)
@@ -475,12 +476,12 @@ def test_a_posted_view_path_is_rooted_in_its_experiments_directory(make_sink, tm
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "settings.cfg").write_text("the operator's\n")
-    sink = make_sink(grace=0.5)
+    sink = make_sink(book=BookConfig(grace=0.5))
     config = {"jsonl": {"logging_mode": "global_reduce", "path": "settings.cfg"}}
     assert post_config(f"http://127.0.0.1:{sink.http_port}", "attacker", config) == "ok"
     defaults = {"jsonl": {"logging_mode": "global_reduce", "path": "rankscope_logs/{experiment}/{process}.jsonl"}}
     assert post_config(f"http://127.0.0.1:{sink.http_port}", "spelled", defaults) == "ok"
-    posted = sink.tenants.posted_backends
+    posted = sink.views.posted_backends
     assert posted["spelled"]["jsonl"]["path"] == "rankscope_logs/spelled/{process}.jsonl"  # not nested
     conn = Http(sink.http_port)
     r = request([gauge("loss", 1.0)], "attacker", **{attr.RANK: "0", attr.WORLD_SIZE: "1"})
@@ -517,9 +518,9 @@ def test_a_request_spreading_points_over_many_steps_opens_at_most_max_open_steps
     """Each open step waits for its processes, and finalizing once went over every open step for
     each one closed: 100k steps in one request held the finalizer every experiment shares for a
     minute. A run now opens at most ``max_open_steps`` steps; the rest is refused and counted."""
-    from rankscope.sink.book.admission import ExperimentLimits
+    from rankscope.sink.testing import ExperimentLimits
 
-    sink = make_sink(grace=1.0, experiment_limits=ExperimentLimits(max_open_steps=100))
+    sink = make_sink(book=BookConfig(grace=1.0, limits=ExperimentLimits(max_open_steps=100)))
     conn = Http(sink.http_port)
     steady_experiment(conn, 0)
     spread = request([gauge("loss", 1.0, step=s) for s in range(150)], "spread", **{attr.WORLD_SIZE: "2"})
@@ -604,7 +605,7 @@ def test_one_client_cannot_fill_the_sinks_runs_or_configs(make_sink) -> None:
     config = {"console": {"logging_mode": "global_reduce"}}
     for i in range(8):  # the oldest config of an experiment with no run open makes room
         assert post_config(control, f"never-seen-{i}", config) == "ok"
-    assert len(sink.tenants.posted_backends) == 5 and "never-seen-7" in sink.tenants.posted_backends
+    assert len(sink.views.posted_backends) == 5 and "never-seen-7" in sink.views.posted_backends
 
 
 def test_a_client_inventing_refusal_reasons_cannot_wipe_the_status_routes_counts(make_sink) -> None:

@@ -18,6 +18,7 @@ from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.metrics import PointAttributes, encode
+from rankscope.sink import Transport
 
 
 def metrics_request(experiment: str = "e", key: str = "loss", value: float = 1.0, step: int = 0) -> bytes:
@@ -47,7 +48,7 @@ PB = {"Content-Type": "application/x-protobuf"}
 
 
 def test_bad_bodies_get_the_right_status_and_the_sink_keeps_serving(make_sink) -> None:
-    sink = make_sink(max_body_bytes=64 * 1024)
+    sink = make_sink(transport=Transport(max_body_bytes=64 * 1024))
     port = sink.http_port
     good = metrics_request()
 
@@ -136,7 +137,7 @@ def test_rejected_points_are_counted_in_partial_success(make_sink) -> None:
 
 
 def test_bearer_token_on_both_transports(make_sink) -> None:
-    sink = make_sink(token="s3cret")
+    sink = make_sink(transport=Transport(token="s3cret"))
     good = metrics_request()
     assert post(sink.http_port, "/v1/metrics", good, PB)[0] == 401
     assert post(sink.http_port, "/v1/metrics", good, {**PB, "Authorization": "Bearer s3cret"})[0] == 200
@@ -150,6 +151,7 @@ def test_bearer_token_on_both_transports(make_sink) -> None:
 
 
 def test_over_capacity_is_retryable(make_sink) -> None:
+    """Throttled: 429 + Retry-After, RESOURCE_EXHAUSTED + RetryInfo (``sink.edge.errors``)."""
     sink = make_sink(max_in_flight=0)  # every request finds the sink full
     status, headers, _ = post(sink.http_port, "/v1/metrics", metrics_request(), PB)
     assert status == 429 and headers["Retry-After"] == "1"
@@ -158,7 +160,8 @@ def test_over_capacity_is_retryable(make_sink) -> None:
             mgrpc.MetricsServiceStub(channel).Export(
                 mpb.ExportMetricsServiceRequest.FromString(metrics_request()), timeout=10
             )
-        assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "google.rpc.retryinfo-bin" in dict(e.value.trailing_metadata() or ())
 
 
 def test_what_is_not_taken_is_answered_with_a_reason_and_experiments_are_listed(make_sink, tmp_path) -> None:

@@ -38,8 +38,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
-from rankscope.sink import Sink
-from rankscope.sink.edge.auth import load_tokens
+from rankscope.sink import BookConfig, Sink, Transport
+from rankscope.sink.testing import load_tokens
 
 from ..raw_h2 import grpc_call
 from ..victim import Victim
@@ -72,7 +72,9 @@ EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 def sink(make_sink: Any, tmp_path: Path) -> Sink:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
-    started: Sink = make_sink(tokens=load_tokens(tokens), grace=GRACE, state_dir=tmp_path / "state")
+    started: Sink = make_sink(
+        state_dir=tmp_path / "state", transport=Transport(tokens=load_tokens(tokens)), book=BookConfig(grace=GRACE)
+    )
     return started
 
 
@@ -410,7 +412,7 @@ def test_a_resume_whose_attempt_would_pass_2_31_minus_1_is_refused(sink: Sink, v
 def test_a_runs_scope_and_its_end_survive_a_sink_restart(make_sink: Any, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
-    config = {"tokens": load_tokens(tokens), "grace": GRACE, "state_dir": tmp_path / "state"}
+    config = {"transport": Transport(tokens=load_tokens(tokens)), "book": BookConfig(grace=GRACE), "state_dir": tmp_path / "state"}
     first: Sink = make_sink(**config)
     team = Sender(first, "http", VICTIMS)
     for rank in range(2):

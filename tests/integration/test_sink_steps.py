@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from rankscope.core import names as attr
+from rankscope.sink import BookConfig
 
 from ..conftest import run_python
 
@@ -21,7 +22,9 @@ rs.shutdown()
 
 def test_missing_and_late_through_a_real_sink(make_sink, tmp_path, caplog) -> None:
     out = tmp_path / "views.jsonl"
-    sink = make_sink(grace=1.0, backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}})
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(out)}}, book=BookConfig(grace=1.0)
+    )
     # rank 1 of 2 never reports; the ranks, started apart, name their job's run as a launcher would
     env = {"SINK": sink.endpoint, "RANK": "0", "WORLD_SIZE": "2", "RANKSCOPE_RUN_ID": "job-1"}
     result = run_python(SDK_PROCESS.format(steps="[0, 1]"), env)

@@ -17,7 +17,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from rankscope.backends.base import LoggerBackend, register_backend
 from rankscope.core import names as attr
 from rankscope.otlp.common import key_value
-from rankscope.sink.quotas import RunLimits
+from rankscope.sink import BookConfig
+from rankscope.sink.testing import RunLimits
 
 from .test_sink_hostile import Http, gauge, request
 
@@ -40,10 +41,10 @@ def _fds() -> int:
 
 def test_a_thousand_experiments_then_idle_release_threads_and_files(make_sink, tmp_path: Path) -> None:
     sink = make_sink(
-        grace=0.5,
         runs=RunLimits(idle_timeout=1.0),
         state_dir=tmp_path / "state",
         backends={"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "v" / "{experiment}.jsonl")}},
+        book=BookConfig(grace=0.5),
     )
     conn = Http(sink.http_port)
     conn.export(_stepped("warmup", "w", 0))
@@ -51,12 +52,12 @@ def test_a_thousand_experiments_then_idle_release_threads_and_files(make_sink, t
     threads, fds = threading.active_count(), _fds()
     for i in range(1000):
         assert conn.export(_stepped(f"exp-{i}", "p", 0))[:2] == (200, 0)
-    assert sink.overview()["experiments"] + sink.tenants.evicted >= 1001
+    assert sink.overview()["experiments"] + sink.closed.evicted >= 1001
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (sink.overview()["experiments"] or threading.active_count() > threads + 10):
         time.sleep(0.2)
     conn.close()
-    assert sink.overview()["experiments"] == 0 and sink.tenants.evicted >= 1000
+    assert sink.overview()["experiments"] == 0 and sink.closed.evicted >= 1000
     assert threading.active_count() <= threads + 10
     assert _fds() <= fds + 10
     assert len(list((tmp_path / "v").iterdir())) == 1001  # every experiment's view was written before eviction
@@ -69,7 +70,9 @@ def test_two_thousand_processes_in_one_experiment_and_a_neighbour_keeps_its_pace
     """While 2,000 processes of one experiment report (and 2,000 late ones after them), a
     neighbour's steps keep finalizing: it is never left waiting until the flood is over."""
     views = tmp_path / "{experiment}.jsonl"
-    sink = make_sink(grace=30.0, backends={"jsonl": {"logging_mode": "global_reduce", "path": str(views)}})
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(views)}}, book=BookConfig(grace=30.0)
+    )
     flooding, stop = threading.Event(), threading.Event()
     finalized_during_flood: list[int] = []
     gave_up: list[int] = []

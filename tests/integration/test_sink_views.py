@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from rankscope.backends.wandb import run_id_for
+from rankscope.sink import BookConfig
 
 from ..conftest import ROOT, free_port
 from ..wandb_file import by_step, run_files, run_id
@@ -27,7 +28,9 @@ rs.shutdown()
 
 def test_roles_share_one_run_and_experiments_never_mix(make_sink, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
-    sink = make_sink(backends={"wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path)}}, grace=20)
+    sink = make_sink(
+        backends={"wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path)}}, book=BookConfig(grace=20)
+    )
     # processes of one job started apart (no launcher between them): the job names its run
     base = {"RANKSCOPE_ENDPOINT": sink.endpoint, "WANDB_MODE": "offline", "RANKSCOPE_RUN_ID": "job-1"}
     jobs = [
@@ -79,7 +82,7 @@ def test_sink_restart_resumes_the_same_wandb_run(make_sink, tmp_path: Path, monk
     monkeypatch.setenv("WANDB_MODE", "offline")
     port = free_port()
     views = {"wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path)}}
-    first = make_sink(grpc_port=port, backends=views, grace=20)
+    first = make_sink(grpc_port=port, backends=views, book=BookConfig(grace=20))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")} | {"SINK": f"127.0.0.1:{port}"}
     command = [sys.executable, "-c", RESTART_PROCESS]
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
@@ -90,7 +93,7 @@ def test_sink_restart_resumes_the_same_wandb_run(make_sink, tmp_path: Path, monk
         while time.monotonic() < deadline and (first.status("restart") or {}).get("last_written_step") != 1:
             time.sleep(0.05)
         first.stop()
-        second = make_sink(grpc_port=port, backends=views, grace=20)
+        second = make_sink(grpc_port=port, backends=views, book=BookConfig(grace=20))
         client.stdin.write("\n")
         client.stdin.flush()
         assert client.wait(timeout=60) == 0
@@ -113,7 +116,7 @@ def test_per_rank_series_beyond_64_processes_only_for_allowlisted_keys(make_sink
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     view = {"logging_mode": "global_reduce", "dir": str(tmp_path), "per_rank_keys": ["k0"]}
-    sink = make_sink(backends={"wandb": view}, grace=30)
+    sink = make_sink(backends={"wandb": view}, book=BookConfig(grace=30))
     conn = Http(sink.http_port)
     ranks = 70
     for rank in range(ranks):

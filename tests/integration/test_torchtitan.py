@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT, free_port
 from ..pipeline import clean_env, jsonl_rows, jsonl_views
 
@@ -37,7 +39,7 @@ PHASES = ("fetching_batch", "fwd_bwd", "optim", "collect_dist_metrics")
 
 @pytest.mark.timeout(300)
 def test_torchtitan_metrics_and_phases_land_per_rank_and_reduced(make_sink, tmp_path: Path) -> None:
-    sink = make_sink(backends=jsonl_views(tmp_path), grace=30)
+    sink = make_sink(backends=jsonl_views(tmp_path), book=BookConfig(grace=30))
     env = clean_env(
         RANKSCOPE_EXPERIMENT="titan",
         RANKSCOPE_ENDPOINT=sink.endpoint,

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT, free_port
 from ..pipeline import clean_env
 
@@ -27,7 +29,9 @@ PHASES = ("grpo/generate", "grpo/score", "grpo/train")
 @pytest.mark.timeout(420)
 def test_grpo_metrics_completions_and_phases_land_in_one_experiment(make_sink, tmp_path: Path) -> None:
     view = tmp_path / "view.jsonl"
-    sink = make_sink(backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}}, grace=30)
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}}, book=BookConfig(grace=30)
+    )
     env = clean_env(RANKSCOPE_EXPERIMENT="grpo", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_ROLE="trainer")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
     done = subprocess.run(

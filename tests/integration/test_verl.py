@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from rankscope.sink import BookConfig
+
 from ..conftest import ROOT
 from ..pipeline import clean_env, jsonl_rows, jsonl_views
 
@@ -29,7 +31,7 @@ STEPS = 3
 
 @pytest.mark.timeout(240)
 def test_verl_trainer_steps_and_worker_roles_land_in_one_experiment(make_sink, tmp_path: Path) -> None:
-    sink = make_sink(backends=jsonl_views(tmp_path), grace=30)
+    sink = make_sink(backends=jsonl_views(tmp_path), book=BookConfig(grace=30))
     env = clean_env(RANKSCOPE_ENDPOINT=sink.endpoint)  # no RANKSCOPE_EXPERIMENT
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "verl_tracking.py"), str(STEPS)],

@@ -4,26 +4,28 @@ on request, and what a process with nothing configured shows and says."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
 import rankscope as rs
 from rankscope.backends.console import ConsoleBackend, short_value
+from rankscope.core.anomalies import Interrupted, NonFinite, Straggler
 from rankscope.metrics.reduce import Reduce
-from rankscope.sink.checked import Process
+from rankscope.sink.testing import Process
 
 M = rs.Metric
 
 
 def straggler(
     first: int, who: str = "trainer_r2", phase: str = "train/forward", named: int = 1, **more: object
-) -> dict[str, object]:
+) -> Straggler:
     """A sink's straggler record: one per streak, as when the sink named it (``named`` steps after it began)."""
-    record = {"type": "straggler", "step": first, "first_step": first, "last_step": first + named}
+    record: dict[str, Any] = {"step": first, "first_step": first, "last_step": first + named}
     record |= {"steps": named + 1, "process": who}
     record |= {"role": who.rsplit("_r", 1)[0], "replica": None, "rank": int(who.rsplit("_r", 1)[1]), "phase": phase}
     record |= {"collective": None, "ratio": 352.5876, "excess_s": 0.15012345, "late_s": None, "waited_s_max": None}
-    return {**record, "waiting": 0, **more}
+    return Straggler(**{**record, "waiting": 0, **more})
 
 
 def global_step(step: int, loss: float) -> list[rs.Metric]:
@@ -125,11 +127,12 @@ def test_a_straggler_streak_is_one_highlighted_line_naming_the_cause_and_its_vic
         "!!! step 10 straggler: trainer_r1, +20ms (3x the others); arrived last at broadcast, "
         "1 other waited up to 40ms\n"
     )
-    for step in (11, 12):  # records of a sink that said each step (no first_step): once per streak
+    for step in (11, 12):  # a streak's record said again (a copy as it went on): once per streak
         backend.log_anomaly(
-            {"type": "straggler", "step": step, "process": "trainer_r3", "phase": "x", "ratio": 2}, step
+            Straggler(step=11, first_step=11, last_step=step, process="trainer_r3", phase="x", ratio=2, excess_s=0.02),
+            step,
         )
-    assert capsys.readouterr().out == "!!! step 11 straggler: trainer_r3 in x (2x the others)\n"
+    assert capsys.readouterr().out == "!!! step 11 straggler: trainer_r3 in x, +20ms (2x the others)\n"
 
 
 def test_the_step_names_who_held_it_up_net_of_waits_from_the_sinks_straggler_keys(capsys, monkeypatch) -> None:
@@ -172,7 +175,7 @@ def test_a_lone_views_nan_is_said_once_per_streak_and_a_sinks_detector_is_not_re
         "step 4  loss inf  | time 250ms",
         "!!! step 4 non-finite value: loss (inf)",
     ]
-    record = {"type": "nonfinite", "step": 5, "key": "loss", "process": "trainer_r1", "count": 1}
+    record = NonFinite(step=5, key="loss", process="trainer_r1", count=1)
     backend.log_anomaly(record, 5)  # a sink's detector named it: the view does not again
     backend.log_batch([M("loss", float("nan"), Reduce.MEAN)], 5)
     assert capsys.readouterr().out.splitlines() == [
@@ -184,7 +187,7 @@ def test_a_lone_views_nan_is_said_once_per_streak_and_a_sinks_detector_is_not_re
 def test_an_interrupted_step_is_said_with_no_time(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "400")
     backend = ConsoleBackend({"logging_mode": "global_reduce"})
-    backend.log_anomaly({"type": "interrupted", "step": 9, "processes": ["trainer_r1"], "count": 1}, 9)
+    backend.log_anomaly(Interrupted(step=9, processes=("trainer_r1",), count=1), 9)
     sink_view(backend, 9)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "!!! step 9 interrupted: the job ended before every process closed it (trainer_r1 had not)"

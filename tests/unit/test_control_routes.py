@@ -11,10 +11,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from rankscope.sink import Sink, SinkConfig
-from rankscope.sink.edge.auth import Keys, authorized
-from rankscope.sink.edge.bodies import HttpError
-from rankscope.sink.edge.control import ControlRoutes
+from rankscope.sink import Sink, SinkConfig, Transport
+from rankscope.sink.testing import Control, ControlRoutes, HttpError, Keys, authorized
 
 
 def test_the_token_check_takes_any_case_of_bearer_and_nothing_else() -> None:
@@ -26,7 +24,7 @@ def test_the_token_check_takes_any_case_of_bearer_and_nothing_else() -> None:
 
 
 def routes(token: str | None = "t") -> ControlRoutes:
-    sink = Sink(SinkConfig(grpc_port=None, http_port=None, token=token))
+    sink = Sink(SinkConfig(grpc_port=None, http_port=None, transport=Transport(token=token)))
 
     async def call(fn: Any, *args: Any) -> Any:
         return fn(*args)
@@ -34,7 +32,7 @@ def routes(token: str | None = "t") -> ControlRoutes:
     async def body(request: web.BaseRequest) -> bytes:
         return bytes(request._payload_for_test)  # type: ignore[attr-defined]
 
-    return ControlRoutes(sink.queries, Keys(sink.config.token), call, body)
+    return ControlRoutes(Control(sink.queries, sink.commands), Keys(sink.config.transport.token), call, body)
 
 
 def ask(

@@ -131,16 +131,16 @@ def test_a_sink_that_is_gone_is_not_waited_for() -> None:
 
 def test_the_drain_past_the_deadline_is_bounded() -> None:
     """Alive but never answering: the drain ends (at ``OWNED_SINK_DRAIN``, shortened here) and counts."""
-    from rankscope.export import thread as thread_module
+    from rankscope.export import rounds
 
     sink = OwnedSink(*[LATE] * 1000)
     thread = _thread(sink)
     _flush(thread, range(2))
-    saved, thread_module.OWNED_SINK_DRAIN = thread_module.OWNED_SINK_DRAIN, 1.5
+    saved, rounds.OWNED_SINK_DRAIN = rounds.OWNED_SINK_DRAIN, 1.5
     try:
         began = time.monotonic()
         warned = _shutdown(thread, timeout=0.2)
     finally:
-        thread_module.OWNED_SINK_DRAIN = saved
+        rounds.OWNED_SINK_DRAIN = saved
     assert time.monotonic() - began < 4.0 and len(sink.timeouts) >= 2  # retried past the deadline, then gave up
     assert thread.dropped_total == 2 and any("dropped at shutdown" in w for w in warned), warned

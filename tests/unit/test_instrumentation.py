@@ -1,5 +1,6 @@
-"""The distro and the instrumentors in process: entry points, instrument/uninstrument, a closure
-passed to ``optimizer.step``, and the RL helpers' call-site errors."""
+"""The distro and the instrumentors in process: entry points, instrument/uninstrument, the
+collectives wrapped once by the instrumentor and ``init`` together, a closure passed to
+``optimizer.step``, and the RL helpers' call-site errors."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import rankscope as rs
 from rankscope.core import runtime as rs_slot
 from rankscope.instrumentation import INSTRUMENTORS
 from rankscope.integrations.monarch import propagation
+from rankscope.tracing import collectives as wrappers
 
 
 def test_entry_points_register_the_distro_configurator_and_every_instrumentor() -> None:
@@ -50,9 +52,7 @@ def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Pa
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     handler = elastic._default_metrics_handler
-    collectives = INSTRUMENTORS["torch_distributed"]()
-    if collectives.is_instrumented_by_opentelemetry:  # an earlier test's rs.init instrumented them
-        collectives.uninstrument()
+    _unwrap_collectives()  # an earlier test's rs.init wrapped them
     originals = (_BaseDataLoaderIter.__next__, torch.save, torch.load, dist.all_reduce, handler)
     rs.init(experiment="instr")  # a program that flushes itself: no automatic steps
     assert dist.all_reduce is not originals[3]  # init instruments the collectives itself
@@ -87,6 +87,42 @@ def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Pa
     finally:
         for instrumentor in instrumentors:
             instrumentor.uninstrument()
+
+
+def _unwrap_collectives() -> None:
+    collectives = INSTRUMENTORS["torch_distributed"]()
+    if collectives.is_instrumented_by_opentelemetry:
+        collectives.uninstrument()
+    wrappers.uninstall()
+
+
+@pytest.mark.parametrize("init_first", [True, False])
+def test_the_instrumentor_and_init_wrap_each_collective_once_in_either_order(init_first: bool) -> None:
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    _unwrap_collectives()
+    originals = {op: getattr(c10d, op) for op in wrappers.OPS if hasattr(c10d, op)}
+    assert originals and not any(hasattr(f, "_rankscope_collective") for f in originals.values())
+    instrumentor = INSTRUMENTORS["torch_distributed"]()
+    try:
+        if init_first:
+            rs.init(experiment="once")
+        instrumentor.instrument()
+        if not init_first:
+            rs.init(experiment="once")
+        assert wrappers.installed() and instrumentor.is_instrumented_by_opentelemetry
+        for op, original in originals.items():
+            wrapper = getattr(c10d, op)
+            assert wrapper is not original and wrapper.__wrapped__ is original, op  # one wrapper, not two
+            if getattr(dist, op, None) is not None:
+                assert getattr(dist, op) is wrapper, op
+        assert wrappers.install(dist) is False  # a third try wraps nothing either
+    finally:
+        instrumentor.uninstrument()  # the originals back, whichever path wrapped them
+    assert not wrappers.installed()
+    assert {op: getattr(c10d, op) for op in originals} == originals
+    assert dist.all_reduce is originals["all_reduce"]
 
 
 def test_rl_helpers_reject_bad_input_at_the_call_site() -> None:

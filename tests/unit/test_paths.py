@@ -29,7 +29,7 @@ from rankscope.backends.tensorboard import TensorBoardBackend
 from rankscope.backends.wandb import run_id_for
 from rankscope.core.paths import safe_component
 from rankscope.metrics.reduce import Reduce
-from rankscope.sink.embedded import announce, discover, runtime_dir, withdraw
+from rankscope.sink.testing import announce, discover, runtime_dir, withdraw
 
 from ..hostile_names import assert_contained, hostile_jobs
 

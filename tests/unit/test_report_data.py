@@ -7,16 +7,18 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rankscope.backends.base import Metric
 from rankscope.backends.report import ReportBackend
+from rankscope.core.anomalies import Anomaly, NonFinite, SlowStep, Straggler
 from rankscope.metrics.reduce import Reduce
 from rankscope.report import page
 from rankscope.report.series import MAX_META_SERIES, MAX_SERIES
 from rankscope.report.summary import Summary, read
-from rankscope.sink.checked import Process
+from rankscope.sink.testing import Process
 
 NEVER = 1 << 62
 """A compaction bound no test reaches: the uncompacted reference."""
@@ -108,14 +110,16 @@ def calls(
         phases = {ph: {p: rng.random() for p in TRAINERS} for ph in ("forward", "backward", "optimizer")}
         spans = spans_of(step, rng)
         missing = ["trainer_r3"] if step % 7 == 3 else []
-        record = {"type": "slow_step", "step": step, "seconds": rng.random(), "why": "x" * 600}
+        record: Anomaly = SlowStep(step=step, seconds=rng.random(), median_s=float("inf"))
         yield lambda v, record=record, step=step: v.log_anomaly(record, step)
         if step % 4 == 0:
-            record = {"type": "nonfinite", "step": step, "key": "loss", "value": float("inf")}
+            record = NonFinite(step=step, key="loss", keys=("loss", "x" * 600))
             yield lambda v, record=record, step=step: v.log_anomaly(record, step)
         if step % 11 == 0:
-            record = {"type": "straggler", "step": step, "process": f"trainer_r{step % 4}", "phase": "forward"}
-            record.update(ratio=1 + rng.random(), seconds=rng.random(), nonfinite=float("nan"))
+            record = Straggler(step=step, first_step=step, last_step=step, process=f"trainer_r{step % 4}")
+            record = replace(
+                record, phase="forward", ratio=1 + rng.random(), seconds=rng.random(), others_s=float("nan")
+            )
             yield lambda v, record=record, step=step: v.log_anomaly(record, step)
 
         arguments = {"per_process": per, "phase_times": phases, "missing": missing}

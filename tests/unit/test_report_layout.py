@@ -22,7 +22,7 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.report import compare, page, perfetto
 from rankscope.report.series import kind_of
 from rankscope.report.summary import Summary, config_of, gantt_spans, read
-from rankscope.sink.checked import Process
+from rankscope.sink.testing import Process
 
 
 def cell(value: float, processes: int = 2) -> list[Any]:

@@ -8,7 +8,7 @@ import logging
 import pytest
 from aiohttp.http_exceptions import BadStatusLine, InvalidHeader
 
-from rankscope.sink.edge.connections import QuietLog
+from rankscope.sink.testing import QuietLog
 
 
 class Clock:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.sink.durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
-from rankscope.sink.durable.wal import WriteAheadLog
+from rankscope.sink.testing import SPARE, Descriptors, Plan, WriteAheadLog, out_of_descriptors
 
 
 class Holder:

@@ -16,7 +16,7 @@ def test_records_written_before_rows_still_replay(tmp_path: Path) -> None:
 
     from rankscope.core import names as attr
     from rankscope.sink import Sink, SinkConfig
-    from rankscope.sink.durable.wal import WriteAheadLog
+    from rankscope.sink.testing import WriteAheadLog
 
     wal = WriteAheadLog(tmp_path)
     log = wal.open("old")
@@ -52,7 +52,7 @@ def test_every_written_step_is_journaled_as_it_is_written_so_a_crash_replays_non
     """Between two checkpoints (0.1 s apart) the views' steps are in ``written.log``: a log reopened
     after a crash (no close, no checkpoint) replays no record of a written step, and a torn last
     line (the crash cut it) is skipped."""
-    from rankscope.sink.durable.wal import JOURNAL, ExperimentLog
+    from rankscope.sink.testing import JOURNAL, ExperimentLog
 
     log = ExperimentLog(tmp_path / "run", "x", 1 << 20)
     seqs = [log.append(step, b"record %d" % step) for step in range(10)]
@@ -73,11 +73,10 @@ def test_a_record_of_flush_markers_alone_is_covered_by_its_steps_view_and_its_se
     and a marker of a finalized step is not logged at all, so every segment is deleted."""
     from rankscope.core import names as attr
     from rankscope.otlp.markers import Marker
-    from rankscope.sink.book.experiment import Experiment
-    from rankscope.sink.checked import Refusals, ResourceBatch, StateRows
-    from rankscope.sink.durable.wal import ExperimentLog, encode_record
+    from rankscope.sink.book.config import BookConfig
+    from rankscope.sink.testing import Experiment, ExperimentLog, Refusals, ResourceBatch, StateRows, encode_record
 
-    experiment = Experiment("x", grace=5.0, clock=lambda: 0.0)
+    experiment = Experiment("x", BookConfig(grace=5.0), clock=lambda: 0.0)
     log = ExperimentLog(tmp_path, "x", 200)  # a segment per record or two
     resource = {attr.SERVICE_INSTANCE_ID: "a", attr.ROLE: "trainer", attr.RANK: "0", attr.WORLD_SIZE: "1"}
 
@@ -106,7 +105,7 @@ def test_a_record_of_flush_markers_alone_is_covered_by_its_steps_view_and_its_se
 def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_path: Path) -> None:
     """A crash between the checkpoint and the journal's truncation leaves lines the checkpoint
     already holds: folding them in again, an older attempt's step does not move the frontier."""
-    from rankscope.sink.durable.wal import JOURNAL, ExperimentLog, _atomic_write
+    from rankscope.sink.testing import JOURNAL, ExperimentLog, _atomic_write
 
     log = ExperimentLog(tmp_path, "x", 1 << 20)
     log.written_view(100, 5, 100, 0, force=True)
@@ -121,7 +120,7 @@ def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_pat
 
 def write_log(directory: Path, records: int) -> Path:
     """A run's log of ``records`` synced records (step i: ``payload i``), closed; its segment."""
-    from rankscope.sink.durable.wal import WriteAheadLog
+    from rankscope.sink.testing import WriteAheadLog
 
     wal = WriteAheadLog(directory)
     log = wal.open("e")
@@ -136,7 +135,7 @@ def write_log(directory: Path, records: int) -> Path:
 
 def replayed_steps(directory: Path) -> tuple[list[int], list[str]]:
     """What a new sink's log of the run replays (steps), and what it set aside."""
-    from rankscope.sink.durable.wal import WriteAheadLog
+    from rankscope.sink.testing import WriteAheadLog
 
     wal = WriteAheadLog(directory)
     log = wal.open("e")
@@ -194,7 +193,7 @@ def test_a_corrupt_length_is_not_mistaken_for_a_torn_append(tmp_path: Path) -> N
     intact record follows, it is corruption, and the segment is set aside."""
     import struct
 
-    from rankscope.sink.durable.wal import _HEADER
+    from rankscope.sink.testing import _HEADER
 
     segment = write_log(tmp_path, 5)
     data = bytearray(segment.read_bytes())
@@ -212,7 +211,7 @@ def test_a_sink_from_before_the_dot_lock_still_keeps_a_new_one_out(tmp_path: Pat
 
     import pytest
 
-    from rankscope.sink.durable.wal import StateDirBusyError, WriteAheadLog
+    from rankscope.sink.testing import StateDirBusyError, WriteAheadLog
 
     with open(tmp_path / "lock", "a") as old:  # an older sink's lock file, held
         fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)

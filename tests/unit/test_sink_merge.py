@@ -22,7 +22,7 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import attributes, encode_resource
 from rankscope.otlp.metrics import PointAttributes, decode, encode, row_of
 from rankscope.otlp.raw import RawExportMetricsServiceRequest, decode_attributes
-from rankscope.sink.book.merge import holder, merge_rows, reduced
+from rankscope.sink.testing import holder, merge_rows, reduced
 
 BUILTIN = ["mean", "sum", "max", "min", "std", "count", "last", "distribution"]
 

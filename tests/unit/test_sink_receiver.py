@@ -9,7 +9,7 @@ import gzip
 
 import pytest
 
-from rankscope.sink.edge.bodies import HttpError, decode_body, hex_ids_to_base64
+from rankscope.sink.testing import HttpError, decode_body, hex_ids_to_base64
 
 
 def test_body_rules_without_sockets() -> None:

@@ -12,9 +12,7 @@ import pytest
 
 from rankscope.cli.app import build_parser
 from rankscope.cli.sink import sink_config
-from rankscope.sink.checked import ALL, Scope
-from rankscope.sink.edge.auth import Keys, authorized, load_tokens
-from rankscope.sink.edge.control import ScopedControl
+from rankscope.sink.testing import ALL, Control, Keys, Scope, SpanQuery, authorized, load_tokens, scoped
 
 SECRET = "a-secret-of-24-characters"
 
@@ -80,11 +78,11 @@ def test_rankscope_sink_takes_a_token_file_from_its_flag_or_the_environment(tmp_
     tokens.write_text(f'[scopes.rl]\ntoken = "{SECRET}"\nexperiments = ["grpo-*"]\n')
     parser = build_parser()
     config = sink_config(parser.parse_args(["sink", "--tokens", str(tokens), "--no-state-dir"]))
-    assert config.tokens == {SECRET: Scope("rl", ("grpo-*",))} and config.transport().tokens == config.tokens
+    assert config.transport.tokens == {SECRET: Scope("rl", ("grpo-*",))}
     monkeypatch.setenv("RANKSCOPE_SINK_TOKENS", str(tmp_path / "missing.toml"))
     with pytest.raises(ValueError, match=r"missing\.toml"):
         sink_config(parser.parse_args(["sink", "--no-state-dir"]))
-    assert sink_config(parser.parse_args(["run", "--", "true"])).tokens == {}  # one job's own sink: none
+    assert sink_config(parser.parse_args(["run", "--", "true"])).transport.tokens == {}  # one job's own sink: none
 
 
 class _Port:
@@ -125,15 +123,17 @@ class _Port:
 
 
 def test_a_scoped_token_sees_its_own_experiments_only() -> None:
-    control = ScopedControl(_Port(), Scope("rl", ("grpo-*",)))  # type: ignore[arg-type]
-    assert control.status("grpo-a") == {"experiment": "grpo-a"} and control.status("theirs") is None
-    assert control.recent("theirs") is None and control.span_rows("theirs") is None
-    assert control.pending_captures("theirs", "p") == [] and control.pending_captures("grpo-a", "p") != []
+    port = _Port()
+    seen = scoped(Control(port, port), Scope("rl", ("grpo-*",)))  # type: ignore[arg-type]
+    read, control = seen.queries, seen.commands
+    assert read.status("grpo-a") == {"experiment": "grpo-a"} and read.status("theirs") is None
+    assert read.recent("theirs") is None and read.span_rows(SpanQuery("theirs")) is None
+    assert read.pending_captures("theirs", "p") == [] and read.pending_captures("grpo-a", "p") != []
     assert str(control.report("theirs")).startswith("no experiment 'theirs'")
     assert str(control.capture("theirs", "asked", 2)).startswith("no experiment")
     assert control.configure("theirs", {}).startswith("refused: scope 'rl' may not write")
     assert control.configure("grpo-a", {}) == "ok"
-    for call in (control.capture_target, control.store_capture):
+    for call in (read.capture_target, control.store_capture):
         with pytest.raises(LookupError):
             call("theirs", "c", "p", 1)  # type: ignore[operator]
-    assert control.overview()["experiment_list"] == [{"id": "grpo-a"}]
+    assert read.overview()["experiment_list"] == [{"id": "grpo-a"}]

@@ -16,10 +16,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.raw import parse_metrics
-from rankscope.sink import RunLimits, Sink, SinkConfig
-from rankscope.sink.edge.ports import Client
-from rankscope.sink.quotas import Quotas
-from rankscope.sink.upkeep import ENDED_MARGIN, Agenda
+from rankscope.sink import BookConfig, RunLimits, Sink, SinkConfig
+from rankscope.sink.testing import ENDED_MARGIN, Agenda, Client, Quotas
 
 
 class Clock:
@@ -41,12 +39,11 @@ def sink(tmp_path: Path, clock: Clock) -> Iterator[Sink]:
     config = SinkConfig(
         grpc_port=None,
         http_port=None,
-        grace=1.0,
-        start_hold=0.0,  # a step is final once nothing is missing, from the first
-        tick=3600.0,  # the test runs the rounds
+        tick=3600.0,
         state_dir=tmp_path / "state",
         backends=views,
         runs=RunLimits(quiet_after=30.0, idle_timeout=120.0),
+        book=BookConfig(grace=1.0, start_hold=0.0),
     )
     started = Sink(config, clock=clock).start()
     yield started
@@ -74,7 +71,7 @@ def settle(sink: Sink) -> None:
         if tenant.writer is not None:
             assert tenant.writer.wait_idle(10)
     deadline = time.monotonic() + 10
-    while sink.tenants.closing and time.monotonic() < deadline:
+    while sink.closed.closing and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -110,7 +107,7 @@ def test_a_quiet_run_gives_its_descriptors_back_and_takes_them_again(sink: Sink,
     clock.now += 121.0  # idle: closed (its steps go on where they were on new data)
     settle(sink)
     settle(sink)
-    assert sink.tenants.find("exp", "quiet") is None and sink.tenants.evicted == 1
+    assert sink.tenants.find("exp", "quiet") is None and sink.closed.evicted == 1
 
 
 def test_the_finalizer_visits_only_the_runs_with_work(sink: Sink, clock: Clock) -> None:

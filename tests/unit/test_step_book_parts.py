@@ -1,19 +1,36 @@
-"""The step book's parts, each alone: the roster, step windows, admission and finalize."""
+"""The step book's parts, each alone: its rules, the roster, step windows, admission, the step
+table and its late updates, and finalize."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
+import pytest
+
 from rankscope.core import names as attr
-from rankscope.sink.book.admission import Admission, ExperimentLimits
-from rankscope.sink.book.finalize import Finished, view_of
-from rankscope.sink.book.merge import merge_rows
-from rankscope.sink.book.roster import Roster
-from rankscope.sink.book.traces import TraceStore
-from rankscope.sink.book.windows import MAX_CLOCK_SKEW_NS, StepWindows
-from rankscope.sink.checked import Refusals, StateRows
-from rankscope.sink.views.anomalies import Detectors, Watch
+from rankscope.core.anomalies import NonFinite
+from rankscope.sink.book.config import BookConfig
+from rankscope.sink.book.counts import Counts
+from rankscope.sink.book.late import LateSteps
+from rankscope.sink.book.steps import StepTable
+from rankscope.sink.testing import (
+    MAX_CLOCK_SKEW_NS,
+    Admission,
+    ExperimentLimits,
+    Finished,
+    Refusals,
+    ResourceBatch,
+    Roster,
+    StateRows,
+    StepWindows,
+    Thresholds,
+    TraceStore,
+    Watch,
+    merge_rows,
+    view_of,
+)
 
 
 def resource(pid: str, rank: int = 0, world: int = 1, attempt: int = 0, role: str = "trainer") -> dict[str, Any]:
@@ -24,6 +41,37 @@ def resource(pid: str, rank: int = 0, world: int = 1, attempt: int = 0, role: st
         attr.WORLD_SIZE: str(world),
         attr.EXPERIMENT_ATTEMPT: attempt,
     }
+
+
+# -- the book's rules -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("grace", -1.0),
+        ("grace", math.nan),
+        ("start_hold", math.inf),
+        ("late_interval", "1"),
+        ("time_bucket", 0),
+        ("time_bucket_lag", True),
+        ("retain_steps", -1),
+        ("step_window", 1.5),
+        ("limits", None),
+        ("detectors", {}),
+    ],
+)
+def test_a_book_config_refuses_a_bad_value_and_names_its_field(name: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"book config: {name} must be"):
+        BookConfig(**{name: value})
+
+
+def test_a_book_config_is_frozen_and_keyword_only() -> None:
+    config = BookConfig(grace=2.0, step_window=0, retain_steps=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.grace = 3.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        BookConfig(2.0)  # type: ignore[misc]
 
 
 # -- roster ---------------------------------------------------------------------------------
@@ -147,6 +195,50 @@ def test_admission_counts_log_records_per_step_and_forgets_the_lowest_steps_firs
     assert admission.log_record(10_099, refused) is False
 
 
+# -- the step table and its late updates -------------------------------------------------------
+
+
+def test_late_updates_are_taken_in_order_at_most_once_per_interval() -> None:
+    late = LateSteps(interval=1.0, now=0.0)
+    assert late.deadline() is None and late.take(5.0) == []
+    late.bucket(7, None, now=0.5)
+    retained = late.bucket(3, None, now=0.5)
+    assert late.bucket(3, None, now=0.6) is retained  # one pending update per step
+    assert late.take(0.9) == [] and late.deadline() == 1.0
+    assert [bucket.step for bucket in late.take(1.0)] == [3, 7] and late.deadline() is None
+    late.bucket(3, None, now=1.2)
+    assert late.take(1.5) == [] and [bucket.step for bucket in late.take(1.5, force=True)] == [3]
+
+
+def test_the_step_table_retains_finalized_steps_merges_late_data_into_them_and_drops_all_on_restart() -> None:
+    counts = Counts()
+    admission = Admission(ExperimentLimits())
+    steps = StepTable(retain_steps=1, step_window=10, late_interval=1.0, admission=admission, counts=counts, now=0.0)
+    p0 = Roster().process_for(resource("a"))
+    assert p0 is not None
+    refused = Refusals()
+
+    def part(step: int) -> ResourceBatch:
+        return ResourceBatch("x", {}, states=[rows("sum", step, "n")])
+
+    for step in (0, 1):
+        parts, settled = steps.place(part(step), part(step).states, refused, lambda t: 0)
+        assert list(parts) == [step] and settled == []
+        assert steps.merge(p0, step, parts[step], seq=step + 1, now=0.0, refused=refused) == 1
+    assert steps.place(part(11), part(11).states, refused, lambda t: 0) == ({}, [])
+    assert "more than 10 ahead of 0" in refused.reasons[0]
+    assert [steps.close(0)[1], steps.close(1)[1]] == [False, False] and list(steps.done) == [1]  # retains 1
+    steps.merge(p0, 1, part(1), seq=3, now=2.0, refused=refused)
+    steps.merge(p0, 0, part(0), seq=4, now=2.0, refused=refused)
+    assert steps.late.pending[1] is steps.done[1]  # late data merges into the whole retained step
+    assert steps.late.pending[0].opened == 2.0  # past retain_steps: a step of its own
+    assert counts.late_points == 2 and steps.room(1) == (steps.done[1].merged, 1) and not steps.settled
+    steps.merge(p0, 2, part(2), seq=5, now=2.0, refused=refused)
+    assert steps.restart() == 1 and steps.settled and steps.last_finalized == -1 and steps.frontier == 1
+    steps.merge(p0, 1, part(1), seq=6, now=3.0, refused=refused)
+    assert steps.close(1) == (steps.done[1], True)  # at or below a step finalized before: a rewind
+
+
 # -- finalize -------------------------------------------------------------------------------
 
 
@@ -164,15 +256,15 @@ def test_view_of_reduces_names_the_extremes_holder_and_flags_nonfinite_values_wi
         for r in (mean, peak_rows):
             merge_rows(merged, r.reduce, r.keys, r.rows, process.rank, process.label)
             parts.append((process, r))
-    watch = Watch(Detectors())
+    watch = Watch(Thresholds())
     done = Finished(experiment="x", step=4, seq=9, merged=merged, parts=parts, samples={}, missing=["trainer_r2"])
     view = view_of(done, traces=TraceStore(), watch=watch)
     values = {m.key: m.value for m in view.global_metrics}
     assert math.isnan(values["loss"]) and values["peak"] == 5.0
     assert values["peak/argmax_rank"] == 1.0 and view.labels["peak/argmax_rank"] == "trainer_r1"
     assert values[attr.NONFINITE_VALUES] == 1.0 and values[attr.MISSING_PROCESSES] == 1.0
-    nonfinite = [a for a in view.anomalies if a["type"] == "nonfinite"]
-    assert nonfinite and nonfinite[0]["process"] == "trainer_r1" and nonfinite[0]["key"] == "loss"
+    nonfinite = [a for a in view.anomalies if isinstance(a, NonFinite)]
+    assert nonfinite and nonfinite[0].process == "trainer_r1" and nonfinite[0].key == "loss"
     assert view.stragglers == [] and view.seq == 9
     assert {p.label: [m.value for m in ms if m.key == "peak"] for p, ms in view.per_process.items()} == {
         "trainer_r0": [3.0],

@@ -9,10 +9,18 @@ import time
 from typing import Any
 
 from rankscope.core import names as attr
-from rankscope.sink.book.stragglers import judge, record_of, straggler_metrics, stragglers
-from rankscope.sink.book.traces import StoredSpan
-from rankscope.sink.checked import Process
-from rankscope.sink.views.anomalies import Detectors, Watch
+from rankscope.core.anomalies import Straggler
+from rankscope.sink.testing import (
+    Process,
+    StepFacts,
+    StoredSpan,
+    Thresholds,
+    Watch,
+    judge,
+    record_of,
+    straggler_metrics,
+    stragglers,
+)
 
 PHASES = ("data", "forward", "backward", "optimizer")
 BASE = {"data": 0.002, "forward": 0.004, "backward": 0.004, "optimizer": 0.002}
@@ -72,9 +80,9 @@ def step_spans(world: int, slow: dict[tuple[int, str], float], *, skew: float = 
 
 
 def named(spans: list[Any], **thresholds: float) -> dict[str, dict[str, Any]]:
-    d = Detectors(**thresholds)  # type: ignore[arg-type]
+    d = Thresholds(**thresholds)  # type: ignore[arg-type]
     found = stragglers(judge(spans), ratio=d.straggler_ratio, min_s=d.straggler_min_s)
-    return {c.process.label: record_of(c) for c in found}
+    return {c.process.label: record_of(c).to_json() for c in found}
 
 
 def test_two_ranks_name_the_slow_one_and_its_victims_wait_is_a_wait() -> None:
@@ -144,12 +152,10 @@ def watch_steps(watch: Watch, plan: dict[int, int | None], world: int = 4) -> li
     said = []
     for step, slow in sorted(plan.items()):
         spans = step_spans(world, {} if slow is None else {(slow, "forward"): 0.2})
-        d = watch.detectors
+        d = watch.thresholds
         late = stragglers(judge(spans), ratio=d.straggler_ratio, min_s=d.straggler_min_s)
-        records = watch.step(
-            step, nonfinite=[], stragglers=[(record_of(c), c.process) for c in late], duration=None, missing=[]
-        )
-        said += [r for r in records if r["type"] == "straggler"]
+        records = watch.step(StepFacts(step, stragglers=[(record_of(c), c.process) for c in late]))
+        said += [r.to_json() for r in records if isinstance(r, Straggler)]
     return said
 
 
@@ -172,7 +178,7 @@ def test_one_noisy_step_is_not_a_straggler() -> None:
     """A rank slow in one judged step only (a busy box's hiccup) is not named."""
     plan: dict[int, int | None] = {s: None for s in range(12)} | {6: 1, 9: 3}
     assert watch_steps(Watch(), plan) == []
-    assert [r["first_step"] for r in watch_steps(Watch(Detectors(straggler_steps=1)), plan)] == [6, 9]
+    assert [r["first_step"] for r in watch_steps(Watch(Thresholds(straggler_steps=1)), plan)] == [6, 9]
 
 
 def test_the_judgement_is_linear_in_ranks_at_10000() -> None:

@@ -8,8 +8,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from rankscope.otlp.common import key_value
 from rankscope.report import perfetto
-from rankscope.sink.book.traces import SpanFile, TraceStore, parse_ranks
-from rankscope.sink.checked import Process
+from rankscope.sink.testing import Process, SpanFile, TraceStore, parse_ranks
 
 
 def process(rank: int) -> Process:
@@ -140,7 +139,7 @@ def test_span_links_become_perfetto_flow_arrows_from_each_linked_span_whichever_
 
 
 def test_span_text_and_attributes_are_bounded_and_printable() -> None:
-    from rankscope.sink.checked import Limits, check_span, span_attributes, span_text
+    from rankscope.sink.testing import Limits, check_span, span_attributes, span_text
 
     assert check_span(trace_pb2.Span(name="x", trace_id=b"\x01" * 16, span_id=b"\x02" * 8)) is None
     for ids in ({"trace_id": b"\x01" * 15, "span_id": b"\x02" * 8}, {"trace_id": b"\x01" * 16, "span_id": b""}):

@@ -9,8 +9,7 @@ from typing import Any
 
 from rankscope.backends.base import LoggerBackend, Metric, register_backend
 from rankscope.metrics.reduce import Reduce
-from rankscope.sink.views.step import StepView
-from rankscope.sink.views.writer import ViewPool, ViewWriter
+from rankscope.sink.testing import StepView, ViewPool, ViewWriter
 
 WRITTEN: list[tuple[str, int, str]] = []
 """(experiment, step, thread name) of every step a ``Recording`` view wrote."""

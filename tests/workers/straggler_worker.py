@@ -2,7 +2,7 @@
 
 Each step is ``rs.trace("train")`` with four phases: ``data`` (loading a batch), ``forward``,
 ``backward`` (ending in a real ``dist.all_reduce`` of the gradients, through the Python API so
-the ``torch_distributed`` instrumentor, which ``rs.init`` turns on, sees it) and ``optimizer`` (after the step's last
+the collective wrappers ``rs.init`` installs, ``tracing.collectives``, see it) and ``optimizer`` (after the step's last
 collective); then ``loss`` is recorded and the step flushed. Each phase takes ``--base`` seconds
 (a sleep: a 2-core box running 4 ranks stays idle enough to keep time), plus the extra seconds
 of every ``--slow`` that names this rank, phase and step.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..core.anomalies import Anomaly
 from ..metrics.reduce import Reduce
 
 
@@ -82,9 +83,10 @@ class LoggerBackend:
         the row under ``row`` plus its provenance. Global views get the experiment's selection,
         per-rank views their process's, ``per_rank_no_reduce`` views every row as recorded."""
 
-    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> Any:
-        """What a sink's detectors found in a step (``type``: nonfinite, straggler, slow_step,
-        missing, interrupted, capture; the rest names where). Global views only."""
+    def log_anomaly(self, record: Anomaly, global_step: int | None, *args: Any, **kwargs: Any) -> Any:
+        """What a sink's detectors found in a step: a typed record (``rankscope.core.anomalies``:
+        ``NonFinite``, ``Straggler``, ``SlowStep``, ``Missing``, ``Interrupted``, ``Capture``);
+        ``record.to_json()`` is its serialized form. Global views only."""
 
     def report(self, status: dict[str, Any] | None = None) -> str | None:
         """Write this view's page now and return its path (the ``report`` view; ``status`` is

@@ -35,6 +35,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from ..core import names as attr
+from ..core.anomalies import Anomaly, Capture, Interrupted, Missing, NonFinite, SlowStep, Straggler
 from ..core.settings import resolve
 from ..metrics.catalog import EXTREME_SUFFIXES, key_kind
 from ..metrics.reduce import Reduce
@@ -215,19 +216,18 @@ class ConsoleBackend(LoggerBackend):
             )
         self._write("\n".join(lines))
 
-    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+    def log_anomaly(self, record: Anomaly, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if self.format == "off":
             return
         if self.format == "full":
             self._write(printable(f"!!! step {global_step} {describe(record)}"))
             return
-        if record.get("type") == "nonfinite":
+        if isinstance(record, NonFinite):
             self._said_nonfinite = global_step
-        if record.get("type") == "interrupted":
+        if isinstance(record, Interrupted):
             self._cut_short = global_step
-        first = record.get("first_step")  # a sink's straggler record is its streak's, said once
-        since = first if isinstance(first, int) and record.get("type") == "straggler" else global_step
-        if record.get("type") == "capture" or self._new_streak(_streak_of(record), since):
+        since = record.first_step if isinstance(record, Straggler) else global_step  # a sink's: said once
+        if isinstance(record, Capture) or self._new_streak(record.streak, since):
             text = printable(f"!!! step {global_step} {describe(record)}")
             lines = textwrap.wrap(text, _width(), subsequent_indent="    ", break_on_hyphens=False) or [text]
             self._write("\n".join(self._alert(line) for line in lines))
@@ -358,23 +358,6 @@ def _block(title: str, metrics: list[Metric], step: int | None, labels: Mapping[
     return "\n".join(lines)
 
 
-def _streak_of(record: dict[str, Any]) -> Hashable:
-    """What makes two steps' anomalies one streak: their type and where they are. A sink's
-    straggler record is one streak already (a process from its ``first_step``, whatever phase
-    its time went to as it went on): a copy of it is not news."""
-    kind = record.get("type")
-    if kind == "straggler":
-        first = record.get("first_step")
-        return (kind, record.get("process"), first if isinstance(first, int) else record.get("phase"))
-    if kind == "nonfinite":
-        return (kind, record.get("key"), record.get("process"))
-    if kind == "missing":
-        return (kind, tuple(record.get("processes") or ()))
-    if kind == "interrupted":
-        return (kind, record.get("step"))
-    return (kind,)
-
-
 def _width() -> int:
     """The terminal's width (``COLUMNS``), 120 when the output is not a terminal; at least 60."""
     return max(60, shutil.get_terminal_size((120, 24)).columns)
@@ -408,51 +391,48 @@ def _ratio(value: object) -> str:
     return short_value(value) if isinstance(value, (int, float)) else str(value)
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: Anomaly) -> str:
     """One line for an anomaly record, for people."""
-    kind, who = record.get("type"), record.get("process") or "?"
-    if kind == "nonfinite":
-        return f"non-finite value: {record.get('key')} from {who} ({record.get('count')} in the step)"
-    if kind == "straggler":
-        first, last = record.get("first_step"), record.get("last_step")
-        since = f" since step {first}" if isinstance(first, int) and isinstance(last, int) and last > first else ""
-        return f"straggler: {who}{straggler_where(record)}{since}{straggler_details(record)}"
-    if kind == "slow_step":
-        return f"slow step: {record.get('seconds', 0):.3f}s ({_ratio(record.get('factor'))}x the median)"
-    if kind == "missing":
-        return f"missing: {', '.join(map(str, record.get('processes', [])))}"
-    if kind == "interrupted":
-        waiting = ", ".join(map(str, record.get("processes", [])))
-        return "interrupted: the job ended before every process closed it" + (f" ({waiting} had not)" * bool(waiting))
-    if kind == "capture":
-        return f"capture {record.get('capture')}: {who}: {record.get('path') or record.get('state')}"
-    return str(record)
+    match record:
+        case NonFinite():
+            return f"non-finite value: {record.key} from {record.process or '?'} ({record.count} in the step)"
+        case Straggler():
+            since = f" since step {record.first_step}" if record.last_step > record.first_step else ""
+            where = straggler_where(record.phase)
+            return f"straggler: {record.process or '?'}{where}{since}{straggler_details(record)}"
+        case SlowStep():
+            return f"slow step: {record.seconds:.3f}s ({_ratio(record.factor)}x the median)"
+        case Missing():
+            return f"missing: {', '.join(record.processes)}"
+        case Interrupted():
+            waiting = f" ({', '.join(record.processes)} had not)" if record.processes else ""
+            return f"interrupted: the job ended before every process closed it{waiting}"
+        case Capture():
+            return f"capture {record.capture}: {record.process or '?'}: {record.path}"
+    return str(record.to_json())
 
 
-def straggler_where(record: dict[str, Any]) -> str:
+def straggler_where(phase: object) -> str:
     """`` in train/forward``: the phase a straggler's time went to ("" when the sink named none:
     it was late to a collective only)."""
-    phase = record.get("phase")
     return f" in {phase}" if phase else ""
 
 
-def straggler_details(record: dict[str, Any]) -> str:
+def straggler_details(record: Straggler) -> str:
     """What a straggler record says after who and where (``straggler: trainer_r2 in train/forward``):
     by how much, then its victims (``, +150.1ms (352.6x the others); arrived last at all_reduce, 3
     others waited up to 150ms``). Also ``rankscope top``'s words for a streak going on."""
     line = ""
-    excess, ratio = _seconds(record.get("excess_s")), record.get("ratio")
+    excess, waited, waiting = _seconds(record.excess_s), _seconds(record.waited_s_max), record.waiting
     if excess is not None:
         line += f", +{duration(excess)}"
-    if isinstance(ratio, (int, float)):
-        line += f" ({_ratio(ratio)}x the others)"
-    collective, waited, waiting = record.get("collective"), _seconds(record.get("waited_s_max")), record.get("waiting")
+    line += f" ({_ratio(record.ratio)}x the others)"
     victims = ""
     if waited is not None and waited > 0:
         others = f"{waiting} other{'s' * (waiting != 1)}" if isinstance(waiting, int) and waiting > 0 else "others"
         victims = f"{others} waited up to {duration(waited)}"
-    if collective:
-        return f"{line}; arrived last at {collective}" + (f", {victims}" * bool(victims))
+    if record.collective:
+        return f"{line}; arrived last at {record.collective}" + (f", {victims}" * bool(victims))
     return f"{line}; {victims}" if victims else line
 
 

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from ..core.anomalies import Anomaly
 from ..core.paths import safe_component
 from .base import LoggerBackend, Metric
 
@@ -84,9 +85,9 @@ class JsonlBackend(LoggerBackend):
             self._file.write(json.dumps({"kind": "sample", **entry, **extra}, default=str) + "\n")
         self._file.flush()
 
-    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+    def log_anomaly(self, record: Anomaly, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         """``{"kind": "anomaly", "type": ..., "step": ..., ...}``."""
-        row = {"kind": "anomaly", **record}
+        row = {"kind": "anomaly", **record.to_json()}
         for k in ("experiment", "run"):
             if k in self.identity:
                 row[k] = self.identity[k]

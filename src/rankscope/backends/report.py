@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ..core.anomalies import Anomaly, Straggler
 from ..report import page
 from ..report.summary import Summary, config_of, gantt_spans, heat_of, read, span_seconds, spread_of
 from .base import LoggerBackend, LoggingMode, Metric
@@ -188,10 +189,10 @@ class ReportBackend(LoggerBackend):
     ) -> None:
         self._event({"kind": "samples", "table": table, "step": global_step, "rows": rows, "late": kwargs.get("late")})
 
-    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
-        if record.get("type") == "straggler" and self._straggler_step is None:
+    def log_anomaly(self, record: Anomaly, global_step: int | None, *args: Any, **kwargs: Any) -> None:
+        if isinstance(record, Straggler) and self._straggler_step is None:
             self._straggler_step = global_step
-        self._event({**record, "kind": "anomaly"})
+        self._event({**record.to_json(), "kind": "anomaly"})
 
     def report(self, status: dict[str, Any] | None = None) -> str:
         """Write the page now (with the sink's ``status`` of the experiment) and return its path."""

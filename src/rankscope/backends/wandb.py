@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import names as attr
+from ..core.anomalies import Anomaly, Capture, Located
 from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric
 
 STEP_METRIC = "step"
@@ -218,7 +219,7 @@ class WandbBackend(LoggerBackend):
             logged[STEP_METRIC] = global_step
         self.run.log(logged)
 
-    def log_anomaly(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
+    def log_anomaly(self, record: Anomaly, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         """A W&B alert (offline runs keep none) and a row of the ``anomalies`` table logged with the
         step's values (at most ``max_log_rows`` per step, like the logs table)."""
         if self.run is None:
@@ -227,17 +228,18 @@ class WandbBackend(LoggerBackend):
 
         text = f"step {global_step}: {describe(record)}"
         try:
-            self.run.alert(title=f"rankscope: {record.get('type')}", text=text[:1000], level="WARN")
+            self.run.alert(title=f"rankscope: {record.KIND}", text=text[:1000], level="WARN")
         except Exception as exc:  # an alert is a courtesy: the record is in the table either way
             logging.getLogger("rankscope").debug("W&B alert failed: %r", exc)
-        path = record.get("path") if record.get("type") == "capture" else None
-        if path:  # a captured profiler trace: one of the run's files
+        if isinstance(record, Capture) and record.path:  # a captured profiler trace: one of the run's files
+            path = record.path
             try:
                 self.run.save(str(path), base_path=str(Path(path).parents[3]), policy="now")
             except Exception as exc:
                 logging.getLogger("rankscope").warning("rankscope: W&B did not take capture file %s (%r)", path, exc)
         if len(self._anomaly_rows) < self.max_log_rows:
-            self._anomaly_rows.append([global_step, str(record.get("type")), str(record.get("process") or ""), text])
+            who = record.process if isinstance(record, Located) else None
+            self._anomaly_rows.append([global_step, record.KIND, who or "", text])
 
     def log_stream(self, metric: Metric, global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if self.run is None:

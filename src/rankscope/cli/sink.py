@@ -110,8 +110,7 @@ def add_server_options(
 
 def sink_config(args: argparse.Namespace) -> Any:
     """The ``SinkConfig`` the options say; raises ``ValueError`` for a tokens file that does not load."""
-    from ..sink import RunLimits, SinkConfig
-    from ..sink.checked import Limits
+    from ..sink import BookConfig, RunLimits, SinkConfig, Transport
     from ..sink.edge.auth import load_tokens
 
     backends = json.loads(args.backends) if args.backends else None
@@ -123,24 +122,28 @@ def sink_config(args: argparse.Namespace) -> Any:
     except OSError as exc:
         raise ValueError(f"{tokens_file}: {exc.strerror or exc}") from None
     return SinkConfig(
-        host=args.host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
+        transport=Transport(
+            host=args.host,
+            token=args.token or os.environ.get("RANKSCOPE_SINK_TOKEN") or None,
+            tokens=tokens,
+        ),
         backends=backends,
-        grace=args.grace if args.grace is not None else resolve("sink_grace"),
-        start_hold=max(0.0, args.start_hold),
-        token=args.token or os.environ.get("RANKSCOPE_SINK_TOKEN") or None,
-        tokens=tokens,
+        book=BookConfig(
+            grace=args.grace if args.grace is not None else resolve("sink_grace"),
+            start_hold=max(0.0, args.start_hold),
+            time_bucket=args.time_bucket,
+            step_window=args.step_window,
+        ),
         state_dir=None if args.no_state_dir or args.state_dir in (None, "") else Path(args.state_dir),
         spans_dir=Path(args.spans_dir) if args.spans_dir else None,
         max_span_file_bytes=args.max_span_file_bytes,
-        time_bucket=args.time_bucket,
         view_workers=max(1, args.view_workers),
         resume_window=args.resume_window,
         report=args.report,
         trust_posted_paths=args.command == "run" or args.trust_posted_paths,
         runs=RunLimits(close_ended=args.command != "run"),  # `rankscope run` reads its run at the end
-        limits=Limits(step_window=args.step_window),
     )
 
 

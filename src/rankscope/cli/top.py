@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # rich loads when the view draws: every other command starts 
 
 from ..backends.console import printable, straggler_details, straggler_where
 from ..core import names as attr
+from ..core.anomalies import Straggler, from_json
 from .sink import find_sink
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -217,19 +218,21 @@ def streaks(last: dict[str, Any], status: dict[str, Any]) -> list[str]:
     train/forward since step 3 (12 steps), +150.1ms (352.6x the others); arrived last at
     all_reduce, 3 others waited up to 150ms``. From the status route's records (the sink keeps
     each streak's record up to date: its ``last_step`` and ``steps``), else the last step's own."""
-    records = [a for a in status.get("anomalies") or () if isinstance(a, dict) and a.get("type") == "straggler"]
-    if not records:
-        records = [a for a in last.get("anomalies") or () if isinstance(a, dict) and a.get("type") == "straggler"]
+    records = _stragglers(status.get("anomalies")) or _stragglers(last.get("anomalies"))
     lines: dict[tuple[Any, ...], str] = {}
     for a in records:
-        first, until = a.get("first_step", a.get("step")), a.get("last_step", a.get("step"))
-        if not isinstance(until, int) or until < last["step"] - 1:  # it ended (one step behind: the status
-            continue  # was read before the recent steps, so it may go on at the last one)
-        steps = a.get("steps", 1)
-        since = f" since step {first} ({steps} step{'s' * (steps != 1)})" if isinstance(first, int) else ""
-        where = f"straggler: {a.get('process')}{straggler_where(a)}{since}"
-        lines[(a.get("process"), first)] = printable(where + straggler_details(a))
+        if a.last_step < last["step"] - 1:  # it ended (one step behind: the status was read
+            continue  # before the recent steps, so it may go on at the last one)
+        since = f" since step {a.first_step} ({a.steps} step{'s' * (a.steps != 1)})"
+        where = f"straggler: {a.process}{straggler_where(a.phase)}{since}"
+        lines[(a.process, a.first_step)] = printable(where + straggler_details(a))
     return list(lines.values())
+
+
+def _stragglers(records: Any) -> list[Straggler]:
+    """The straggler records among a status's serialized ones (anything else is skipped)."""
+    read = (from_json(r) for r in records or () if isinstance(r, dict))
+    return [r for r in read if isinstance(r, Straggler)]
 
 
 @contextlib.contextmanager

@@ -1,13 +1,14 @@
 """The export thread: it schedules; the parts do the work.
 
 ``flush`` puts a ``StepBatch`` in the ``inbox`` and returns (O(1): a lock, a counter, an append;
-no wake-up while steps come faster than the export cadence). This thread reads device values
-(waiting on CUDA events here, never on the caller), hands reduced values to the local backends,
-and runs export rounds: the new steps are encoded (``encode``, bytes from per-key templates), then
-each outbox (``outboxes``: spans, streamed values, sample rows, metrics, in the sink's order) sends
-what it holds through the ``Endpoint`` (a ``Sender`` and one backoff). Rounds are spaced 0.2 s per
-request they sent, up to 0.6 s (5 requests a second per process in a training loop, which sends
-metrics and spans): steps flushed faster share a request, and a slower step leaves at its flush.
+no wake-up while steps come faster than the export cadence). This thread handles each message
+(``messages``: it reads device values, waiting on CUDA events here, never on the caller, and
+hands reduced values to the local backends) and runs export rounds (``rounds``): the new steps
+are encoded (``encode``, bytes from per-key templates), then each outbox (``outboxes``: spans,
+streamed values, sample rows, metrics, in the sink's order) sends what it holds through the
+``Endpoint`` (a ``Sender`` and one backoff). Rounds are spaced 0.2 s per request they sent, up to
+0.6 s (5 requests a second per process in a training loop, which sends metrics and spans): steps
+flushed faster share a request, and a slower step leaves at its flush.
 
 Why it retries itself: the OTel SDK exporters retry with exponential backoff *inside*
 ``export()`` and then drop the batch, so an endpoint outage used to lose every step while this
@@ -18,7 +19,7 @@ endpoint's backoff, then sends the backlog oldest first. The bound is in steps: 
 queued or unsent (``StepBound``); a flush beyond that is dropped and counted, so only what
 overflows is lost. Everything lost is counted in one place (``drops``) and reported as a warning
 and in the ``rankscope.dropped_points`` metric once an export goes through again; shutdown keeps
-trying until ``RANKSCOPE_SHUTDOWN_TIMEOUT`` and counts what is left.
+trying until ``RANKSCOPE_SHUTDOWN_TIMEOUT`` and counts what is left (the drain, ``rounds``).
 
 Forked children (DataLoader workers) export through their parent: their serialized requests
 arrive from ``senders.ForkRelay`` and join the outbox of their signal (``relay``); a child's
@@ -30,7 +31,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
@@ -51,8 +51,10 @@ from .drops import Drops
 from .endpoint import Endpoint
 from .inbox import Inbox
 from .local_views import BackendSet
+from .messages import Dispatcher, Message, Poll, Relayed, Stop, StreamedRow, StreamedValue, Sync, Taken
 from .outboxes import MetricOutbox, Outbox, RowOutbox, SpanOutbox, StepBound, StreamOutbox
-from .senders import SIGNALS, EmbeddedSender, RelaySender, Sender
+from .rounds import Rounds
+from .senders import EmbeddedSender, Sender
 
 _INBOX_LIMIT = 65536
 _MAX_ITEMS_PER_ROUND = 256
@@ -67,96 +69,12 @@ _MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
 endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
 ask 0.8 s)."""
-OWNED_SINK_DRAIN = 30.0
-"""Seconds a shutdown keeps retrying a sink this job owns while it is alive but has not taken what
-this process holds (a busy box): past ``RANKSCOPE_SHUTDOWN_TIMEOUT``, counted from when the sink was ready."""
-
-
-# -- messages to the export thread (one inbox, handled in order) --------------------------
-
-
-@dataclass(slots=True)
-class _Stream:
-    metric: Metric
-    step: int | None
-
-
-@dataclass(slots=True)
-class _Row:
-    table: str
-    row: Row
-    origin: Provenance
-    step: int | None
-
-
-@dataclass(slots=True)
-class _Relayed:
-    kind: bytes
-    payload: bytes
-
-
-@dataclass(slots=True)
-class _Poll:
-    done: Callable[[], None]
-
-
-@dataclass(slots=True)
-class _Sync:
-    done: threading.Event
-
-
-@dataclass(slots=True)
-class _Stop:
-    asked: float
-    """When shutdown asked (``time.monotonic``)."""
-    timeout: float
-    """``RANKSCOPE_SHUTDOWN_TIMEOUT``: how long the drain tries the endpoint."""
-
-    @property
-    def deadline(self) -> float:
-        return self.asked + self.timeout
-
-
-_Message = StepBatch | _Stream | _Row | _Relayed | _Poll | _Sync | _Stop
-"""A flushed step is its own message (one object less on the caller's thread)."""
-
-
-@dataclass(slots=True)
-class _Round:
-    """What the messages of one round of the export thread's loop asked for."""
-
-    pending: list[StepBatch]
-    """Prepared steps waiting for the next export round (the loop's list, carried across rounds)."""
-    synced: bool = False
-    """A force_flush or a poll: try to send at once."""
-    polls: list[Callable[[], None]] = field(default_factory=list)
-    """Polls' callbacks, called at the end of the round."""
-    stop: _Stop | None = None
-    """Set by a stop: the shutdown's drain follows."""
-
-
-class _Pause:
-    """Between encoded steps, hands the GIL back to the training thread once ``every`` seconds of
-    encoding have passed since the round began or the last hand-back. Handing it back after every
-    step left each step to be encoded on caches the training thread had just used (~25 % more of
-    the export thread's CPU per step, ``bench_overhead.py``). A training thread that wants the GIL
-    while steps are encoded waits about 0.5 ms at most (one step's encoding more; the round's spans
-    and sends are not paused, as before; Python's own switch interval is 5 ms)."""
-
-    __slots__ = ("_every", "_since")
-
-    def __init__(self, every: float = 0.0005) -> None:
-        self._every = every
-        self._since = time.perf_counter()
-
-    def __call__(self) -> None:
-        if time.perf_counter() - self._since >= self._every:
-            time.sleep(0)
-            self._since = time.perf_counter()
 
 
 class ExportThread:
-    """The inbox, the outboxes and the thread that moves steps from one to the others."""
+    """The inbox, the outboxes and the thread that moves steps from one to the others: the caller
+    side, and the loop's schedule; what a message asks for is the ``Dispatcher``'s, what leaves the
+    process and the shutdown's drain are the ``Rounds``'."""
 
     def __init__(
         self,
@@ -186,7 +104,7 @@ class ExportThread:
         self._taken = taken
         """Tracing's work for a flushed step, done here rather than on the training thread: its root
         span, the next steps' ids (``TracingState.taken``)."""
-        self._inbox: Inbox[_Message] = Inbox(_INBOX_LIMIT)
+        self._inbox: Inbox[Message] = Inbox(_INBOX_LIMIT)
         self.bound = StepBound(max_queued_steps)
         buffer = self.span_buffer = spans if spans is not None else SpanBuffer(1)
         self.drops = Drops(resource, buffer, lambda: self.sender.target if self.sender else "the OTLP endpoint")
@@ -199,25 +117,34 @@ class ExportThread:
         self.metrics = MetricOutbox(self.drops, self.bound, MetricEncoder(resource_pb, scope))
         self._outboxes: tuple[Outbox, ...] = (self.spans, self.streams, self.rows, self.metrics)
         """The sink's order: a step's spans and rows are taken before its flush marker."""
-        self._relayed: dict[str, Callable[[bytes], None]] = {
-            "metrics": self.metrics.relay,
-            "spans": self.spans.relay,
-            "logs": self.rows.relay,
-        }
-        self._goodbye_queued = False
-        self._drain_until = 0.0
-        """How long ``shutdown`` waits for this thread (the drain moves it, with a sink this job owns)."""
-        self._waiting: list[threading.Event] = []
-        self._handlers: dict[type[_Message], Callable[[Any, _Round], None]] = {
-            StepBatch: self._on_step,
-            _Stream: self._on_stream,
-            _Row: self._on_row,
-            _Poll: self._on_poll,
-            _Relayed: self._on_relayed,
-            _Sync: self._on_sync,
-            _Stop: self._on_stop,
-        }
-        """The export thread's handler of each kind of message."""
+        self._messages = Dispatcher(
+            recorder=recorder,
+            backends=backends,
+            span_buffer=buffer,
+            spans=self.spans,
+            streams=self.streams,
+            rows=self.rows,
+            metrics=self.metrics,
+            bound=self.bound,
+            drops=self.drops,
+            stream_to_sink=self.stream_to_sink,
+            periodic=periodic,
+            taken=taken,
+            guarded=self._guarded,
+        )
+        """What each message taken from the inbox asks of the export thread."""
+        self._rounds = Rounds(
+            recorder=recorder,
+            sender=sender,
+            endpoint=self.endpoint,
+            bound=self.bound,
+            drops=self.drops,
+            outboxes=self._outboxes,
+            metrics=self.metrics,
+            rows=self.rows,
+            on_error=on_error,
+        )
+        """The export rounds this thread schedules, and the shutdown's drain."""
         self._thread = threading.Thread(target=self._run, name="rankscope-export", daemon=True)
         self._thread.start()
 
@@ -251,41 +178,41 @@ class ExportThread:
             self._guarded(self._taken, batch.step, batch.root_span)
 
     def stream(self, key: str, value: float, reduce: Reduce, when: float, step: int | None) -> None:
-        if not self._inbox.put(_Stream(Metric(key, value, reduce, when), step)):
+        if not self._inbox.put(StreamedValue(Metric(key, value, reduce, when), step)):
             self.drops.points(1, "the export queue is full")
 
     def stream_row(self, table: str, row: Row, origin: Provenance, step: int | None) -> None:
         """A recorded sample row, for ``per_rank_no_reduce`` views (every row, not a selection)."""
-        if not self._inbox.put(_Row(table, row, origin, step)):
+        if not self._inbox.put(StreamedRow(table, row, origin, step)):
             self.drops.lose_rows(1, "the export queue is full")
 
     def relay(self, kind: bytes, payload: bytes) -> None:
         """A forked child's serialized request (the fork relay's thread): exported like our own steps."""
-        if not self._inbox.put(_Relayed(kind, payload)):
+        if not self._inbox.put(Relayed(kind, payload)):
             self.drops.points(1, "the export queue is full")
 
     def poll(self, done: Callable[[], None]) -> None:
         """Export what the process holds now, even unflushed values (a forked child whose parent
         shuts down), then call ``done`` on the export thread."""
-        self._inbox.put(_Poll(done), urgent=True)
+        self._inbox.put(Poll(done), urgent=True)
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued before this call has been handled (sent, when there is an endpoint)."""
         done = threading.Event()
-        self._inbox.put(_Sync(done), urgent=True)
+        self._inbox.put(Sync(done), urgent=True)
         return done.wait(timeout)
 
     def shutdown(self, timeout: float) -> None:
         """Send what is held and stop, within ``timeout`` seconds of trying the endpoint; with a sink
         this job owns, also while it starts and, while it is alive, up to ``OWNED_SINK_DRAIN`` (the
-        thread moves ``_drain_until``)."""
-        stop = _Stop(time.monotonic(), timeout)
-        owned = self._owned_sink() is not None
-        self._drain_until = stop.asked + (max(timeout, OWNED_SINK_DRAIN) if owned else timeout)
+        drain moves ``Rounds.drain_until``)."""
+        stop = Stop(time.monotonic(), timeout)
+        rounds = self._rounds
+        rounds.expect_drain(stop.asked, timeout)
         self._inbox.put(stop, urgent=True)
         while self._thread.is_alive():  # the thread bounds its own attempts by the drain's deadlines
             sink = self._owned_sink()
-            if time.monotonic() >= self._drain_until + 1.0 and not (sink is not None and sink.connecting):
+            if time.monotonic() >= rounds.drain_until + 1.0 and not (sink is not None and sink.connecting):
                 break
             self._thread.join(0.05)
         if self._thread.is_alive():
@@ -310,23 +237,22 @@ class ExportThread:
             self.backends.init()
         except Exception as exc:
             self._on_error("backend init", exc)
+        handlers = self._messages.handlers
         pending: list[StepBatch] = []  # prepared steps waiting for the next export round
         last_export = 0.0
-        stop: _Stop | None = None
+        stop: Stop | None = None
         while stop is None:
             wait, idle = self._wait_time(pending, last_export)
             items = self._inbox.take(wait, idle, _MAX_ITEMS_PER_ROUND)
-            taken = _Round(pending)
+            taken = Taken(pending)
             for item in items:
-                self._handlers[type(item)](item, taken)
+                handlers[type(item)](item, taken)
             stop = taken.stop
             if stop is None:
                 pending, last_export = self._end_round(taken, bool(items), last_export)
-        self._finish(pending, stop)
-
-    def _held(self) -> bool:
-        """Anything encoded or relayed but not sent yet (a failed attempt's, or a child's)."""
-        return any(outbox.held() for outbox in self._outboxes)
+        self._rounds.drain(pending, stop.asked, stop.timeout)
+        self._messages.release_waiting()
+        self._guarded(self.backends.finish)
 
     def _round_gap(self) -> float:
         """Seconds from one export round to the next: ``_REQUEST_GAP`` per request the last one sent."""
@@ -338,63 +264,12 @@ class ExportThread:
         now = time.monotonic()
         if self.endpoint is not None and self.endpoint.failures:  # away: wait out the backoff (steps keep queueing)
             return max(0.0, self.endpoint.next_attempt - now), False
-        if pending or self._held():
+        if pending or self._rounds.held():
             after_bug = self.endpoint.next_attempt if self.endpoint is not None else 0.0  # set by a round that raised
             return max(0.0, last_export + self._round_gap() - now, after_bug - now), False
         return self.export_interval, True
 
-    def _on_step(self, batch: StepBatch, taken: _Round) -> None:
-        self._guarded(self._prepare, batch)
-        taken.pending.append(batch)
-        if self._taken is not None:
-            self._guarded(self._taken, batch.step, batch.root_span)
-
-    def _on_stream(self, item: _Stream, taken: _Round) -> None:
-        if self.stream_to_sink:
-            self.streams.add(item.metric, item.step)
-        else:
-            self._guarded(self.backends.log_stream, item.metric, item.step)
-
-    def _on_row(self, item: _Row, taken: _Round) -> None:
-        if self.stream_to_sink:
-            self.rows.stream(item.table, item.row, item.origin, item.step)
-        else:
-            self._guarded(self.backends.log_row, item.table, item.row, item.origin, item.step)
-
-    def _on_poll(self, item: _Poll, taken: _Round) -> None:
-        taken.polls.append(item.done)
-        taken.synced = True
-        if self._periodic():  # the parent is shutting down: what this child holds, now
-            self._hold_and_prepare(self.recorder.take(None), taken.pending)
-
-    def _on_relayed(self, item: _Relayed, taken: _Round) -> None:
-        relay = self._relayed.get(SIGNALS.get(item.kind, "metrics"))
-        if relay is not None:
-            self._guarded(relay, item.payload)
-
-    def _on_sync(self, item: _Sync, taken: _Round) -> None:
-        self._waiting.append(item.done)
-        taken.synced = True
-
-    def _on_stop(self, item: _Stop, taken: _Round) -> None:
-        taken.stop = item
-
-    def _hold_and_prepare(self, batch: StepBatch | None, pending: list[StepBatch]) -> None:
-        """A step taken on this thread (a periodic export) joins the bound and, if it fits, the pending steps."""
-        if batch is None:
-            return
-        batch.held_points = len(batch.accs)
-        if self.bound.hold(batch.held_points):
-            self._guarded(self._prepare, batch)
-            pending.append(batch)
-        else:
-            self.drops.points(batch.held_points, "the export queue is full")
-            if batch.phases:  # its traced blocks' spans are made from its phases: kept, as at ``submit``
-                phases, batch.phases = batch.phases, None
-                for span in phase_spans(phases):
-                    self.span_buffer.add(span)
-
-    def _end_round(self, taken: _Round, took_items: bool, last_export: float) -> tuple[list[StepBatch], float]:
+    def _end_round(self, taken: Taken, took_items: bool, last_export: float) -> tuple[list[StepBatch], float]:
         """After a round's messages: service captures, take a periodic step, send when due, answer
         flushes and polls. Returns the pending steps and the last export's time, both new after a send."""
         if self.captures is not None:
@@ -407,132 +282,17 @@ class ExportThread:
             # accumulating in place (constant memory) instead of filling the queue. The
             # caller's thread takes the step when asked (``Recorder.take_periodic``); an
             # idle caller's step is taken here one interval after the ask.
-            self._hold_and_prepare(self.recorder.take_periodic(grace=self.export_interval), pending)
-        work = pending or self._held() or any(outbox.fresh() for outbox in self._outboxes)
+            self._messages.hold_and_prepare(self.recorder.take_periodic(grace=self.export_interval), pending)
+        work = pending or self._rounds.held() or any(outbox.fresh() for outbox in self._outboxes)
         ready = endpoint is None or endpoint.ready(now) or taken.synced  # a force_flush tries at once
         if work and ready and (taken.synced or now - last_export >= self._round_gap()):
-            self._try_round(pending, None, False)
+            self._rounds.run(pending, None, False)
             pending, last_export = [], time.monotonic()
-        if not pending and not self._held():
-            self._release_waiting()
+        if not pending and not self._rounds.held():
+            self._messages.release_waiting()
         for done in taken.polls:
             self._guarded(done)
         return pending, last_export
-
-    def _finish(self, pending: list[StepBatch], stop: _Stop) -> None:
-        """Stop: keep trying (with the same backoff) until the shutdown deadline, then count what is left.
-
-        With a sink this job owns, the drain counts from when the sink was ready (its starter waits
-        for it to start: that is not time spent on the endpoint), and what it did not take in time
-        (a busy box: DEADLINE_EXCEEDED) is retried past the deadline while the sink is alive, up to
-        ``OWNED_SINK_DRAIN``: only a sink that is gone, or still busy after that, loses it."""
-        sink = self._owned_sink()
-        extended = False
-        while True:
-            deadline, longest = self._drain_deadlines(stop, sink)
-            self._try_round(pending, longest if extended else deadline, True)
-            pending = []
-            if not self._held() or self.endpoint is None:
-                break
-            deadline, longest = self._drain_deadlines(stop, sink)  # the round may have started the sink
-            wait = max(0.0, self.endpoint.next_attempt - time.monotonic())
-            after = time.monotonic() + wait
-            if after >= (longest if extended else deadline) - 0.05:
-                if extended or sink is None or after >= longest - 0.05 or not sink.alive():
-                    break
-                extended = True  # alive but slow: retried, its attempts may take until the drain's end
-            time.sleep(wait)
-        if self._held():
-            for outbox in self._outboxes:
-                outbox.abandon("shutdown ended before the endpoint answered")
-            self.drops.report(final=True)
-        self._release_waiting()
-        self._guarded(self.backends.finish)
-
-    def _drain_deadlines(self, stop: _Stop, sink: EmbeddedSender | None) -> tuple[float, float]:
-        """(the drain's deadline, the longest it may go on while a sink this job owns is alive), and
-        tells ``shutdown`` how long to wait for this thread."""
-        if sink is None:
-            return stop.deadline, stop.deadline
-        begun = max(stop.asked, sink.ready_at or 0.0)
-        deadline, longest = begun + stop.timeout, begun + max(stop.timeout, OWNED_SINK_DRAIN)
-        self._drain_until = max(self._drain_until, longest)
-        return deadline, longest
-
-    def _try_round(self, pending: list[StepBatch], deadline: float | None, goodbye: bool) -> None:
-        if self.endpoint is not None:
-            self.endpoint.start_round()
-        try:
-            self._round(pending, deadline, goodbye)
-        except Exception as exc:
-            if self.endpoint is not None:
-                self.endpoint.after_bug()
-            self._on_error("export", exc)
-
-    def _round(self, batches: list[StepBatch], deadline: float | None, goodbye: bool) -> None:
-        """One export round: encode the new steps behind the held ones, then let each outbox send,
-        in order, until one fails (then back off) or all are out."""
-        endpoint = self.endpoint
-        if endpoint is None:  # local backends only: nothing leaves the process
-            self.bound.release(len(batches), sum(b.held_points for b in batches))
-            self._recycle(batches)
-            return
-        try:
-            self._encode(batches, goodbye)
-        except Exception:
-            self.bound.release(len(batches), sum(b.held_points for b in batches))
-            self.drops.points(sum(len(b.accs) for b in batches), "a step could not be encoded")
-            rows = sum(len(t.distinct()) for b in batches for t in b.samples or ())
-            self.drops.lose_rows(rows, "a step could not be encoded")
-            raise
-        self._recycle(batches)
-        for outbox in self._outboxes:
-            failed = outbox.send(endpoint, deadline)
-            if failed is not None:
-                endpoint.failed(failed)
-                return
-        endpoint.recovered()
-        self.drops.report(final=False)
-
-    def _encode(self, batches: list[StepBatch], goodbye: bool) -> None:
-        # A forked child (relayed) is never waited for by a sink: no goodbye to say.
-        goodbye = goodbye and not self._goodbye_queued and not isinstance(self.sender, RelaySender)
-        if not batches and not goodbye:
-            return
-        self.metrics.add_steps(batches, goodbye, pause=_Pause())
-        for batch in batches:
-            if batch.samples:
-                self.rows.select(batch)
-        self._goodbye_queued = self._goodbye_queued or goodbye
-
-    def _recycle(self, batches: list[StepBatch]) -> None:
-        """The steps' accumulators, encoded and seen by the local views, serve later steps' first
-        values (``Recorder.recycle``); the batches are not read again."""
-        for batch in batches:  # the newest last: the next take pops it first (its keys are the likeliest)
-            self.recorder.recycle(batch.accs)
-            batch.accs = {}
-
-    def _prepare(self, batch: StepBatch) -> None:
-        """Read device values and GPU-timed durations, make the CPU-timed phases' durations and spans,
-        then give the step to the local backends."""
-        if batch.deferred:
-            self.recorder.resolve_deferred(batch)
-        if batch.phases:
-            self.recorder.resolve_phases(batch)
-            for span in phase_spans(batch.phases):  # sampled: the spans, before the step's marker leaves
-                self.span_buffer.add(span)
-            batch.phases = None
-        if batch.device is not None:
-            self.recorder.stream_device_values(batch, batch.device.values())
-            batch.device = None
-        self.backends.log_batch(batch)
-        if batch.samples:
-            self.backends.log_samples(batch)
-
-    def _release_waiting(self) -> None:
-        for done in self._waiting:
-            done.set()
-        self._waiting = []
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         try:

@@ -11,6 +11,9 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from ..core.errors import report_internal_error
+from ..core.patching import restore, swap
+
+__all__ = ["ModuleInstrumentor", "restore", "swap"]
 
 
 class ModuleInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -67,15 +70,3 @@ class ModuleInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _revert(self) -> None:
         raise NotImplementedError
-
-
-def swap(owner: Any, name: str, replacement: Any, saved: dict[tuple[Any, str], Any]) -> None:
-    """Replace ``owner.name``, remembering the original in ``saved`` for ``restore``."""
-    saved.setdefault((owner, name), getattr(owner, name))
-    setattr(owner, name, replacement)
-
-
-def restore(saved: dict[tuple[Any, str], Any]) -> None:
-    for (owner, name), original in saved.items():
-        setattr(owner, name, original)
-    saved.clear()

@@ -18,7 +18,6 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -39,6 +38,7 @@ from ..metrics.recorder import Recorder
 from ..metrics.recording import bind_compile_check
 from ..metrics.samples import Provenance
 from ..steps.clock import StepClock
+from ..tracing import collectives
 from ..tracing.provider import install_tracer_provider
 from ..tracing.tracer import TracingState, record_event
 from .driving import Runtime, installed, started
@@ -343,17 +343,16 @@ def _is_trace_root(resource: Resource, monarch_controller: bool, explicit: bool 
 
 
 def _instrument_collectives() -> None:
-    """torch.distributed's collectives as spans, as ``opentelemetry-instrument`` would load them
-    (the ``torch_distributed`` entry point): the sink tells the rank that arrived last at each
-    from the ranks that waited for it (``sink.book.stragglers``). Once per process."""
+    """torch.distributed's collectives as spans (``tracing.collectives``: the ``torch_distributed``
+    instrumentor's wrappers, imported, so a process run from a source tree without installed entry
+    points is instrumented too): the sink tells the rank that arrived last at each from the ranks
+    that waited for it (``sink.book.stragglers``). Once per process, whichever of this and
+    ``opentelemetry-instrument`` comes first."""
     disabled = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
     if "torch_distributed" in {name.strip() for name in disabled.split(",")}:
         return
     try:
-        for entry in entry_points(group="opentelemetry_instrumentor", name="torch_distributed"):
-            instrumentor = entry.load()()
-            if not instrumentor.is_instrumented_by_opentelemetry:
-                instrumentor.instrument()
+        collectives.install(sys.modules["torch.distributed"])
     except Exception as exc:
         report_internal_error("instrumenting torch.distributed's collectives", exc)
 

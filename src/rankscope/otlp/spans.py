@@ -1,7 +1,9 @@
-"""Spans as OTLP: rankscope's span records (``tracing.spans.SpanRecord``) into one request.
+"""Spans as OTLP protobuf objects: rankscope's span records (``tracing.spans.SpanRecord``) into one request.
 
-The export thread encodes its span buffer here and sends the request through the SDK's span
-exporter; a sink reads the same fields back (``sink.book.traces``) with ``common.attributes``.
+The export path encodes spans as bytes (``templates.SpanEncoder``, from the span outbox in
+``export.outboxes``); a span with events, links or an error status is built here, field by field
+(``add_span``), and ``encode_spans`` is the reference the byte encoder is held to by a property
+test. A sink reads the same fields back (``sink.book.traces``) with ``common.attributes``.
 """
 
 from __future__ import annotations

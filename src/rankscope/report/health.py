@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ..core.anomalies import Straggler
 from .values import MAX_LISTED, cell, integer, listed, mapping, number, strict, text
 
 MAX_ANOMALIES = 250
-STRAGGLER = "straggler"
+STRAGGLER = Straggler.KIND
 
 
 class Health:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..otlp.common import any_value
 from ..otlp.markers import Marker
@@ -43,8 +43,6 @@ class Limits:
     repeats it in every step's record (a padded one would cost memory and disk many times over)."""
     max_buckets: int = MAX_BUCKETS
     """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
-    step_window: int = 1_000_000
-    """How far ahead of an experiment's frontier a step may be."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +75,18 @@ class Scope:
 
 ALL = Scope()
 """Every experiment: the sink's single ``--token``, and every client of a sink without tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanQuery:
+    """Which stored spans a caller asks for: a run's (None: the experiment's latest), steps in
+    [first, last] (None: an open end), of the given ranks only (None: every rank)."""
+
+    experiment: str
+    first: int | None = None
+    last: int | None = None
+    ranks: frozenset[int] | None = None
+    run: str | None = None
 
 
 @dataclass(slots=True)
@@ -116,8 +126,19 @@ class StateRows:
     """Without a step: when the first point was taken (the step whose window holds it is chosen)."""
 
 
-PlainPoint = tuple[str, str, str, tuple[Any, ...], int, int, "int | None"]
-"""(metric name, series, form, row, start time, time, step or None) of a plain OTel point."""
+class PlainPoint(NamedTuple):
+    """A checked plain OTel point (no rankscope reduce type): mapped into the run's view by
+    ``book.streams`` (a tuple underneath: one is made per point)."""
+
+    name: str
+    series: str
+    form: str
+    """Its OTel kind and temporality (``counter.cumulative``, ``gauge``, ...)."""
+    row: tuple[Any, ...]
+    start_unix_nano: int
+    time_unix_nano: int
+    step: int | None
+    """Its ``rankscope.step`` attribute, else None (the step whose window holds its time)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,15 +128,14 @@ def _start(experiment: str, run: str, info: Path, timeout: float) -> dict[str, A
 def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2, run: str = "") -> None:
     """Run the sink until every local client and the starter have exited."""
     from ..core.settings import resolve
-    from .config import JOB_START_HOLD, SinkConfig
-    from .quotas import RunLimits
+    from .book.config import BookConfig
+    from .config import JOB_START_HOLD, RunLimits, SinkConfig
     from .service import Sink
 
     config = SinkConfig(
         grpc_port=0,
         http_port=0,
-        grace=resolve("sink_grace"),
-        start_hold=JOB_START_HOLD,
+        book=BookConfig(grace=resolve("sink_grace"), start_hold=JOB_START_HOLD),
         trust_posted_paths=True,
         runs=RunLimits(close_ended=False),  # one job's sink: its runs stay until it exits
     )

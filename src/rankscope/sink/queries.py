@@ -1,25 +1,25 @@
-"""What the control routes ask of the sink: ``Queries`` fills the edge's ``Control`` port.
+"""What the control routes read of the sink: ``Queries`` is the edge's ``ControlQueries`` port.
 
-The status of a run and of the sink as a whole, a run's last finalized steps, its spans, a
-report page written now, the view configs its processes post, and profiler captures: asked for
-(by a detector, a process or a person), polled for by the processes, their files uploaded.
-Every answer is read under the run's own lock; none holds the registry's while it waits on
-views (``wait_written``, ``report``).
+The status of a run and of the sink as a whole, a run's last finalized steps, its spans, and the
+capture requests its processes poll for. Nothing here changes the sink (what does is
+``commands``). Every answer is read under the run's own lock; none holds the registry's while it
+waits on views (``wait_written``).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import LoggerBackend
+from .checked import SpanQuery
 from .config import SinkConfig
-from .edge.gate import Gate
+from .runs.closed import ClosedRuns
+from .runs.registry import Tenants
+from .runs.tenant import Tenant
 from .tally import Tally
-from .tenants import Tenant, Tenants
 from .views.step import StepView
 from .views.writer import DROP_KINDS
 
@@ -39,13 +39,13 @@ def recent_of(view: StepView) -> dict[str, Any]:
         "time": time.time(),
         "values": values,
         "missing": view.missing[:64],
-        "anomalies": view.anomalies[:16],
+        "anomalies": [a.to_json() for a in view.anomalies[:16]],
         "phases": view.heat,
     }
 
 
 class Queries:
-    """The sink's answers to its control routes (``edge.ports.Control``), over its run registry."""
+    """The sink's answers to what its control routes read (``edge.ports.ControlQueries``)."""
 
     def __init__(
         self,
@@ -53,7 +53,7 @@ class Queries:
         tenants: Tenants,
         tally: Tally,
         *,
-        gate: Gate,
+        closed: ClosedRuns,
         health: Callable[[], tuple[bool, list[str]]],
         finalize: Callable[[Tenant], None],
         internal_errors: list[str],
@@ -61,8 +61,7 @@ class Queries:
         self.config = config
         self.tenants = tenants
         self.tally = tally
-        self._gate = gate
-        """Uploads count against ``max_in_flight`` like exports."""
+        self._closed = closed
         self._health = health
         self._finalize = finalize
         """Finalize a run's finished steps now (the coordinator's ``Sink._finalize``)."""
@@ -72,17 +71,13 @@ class Queries:
         """(healthy, problems): every supervised thread that should run is running."""
         return self._health()
 
-    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
-        """An experiment's processes say which views they want (``Tenants.configure``)."""
-        return self.tenants.configure(experiment_id, backends)
-
     # -- status ---------------------------------------------------------------------------
 
     def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
         """A run's status (None: the experiment's latest run), with the experiment's runs listed."""
         tenant = self.tenants.find(experiment_id, run)
         if tenant is None:  # closed (ended, idle): its last status, while the sink keeps it
-            return self.tenants.status_of_closed(experiment_id, run)
+            return self._closed.status_of(experiment_id, run)
         return self.status_of(tenant)
 
     def _runs_of(self, experiment_id: str) -> list[dict[str, Any]]:
@@ -142,7 +137,7 @@ class Queries:
                 "sample_rows": n.sample_rows,
                 **e.watch.status(),
                 "captures": tenant.captures.status(),
-                "time_bucketed": e.bucketed,
+                "time_bucketed": e.windows.bucketed,
                 "internal_errors": n.internal_errors + tenant.errors,
                 "last_error": tenant.last_error,
                 "last_written_step": min(written) if written else -1,
@@ -184,11 +179,11 @@ class Queries:
             "runs": len(tenants),
             "experiment_list": listed,
             "run_notes": registry.notes.listed(),
-            "evicted_experiments": registry.evicted,
-            "closing_runs": registry.closing,
+            "evicted_experiments": self._closed.evicted,
+            "closing_runs": self._closed.closing,
             **self.tally.overview(),
             "internal_errors": len(self._internal_errors),
-            "durable": registry.wal is not None,
+            "durable": self.config.state_dir is not None,
             "descriptors": registry.descriptors.status(),
             "admission": admission,
         }
@@ -212,33 +207,19 @@ class Queries:
 
     # -- spans ----------------------------------------------------------------------------
 
-    def spans(
-        self,
-        experiment_id: str,
-        first: int | None = None,
-        last: int | None = None,
-        ranks: set[int] | None = None,
-        run: str | None = None,
-    ) -> list[Any] | None:
+    def spans(self, query: SpanQuery) -> list[Any] | None:
         """Stored spans of a run (None: the experiment's latest; see ``book.traces``), or None for an
         unknown experiment or run."""
-        tenant = self.tenants.find(experiment_id, run)
+        tenant = self.tenants.find(query.experiment, query.run)
         if tenant is None:
             return None
         with tenant.lock:
-            return tenant.experiment.traces.select(first, last, ranks)
+            return tenant.experiment.traces.select(query.first, query.last, query.ranks)
 
-    def span_rows(
-        self,
-        experiment_id: str,
-        first: int | None = None,
-        last: int | None = None,
-        ranks: set[int] | None = None,
-        run: str | None = None,
-    ) -> Iterator[str] | None:
+    def span_rows(self, query: SpanQuery) -> Iterator[str] | None:
         """JSONL rows of a run's spans (None: the experiment's latest run): the whole run from its
         span file when it has one, else the stored (retained) steps; None for an unknown run."""
-        tenant = self.tenants.find(experiment_id, run)
+        tenant = self.tenants.find(query.experiment, query.run)
         if tenant is None:
             return None
         with tenant.lock:
@@ -247,10 +228,10 @@ class Queries:
                 return iter(
                     [
                         json.dumps(s.row(), default=str) + "\n"
-                        for s in tenant.experiment.traces.select(first, last, ranks)
+                        for s in tenant.experiment.traces.select(query.first, query.last, query.ranks)
                     ]
                 )
-            return file.rows(first, last, ranks)
+            return file.rows(query.first, query.last, query.ranks)
 
     # -- views written ----------------------------------------------------------------------
 
@@ -262,51 +243,7 @@ class Queries:
         self._finalize(tenant)
         return True if tenant.writer is None else tenant.writer.wait_idle(timeout)
 
-    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
-        """Write a run's report page (None: the experiment's latest run) now, after every step
-        finalized so far, and return where; a string says why not (no such experiment, no report
-        view, too slow)."""
-        tenant = self.tenants.find(experiment_id, run)
-        if tenant is None:
-            return f"no experiment {experiment_id[:200]!r}" + (f" run {run[:64]!r}" if run else "")
-        deadline = time.monotonic() + timeout
-        run = tenant.experiment.run
-        with tenant.lock:  # asked for now: what is complete is final, the run's first seconds or not
-            tenant.experiment.end_hold()
-        self.wait_written(experiment_id, timeout, run)
-        status = self.status(experiment_id, run)
-        writer = tenant.writer
-        if writer is None or writer.closed.is_set():  # never open its views with a config it did not choose
-            return f"no step of experiment {experiment_id[:200]!r} is finalized yet: no view is open"
-        paths = writer.report(status, max(0.0, deadline - time.monotonic()))
-        if paths:
-            return paths
-        if not any(type(v.backend).report is not LoggerBackend.report for v in writer.views if not v.disabled):
-            names = [v.name for v in writer.views if not v.disabled]
-            return (
-                f"experiment {experiment_id[:200]!r} has no report view (its views: {', '.join(names) or 'none'}); "
-                'add {"report": {}} to its backends, or run the sink with --report'
-            )
-        return f"the report of {experiment_id[:200]!r} was not written within {timeout:.0f}s (see the status route)"
-
     # -- captures (``views.captures``) ----------------------------------------------------------
-
-    def capture(
-        self,
-        experiment_id: str,
-        reason: str,
-        steps: int,
-        ranks: frozenset[int] | None = None,
-        run: str | None = None,
-    ) -> dict[str, Any] | str:
-        """Ask a run's processes (``ranks``; None: all; run None: the experiment's latest) to profile
-        their next ``steps`` steps; returns the capture, or why not (unknown experiment, rate limit)."""
-        tenant = self.tenants.find(experiment_id, run)
-        if tenant is None:
-            return f"no experiment {experiment_id[:200]!r}"
-        with tenant.lock:
-            asked = tenant.captures.ask(reason, steps, ranks=ranks)
-        return asked if isinstance(asked, str) else asked.status()
 
     def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
         """The capture requests a process has not picked up yet (it polls for them)."""
@@ -314,7 +251,7 @@ class Queries:
         if tenant is None:
             return []
         with tenant.lock:
-            process = tenant.experiment.processes.get(process_id)
+            process = tenant.experiment.roster.processes.get(process_id)
             return [] if process is None else tenant.captures.pending(process)
 
     def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
@@ -325,42 +262,10 @@ class Queries:
             raise LookupError(f"no process {process_id[:64]!r} in experiment {experiment_id[:200]!r}")
         with tenant.lock:
             experiment = tenant.experiment
-            process = experiment.processes.get(process_id)
+            process = experiment.roster.processes.get(process_id)
             if process is None:
                 raise LookupError(f"no process {process_id[:64]!r} in this experiment")
             path = tenant.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process, size)
         if isinstance(path, str):
             raise LookupError(path)
         return path
-
-    def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
-        """Write a process's trace of a capture it picked up (checked again: ``capture_target``),
-        then announce it; returns its path."""
-        with self._gate:  # uploads count against max_in_flight like exports
-            path = self.capture_target(experiment_id, capture_id, process_id, len(data))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(path.name + ".part")
-            partial.write_bytes(data)
-            partial.replace(path)  # a reader never sees half a file
-            tenant = self.tenants.of_process(experiment_id, process_id)
-            assert tenant is not None  # capture_target found it; runs are never dropped while a process writes
-            with tenant.lock:
-                experiment = tenant.experiment
-                process = experiment.processes[process_id]
-                capture = tenant.captures.stored(capture_id, process, path, len(data))
-                record = {
-                    "type": "capture",
-                    "capture": capture_id,
-                    "reason": capture.reason if capture is not None else "",
-                    "steps": capture.steps if capture is not None else None,
-                    "process": process.label,
-                    "role": process.role,
-                    "replica": process.replica,
-                    "rank": process.rank,
-                    "path": str(path.resolve()),
-                    "bytes": len(data),
-                }
-                experiment.watch.note(record)
-                step = experiment.last_finalized if experiment.last_finalized >= 0 else None
-                self.tenants.writer(tenant).anomaly(record, step)
-            return str(path)

@@ -29,28 +29,35 @@ import logging
 import threading
 import time
 import traceback
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..backends.base import Metric
+from ..core.anomalies import NonFinite
 from ..metrics.reduce import Reduce
-from .checked import Refusals, ResourceBatch
+from .checked import Refusals, ResourceBatch, SpanQuery
+from .commands import Commands
 from .config import SinkConfig
 from .durable.descriptors import Descriptors, Plan, nofile_limit, open_descriptors, out_of_descriptors
 from .durable.wal import ExperimentLog, WriteAheadLog, encode_record
-from .edge.bodies import OverloadedError
+from .edge.errors import Kind, OverloadedError
 from .edge.gate import Gate
 from .edge.grpc_server import start_grpc
 from .edge.http_server import start_http
-from .edge.ports import LOCAL, Client, Result
+from .edge.ports import LOCAL, Client, Control, Result
 from .edge.validate import check_resource, logs_batches, metrics_batches
 from .queries import Queries, recent_of
+from .runs.closed import ClosedRuns
+from .runs.closing import Closer
+from .runs.opening import Opener
+from .runs.registry import Tenants
+from .runs.tenant import Tenant
+from .runs.upkeep import Upkeep
+from .runs.view_configs import ViewConfigs
 from .tally import Tally
-from .tenants import Tenant, Tenants
-from .upkeep import Upkeep
 from .views.captures import ask_stragglers
 from .views.step import StepView
-from .views.writer import ViewPool
 
 log = logging.getLogger("rankscope.sink")
 
@@ -107,7 +114,10 @@ class Sink:
         self.clock = clock
         c = self.config
         self.plan = plan or Plan.of(
-            nofile_limit(), open_descriptors(), view_workers=c.view_workers, max_connections=c.max_connections
+            nofile_limit(),
+            open_descriptors(),
+            view_workers=c.view_workers,
+            max_connections=c.transport.max_connections or None,
         )
         """How the process's descriptor limit is split (``durable.descriptors``); ``plan``: a test's own."""
         self.internal_errors: list[str] = []
@@ -117,22 +127,30 @@ class Sink:
         self.supervisor = Supervisor(self._internal_error, self._stop)
         self.gate = Gate(self.config.max_in_flight, self._stop)
         self.wal = WriteAheadLog(self.config.state_dir) if self.config.state_dir is not None else None
-        self.tenants = Tenants(
-            self.config, clock, self.wal, self._internal_error, tally=self.tally, descriptors=Descriptors(self.plan)
-        )
+        self.tenants = Tenants(self.config, Descriptors(self.plan))
+        """The open runs (``runs.registry``)."""
+        self.closed = ClosedRuns(self.tenants)
+        self.views = ViewConfigs(self.config, self.tenants, self.tally, self._internal_error, self.supervisor.spawn)
+        """Every run's views and the threads that write them (``runs.view_configs``)."""
         self.queries = Queries(
             self.config,
             self.tenants,
             self.tally,
-            gate=self.gate,
+            closed=self.closed,
             health=self.supervisor.health,
             finalize=self._finalize,
             internal_errors=self.internal_errors,
         )
-        """What the control routes ask (``edge.ports.Control``): status, spans, captures, reports."""
-        self.tenants.final_status = self.queries.status_of
-        self.upkeep = Upkeep(self.tenants, self._finalize, limits=c.runs, grace=c.grace, clock=clock)
-        """The finalizer's rounds over the runs with work (``upkeep``)."""
+        """What the control routes read (``edge.ports.ControlQueries``): status, spans, capture requests."""
+        self.commands = Commands(self.queries, self.tenants, self.views, self.gate)
+        """What the control routes change (``edge.ports.ControlCommands``): view configs, reports, captures."""
+        self.closer = Closer(self.tenants, self.closed, self.config, final_status=self.queries.status_of)
+        self.opener = Opener(
+            self.config, self.tenants, self.closer, self.closed, self.views, self.wal, clock, self._internal_error
+        )
+        """Which run data goes to, opened on its first data (``runs.opening``)."""
+        self.upkeep = Upkeep(self.tenants, self.closer, self._finalize, limits=c.runs, grace=c.book.grace, clock=clock)
+        """The finalizer's rounds over the runs with work (``runs.upkeep``)."""
         self._servers: list[Any] = []
         self.grpc_port: int | None = None
         self.http_port: int | None = None
@@ -141,13 +159,13 @@ class Sink:
 
     def start(self) -> Sink:
         spawn = self.supervisor.spawn
-        self.tenants.views = ViewPool(self.config.view_workers, spawn)
         if self.wal is not None:
             spawn("wal-syncer", self.wal.run_syncer)
-            self.tenants.replay()
+            self.opener.replay()
             for tenant in self.tenants.all():
                 self.upkeep.wake(tenant)
-        c, transport = self.config, self.config.transport(self.plan.connections)
+        c = self.config
+        transport = replace(c.transport, max_connections=self.plan.connections)  # derived when not set
         if self.plan.short:
             log.warning(
                 "rankscope sink: a descriptor limit of %d (ulimit -n) leaves its runs %d descriptors after %d "
@@ -161,16 +179,25 @@ class Sink:
             self._servers.append(server)
         if c.http_port is not None:
             exhausted = self.tenants.descriptors.exhausted
-            server, self.http_port = start_http(self, self.queries, transport, c.http_port, spawn, exhausted)
+            server, self.http_port = start_http(
+                self,
+                Control(self.queries, self.commands),
+                transport,
+                c.http_port,
+                spawn,
+                exhausted,
+                max_id_chars=c.limits.max_id_chars,
+            )
             self._servers.append(server)
         spawn("finalizer", self._run_finalizer)
-        spawn("closer", lambda: self.tenants.run_closer(self._stop))
+        spawn("closer", lambda: self.closer.run(self._stop))
         return self
 
     @property
     def endpoint(self) -> str:
         """``host:port`` of the gRPC receiver (what ``RANKSCOPE_ENDPOINT`` should say)."""
-        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        host = self.config.transport.host
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         return f"{host}:{self.grpc_port}"
 
     def stop(self, timeout: float | None = None) -> None:
@@ -182,7 +209,7 @@ class Sink:
         for server in self._servers:
             server.stop()
         self.supervisor.join(("finalizer", "closer"), timeout)
-        self.tenants.finish_closing()
+        self.closer.finish_closing()
         tenants = self.tenants.all()
         for tenant in tenants:
             self._finalize(tenant, force=True)
@@ -199,8 +226,7 @@ class Sink:
                     timeout,
                     "; the write-ahead log keeps what they missed" if self.wal is not None else "",
                 )
-        if self.tenants.views is not None:
-            self.tenants.views.stop(max(0.0, deadline - time.monotonic()))
+        self.views.stop(max(0.0, deadline - time.monotonic()))
         for tenant in tenants:
             if tenant.experiment.traces.file is not None:
                 with tenant.lock:
@@ -232,7 +258,7 @@ class Sink:
             for batch in batches:
                 self.tally.foreign(batch.foreign)
                 n = batch.point_count + len(batch.markers) + int(batch.goodbye)  # a refused goodbye counts
-                tenant = self.tenants.resolve(batch.experiment, batch.resource, refused, n, client)
+                tenant = self.opener.resolve(batch.experiment, batch.resource, refused, n, client)
                 if tenant is None:
                     continue
                 with tenant.lock:
@@ -240,10 +266,10 @@ class Sink:
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
                     ended, attempt = tenant.experiment.roster.finished, tenant.experiment.attempt
-                self.tenants.settle(tenant, ended, attempt)  # a last goodbye finishes the run (``book.runs``)
+                self.opener.settle(tenant, ended, attempt)  # a last goodbye finishes the run (``book.runs``)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
-                raise OverloadedError("the sink could not make the data durable; retry")
+                raise OverloadedError(Kind.NOT_DURABLE, "the sink could not make the data durable; retry")
             return Result.of(refused.received, refused)
 
     def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
@@ -290,7 +316,7 @@ class Sink:
             waits: dict[ExperimentLog, int] = {}
             for batch in logs_batches(request, self.config.limits, refused):
                 n = len(batch.streams) + len(batch.logs) + len(batch.samples)
-                tenant = self.tenants.resolve(batch.experiment, batch.resource, refused, n, client)
+                tenant = self.opener.resolve(batch.experiment, batch.resource, refused, n, client)
                 if tenant is None:
                     continue
                 streamed = [row for row in batch.samples if row.side == "stream"]
@@ -309,7 +335,7 @@ class Sink:
                         self._apply(tenant, batch, refused)
                         if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                             waits[tenant.log] = tenant.log.seq
-                    writer = self.tenants.writer(tenant)
+                    writer = self.views.writer(tenant)
                 stamp = time.time()
                 for key, value, step in batch.streams:
                     writer.stream(process, Metric(key, value, Reduce.MEAN, stamp), step)
@@ -319,7 +345,7 @@ class Sink:
                     writer.row(process, row)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
-                raise OverloadedError("the sink could not make the data durable; retry")
+                raise OverloadedError(Kind.NOT_DURABLE, "the sink could not make the data durable; retry")
             return Result.of(total, refused)
 
     def export_traces(self, request: Any, client: Client = LOCAL) -> Result:
@@ -337,7 +363,7 @@ class Sink:
                     self.tally.refusal(Refusals(n, [checked]))
                     continue
                 refused = Refusals()
-                tenant = self.tenants.resolve(checked[0], checked[1], refused, n, client)
+                tenant = self.opener.resolve(checked[0], checked[1], refused, n, client)
                 if tenant is None:
                     result.rejected += n
                     result.errors.extend(refused.reasons)
@@ -398,7 +424,7 @@ class Sink:
                     except Exception as exc:  # a bug: logged once, counted, this step only
                         tenant.failed(f"finalizing step {done.step}", exc)
                         continue
-                    self.tenants.writer(tenant).step(view)
+                    self.views.writer(tenant).step(view)
                     if not view.late:
                         if tenant.recent:  # the rank x phase map of the last step only
                             tenant.recent[-1].pop("phases", None)
@@ -426,27 +452,13 @@ class Sink:
         """The sink as a whole (``Queries.overview``)."""
         return self.queries.overview()
 
-    def spans(
-        self,
-        experiment_id: str,
-        first: int | None = None,
-        last: int | None = None,
-        ranks: set[int] | None = None,
-        run: str | None = None,
-    ) -> list[Any] | None:
-        """Stored spans of a run (``Queries.spans``)."""
-        return self.queries.spans(experiment_id, first, last, ranks, run)
+    def spans(self, experiment_id: str, run: str | None = None) -> list[Any] | None:
+        """Stored spans of a run (``Queries.spans``; ``SpanQuery`` for steps and ranks)."""
+        return self.queries.spans(SpanQuery(experiment_id, run=run))
 
-    def span_rows(
-        self,
-        experiment_id: str,
-        first: int | None = None,
-        last: int | None = None,
-        ranks: set[int] | None = None,
-        run: str | None = None,
-    ) -> Iterator[str] | None:
+    def span_rows(self, experiment_id: str, run: str | None = None) -> Iterator[str] | None:
         """JSONL rows of a run's spans (``Queries.span_rows``)."""
-        return self.queries.span_rows(experiment_id, first, last, ranks, run)
+        return self.queries.span_rows(SpanQuery(experiment_id, run=run))
 
     def wait_written(self, experiment_id: str, timeout: float = 10.0, run: str | None = None) -> bool:
         """Block until a run's views wrote everything finalized so far (``Queries.wait_written``)."""
@@ -454,25 +466,24 @@ class Sink:
 
     def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
         """Write a run's report page now (``Queries.report``)."""
-        return self.queries.report(experiment_id, timeout, run)
+        return self.commands.report(experiment_id, timeout, run)
 
 
 def _check_open(tenant: Tenant) -> None:
     """Under ``tenant.lock``: a run closed since it was resolved is answered "retry" (it reopens then)."""
     if tenant.closed:
-        raise OverloadedError(f"{tenant.name[:96]} was closing; retry")
+        raise OverloadedError(Kind.CLOSING, f"{tenant.name[:96]} was closing; retry")
 
 
 def _act(tenant: Tenant, view: StepView, auto_capture_steps: int) -> None:
     """What a finished step calls for beyond its views: a straggler's process is asked to
-    profile its next steps (rate-limited), a first non-finite value is logged."""
-    ask_stragglers(tenant.captures, view.stragglers, auto_capture_steps)
-    first = tenant.experiment.watch.first_nonfinite
-    if first is not None and any(a.get("first") for a in view.anomalies):
+    profile its next steps (rate-limited), a run's first non-finite value is logged."""
+    ask_stragglers(tenant.captures, view, auto_capture_steps)
+    for first in (a for a in view.anomalies if isinstance(a, NonFinite) and a.first):
         log.warning(
             "rankscope sink: %s: first non-finite value: %r at step %d from %r",
             tenant.experiment.name[:96],
-            first["key"][:128],
+            first.key[:128],
             view.step,
-            first["process"],
+            first.process,
         )

@@ -64,7 +64,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
-class Scope(NonRecordingSpan):
+class SpanScope(NonRecordingSpan):
     """Where new spans go: trace id, parent span id, sampled, step (and a remote caller's label),
     and the recorded span itself when this process records it (``span``: links are added to it).
 
@@ -100,10 +100,10 @@ class Scope(NonRecordingSpan):
             return found
 
     def __repr__(self) -> str:
-        return f"Scope(trace={self.trace_id:032x}, span={self.parent_id:016x}, step={self.step})"
+        return f"SpanScope(trace={self.trace_id:032x}, span={self.parent_id:016x}, step={self.step})"
 
 
-class Block(Scope):
+class Block(SpanScope):
     """A ``Tracer`` block in progress: the scope its phases and the user's spans hang under (its own
     span id is ``parent_id``), plus what its span needs (name, start, the span it hangs under). The
     span record is made when first needed: at the end, on the export thread (``phase_spans``), or
@@ -142,19 +142,19 @@ _SCOPE_KEY = otel_context.create_key("rankscope-scope")
 under the user's own spans (whose contexts are copies of it) it still gives the step."""
 
 
-def _scope_of(context: otel_context.Context) -> Scope | None:
-    found: Scope | None = context.get(_SCOPE_KEY)  # type: ignore[assignment]
+def _scope_of(context: otel_context.Context) -> SpanScope | None:
+    found: SpanScope | None = context.get(_SCOPE_KEY)  # type: ignore[assignment]
     return found
 
 
-def _entered(scope: Scope, context: otel_context.Context) -> otel_context.Context:
+def _entered(scope: SpanScope, context: otel_context.Context) -> otel_context.Context:
     """``context`` with ``scope`` as its current span and rankscope scope (one dict, no ``set_value`` copies)."""
     values = dict(context)
     values[_SPAN_KEY] = values[_SCOPE_KEY] = scope
     return Context(values)
 
 
-def enter_scope(scope: Scope, remote: bool, context: otel_context.Context | None = None) -> Any:
+def enter_scope(scope: SpanScope, remote: bool, context: otel_context.Context | None = None) -> Any:
     """Make ``scope`` (its span is ``parent_id``) the current OTel span and rankscope scope; returns
     the token ``leave_scope`` takes. ``context``: the current OTel context, when the caller has just
     read it (one read less)."""
@@ -243,7 +243,7 @@ class TracingState:
                 del self._ids[next(iter(self._ids))]
         return found
 
-    def scope(self, context: otel_context.Context | None = None) -> Scope:
+    def scope(self, context: otel_context.Context | None = None) -> SpanScope:
         """Where a span started now hangs (see the module docstring); read, never changed, by the
         caller. ``context``: the current OTel context, when the caller has just read it."""
         if context is None:
@@ -251,9 +251,9 @@ class TracingState:
         if not context and self.env_parent is None:  # no span anywhere: under the step's root span
             step = self._step_now()
             trace_id, root_id, sampled = self._ids.get(step) or self._add_ids(step)
-            return Scope(trace_id, root_id, sampled, step)
+            return SpanScope(trace_id, root_id, sampled, step)
         current = otel_trace.get_current_span(context)
-        if isinstance(current, Scope):  # rankscope's own (a block, a remote caller, a server span)
+        if isinstance(current, SpanScope):  # rankscope's own (a block, a remote caller, a server span)
             return current
         ctx = current.get_span_context()
         mine = _scope_of(context)
@@ -263,13 +263,13 @@ class TracingState:
                 caller = mine.caller if mine.parent_id == ctx.span_id else None
             else:
                 step, caller = self.step, None
-            return Scope(ctx.trace_id, ctx.span_id, ctx.trace_flags.sampled, step, caller)
+            return SpanScope(ctx.trace_id, ctx.span_id, ctx.trace_flags.sampled, step, caller)
         if self.env_parent is not None:
             p = self.env_parent
-            return Scope(p.trace_id, p.span_id, p.trace_flags.sampled, self.step)
+            return SpanScope(p.trace_id, p.span_id, p.trace_flags.sampled, self.step)
         step = self.step
         trace_id, root_id, sampled = self.ids(step)
-        return Scope(trace_id, root_id, sampled, step)
+        return SpanScope(trace_id, root_id, sampled, step)
 
     def _step_now(self) -> int:
         """``step``, read without the property (a traced block starts here, on cold caches)."""
@@ -722,7 +722,7 @@ def link_active_span(contexts: list[tuple[int, int]], limit: int, name: str = "r
     the span's ``rankscope.links.dropped``). Nothing happens when the step is not sampled."""
     current = otel_trace.get_current_span()
     span = None
-    if isinstance(current, Scope):  # else a user's own OTel span is current: not ours to change
+    if isinstance(current, SpanScope):  # else a user's own OTel span is current: not ours to change
         span = current.record() if isinstance(current, Block) else current.span
     opened = None
     if span is None:

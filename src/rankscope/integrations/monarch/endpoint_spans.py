@@ -19,7 +19,7 @@ from ...core.errors import report_internal_error
 from ...metrics.recording import record_metric
 from ...metrics.reduce import Reduce
 from ...tracing.spans import SpanRecord, now_ns, random_id
-from ...tracing.tracer import Scope, enter_scope, leave_scope, tracing_of
+from ...tracing.tracer import SpanScope, enter_scope, leave_scope, tracing_of
 
 _SERVER = int(trace_pb2.Span.SPAN_KIND_SERVER)
 _SUM, _MEAN, _MAX = Reduce.SUM, Reduce.MEAN, Reduce.MAX
@@ -97,5 +97,5 @@ def start_server_span(carried: Any, actor: str, endpoint: str) -> ServerCall:
             attr.ACTOR_ENDPOINT: endpoint,
             attr.ACTOR_COORDS: _mesh_coords(),
         }
-    tokens = enter_scope(Scope(carried.trace_id, span_id, carried.sampled, carried.step, span=span), remote=False)
+    tokens = enter_scope(SpanScope(carried.trace_id, span_id, carried.sampled, carried.step, span=span), remote=False)
     return ServerCall(span, tokens, start, endpoint_keys(actor, endpoint))

@@ -32,7 +32,7 @@ from typing import Any
 
 from ...core import runtime as _slot
 from ...core.policy_version import latest_policy_version, observe_policy_version
-from ...tracing.tracer import Scope, enter_scope, leave_scope, tracing_of
+from ...tracing.tracer import SpanScope, enter_scope, leave_scope, tracing_of
 from . import _compat
 from .endpoint_spans import ServerCall, start_server_span
 
@@ -171,7 +171,7 @@ def _enter(kwargs: dict[str, Any], actor: str, endpoint: str) -> tuple[Any, Any]
     asked = _inherited.set(carried.server)
     if carried.server and actor not in _OWN_ACTORS:
         return start_server_span(carried, actor, endpoint), asked
-    scope = Scope(carried.trace_id, carried.span_id, carried.sampled, carried.step, carried.caller)
+    scope = SpanScope(carried.trace_id, carried.span_id, carried.sampled, carried.step, carried.caller)
     return enter_scope(scope, remote=True), asked
 
 

@@ -19,9 +19,11 @@ from typing import Any
 
 from ...backends.base import Metric
 from ...core import names as attr
+from ...core.anomalies import Straggler
 from ...metrics.reduce import Reduce, reduced_items
 from ..checked import Process, StateRows
 from ..views.anomalies import Watch
+from ..views.detectors.base import StepFacts
 from ..views.step import StepView
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
 from .order import KeyOrder
@@ -178,18 +180,17 @@ def _judge(
         keys, labels = straggler_metrics(judgement, stamp)
         metrics.extend(keys)
         view.labels.update(labels)
-        d = watch.detectors
+        d = watch.thresholds
         late = stragglers(judgement, ratio=d.straggler_ratio, min_s=d.straggler_min_s) if d.straggler_ratio > 0 else []
         nonfinite = _nonfinite(done.parts, bad) if bad else []
         metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
-        view.anomalies = watch.step(
-            done.step,
-            nonfinite=nonfinite,
-            stragglers=[(record_of(c), c.process) for c in late],
-            duration=done.duration,
-            missing=done.missing,
+        candidates = [(record_of(c), c.process) for c in late]
+        facts = StepFacts(
+            done.step, nonfinite=nonfinite, stragglers=candidates, duration=done.duration, missing=done.missing
         )
-        view.stragglers = watch.started
+        view.anomalies = watch.step(facts)
+        processes = {record.process: process for record, process in candidates}
+        view.stragglers = [(r, processes[r.process]) for r in view.anomalies if isinstance(r, Straggler)]
     metrics.append(Metric(attr.MISSING_PROCESSES, float(len(view.missing)), Reduce.MAX, stamp))
     if done.late_points:
         metrics.append(Metric(attr.LATE_POINTS, float(done.late_points), Reduce.MAX, stamp))

@@ -5,7 +5,7 @@ A rank slow in its forward pass makes every other rank wait in the next all-redu
 phase time alone, the waiters' backward looks as slow as the culprit's forward (with two ranks,
 both are "2x the median"). So, from one step's spans (of the run's latest attempt in them):
 
-* **Collectives.** Each process's ``comm/{op}`` spans (``instrumentation.distributed``) in the
+* **Collectives.** Each process's ``comm/{op}`` spans (``tracing.collectives``) in the
   order it made them, per torch world (role, replica, attempt) and process group
   (``rankscope.comm.group``): the k-th of a group on every member is one collective, judged
   only when every member's span is in (``rankscope.comm.group_size``). A blocking collective
@@ -41,7 +41,9 @@ from typing import Any
 
 from ...backends.base import Metric
 from ...core import names as attr
+from ...core.anomalies import Straggler
 from ...metrics.reduce import Reduce
+from ..checked import Process
 from .traces import ROOT_NAME, StoredSpan
 
 COMM_PREFIX = "comm/"
@@ -63,7 +65,7 @@ class Lateness:
     average; for a collective, it arrived ``late_s`` after the others' mean arrival and the first
     to arrive waited ``waited_s_max`` for it, ``waiting`` ranks in all."""
 
-    process: Any  # checked.Process
+    process: Process
     phase: str
     seconds: float
     others_s: float
@@ -94,13 +96,13 @@ class PhaseTimes:
     """Seconds each process waited in collectives during the phase."""
     total: float = 0.0
 
-    def add(self, process: Any, net: float, waited: float) -> None:
+    def add(self, process: Process, net: float, waited: float) -> None:
         self.seconds[process] = self.seconds.get(process, 0.0) + net
         self.total += net
         if waited:
             self.waited[process] = self.waited.get(process, 0.0) + waited
 
-    def others_mean(self, process: Any) -> float:
+    def others_mean(self, process: Process) -> float:
         n = len(self.seconds)
         return (self.total - self.seconds[process]) / (n - 1) if n > 1 else 0.0
 
@@ -365,21 +367,22 @@ def straggler_metrics(judgement: Judgement, stamp: float) -> tuple[list[Metric],
     return out, labels
 
 
-def record_of(late: Lateness) -> dict[str, Any]:
-    """A straggler as the detectors and views read it (``views.anomalies``: its streak)."""
+def record_of(late: Lateness) -> Straggler:
+    """A straggler as the detectors read it; its streak's steps are the detector's
+    (``views.detectors.stragglers``)."""
     p = late.process
-    return {
-        "process": p.label,
-        "role": p.role,
-        "replica": p.replica,
-        "rank": p.rank,
-        "phase": late.phase,
-        "collective": late.collective,
-        "ratio": round(min(late.ratio, 1e9), 3),
-        "excess_s": round(late.excess_s, 6),
-        "seconds": round(late.seconds, 6),
-        "others_s": round(late.others_s, 6),
-        "late_s": None if late.late_s is None else round(late.late_s, 6),
-        "waited_s_max": None if late.waited_s_max is None else round(late.waited_s_max, 6),
-        "waiting": late.waiting,
-    }
+    return Straggler(
+        process=p.label,
+        role=p.role,
+        replica=p.replica,
+        rank=p.rank,
+        phase=late.phase,
+        collective=late.collective,
+        ratio=round(min(late.ratio, 1e9), 3),
+        excess_s=round(late.excess_s, 6),
+        seconds=round(late.seconds, 6),
+        others_s=round(late.others_s, 6),
+        late_s=None if late.late_s is None else round(late.late_s, 6),
+        waited_s_max=None if late.waited_s_max is None else round(late.waited_s_max, 6),
+        waiting=late.waiting,
+    )

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
-from ..checked import PlainPoint
+from ..checked import PlainPoint, StateRows
 from .merge import OTEL_EXPONENTIAL, OTEL_GAUGE, OTEL_HISTOGRAM, OTEL_UPDOWN
 
 OVERFLOW = "otel.metric.overflow=true"
@@ -93,6 +94,24 @@ class Streams:
         self._keep(stream, start, time_unix_nano, row, 1 + len(state["positive"]) + len(state["negative"]))
         state = _exponential_increase(state, before[0] if before is not None else None)
         return (OTEL_EXPONENTIAL, series, (state,)) if state["count"] else None
+
+    def rows(self, process_id: str, points: list[PlainPoint], step_at: Callable[[int], int]) -> list[StateRows]:
+        """``process_id``'s plain points as rows of their steps (a point without a step: ``step_at``
+        its time), one ``StateRows`` per (reduce type, step)."""
+        groups: dict[tuple[str, int], StateRows] = {}
+        convert = self.convert
+        for point in points:
+            converted = convert(process_id, point)
+            if converted is None:
+                continue
+            reduce, key, row = converted
+            step = point.step if point.step is not None else step_at(point.time_unix_nano)
+            rows = groups.get((reduce, step))
+            if rows is None:
+                rows = groups[(reduce, step)] = StateRows(reduce, step)
+            rows.keys.append(key)
+            rows.rows.append(row)
+        return list(groups.values())
 
     def _capped(self, name: str, series: str) -> str:
         known = self._series.get(name)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...metrics.samples import Kept, reselect
 from ...otlp.samples import SampleRow
+from ..checked import Process
 from ..views.step import entry
 
 
@@ -34,7 +35,7 @@ class SampleTable:
 
 
 def take(
-    tables: dict[str, SampleTable], process: Any, rows: Iterable[SampleRow], max_tables: int, max_chars: int
+    tables: dict[str, SampleTable], process: Process, rows: Iterable[SampleRow], max_tables: int, max_chars: int
 ) -> list[tuple[int, str]]:
     """Merge ``process``'s rows into a step's ``tables``; returns (count, why) of what was refused.
 

@@ -20,13 +20,14 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from ...core import names as attr
 from ...otlp.common import any_value
-from ..checked import Limits, Refusals, check_span, span_attributes, span_text
+from ..checked import Limits, Process, Refusals, check_span, span_attributes, span_text
 
 _LIMITS = Limits()
 """The edge's default bounds (a sink passes its own)."""
@@ -47,7 +48,7 @@ class StoredSpan:
     start_ns: int
     end_ns: int
     step: int | None
-    process: Any  # experiment.Process
+    process: Process
     attributes: dict[str, Any]
     error: str | None
     links: list[dict[str, str]] = field(default_factory=list)
@@ -120,7 +121,7 @@ class SpanFile:
         self._file.write(line)
         self.bytes += len(line)
 
-    def rows(self, first: int | None, last: int | None, ranks: set[int] | None) -> Iterator[str]:
+    def rows(self, first: int | None, last: int | None, ranks: AbstractSet[int] | None) -> Iterator[str]:
         """The file's lines (JSON rows) of steps in [first, last] and the given ranks, as far as it
         was written when called (call under the lock that guards ``write``; read lazily without it).
         A line cut by a crash is skipped."""
@@ -128,7 +129,7 @@ class SpanFile:
             self._file.flush()
         return self._read(self.bytes, first, last, ranks)
 
-    def _read(self, size: int, first: int | None, last: int | None, ranks: set[int] | None) -> Iterator[str]:
+    def _read(self, size: int, first: int | None, last: int | None, ranks: AbstractSet[int] | None) -> Iterator[str]:
         with self.path.open("rb") as raw:
             for encoded in raw:
                 size -= len(encoded)
@@ -184,7 +185,7 @@ class TraceStore:
 
     def ingest(
         self,
-        process: Any,
+        process: Process,
         scope_spans: Iterable[Any],
         step_at: Callable[[int], int] | None = None,
         refused: Refusals | None = None,
@@ -284,7 +285,7 @@ class TraceStore:
         return list(self._steps.get(step, ()))
 
     def select(
-        self, first: int | None = None, last: int | None = None, ranks: set[int] | None = None
+        self, first: int | None = None, last: int | None = None, ranks: AbstractSet[int] | None = None
     ) -> list[StoredSpan]:
         """Spans of steps in [first, last] (None: open end), of the given ranks only, by step."""
         out: list[StoredSpan] = []

@@ -1,8 +1,8 @@
 """Pure OTLP/HTTP request handling: content types, gzip with a size cap, OTLP/JSON.
 
 No sockets here: ``decode_body`` turns (path, headers, body) into a protobuf request or an
-``HttpError`` carrying the OTLP-correct status, so the transport stays thin and the rules
-are tested without a server.
+``HttpError`` carrying the kind of refusal (``edge.errors`` answers it), so the transport stays
+thin and the rules are tested without a server.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from ...otlp.raw import parse_metrics
+from .errors import HttpError, Kind
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -38,13 +39,6 @@ SIGNALS: dict[str, tuple[str, type[Message], type[Message]]] = {
 
 # OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping expects base64.
 _ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
-
-
-@dataclass(frozen=True, slots=True)
-class HttpError(Exception):
-    status: int
-    message: str
-    retry_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +57,14 @@ def media_type(content_type: str | None) -> str:
 def decode_body(
     path: str, content_type: str | None, content_encoding: str | None, body: bytes, max_bytes: int
 ) -> Decoded:
-    """Decode one OTLP/HTTP request body; raises ``HttpError`` with the status to answer."""
+    """Decode one OTLP/HTTP request body; raises ``HttpError`` with the kind of refusal."""
     found = SIGNALS.get(path.split("?", 1)[0].rstrip("/"))
     if found is None:
-        raise HttpError(404, f"no OTLP signal at {path!r}; use /v1/metrics, /v1/traces or /v1/logs")
+        raise HttpError(Kind.NO_ROUTE, f"no OTLP signal at {path!r}; use /v1/metrics, /v1/traces or /v1/logs")
     signal, request_class, response_class = found
     kind = media_type(content_type)
     if kind not in (PROTOBUF, JSON):
-        raise HttpError(415, f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
+        raise HttpError(Kind.UNSUPPORTED_MEDIA, f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
     body = decompress(body, content_encoding, max_bytes)
     request: Any = request_class()
     try:
@@ -81,7 +75,7 @@ def decode_body(
         else:
             json_format.ParseDict(hex_ids_to_base64(json.loads(body)), request, ignore_unknown_fields=True)
     except (DecodeError, json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
-        raise HttpError(400, f"undecodable {signal} body: {exc}") from None
+        raise HttpError(Kind.BAD_REQUEST, f"undecodable {signal} body: {exc}") from None
     return Decoded(signal, request, response_class, kind == JSON)
 
 
@@ -92,7 +86,9 @@ def decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> byt
     if encoding == "identity":
         return body
     if encoding not in ("gzip", "deflate"):
-        raise HttpError(415, f"unsupported content encoding {content_encoding!r}; use gzip or identity")
+        raise HttpError(
+            Kind.UNSUPPORTED_MEDIA, f"unsupported content encoding {content_encoding!r}; use gzip or identity"
+        )
     out = bytearray()
     rest = body
     for _ in range(MAX_GZIP_MEMBERS):
@@ -100,17 +96,17 @@ def decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> byt
         try:
             out += inflater.decompress(rest, max_bytes + 1 - len(out))
         except zlib.error as exc:
-            raise HttpError(400, f"corrupt {encoding} body: {exc}") from None
+            raise HttpError(Kind.BAD_REQUEST, f"corrupt {encoding} body: {exc}") from None
         if len(out) > max_bytes or inflater.unconsumed_tail:
-            raise HttpError(413, f"body inflates past the {max_bytes}-byte limit")
+            raise HttpError(Kind.TOO_LARGE, f"body inflates past the {max_bytes}-byte limit")
         if not inflater.eof:
-            raise HttpError(400, f"truncated {encoding} body")
+            raise HttpError(Kind.BAD_REQUEST, f"truncated {encoding} body")
         rest = inflater.unused_data
         if not rest:
             return bytes(out)
         if encoding != "gzip":
-            raise HttpError(400, f"{len(rest)} bytes after the end of the {encoding} stream")
-    raise HttpError(400, f"gzip body of more than {MAX_GZIP_MEMBERS} members")
+            raise HttpError(Kind.BAD_REQUEST, f"{len(rest)} bytes after the end of the {encoding} stream")
+    raise HttpError(Kind.BAD_REQUEST, f"gzip body of more than {MAX_GZIP_MEMBERS} members")
 
 
 MAX_GZIP_MEMBERS = 64
@@ -151,12 +147,3 @@ def encode_status(message: str, code: int, json_body: bool) -> tuple[str, bytes]
     if json_body:
         return JSON, json_format.MessageToJson(status, indent=None).encode()
     return PROTOBUF, status.SerializeToString()
-
-
-class OverloadedError(Exception):
-    """More requests in flight than the sink takes (or the disk is failing); retry later.
-
-    Raised by ``Sink.export_*``, answered by the transports (HTTP 503 / gRPC UNAVAILABLE with a
-    retry hint); it lives here, with the other answers, so the transports never import the service."""
-
-    retry_after = 1

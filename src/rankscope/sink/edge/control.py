@@ -16,7 +16,7 @@ anomalies, rank x phase seconds; what ``rankscope top`` reads), captures (``sink
 ``POST /rankscope/v1/report`` (``{"experiment"}``: write its report page now, answer where).
 
 Every body is JSON, checked here; the sink's side (the ``Control`` port, ``edge.ports``) takes
-checked values only.
+checked values only, and says no with an ``edge.errors.Refusal`` whose kind chooses the status.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from urllib.parse import parse_qs
 from aiohttp import web
 
 from ..book.traces import parse_ranks
-from ..checked import ALL, Scope, clean_text
+from ..checked import ALL, Scope, SpanQuery, clean_text
 from ..views.captures import MAX_RANKS, MAX_STEPS
 from .auth import UNAUTHORIZED, Keys
-from .bodies import HttpError, OverloadedError
-from .ports import Control
+from .errors import HttpError, Kind, OverloadedError, Refusal
+from .ports import Control, ControlCommands, ControlQueries
 
 REPORT_TIMEOUT = 60.0
 """Seconds the report route waits for an experiment's views (``request_report`` waits longer)."""
@@ -47,7 +47,7 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 class ControlRoutes:
     """The control routes of one sink, answered by its ``Control`` port behind ``keys`` (each
-    token sees the experiments of its scope only: ``ScopedControl``). ``call``
+    token sees the experiments of its scope only: ``scoped``). ``call``
     runs a blocking call off the event loop, ``body`` reads a request body within the sink's size
     limit (both from the HTTP transport)."""
 
@@ -87,13 +87,13 @@ class ControlRoutes:
             return await self._health(request)
         scope = self.keys.scope_of(request.headers.get("Authorization"))
         if scope is None:
-            raise HttpError(401, UNAUTHORIZED)
-        request[_CONTROL] = self.control if scope is ALL else ScopedControl(self.control, scope)
+            raise HttpError(Kind.UNAUTHORIZED, UNAUTHORIZED)
+        request[_CONTROL] = self.control if scope is ALL else scoped(self.control, scope)
         handler = self.routes.get((request.method, request.path))
         if handler is None:
             if any(path == request.path for _, path in self.routes):
-                raise HttpError(405, f"{request.method} is not served at {request.path[:200]!r}")
-            raise HttpError(404, f"nothing at {request.path[:200]!r}")
+                raise HttpError(Kind.METHOD_NOT_ALLOWED, f"{request.method} is not served at {request.path[:200]!r}")
+            raise HttpError(Kind.NO_ROUTE, f"nothing at {request.path[:200]!r}")
         return await handler(request)
 
     async def _config(self, request: web.BaseRequest) -> web.Response:
@@ -109,8 +109,8 @@ class ControlRoutes:
             if _deeper(backends, MAX_CONFIG_DEPTH):
                 raise ValueError(f"backends nest deeper than {MAX_CONFIG_DEPTH} levels")
         except (ValueError, KeyError, TypeError) as exc:
-            raise HttpError(400, f"bad config body: {exc}") from None
-        answer = await self._call(_control(request).configure, experiment, backends)  # it takes runs' locks
+            raise HttpError(Kind.BAD_REQUEST, f"bad config body: {exc}") from None
+        answer = await self._call(_control(request).commands.configure, experiment, backends)  # it takes runs' locks
         return web.json_response({"result": answer})
 
     def _check_id(self, experiment: str) -> None:
@@ -121,7 +121,7 @@ class ControlRoutes:
             raise ValueError(f"experiment id {shown} is empty, over {limit} characters or holds control characters")
 
     async def _health(self, request: web.BaseRequest) -> web.StreamResponse:
-        healthy, problems = self.control.health()
+        healthy, problems = self.control.queries.health()
         text = "ok\n" if healthy else "".join(f"{p}\n" for p in problems)
         return web.Response(status=200 if healthy else 503, text=text)
 
@@ -129,24 +129,24 @@ class ControlRoutes:
         query = parse_qs(request.query_string)
         experiment = query.get("experiment", [None])[0]
         if experiment is None:  # both take runs' locks: on the pool, never on the loop that answers everyone
-            return web.json_response(await self._call(_control(request).overview))
-        found = await self._call(_control(request).status, experiment, _run(query))
+            return web.json_response(await self._call(_control(request).queries.overview))
+        found = await self._call(_control(request).queries.status, experiment, _run(query))
         if found is None:
-            raise HttpError(404, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
+            raise HttpError(Kind.NOT_FOUND, f"no experiment {experiment[:200]!r}; GET /rankscope/v1/status lists them")
         return web.json_response(found)
 
     async def _recent(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment = query.get("experiment", [""])[0]
-        found = await self._call(_control(request).recent, experiment, _run(query))
+        found = await self._call(_control(request).queries.recent, experiment, _run(query))
         if found is None:
-            raise HttpError(404, f"no experiment {experiment[:200]!r}")
+            raise HttpError(Kind.NOT_FOUND, f"no experiment {experiment[:200]!r}")
         return web.json_response(found)
 
     async def _pending(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment, process = query.get("experiment", [""])[0], query.get("process", [""])[0]
-        return web.json_response(await self._call(_control(request).pending_captures, experiment, process))
+        return web.json_response(await self._call(_control(request).queries.pending_captures, experiment, process))
 
     async def _report(self, request: web.BaseRequest) -> web.Response:
         body = await self._body(request)
@@ -157,20 +157,20 @@ class ControlRoutes:
                 raise TypeError("experiment (and run) must be strings")
             self._check_id(experiment)
         except (ValueError, KeyError, TypeError) as exc:
-            raise HttpError(400, f"bad report request: {exc}") from None
+            raise HttpError(Kind.BAD_REQUEST, f"bad report request: {exc}") from None
         with self._report_lock:  # one page at a time per experiment; others' pages go on
             busy = experiment in self._reporting or len(self._reporting) >= 8
             if not busy:
                 self._reporting.add(experiment)
         if busy:
-            raise HttpError(429, "this experiment's report (or 8 others) is being written; ask again", 2)
+            raise HttpError(Kind.BUSY, "this experiment's report (or 8 others) is being written; ask again")
         try:  # its own thread: waiting on the views never holds the pool that decodes data
-            answer = await asyncio.to_thread(_control(request).report, experiment, REPORT_TIMEOUT, run)
+            answer = await asyncio.to_thread(_control(request).commands.report, experiment, REPORT_TIMEOUT, run)
         finally:
             with self._report_lock:
                 self._reporting.discard(experiment)
-        if isinstance(answer, str):
-            raise HttpError(404 if answer.startswith("no experiment") else 409, answer)
+        if isinstance(answer, Refusal):
+            raise HttpError(answer.kind, answer)
         return web.json_response({"experiment": experiment, "reports": answer})
 
     async def _capture(self, request: web.BaseRequest) -> web.Response:
@@ -193,26 +193,28 @@ class ControlRoutes:
             if ranks is not None and not all(0 <= r < MAX_RANK for r in ranks):
                 raise ValueError(f"ranks must be in [0, {MAX_RANK}), got {min(ranks)} to {max(ranks)}")
         except (ValueError, KeyError, TypeError) as exc:
-            raise HttpError(400, f"bad capture request: {exc}") from None
+            raise HttpError(Kind.BAD_REQUEST, f"bad capture request: {exc}") from None
         chosen = None if ranks is None else frozenset(ranks)
-        answer = await self._call(_control(request).capture, experiment, reason, steps, chosen, run)
-        if isinstance(answer, str):  # what is left to refuse: an unknown experiment, or its rate limits
-            raise HttpError(404 if answer.startswith("no experiment") else 429, answer)
+        answer = await self._call(_control(request).commands.capture, experiment, reason, steps, chosen, run)
+        if isinstance(answer, Refusal):  # what is left to refuse: an unknown experiment, or its rate limits
+            raise HttpError(answer.kind, answer)
         return web.json_response(answer)
 
     async def _capture_file(self, request: web.BaseRequest) -> web.Response:
         query = parse_qs(request.query_string)
         experiment, capture, process = (query.get(k, [""])[0] for k in ("experiment", "capture", "process"))
         if request.content_length is None:
-            raise HttpError(411, "a capture file needs a Content-Length")
+            raise HttpError(Kind.LENGTH_REQUIRED, "a capture file needs a Content-Length")
         try:  # before the body is read: a file nobody asked for costs nothing
-            await self._call(_control(request).capture_target, experiment, capture, process, request.content_length)
+            await self._call(
+                _control(request).queries.capture_target, experiment, capture, process, request.content_length
+            )
             body = await self._body(request)
-            path = await self._call(_control(request).store_capture, experiment, capture, process, body)
+            path = await self._call(_control(request).commands.store_capture, experiment, capture, process, body)
         except LookupError as exc:
-            raise HttpError(404, str(exc)) from None
+            raise HttpError(Kind.NOT_FOUND, str(exc)) from None
         except OverloadedError as exc:
-            raise HttpError(429, str(exc), exc.retry_after) from None
+            raise HttpError(exc.kind, str(exc)) from None
         return web.json_response({"path": path})
 
     async def _spans(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -223,10 +225,11 @@ class ControlRoutes:
             last = int(query["last"][0]) if "last" in query else None
             ranks = parse_ranks(query.get("ranks", [""])[0])
         except ValueError as exc:
-            raise HttpError(400, f"bad span query: {exc}") from None
-        rows = await self._call(_control(request).span_rows, experiment, first, last, ranks, _run(query))
+            raise HttpError(Kind.BAD_REQUEST, f"bad span query: {exc}") from None
+        asked = SpanQuery(experiment, first, last, None if ranks is None else frozenset(ranks), _run(query))
+        rows = await self._call(_control(request).queries.span_rows, asked)
         if rows is None:
-            raise HttpError(404, f"no experiment {experiment[:200]!r}")
+            raise HttpError(Kind.NOT_FOUND, f"no experiment {experiment[:200]!r}")
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
         response.enable_chunked_encoding()
         await response.prepare(request)
@@ -245,54 +248,70 @@ def _control(request: web.BaseRequest) -> Control:
     return request[_CONTROL]
 
 
-class ScopedControl:
+def scoped(control: Control, scope: Scope) -> Control:
     """The ``Control`` port as a scoped token sees it: an experiment outside its scope does not
     exist for it (404, like an unknown one), and its views cannot be configured from it."""
+    return Control(ScopedQueries(control.queries, scope), ScopedCommands(control.commands, scope))
 
-    def __init__(self, control: Control, scope: Scope) -> None:
-        self._control = control
+
+def _outside(scope: Scope, experiment_id: str) -> Refusal | None:
+    if scope.allows(experiment_id):
+        return None
+    return Refusal(Kind.NOT_FOUND, f"no experiment {experiment_id[:200]!r} in {scope.label}")
+
+
+class ScopedQueries:
+    """What a scoped token may read: its scope's experiments only."""
+
+    def __init__(self, queries: ControlQueries, scope: Scope) -> None:
+        self._queries = queries
         self._scope = scope
 
-    def _missing(self, experiment_id: str) -> str | None:
-        if self._scope.allows(experiment_id):
-            return None
-        return f"no experiment {experiment_id[:200]!r} in {self._scope.label}"
-
     def health(self) -> tuple[bool, list[str]]:
-        return self._control.health()
-
-    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
-        if not self._scope.allows(experiment_id):
-            return f"refused: {self._scope.label} may not write experiment {experiment_id[:200]!r}"
-        return self._control.configure(experiment_id, backends)
+        return self._queries.health()
 
     def overview(self) -> dict[str, Any]:
-        found = self._control.overview()
+        found = self._queries.overview()
         listed = found.get("experiment_list")
         if isinstance(listed, list):
             found["experiment_list"] = [e for e in listed if self._scope.allows(str(e.get("id", "")))]
         return found
 
     def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
-        return None if self._missing(experiment_id) else self._control.status(experiment_id, run)
+        return None if _outside(self._scope, experiment_id) else self._queries.status(experiment_id, run)
 
     def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None:
-        return None if self._missing(experiment_id) else self._control.recent(experiment_id, run)
+        return None if _outside(self._scope, experiment_id) else self._queries.recent(experiment_id, run)
 
-    def span_rows(
-        self,
-        experiment_id: str,
-        first: int | None = None,
-        last: int | None = None,
-        ranks: set[int] | None = None,
-        run: str | None = None,
-    ) -> Iterator[str] | None:
-        if self._missing(experiment_id):
-            return None
-        return self._control.span_rows(experiment_id, first, last, ranks, run)
+    def span_rows(self, query: SpanQuery) -> Iterator[str] | None:
+        return None if _outside(self._scope, query.experiment) else self._queries.span_rows(query)
 
-    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
-        return self._missing(experiment_id) or self._control.report(experiment_id, timeout, run)
+    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
+        if _outside(self._scope, experiment_id):
+            return []
+        return self._queries.pending_captures(experiment_id, process_id)
+
+    def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
+        missing = _outside(self._scope, experiment_id)
+        if missing:
+            raise LookupError(missing)
+        return self._queries.capture_target(experiment_id, capture_id, process_id, size)
+
+
+class ScopedCommands:
+    """What a scoped token may do: within its scope's experiments only."""
+
+    def __init__(self, commands: ControlCommands, scope: Scope) -> None:
+        self._commands = commands
+        self._scope = scope
+
+    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
+        if not self._scope.allows(experiment_id):
+            return f"refused: {self._scope.label} may not write experiment {experiment_id[:200]!r}"
+        return self._commands.configure(experiment_id, backends)
+
+    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | Refusal:
+        return _outside(self._scope, experiment_id) or self._commands.report(experiment_id, timeout, run)
 
     def capture(
         self,
@@ -301,23 +320,15 @@ class ScopedControl:
         steps: int,
         ranks: frozenset[int] | None = None,
         run: str | None = None,
-    ) -> dict[str, Any] | str:
-        return self._missing(experiment_id) or self._control.capture(experiment_id, reason, steps, ranks, run)
-
-    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
-        return [] if self._missing(experiment_id) else self._control.pending_captures(experiment_id, process_id)
-
-    def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
-        missing = self._missing(experiment_id)
-        if missing:
-            raise LookupError(missing)
-        return self._control.capture_target(experiment_id, capture_id, process_id, size)
+    ) -> dict[str, Any] | Refusal:
+        missing = _outside(self._scope, experiment_id)
+        return missing or self._commands.capture(experiment_id, reason, steps, ranks, run)
 
     def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
-        missing = self._missing(experiment_id)
+        missing = _outside(self._scope, experiment_id)
         if missing:
             raise LookupError(missing)
-        return self._control.store_capture(experiment_id, capture_id, process_id, data)
+        return self._commands.store_capture(experiment_id, capture_id, process_id, data)
 
 
 MAX_CONFIG_DEPTH = 16

@@ -1,7 +1,7 @@
 """How many calls the sink takes at once: every export and capture upload passes this gate.
 
 Past ``max_in_flight`` calls in progress, or once the sink is stopping, a call is refused with
-``OverloadedError``, which the transports answer 429 / 503 (gRPC UNAVAILABLE) with a retry hint.
+``OverloadedError`` of kind CAPACITY (or STOPPING), answered as ``edge.errors.ANSWERS`` says.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from types import TracebackType
 
-from .bodies import OverloadedError
+from .errors import Kind, OverloadedError
 
 
 class Gate:
@@ -24,9 +24,9 @@ class Gate:
     def __enter__(self) -> None:
         with self._lock:
             if self._stopping.is_set():
-                raise OverloadedError("the sink is stopping")
+                raise OverloadedError(Kind.STOPPING, "the sink is stopping")
             if self._in_flight >= self.max_in_flight:
-                raise OverloadedError("the sink is at capacity")
+                raise OverloadedError(Kind.CAPACITY, "the sink is at capacity")
             self._in_flight += 1
 
     def __exit__(

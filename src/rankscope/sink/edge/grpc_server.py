@@ -3,26 +3,31 @@
 The services are registered with raw-bytes request handling, so an undecodable body is
 answered INVALID_ARGUMENT (not INTERNAL) by our own parse. grpcio inflates gzip itself and
 enforces ``max_receive_message_length`` on the inflated message, so oversized and gzip-bomb
-requests end as RESOURCE_EXHAUSTED before we see them. Overload answers UNAVAILABLE, which
-OTLP clients retry with backoff. The bearer token is checked by ``edge.auth``, as the HTTP side does,
-and its scope travels with the request's ``Client``.
+requests end as RESOURCE_EXHAUSTED before we see them. Every other refusal is answered from its
+kind's row in ``edge.errors.ANSWERS``, as the HTTP side answers it; one worth retrying carries
+``RetryInfo`` (without it OTLP clients give RESOURCE_EXHAUSTED up). The bearer token is checked
+by ``edge.auth``, as the HTTP side does, and its scope travels with the request's ``Client``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.any_pb2 import Any as AnyMessage
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
+from google.rpc.error_details_pb2 import RetryInfo
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from ...otlp.raw import parse_metrics
 from .auth import UNAUTHORIZED, Keys
-from .bodies import OverloadedError
+from .errors import ANSWERS, Kind, OverloadedError
 from .ports import Client, Ingest, Transport
 
 _SERVICES = (
@@ -48,17 +53,15 @@ def _handler(
     def handle(body: bytes, context: Any) -> Any:
         scope = keys.scope_of(dict(context.invocation_metadata()).get("authorization"))
         if scope is None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
-            return b""  # abort raises: never reached
+            abort(context, Kind.UNAUTHORIZED, UNAUTHORIZED)
         try:
             request = parse(body)
         except (DecodeError, ValueError, RecursionError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable OTLP request: {exc}")
+            abort(context, Kind.BAD_REQUEST, f"undecodable OTLP request: {exc}")
         try:
             result = export(request, Client(peer=_host(context.peer()), scope=scope))
         except OverloadedError as exc:
-            context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            abort(context, exc.kind, str(exc))
         response = response_class()
         if result.rejected:
             setattr(response.partial_success, rejected_field, result.rejected)
@@ -66,6 +69,26 @@ def _handler(
         return response.SerializeToString()
 
     return grpc.unary_unary_rpc_method_handler(handle)  # bytes in, bytes out
+
+
+def abort(context: Any, kind: Kind, message: str) -> NoReturn:
+    """End the call as ``kind``'s row in ``ANSWERS`` says; a retry hint goes as ``RetryInfo`` both
+    where OTLP clients look for it: in ``grpc-status-details-bin`` (Go, the Collector) and in
+    ``google.rpc.retryinfo-bin`` (the Python SDK's exporter, rankscope's own senders)."""
+    answer = ANSWERS[kind]
+    if answer.retry_after is not None:
+        hint = RetryInfo(retry_delay=Duration(seconds=answer.retry_after))
+        detail = AnyMessage()
+        detail.Pack(hint)
+        status = Status(code=answer.grpc.value[0], message=message, details=[detail])
+        context.set_trailing_metadata(
+            (
+                ("grpc-status-details-bin", status.SerializeToString()),
+                ("google.rpc.retryinfo-bin", hint.SerializeToString()),
+            )
+        )
+    context.abort(answer.grpc, message)
+    raise AssertionError("grpc's abort raises")  # for a context that does not
 
 
 def _host(peer: str) -> str:

@@ -25,13 +25,13 @@ from typing import Any
 from aiohttp import web
 
 from .auth import UNAUTHORIZED, Keys
-from .bodies import HttpError, OverloadedError, decode_body, encode_response, encode_status, media_type
+from .bodies import decode_body, encode_response, encode_status, media_type
 from .connections import ConnectionServer
 from .control import ControlRoutes
+from .errors import ANSWERS, HttpError, Kind, OverloadedError
 from .listener import Listener, OnExhausted
 from .ports import Client, Control, Ingest, Spawn, Transport
 
-_GRPC_CODES = {400: 3, 401: 16, 408: 4, 404: 5, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
 _REJECTED_FIELD = {"metrics": "rejected_data_points", "traces": "rejected_spans", "logs": "rejected_log_records"}
 
 
@@ -43,12 +43,14 @@ _LINGER = 2.0
 class _Routes:
     """OTLP ingest, and the control routes handed to ``edge.control``."""
 
-    def __init__(self, ingest: Ingest, control: Control, config: Transport, pool: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, ingest: Ingest, control: Control, config: Transport, pool: ThreadPoolExecutor, max_id_chars: int
+    ) -> None:
         self.ingest = ingest
         self.config = config
         self.pool = pool
         self.keys = Keys(config.token, config.tokens)
-        self.control = ControlRoutes(control, self.keys, self._call, self._body, max_id_chars=config.max_id_chars)
+        self.control = ControlRoutes(control, self.keys, self._call, self._body, max_id_chars=max_id_chars)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -56,7 +58,7 @@ class _Routes:
                 return await self.control.handle(request)
             if request.method == "POST":
                 return await self._post(request)
-            raise HttpError(405, f"{request.method} is not served here")
+            raise HttpError(Kind.METHOD_NOT_ALLOWED, f"{request.method} is not served here")
         except HttpError as error:
             return _error(request, error)
 
@@ -67,13 +69,13 @@ class _Routes:
         config = self.config
         limit = config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise HttpError(413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
+            raise HttpError(Kind.TOO_LARGE, f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
         return await _read_body(request, limit, config.body_timeout)
 
     async def _post(self, request: web.BaseRequest) -> web.StreamResponse:
         scope = self.keys.scope_of(request.headers.get("Authorization"))
         if scope is None:
-            raise HttpError(401, UNAUTHORIZED)
+            raise HttpError(Kind.UNAUTHORIZED, UNAUTHORIZED)
         body = await self._body(request)
         decoded = await self._call(
             decode_body,
@@ -91,7 +93,7 @@ class _Routes:
         try:
             result = await self._call(export, decoded.request, Client(peer=request.remote or "", scope=scope))
         except OverloadedError as exc:
-            raise HttpError(429 if "capacity" in str(exc) else 503, str(exc), exc.retry_after) from None
+            raise HttpError(exc.kind, str(exc)) from None
         response = decoded.response_class()
         if result.rejected:
             setattr(response.partial_success, _REJECTED_FIELD[decoded.signal], result.rejected)
@@ -118,21 +120,25 @@ async def _read_body(request: web.BaseRequest, limit: int, timeout: float) -> by
                 raise asyncio.TimeoutError
             chunk = await asyncio.wait_for(request.content.readany(), left)
         except asyncio.TimeoutError:
-            raise HttpError(408, f"body of {size} bytes so far not received within {timeout:g} s") from None
+            raise HttpError(
+                Kind.BODY_TIMEOUT, f"body of {size} bytes so far not received within {timeout:g} s"
+            ) from None
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
         if size > limit:
-            raise HttpError(413, f"body exceeds the {limit}-byte limit")
+            raise HttpError(Kind.TOO_LARGE, f"body exceeds the {limit}-byte limit")
         chunks.append(chunk)
 
 
 def _error(request: web.BaseRequest, error: HttpError) -> web.Response:
+    """The answer to a refusal, all of it from its kind's row in ``ANSWERS`` (``edge.errors``)."""
+    answer = ANSWERS[error.kind]
     json_body = media_type(request.headers.get("Content-Type")) == "application/json"
-    content_type, body = encode_status(error.message, _GRPC_CODES.get(error.status, 2), json_body)
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}
-    response = web.Response(status=error.status, body=body, content_type=content_type, headers=headers)
-    if error.status in (401, 408, 413):
+    content_type, body = encode_status(error.message, answer.grpc.value[0], json_body)
+    headers = {"Retry-After": str(answer.retry_after)} if answer.retry_after is not None else {}
+    response = web.Response(status=answer.http, body=body, content_type=content_type, headers=headers)
+    if answer.close:
         response.force_close()  # the unread body (or an unauthenticated peer) does not keep the connection
     return response
 
@@ -141,11 +147,17 @@ class HttpServer:
     """The aiohttp server on its own event-loop thread (supervised by the sink)."""
 
     def __init__(
-        self, ingest: Ingest, control: Control, config: Transport, port: int, on_exhausted: OnExhausted | None = None
+        self,
+        ingest: Ingest,
+        control: Control,
+        config: Transport,
+        port: int,
+        on_exhausted: OnExhausted | None = None,
+        max_id_chars: int = 256,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rankscope-sink-http")
-        routes = _Routes(ingest, control, config, self.pool)
+        routes = _Routes(ingest, control, config, self.pool, max_id_chars)
         server = ConnectionServer(
             routes.handle,
             loop=self.loop,
@@ -186,9 +198,11 @@ def start_http(
     port: int,
     spawn: Spawn,
     on_exhausted: OnExhausted | None = None,
+    max_id_chars: int = 256,
 ) -> tuple[HttpServer, int]:
     """Listen on ``config.host:port`` (0: any free port) and serve on a thread from ``spawn``;
-    ``on_exhausted`` counts connections refused for want of a descriptor."""
-    server = HttpServer(ingest, control, config, port, on_exhausted)
+    ``on_exhausted`` counts connections refused for want of a descriptor; ``max_id_chars``: an
+    experiment id the control routes take (``checked.Limits.max_id_chars``, as the OTLP edge)."""
+    server = HttpServer(ingest, control, config, port, on_exhausted, max_id_chars)
     spawn("http", server.serve)
     return server, server.port

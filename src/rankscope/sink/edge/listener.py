@@ -21,7 +21,10 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
+
+from .errors import ANSWERS, Kind
 
 log = logging.getLogger("rankscope.sink")
 
@@ -31,10 +34,11 @@ BATCH = 64
 """Connections accepted per readiness event at most (others wait for the next turn of the loop)."""
 _RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _REASON = b"the sink is out of file descriptors; retry"
+_ANSWER = ANSWERS[Kind.OUT_OF_DESCRIPTORS]
 REFUSAL = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\n"
-    b"Content-Length: " + str(len(_REASON)).encode() + b"\r\n\r\n" + _REASON
-)
+    f"HTTP/1.1 {_ANSWER.http} {HTTPStatus(_ANSWER.http).phrase}\r\nContent-Type: text/plain\r\n"
+    f"Retry-After: {_ANSWER.retry_after}\r\nConnection: close\r\nContent-Length: {len(_REASON)}\r\n\r\n"
+).encode() + _REASON
 
 OnExhausted = Callable[[str, BaseException], None]
 

@@ -1,11 +1,11 @@
 """What the transports need of the sink, and nothing more: the ports the edge talks through.
 
 ``Ingest`` is what an OTLP export calls (gRPC and HTTP alike) and ``Result`` what it answers;
-``Control`` is what the control routes ask (``edge.control``); ``Transport`` is the part of the
-sink's configuration the servers read; ``Spawn`` starts a supervised thread (a server's event
-loop). The sink's coordinator (``sink.service``) and its control part (``sink.queries``) fill
-these ports when they start the transports: no transport imports either, or calls a private
-method.
+``Control`` is what the control routes read (``ControlQueries``) and change (``ControlCommands``)
+(``edge.control``); ``Transport`` is the part of the sink's configuration the servers read;
+``Spawn`` starts a supervised thread (a server's event loop). The sink's coordinator
+(``sink.service``) and its control parts (``sink.queries``, ``sink.commands``) fill these ports
+when they start the transports: no transport imports them, or calls a private method.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..checked import ALL, Refusals, Scope
+from ..checked import ALL, Refusals, Scope, SpanQuery
+from .errors import Refusal
 
 Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 """``spawn(name, target)``: ``target`` on a supervised thread (``/healthz`` names it if it dies)."""
@@ -24,24 +25,37 @@ Spawn = Callable[[str, Callable[[], None]], threading.Thread]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Transport:
-    """What the servers read of ``SinkConfig``, made by ``SinkConfig.transport()`` at ``start`` (no
-    defaults of its own: the configuration's are the only ones; fixed while the sink runs)."""
+    """How the servers listen and whom they take (``SinkConfig.transport``; fixed while the sink runs)."""
 
-    host: str
-    token: str | None
-    """The bearer token both transports check (``edge.auth``) for every experiment; None: with no
-    ``tokens`` either, the sink takes anyone."""
-    tokens: Mapping[str, Scope]
-    """Scoped tokens: each token -> the scope it writes for (``edge.auth.load_tokens``)."""
-    max_body_bytes: int
-    max_connections: int
-    idle_connection_timeout: float
-    header_timeout: float
-    """Seconds a request head (HTTP) or a connection's handshake (gRPC) may take (``edge.connections``)."""
-    body_timeout: float
-    grpc_workers: int
-    max_id_chars: int
-    """An experiment id the control routes take (``checked.Limits.max_id_chars``, as the OTLP edge)."""
+    host: str = "127.0.0.1"
+    token: str | None = None
+    """The bearer token both transports check (``edge.auth``) for every experiment (``--token``);
+    None: with no ``tokens`` either, the sink takes anyone."""
+    tokens: Mapping[str, Scope] = field(default_factory=dict)
+    """Scoped tokens (``--tokens FILE``, ``edge.auth.load_tokens``): each may write only its scope's
+    experiments, and only its scope's runs (``runs.runbook``). Teams sharing a sink need them:
+    without, every client is one scope."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_connections: int = 0
+    """Open HTTP connections at most; idle ones are closed after ``idle_connection_timeout``. A
+    newcomer beyond closes the connection that has waited longest for its request head. gRPC's
+    incoming connections are held to the same number. 0: derived from the process's descriptor
+    limit when the sink starts (``durable.descriptors.Plan``: 1024, fewer under a low ``ulimit -n``)."""
+    idle_connection_timeout: float = 15.0
+    header_timeout: float = 5.0
+    """Seconds a request head may take to arrive whole (from its first byte, or the connection's
+    opening), and a gRPC connection its handshake: a slower connection is closed."""
+    body_timeout: float = 60.0
+    """Seconds an OTLP/HTTP body may take to arrive, plus one per 64 KiB received (a trickled one
+    would hold its connection and buffer): a slower one is answered 408 and its connection closed."""
+    grpc_workers: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1 or self.max_connections < 0 or self.grpc_workers < 1:
+            raise ValueError("transport: max_body_bytes and grpc_workers must be >= 1, max_connections >= 0")
+        for name in ("idle_connection_timeout", "header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"transport: {name} must be > 0 seconds, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +98,8 @@ class Result:
 
 class Ingest(Protocol):
     """OTLP in: each call takes a decoded request (metrics: ``otlp.raw.parse_metrics``'s list) and
-    the ``Client`` that sent it, and raises ``edge.bodies.OverloadedError`` when the sink is at
-    capacity or cannot make data durable."""
+    the ``Client`` that sent it, and raises ``edge.errors.OverloadedError`` (its kind says why) when
+    the sink is at capacity, stopping, the run was closing or the data cannot be made durable."""
 
     def export_metrics(self, request: Any, client: Client = LOCAL) -> Result: ...
 
@@ -94,12 +108,10 @@ class Ingest(Protocol):
     def export_logs(self, request: Any, client: Client = LOCAL) -> Result: ...
 
 
-class Control(Protocol):
-    """What the control routes ask of the sink (``edge.control``); every value is checked by the route."""
+class ControlQueries(Protocol):
+    """What the control routes read of the sink (``sink.queries``); every value is checked by the route."""
 
     def health(self) -> tuple[bool, list[str]]: ...
-
-    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str: ...
 
     def overview(self) -> dict[str, Any]: ...
 
@@ -107,16 +119,19 @@ class Control(Protocol):
 
     def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None: ...
 
-    def span_rows(
-        self,
-        experiment_id: str,
-        first: int | None = None,
-        last: int | None = None,
-        ranks: set[int] | None = None,
-        run: str | None = None,
-    ) -> Iterator[str] | None: ...
+    def span_rows(self, query: SpanQuery) -> Iterator[str] | None: ...
 
-    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str: ...
+    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]: ...
+
+    def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path: ...
+
+
+class ControlCommands(Protocol):
+    """What the control routes ask the sink to do (``sink.commands``); every value is checked by the route."""
+
+    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str: ...
+
+    def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | Refusal: ...
 
     def capture(
         self,
@@ -125,10 +140,14 @@ class Control(Protocol):
         steps: int,
         ranks: frozenset[int] | None = None,
         run: str | None = None,
-    ) -> dict[str, Any] | str: ...
-
-    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]: ...
-
-    def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path: ...
+    ) -> dict[str, Any] | Refusal: ...
 
     def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """The control routes' port: what they read and what they change, apart."""
+
+    queries: ControlQueries
+    commands: ControlCommands

@@ -18,8 +18,8 @@ the state's fields exist and are in range (counts non-negative and bounded, an
 ExponentialHistogram's scale in [6, 20], bucket offsets and widths bounded, bucket counts
 adding up to no more than the point's count, a custom state's fields numeric and mergeable);
 the step is a non-negative int64 (not a bool, not a string) within ``step_window`` steps
-ahead of the experiment's frontier (checked later, in ``Experiment.apply``: the frontier is
-the experiment's own); names and attributes have bounded sizes and no control characters.
+ahead of the run's frontier (checked later, by the step book: ``book.steps``; the frontier is
+the run's own); names and attributes have bounded sizes and no control characters.
 A refused point is counted in OTLP ``partial_success`` with a message naming the first
 offending key and why; the rest of the request is accepted.
 """
@@ -30,7 +30,7 @@ import hashlib
 import re
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...core import names as attr
 from ...core.paths import safe_component
@@ -42,7 +42,16 @@ from ...otlp.markers import decode_marker
 from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field
 from ...otlp.raw import decode_attribute, decode_attributes, resource_metrics
 from ...otlp.samples import decode_row, is_sample
-from ..checked import MAX_POINT_ATTRIBUTES, Limits, LogRecord, Refusals, ResourceBatch, StateRows, clean_text
+from ..checked import (
+    MAX_POINT_ATTRIBUTES,
+    Limits,
+    LogRecord,
+    PlainPoint,
+    Refusals,
+    ResourceBatch,
+    StateRows,
+    clean_text,
+)
 
 
 def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str:
@@ -112,11 +121,24 @@ def metrics_batches(request: Any, limits: Limits, refused: Refusals) -> list[Res
 
 
 _Group = tuple[str, int | None]
-_Shape = tuple[str | None, int | None, Mapping[str, Any], _Group | None, Reader | None]
-"""(reduce, step, the other attributes, (reduce, step), the reduce type's reader): what an
-attribute list means. Reduce None: not rankscope's; reader None: a custom reduce type."""
+
+
+class _Shape(NamedTuple):
+    """What an attribute list means (made once per distinct list: ``_SHAPES``)."""
+
+    reduce: str | None
+    """None: not rankscope's (a plain OTel point)."""
+    step: int | None
+    extra: Mapping[str, Any]
+    """The other attributes."""
+    group: _Group | None
+    """(reduce, step): the rows it goes to."""
+    reader: Reader | None
+    """The reduce type's reader; None: a custom reduce type."""
+
+
 _NOTHING: Mapping[str, Any] = MappingProxyType({})
-_FOREIGN: _Shape = (None, None, _NOTHING, None, None)
+_FOREIGN = _Shape(None, None, _NOTHING, None, None)
 _SHAPES: dict[tuple[bytes, ...], _Shape | str] = {}
 """Encoded attribute list -> its shape, or why it is refused. A pure function of the bytes, so
 shared by every request; bounded, and never holding a value of its own (``rankscope.sum_sq``)
@@ -134,10 +156,10 @@ def _shape(raw: tuple[bytes, ...]) -> _Shape | str:
     if len(raw) > MAX_POINT_ATTRIBUTES:
         return f"{len(raw)} point attributes (limit {MAX_POINT_ATTRIBUTES})"
     head = _SHAPES.get(raw[:-1]) if len(raw) > 1 else None
-    if isinstance(head, tuple) and head[3] is not None and not head[2]:  # a known list + ``rankscope.sum_sq``
+    if isinstance(head, _Shape) and head.group is not None and not head.extra:  # a known list + ``rankscope.sum_sq``
         last = decode_attribute(raw[-1])
         if last is not None and last[0] == SUM_SQ:
-            return (head[0], head[1], {SUM_SQ: last[1]}, head[3], head[4])
+            return head._replace(extra={SUM_SQ: last[1]})
     a = decode_attributes(raw)
     shape: _Shape | str
     if isinstance(a, str):
@@ -148,17 +170,17 @@ def _shape(raw: tuple[bytes, ...]) -> _Shape | str:
         if isinstance(step, str):
             shape = step
         elif reduce is None:
-            shape = (None, step, a or _NOTHING, None, None) if a or step is not None else _FOREIGN
+            shape = _Shape(None, step, a or _NOTHING, None, None) if a or step is not None else _FOREIGN
         elif not isinstance(reduce, str):
             shape = f"{attr.REDUCE} must be a string, got {type(reduce).__name__}"
         else:
             reduce = reduce.lower()
-            shape = (reduce, step, a or _NOTHING, (reduce, step), READERS.get(reduce))
+            shape = _Shape(reduce, step, a or _NOTHING, (reduce, step), READERS.get(reduce))
         if SUM_SQ in a:  # a value of its own: keep the list without it instead (the next one hits)
             last = decode_attribute(raw[-1])
-            if isinstance(shape, tuple) and last is not None and last[0] == SUM_SQ and len(raw) > 1:
-                rest = {k: v for k, v in shape[2].items() if k != SUM_SQ}
-                _keep(raw[:-1], (shape[0], shape[1], rest or _NOTHING, shape[3], shape[4]))
+            if isinstance(shape, _Shape) and last is not None and last[0] == SUM_SQ and len(raw) > 1:
+                rest = {k: v for k, v in shape.extra.items() if k != SUM_SQ}
+                _keep(raw[:-1], shape._replace(extra=rest or _NOTHING))
             return shape
     _keep(raw, shape)
     return shape
@@ -286,7 +308,7 @@ def _foreign_point(
         refused.add(1, f"{name}: {row}")
     elif row is not None:  # None: no recorded value (a Prometheus staleness marker)
         series = foreign.series_name(name, extra)
-        batch.plain.append((name, series, form, row, p.start_time_unix_nano, p.time_unix_nano, step))
+        batch.plain.append(PlainPoint(name, series, form, row, p.start_time_unix_nano, p.time_unix_nano, step))
 
 
 def _custom_field(

@@ -18,6 +18,7 @@ are refused, with the reason); a flapping detector cannot profile forever.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import OrderedDict
@@ -26,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...core.anomalies import Straggler
 from ...core.paths import safe_component
+from ..checked import Process
+from .step import StepView
 
 MAX_OPEN = 8
 MAX_AUTO_OPEN = 4
@@ -53,7 +57,7 @@ class Capture:
     files: dict[str, str] = field(default_factory=dict)
     """Process label -> path of its uploaded trace."""
 
-    def wants(self, process: Any) -> bool:
+    def wants(self, process: Process) -> bool:
         if self.processes is not None:
             return process.id in self.processes
         return self.ranks is None or process.rank in self.ranks
@@ -135,7 +139,7 @@ class CaptureBook:
             self._last = now
         return capture
 
-    def pending(self, process: Any) -> list[dict[str, Any]]:
+    def pending(self, process: Process) -> list[dict[str, Any]]:
         """Requests for ``process`` it has not picked up yet (marked taken now)."""
         self._expire(self.clock())
         out = []
@@ -145,7 +149,7 @@ class CaptureBook:
                 out.append({"id": capture.id, "steps": capture.steps, "reason": capture.reason})
         return out
 
-    def path_for(self, root: Path, experiment: str, capture_id: str, process: Any, size: int) -> Path | str:
+    def path_for(self, root: Path, experiment: str, capture_id: str, process: Process, size: int) -> Path | str:
         """Where ``process``'s file of ``capture_id`` (``size`` bytes) would go, or why it is not taken."""
         capture = self.captures.get(capture_id)
         if capture is None or process.id not in capture.taken:
@@ -157,7 +161,7 @@ class CaptureBook:
         name = f"{safe_component(process.label)}.pt.trace.json.gz"
         return root / safe_component(experiment) / "captures" / safe_component(capture.id) / name
 
-    def stored(self, capture_id: str, process: Any, path: Path, size: int) -> Capture | None:
+    def stored(self, capture_id: str, process: Process, path: Path, size: int) -> Capture | None:
         """A file was written: it counts now (a failed write leaves nothing behind)."""
         capture = self.captures.get(capture_id)
         if capture is not None:
@@ -176,18 +180,23 @@ class CaptureBook:
         return [c.status() for c in self.captures.values()]
 
 
-def ask_stragglers(book: CaptureBook, stragglers: list[tuple[dict[str, Any], Any]], steps: int) -> None:
-    """Ask each straggler's process to profile its next ``steps`` steps (rate-limited by the
-    book); a record whose capture was asked names it (``record["capture"]``)."""
-    if steps <= 0:
+def ask_stragglers(book: CaptureBook, view: StepView, steps: int) -> None:
+    """Ask each of the step's stragglers' process to profile its next ``steps`` steps
+    (rate-limited by the book); the view's record of a straggler whose capture was asked names
+    it (``Straggler.capture``)."""
+    if steps <= 0 or not view.stragglers:
         return
-    for record, process in stragglers:
-        reason = f"straggler from step {record['first_step']}: {process.label}"
-        reason += (
-            f" in {record['phase'] or 'untraced code'}, +{record['excess_s']:.3g}s ({record['ratio']:.3g}x the others)"
-        )
-        if record.get("collective"):
-            reason += f", arrived last at {record['collective']}"
+    captured: dict[int, str] = {}
+    for record, process in view.stragglers:
+        reason = f"straggler from step {record.first_step}: {process.label}"
+        reason += f" in {record.phase or 'untraced code'}, +{record.excess_s:.3g}s ({record.ratio:.3g}x the others)"
+        if record.collective:
+            reason += f", arrived last at {record.collective}"
         asked = book.ask(reason, steps, processes=frozenset({process.id}), auto=True)
         if not isinstance(asked, str):
-            record["capture"] = asked.id
+            captured[id(record)] = asked.id
+    if captured:
+        view.anomalies = [
+            dataclasses.replace(a, capture=captured[id(a)]) if isinstance(a, Straggler) and id(a) in captured else a
+            for a in view.anomalies
+        ]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...backends.base import Metric, sample_entry
+from ...core.anomalies import Anomaly, Straggler
 from ...otlp.samples import SampleRow
 from ..checked import Process
 
@@ -29,7 +30,7 @@ class StepView:
         *,
         labels: dict[str, str] | None = None,
         samples: dict[str, list[dict[str, Any]]] | None = None,
-        anomalies: list[dict[str, Any]] | None = None,
+        anomalies: list[Anomaly] | None = None,
         heat: dict[str, dict[str, float]] | None = None,
         phase_times: dict[str, dict[Process, float]] | None = None,
         spans: list[Any] | None = None,
@@ -45,7 +46,7 @@ class StepView:
         """The step's stored spans (``book.traces.StoredSpan``) when it was finalized: the report's Gantt."""
         self.anomalies = anomalies or []
         """What the detectors found in this step (``sink.views.anomalies``)."""
-        self.stragglers: list[tuple[dict[str, Any], Process]] = []
+        self.stragglers: list[tuple[Straggler, Process]] = []
         """Each straggler record with the process it names: whom the service may ask to profile."""
         self.samples = samples or {}
         """Each sample table's kept rows (``sample_entry`` dicts); a late update: tables that changed."""

@@ -24,38 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .book.runs import RunKey
+from ..config import RunLimits
+from .runbook import RunKey
 
 SCAN = 256
 """Open runs looked at, least recently active first, for one that may make room."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunLimits:
-    """How many runs the sink holds open, who may open them, and when an open run lets go."""
-
-    max_open: int = 4096
-    """Runs of every experiment open at once; when full, an ended or quiet run closes to make room."""
-    per_experiment: int = 256
-    """Runs of one experiment open at once, not counting those that ended."""
-    per_client: int = 1024
-    """Runs one client (its token's scope, else its address) opened that are open and have not
-    ended. A Collector gateway is one client: give it a token of its own, or raise this."""
-    quiet_after: float = 60.0
-    """Seconds without data after which a run gives its file descriptors back (its log's segment,
-    its views' files; reopened on new data)."""
-    idle_timeout: float = 300.0
-    """Seconds without data after which a run with nothing open is closed (reopened on new data)."""
-    close_ended: bool = True
-    """Whether a run all of whose processes said goodbye closes once its views wrote everything
-    (``grace`` seconds after the last goodbye). The sink of one job (``rankscope run``, the
-    embedded sink) keeps it open until it stops: it asks for the run's spans and report then."""
-
-    def __post_init__(self) -> None:
-        if min(self.max_open, self.per_experiment, self.per_client) < 1:
-            raise ValueError("run limits must be at least 1")
-        if not (self.quiet_after > 0 and self.idle_timeout > 0):
-            raise ValueError("quiet_after and idle_timeout must be > 0")
 
 
 class Candidate(Protocol):
@@ -73,7 +46,7 @@ class Candidate(Protocol):
 
 
 @dataclass(slots=True)
-class Admission:
+class Verdict:
     """A new run may open (``refused`` None) once ``victims`` closed; else why not."""
 
     refused: str | None = None
@@ -115,12 +88,9 @@ class Quotas:
             if not group:
                 del index[name]
 
-    def client_of(self, key: RunKey) -> str | None:
-        return self._lru.get(key)
-
     def admit(
         self, experiment: str, client: str, runs: Mapping[RunKey, Candidate], busy: frozenset[RunKey] = frozenset()
-    ) -> Admission:
+    ) -> Verdict:
         """Whether a new run of ``experiment`` from ``client`` may open, and which runs close first
         (never one of ``busy``: found in use when asked before)."""
         limits = self.limits
@@ -139,19 +109,19 @@ class Quotas:
             victim = next((k for k in itertools.islice(live, SCAN) if k not in skip and runs[k].closable), None)
             if victim is None:
                 self.refused[bound] += 1
-                return Admission(_reason(bound, limit, experiment))
+                return Verdict(_reason(bound, limit, experiment))
             victims.append(victim)
             skip.add(victim)
         if len(self._lru) - len(victims) >= limits.max_open:
             victim = self._room(runs, skip)
             if victim is None:
                 self.refused["sink"] += 1
-                return Admission(
+                return Verdict(
                     f"the sink holds {limits.max_open} runs open, each with steps open or views writing "
                     "(limit); retry shortly"
                 )
             victims.append(victim)
-        return Admission(victims=victims)
+        return Verdict(victims=victims)
 
     def made(self, victims: int) -> None:
         """``victims`` runs closed to make room for a new one."""

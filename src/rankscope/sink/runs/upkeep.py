@@ -26,8 +26,10 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-from .quotas import RunLimits
-from .tenants import Tenant, Tenants
+from ..config import RunLimits
+from .closing import Closer
+from .registry import Tenants
+from .tenant import Tenant
 
 T = TypeVar("T", bound=Hashable)
 
@@ -92,6 +94,7 @@ class Upkeep:
     def __init__(
         self,
         tenants: Tenants,
+        closer: Closer,
         finalize: Callable[[Tenant], None],
         *,
         limits: RunLimits,
@@ -99,6 +102,7 @@ class Upkeep:
         clock: Callable[[], float],
     ) -> None:
         self.tenants = tenants
+        self.closer = closer
         self.finalize = finalize
         self.limits = limits
         self.grace = grace
@@ -113,7 +117,7 @@ class Upkeep:
         self.agenda.wake(tenant)
 
     def round(self) -> None:
-        """Visit the runs that are due (those closed are closed by ``Tenants.run_closer``)."""
+        """Visit the runs that are due (those closed are closed by ``Closer.run``)."""
         now = self.clock()
         for tenant in self.agenda.due(now):
             self.visits += 1
@@ -125,14 +129,14 @@ class Upkeep:
         e = tenant.experiment
         with tenant.lock:
             deadline = e.next_deadline()
-            due = tenant.dirty or (deadline is not None and now >= deadline) or e.late_due(now)
+            due = tenant.dirty or (deadline is not None and now >= deadline)
         if due:
             self.finalize(tenant)
         next_time = self._let_go(tenant, now)
         with tenant.lock:
             if tenant.closed:
                 return
-            times = [e.next_deadline(), e.late_deadline(), next_time]
+            times = [e.next_deadline(), next_time]
         self.agenda.at(tenant, min(t for t in times if t is not None))
 
     def _let_go(self, tenant: Tenant, now: float) -> float:
@@ -144,12 +148,12 @@ class Upkeep:
             after = self.grace + ENDED_MARGIN
             if quiet < after:
                 return e.last_activity + after
-            if tenant.closable and self.tenants.close(tenant):
+            if tenant.closable and self.closer.close(tenant):
                 return now
             return now + RECHECK  # a step still open, or not yet handed to its views
         times = []
         if quiet >= limits.idle_timeout:
-            if tenant.closable and self.tenants.close(tenant):
+            if tenant.closable and self.closer.close(tenant):
                 return now
             times.append(now + RECHECK)
         else:

@@ -1,0 +1,44 @@
+"""One step of the book: what it holds from its first data until its view (and its late updates).
+
+Each key is one running state (``merge``): what arrives is merged at once, and nothing is kept
+per point past the step's view except the rows a view may ask per-process values of.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..checked import Process, StateRows
+from .merge import Running
+from .tables import SampleTable
+
+
+@dataclass(slots=True)
+class Step:
+    step: int
+    opened: float
+    merged: dict[str, Running] = field(default_factory=dict)
+    """Each key's running state (``sink.book.merge``): the global view reduces these."""
+    parts: list[tuple[Process, StateRows]] = field(default_factory=list)
+    """The rows taken since the step's last view, by process: per-process values on demand."""
+    viewed: set[Process] = field(default_factory=set)
+    """Processes whose rows went into a view of this step already."""
+    expected: int = 0
+    driven: bool = False
+    reporters: set[str] = field(default_factory=set)
+    seq: int = 0
+    """Newest write-ahead-log record merged into this step (what a written view covers)."""
+    late_points: int = 0
+    samples: dict[str, SampleTable] = field(default_factory=dict)
+    """Sample tables (``record_sample``): every process's rows merged into one selection each."""
+
+    def hand_over(self, *, late: bool) -> list[tuple[Process, StateRows]]:
+        """The rows taken since the step's last view, for the next one (its rows start a new list).
+        A late update leaves out a process seen in an earlier view of the step: it would get a
+        partial value (one that sent part of the step in time keeps its in-time value)."""
+        parts, self.parts = self.parts, []
+        senders = {process for process, _ in parts}
+        if late:
+            parts = [(process, rows) for process, rows in parts if process not in self.viewed]
+        self.viewed |= senders
+        return parts

@@ -1,0 +1,227 @@
+"""The run's steps by state, open, done and late, and where a part of step N goes.
+
+* A step opens with its first data and takes what comes until it is finalized (``close``).
+* Data of a finalized step is late: it merges into the step's pending late update (``late``),
+  built on the retained step while it is one of the last ``retain_steps``.
+* A part is placed (``place``) only within ``step_window`` of the frontier, and opens a step only
+  within ``max_open_steps``; what it holds is then admitted against its step (``admission``).
+* A restart drops every step (``restart``); a resumed run goes on after the step an earlier
+  attempt finalized last (``restore``), and a step finalized at or below it is a rewind.
+
+The step table decides nothing about when a step is final (``readiness``) or who sent what
+(``roster``): it holds the steps and merges into them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from ...otlp.markers import Marker
+from ...otlp.samples import SampleRow
+from ..checked import Process, Refusals, ResourceBatch, StateRows
+from .admission import Admission
+from .counts import Counts
+from .late import LateSteps
+from .merge import Running, merge_rows
+from .step import Step
+from .tables import take
+
+
+class StepTable:
+    """One run's open, done and late steps. Counts the late points and sample rows it merges."""
+
+    def __init__(
+        self,
+        *,
+        retain_steps: int,
+        step_window: int,
+        late_interval: float,
+        admission: Admission,
+        counts: Counts,
+        now: float,
+    ) -> None:
+        self.retain_steps = retain_steps
+        self.step_window = step_window
+        self.admission = admission
+        self.counts = counts
+        self.open: dict[int, Step] = {}
+        """Steps taking data, by number. Cleared in place, never replaced (``readiness`` reads it)."""
+        self.done: OrderedDict[int, Step] = OrderedDict()
+        """The last ``retain_steps`` steps finalized: late data merges into the whole step."""
+        self.late = LateSteps(late_interval, now)
+        self.last_finalized = -1
+        self.last_viewed = -1
+        """The last step finalized (never reset by a restart): one at or below it comes again
+        (``StepView.rewound``)."""
+
+    @property
+    def frontier(self) -> int:
+        """The step new data is measured against: the last finalized, else the lowest open one, else
+        the last step any attempt of the run finalized (0 for a new run): a run's first step is held
+        to the same ``step_window`` as every later one, so one point cannot make the run's steps late."""
+        if self.last_finalized >= 0:
+            return self.last_finalized
+        return min(self.open) if self.open else max(self.last_viewed, 0)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing open and no late update pending: every step taken is finalized."""
+        return not self.open and not self.late.pending
+
+    def room(self, step: int) -> tuple[Mapping[str, Running], int | None]:
+        """What admission weighs a part of ``step`` against: its keys so far, and its late points
+        when it is finalized (None: it is not)."""
+        if step <= self.last_finalized:
+            bucket = self.late.pending.get(step) or self.done.get(step)
+            return (bucket.merged, bucket.late_points) if bucket is not None else ({}, 0)
+        bucket = self.open.get(step)
+        return (bucket.merged if bucket is not None else {}), None
+
+    def place(
+        self,
+        batch: ResourceBatch,
+        states: list[StateRows],
+        refused: Refusals,
+        step_at: Callable[[int], int],
+        *,
+        replayed: bool = False,
+    ) -> tuple[dict[int, ResourceBatch], list[Marker]]:
+        """The batch's parts by step, in order, each admitted (``admission``), and the flush markers
+        of steps finalized already (they say the process is live: nothing to log). ``states``: the
+        batch's rows, its plain points made rows. A step without one is ``step_at`` its time; what
+        is beyond the step window or over a limit is refused. A ``replayed`` record was
+        acknowledged once: it keeps its step and opens it whatever ``max_open_steps`` says."""
+        frontier = self.frontier
+        horizon = frontier + self.step_window
+        last_finalized, open_steps, admission = self.last_finalized, self.open, self.admission
+        parts: dict[int, ResourceBatch] = {}
+        opened = 0
+
+        def part(step: int, n: int, what: str) -> ResourceBatch | None:
+            """The batch's part of ``step`` for ``n`` items (``what``: how a refusal names them); None
+            when refused: beyond the step window, or opening a step past ``max_open_steps``."""
+            nonlocal opened
+            if step > horizon and not replayed:
+                refused.add(n, f"{what}: step {step} is more than {self.step_window} ahead of {frontier}")
+                return None
+            found = parts.get(step)
+            if found is None:
+                if not replayed and step > last_finalized and step not in open_steps:
+                    if not admission.opens_step(len(open_steps) + opened):
+                        limit = admission.limits.max_open_steps
+                        refused.add(n, f"{what}: step {step} would open more than {limit} steps (limit)")
+                        return None
+                    opened += 1
+                found = parts[step] = ResourceBatch(batch.experiment, batch.resource)
+            return found
+
+        for rows in states:
+            step = rows.step if rows.step is not None else step_at(rows.time_unix_nano)
+            found = part(step, len(rows.keys), rows.keys[0])
+            if found is not None:  # a resolved step, so a write-ahead-log record always names its step
+                found.states.append(
+                    rows if rows.step is not None else StateRows(rows.reduce, step, rows.keys, rows.rows)
+                )
+        for row in batch.samples:
+            step = row.step if row.step is not None else step_at(row.time_unix_nano)
+            found = part(step, 1, "sample row")
+            if found is not None:
+                found.samples.append(row if row.step is not None else replace(row, step=step))
+        for marker in batch.markers:
+            found = part(marker.step, 1, "flush marker")
+            if found is not None:
+                found.markers.append(marker)
+
+        admitted: dict[int, ResourceBatch] = {}
+        settled: list[Marker] = []
+        for step, found in sorted(parts.items()):
+            found.states = admission.states(step, found.states, *self.room(step), refused)
+            if step <= last_finalized:
+                settled += found.markers
+                found.markers = []
+            if found.states or found.markers or found.samples:
+                admitted[step] = found
+        return admitted, settled
+
+    def merge(self, process: Process, step: int, part: ResourceBatch, seq: int, now: float, refused: Refusals) -> int:
+        """Merge a part's rows and sample rows into ``step`` (its markers are the book's); returns the
+        points taken. ``seq``: the write-ahead-log record it came in."""
+        if not part.states and not part.samples:
+            bucket = self.open.get(step)
+            if bucket is not None:  # a marker's record: the step's view covers it (the log drops it then)
+                bucket.seq = max(bucket.seq, seq)
+            return 0
+        late = step <= self.last_finalized
+        if late:  # merged into the retained step, or written on its own past the window
+            bucket = self.late.bucket(step, self.done.get(step), now)
+        else:
+            bucket = self.open.get(step) or self.open.setdefault(step, Step(step, now))
+        bucket.seq = max(bucket.seq, seq)
+        if part.samples:  # counted apart from points (``sample_rows``)
+            self._samples(process, bucket, part.samples, late, refused)
+        taken = 0
+        merged, parts, rank, label = bucket.merged, bucket.parts, process.rank, process.label
+        for rows in part.states:
+            merge_rows(merged, rows.reduce, rows.keys, rows.rows, rank, label)
+            if not process.merged:  # a merge is many processes: no per-process value
+                parts.append((process, rows))
+            taken += len(rows.keys)
+        if late:
+            bucket.late_points += taken
+            self.counts.late_points += taken
+        return taken
+
+    def _samples(self, process: Process, bucket: Step, rows: list[SampleRow], late: bool, refused: Refusals) -> None:
+        """Merge sample rows into their step's tables. Late ones count against the step's late
+        points, and go only into a step still retained: a table rebuilt from late rows alone
+        would be written as if it were that step's selection."""
+        if late:
+            if bucket.step not in self.done:
+                refused.add(len(rows), f"sample rows: step {bucket.step} is no longer retained")
+                return
+            rows = rows[: self.admission.late_rows(bucket.step, len(rows), bucket.late_points, refused)]
+            bucket.late_points += len(rows)
+        limits = self.admission.limits
+        kept = len(rows)
+        for n, why in take(bucket.samples, process, rows, limits.max_sample_tables, limits.max_sample_chars_per_step):
+            refused.add(n, why)
+            kept -= n
+        self.counts.sample_rows += kept
+
+    def marked(self, process: Process, marker: Marker, now: float) -> None:
+        """``process`` closed ``marker.step``: an open step (opened by the marker if need be) knows
+        who reported, how many its controller flushed (``expected``) and whether actors drive it."""
+        if marker.step <= self.last_finalized:
+            return
+        bucket = self.open.get(marker.step) or self.open.setdefault(marker.step, Step(marker.step, now))
+        bucket.reporters.add(process.id)
+        bucket.expected = max(bucket.expected, marker.expected)
+        bucket.driven = bucket.driven or marker.driven
+
+    def close(self, step: int) -> tuple[Step, bool]:
+        """Finalize open ``step`` (the lowest): it is retained for late data; and whether it is a
+        rewind (a step at or below one finalized before: a restart, a resume)."""
+        bucket = self.open.pop(step)
+        self.last_finalized = step
+        self.done[step] = bucket
+        while len(self.done) > self.retain_steps:
+            self.done.popitem(last=False)
+        rewound = step <= self.last_viewed
+        self.last_viewed = step
+        return bucket, rewound
+
+    def restart(self) -> int:
+        """A new attempt executes steps again: every step is dropped; returns how many were open
+        (``abandoned_steps``)."""
+        abandoned = len(self.open)
+        self.open.clear()
+        self.done.clear()
+        self.late.clear()
+        self.last_finalized = -1
+        return abandoned
+
+    def restore(self, last_finalized: int) -> None:
+        """Go on after the last step an earlier sink (or attempt) finalized."""
+        self.last_finalized = self.last_viewed = last_finalized

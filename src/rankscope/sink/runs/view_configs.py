@@ -1,0 +1,133 @@
+"""A run's views: which ones an experiment gets (the sink's, else those its processes posted, else
+the console), and its view writer, opened on first use on the sink's pool of view threads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...backends.base import LoggerBackend, get_backend_class
+from ..config import DEFAULT_BACKENDS, SinkConfig
+from ..edge.validate import check_posted_views, root_posted_views
+from ..tally import Tally
+from ..views.writer import ViewPool, ViewWriter
+from .registry import Tenants
+from .tenant import OnError, Tenant
+
+Spawn = Callable[[str, Callable[[], None]], threading.Thread]
+
+
+class ViewConfigs:
+    """The views of every run: their configs, and their writers on one pool of threads."""
+
+    def __init__(self, config: SinkConfig, registry: Tenants, tally: Tally, on_error: OnError, spawn: Spawn) -> None:
+        self._config = config
+        self._registry = registry
+        self._tally = tally
+        self._on_error = on_error
+        self._spawn = spawn
+        self.posted_backends: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+        """The views each experiment's processes asked for (used when the sink has none)."""
+        self.pool: ViewPool | None = None
+        """The threads that write every run's views, started with the first run's views."""
+        self._gantt_backends: dict[str, bool] = {}
+        self._pool_lock = threading.Lock()
+
+    def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
+        """An experiment's processes say which views they want (used when the sink has none)."""
+        if self._config.backends is not None:
+            return "ignored: this sink's views are fixed by its configuration"
+        if not self._config.trust_posted_paths:
+            why = check_posted_views(backends)
+            if why is not None:
+                return f"refused: {why}"
+            backends = root_posted_views(experiment_id, backends)
+        registry = self._registry
+        with registry.lock:
+            known = self.posted_backends.get(experiment_id)
+            tenants = [t for k, t in registry.open.items() if k[0] == experiment_id]
+            if known is None and all(t.writer is None for t in tenants):
+                if len(self.posted_backends) >= self._config.runs.max_open and not self._forget_a_config():
+                    return "ignored: this sink holds too many experiments"
+                self.posted_backends[experiment_id] = {k: dict(v) for k, v in backends.items()}
+                for tenant in tenants:
+                    with tenant.lock:  # the views open under it: the flag and the views agree
+                        if tenant.writer is None:
+                            tenant.experiment.keep_spans = self.draws_gantt(experiment_id)
+                return "ok"
+            if known == backends:
+                return "ok"
+            return "ignored: this experiment's views are already configured"
+
+    def draws_gantt(self, experiment_id: str) -> bool:
+        """Whether the views this experiment will get include one that draws a Gantt (the report):
+        then its step views carry their spans, from the first step."""
+        if self._config.report:
+            return True
+        return any(self._gantt_backend(str(o.get("backend", name))) for name, o in self._of(experiment_id).items())
+
+    def writer(self, tenant: Tenant) -> ViewWriter:
+        """The tenant's views, opened on first use. Caller holds ``tenant.lock``."""
+        if tenant.writer is None:
+            experiment_id = tenant.experiment.id
+            descriptors = self._registry.descriptors
+            on_written = tenant.log.written_view if tenant.log is not None else None
+            tenant.writer = ViewWriter(
+                experiment_id,
+                self._with_report(self._of(experiment_id)),
+                self._on_error,
+                self._started_pool(),
+                on_written=on_written,
+                on_drop=self._tally.view_drop,
+                on_open=lambda views: descriptors.hold(views, views.descriptors, refusable=False),
+                on_closed=descriptors.forget,
+                run=tenant.experiment.run,
+            )
+            tenant.experiment.keep_spans = any(
+                type(v.backend).report is not LoggerBackend.report for v in tenant.writer.views
+            )
+        return tenant.writer
+
+    def stop(self, timeout: float) -> None:
+        """The view threads end (the sink is stopping), after what they have queued."""
+        if self.pool is not None:
+            self.pool.stop(timeout)
+
+    def _started_pool(self) -> ViewPool:
+        with self._pool_lock:
+            if self.pool is None:
+                self.pool = ViewPool(self._config.view_workers, self._spawn)
+            return self.pool
+
+    def _of(self, experiment_id: str) -> Mapping[str, Mapping[str, Any]]:
+        """The views an experiment gets: the sink's, else the ones its processes posted, else the console."""
+        return self._config.backends or self.posted_backends.get(experiment_id) or DEFAULT_BACKENDS
+
+    def _with_report(self, config: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+        """With the report view when the sink adds it to every experiment."""
+        if self._config.report and not any(str(v.get("backend", k)) == "report" for k, v in config.items()):
+            return {**config, "report": {"logging_mode": "global_reduce"}}
+        return config
+
+    def _gantt_backend(self, name: str) -> bool:
+        """Whether backend ``name`` draws a Gantt (cached: looking it up may scan entry points)."""
+        found = self._gantt_backends.get(name)
+        if found is None:
+            try:
+                found = get_backend_class(name).report is not LoggerBackend.report
+            except Exception:  # unknown or broken: ViewWriter names it when it opens the views
+                found = False
+            if len(self._gantt_backends) < 256:
+                self._gantt_backends[name] = found
+        return found
+
+    def _forget_a_config(self) -> bool:
+        """Make room for a posted config: the oldest one of an experiment with no run open goes
+        (configs of experiments never seen again must not fill the sink for its lifetime)."""
+        open_experiments = {e for e, _ in self._registry.open}
+        for experiment_id in self.posted_backends:
+            if experiment_id not in open_experiments:
+                del self.posted_backends[experiment_id]
+                return True
+        return False

@@ -1,0 +1,133 @@
+"""What the tests (and benchmarks) use of the sink's stages, in one place.
+
+The stages under ``rankscope.sink`` move as the sink is re-laid; tests import them from here
+(the OTel SDK keeps its stages in ``_internal`` behind small public modules the same way), so a
+re-layout changes this module, not every test. Not a public API: no stability promised.
+"""
+
+from .book.admission import Admission, ExperimentLimits
+from .book.experiment import Experiment
+from .book.finalize import Finished, view_of
+from .book.merge import holder, merge_rows, reduced
+from .book.roster import Roster
+from .book.stragglers import judge, record_of, straggler_metrics, stragglers
+from .book.traces import MAX_QUERY_RANKS, SpanFile, StoredSpan, TraceStore, parse_ranks
+from .book.windows import MAX_CLOCK_SKEW_NS, StepWindows
+from .checked import (
+    ALL,
+    Limits,
+    Process,
+    Refusals,
+    ResourceBatch,
+    Scope,
+    SpanQuery,
+    StateRows,
+    check_span,
+    span_attributes,
+    span_text,
+)
+from .config import RunLimits
+from .durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
+from .durable.wal import _HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, _atomic_write, encode_record
+from .edge.auth import Keys, authorized, load_tokens
+from .edge.bodies import decode_body, hex_ids_to_base64
+from .edge.connections import QuietLog
+from .edge.control import ControlRoutes, scoped
+from .edge.errors import ANSWERS, HttpError, Kind, OverloadedError, Refusal
+from .edge.grpc_server import abort
+from .edge.http_server import _error
+from .edge.ports import Client, Control
+from .edge.validate import metrics_batches
+from .embedded import announce, discover, runtime_dir, withdraw
+from .runs.quotas import Quotas
+from .runs.runbook import Refused, Resolved, Run, RunBook
+from .runs.upkeep import ENDED_MARGIN, Agenda
+from .tally import Notes, kind_of
+from .views.anomalies import DETECTORS, Watch
+from .views.detectors.base import StepFacts, Thresholds
+from .views.step import StepView
+from .views.writer import ViewPool, ViewWriter
+
+__all__ = [
+    "ALL",
+    "ANSWERS",
+    "DETECTORS",
+    "ENDED_MARGIN",
+    "JOURNAL",
+    "MAX_CLOCK_SKEW_NS",
+    "MAX_QUERY_RANKS",
+    "SPARE",
+    "_HEADER",
+    "Admission",
+    "Agenda",
+    "Client",
+    "Control",
+    "ControlRoutes",
+    "Descriptors",
+    "Experiment",
+    "ExperimentLimits",
+    "ExperimentLog",
+    "Finished",
+    "HttpError",
+    "Keys",
+    "Kind",
+    "Limits",
+    "Notes",
+    "OverloadedError",
+    "Plan",
+    "Process",
+    "QuietLog",
+    "Quotas",
+    "Refusal",
+    "Refusals",
+    "Refused",
+    "Resolved",
+    "ResourceBatch",
+    "Roster",
+    "Run",
+    "RunBook",
+    "RunLimits",
+    "Scope",
+    "SpanFile",
+    "SpanQuery",
+    "StateDirBusyError",
+    "StateRows",
+    "StepFacts",
+    "StepView",
+    "StepWindows",
+    "StoredSpan",
+    "Thresholds",
+    "TraceStore",
+    "ViewPool",
+    "ViewWriter",
+    "Watch",
+    "WriteAheadLog",
+    "_atomic_write",
+    "_error",
+    "abort",
+    "announce",
+    "authorized",
+    "check_span",
+    "decode_body",
+    "discover",
+    "encode_record",
+    "hex_ids_to_base64",
+    "holder",
+    "judge",
+    "kind_of",
+    "load_tokens",
+    "merge_rows",
+    "metrics_batches",
+    "out_of_descriptors",
+    "parse_ranks",
+    "record_of",
+    "reduced",
+    "runtime_dir",
+    "scoped",
+    "span_attributes",
+    "span_text",
+    "straggler_metrics",
+    "stragglers",
+    "view_of",
+    "withdraw",
+]

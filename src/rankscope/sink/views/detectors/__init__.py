@@ -1,0 +1,2 @@
+"""The sink's detectors, one module each over the interface they share (``base``); the list that
+registers them is ``views.anomalies.DETECTORS``."""

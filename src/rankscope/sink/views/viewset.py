@@ -1,0 +1,124 @@
+"""A run's views (``ViewSet``): its backends made from the run's config, opened (``init``) on first
+need, finished and made fresh again on a release (they give their files back), finished for good
+on close.
+
+A view whose configuration is bad is left out with one error naming it; one whose ``init`` fails
+(W&B without an API key, say) or that turns itself off is disabled with one error naming it, and
+stays off through releases.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...backends.base import get_backend_class
+from .calls import BackendView, Calls
+
+log = logging.getLogger("rankscope.sink")
+
+
+class ViewSet:
+    """One run's views and whether they are open; ``on_open`` is called before they open (again)
+    and ``on_closed`` after they finished: the sink's descriptor budget (``durable.descriptors``)
+    counts their files."""
+
+    def __init__(
+        self,
+        experiment: str,
+        config: Mapping[str, Mapping[str, Any]],
+        on_error: Callable[[str, BaseException], None],
+        calls: Calls,
+        *,
+        on_open: Callable[[], object] | None = None,
+        on_closed: Callable[[], object] | None = None,
+        run: str = "",
+    ) -> None:
+        self.experiment = experiment
+        self.run = run
+        self._config = config
+        self._calls = calls
+        self._on_open = on_open
+        self._on_closed = on_closed
+        self.opened = False
+        self.opens = 0
+        self.views: list[BackendView] = []
+        for name, options in config.items():
+            try:
+                backend = get_backend_class(str(options.get("backend", name)))(dict(options))
+            except Exception as exc:
+                on_error(f"view {name!r} of {experiment[:64]!r}: bad configuration", exc)
+                continue
+            self.views.append(BackendView(name, backend))
+
+    @property
+    def descriptors(self) -> int:
+        """File descriptors the views hold while open (``LoggerBackend.descriptors``)."""
+        return sum(v.backend.descriptors for v in self.views if not v.disabled)
+
+    def status(self) -> dict[str, Any]:
+        return {view.name: view.status() for view in self.views}
+
+    def open(self) -> None:
+        self.opened = True
+        self.opens += 1
+        if self._on_open is not None:
+            self._on_open()
+        self._init_views()
+
+    def release(self) -> None:
+        """Finish the backends and make fresh ones from the config, to open on the next message that
+        needs them (a view switched off stays off)."""
+        if not self.opened:
+            return
+        try:
+            self._finish_views()
+        finally:
+            self.opened = False
+            if self._on_closed is not None:
+                self._on_closed()
+        for view in self.views:
+            if not view.disabled:
+                options = self._config[view.name]
+                view.backend = get_backend_class(str(options.get("backend", view.name)))(dict(options))
+
+    def close(self) -> None:
+        """Finish the backends, if open, for good."""
+        try:
+            if self.opened:
+                self._finish_views()
+        finally:
+            if self._on_closed is not None:
+                self._on_closed()
+
+    def _init_views(self) -> None:
+        """Init every view, disabling those whose init fails or that turn themselves off, and log which
+        are on (the first time: views opened again after a release are not news)."""
+        for view in self.views:
+            if view.disabled:
+                continue
+            if not self._calls.call(
+                view, view.backend.init, "global", experiment=self.experiment, run=self.run, role="sink"
+            ):
+                view.disabled = True
+            elif view.backend.off_reason:  # the backend turned itself off (and logged why)
+                view.disabled = True
+                view.last_error = view.backend.off_reason[:500]
+                continue
+            if view.disabled:
+                log.error(
+                    "rankscope sink: view %r of %s is off: its init failed (%s)",
+                    view.name,
+                    self.experiment[:64],
+                    view.last_error,
+                )
+        where = ", ".join(f"{v.name} -> {v.backend.location or '?'}" for v in self.views if not v.disabled)
+        run = f" run {self.run[:64]}" if self.run else ""
+        level = logging.INFO if self.opens == 1 else logging.DEBUG
+        log.log(level, "rankscope sink: new experiment %s%s: %s", self.experiment[:256], run, where or "no view is on")
+
+    def _finish_views(self) -> None:
+        for view in self.views:
+            if not view.disabled:
+                self._calls.call(view, view.backend.finish)
