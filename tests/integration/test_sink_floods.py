@@ -348,7 +348,7 @@ def test_an_idle_sink_holding_thousands_of_runs_costs_little_cpu(tmp_path: Path)
 
 LISTENER = """
 import asyncio, os, resource, sys, time
-from rankscope.sink.edge.listener import Listener
+from rankscope.sink.testing import Listener
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 loop = asyncio.new_event_loop()

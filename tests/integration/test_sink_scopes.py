@@ -412,7 +412,11 @@ def test_a_resume_whose_attempt_would_pass_2_31_minus_1_is_refused(sink: Sink, v
 def test_a_runs_scope_and_its_end_survive_a_sink_restart(make_sink: Any, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
-    config = {"transport": Transport(tokens=load_tokens(tokens)), "book": BookConfig(grace=GRACE), "state_dir": tmp_path / "state"}
+    config = {
+        "transport": Transport(tokens=load_tokens(tokens)),
+        "book": BookConfig(grace=GRACE),
+        "state_dir": tmp_path / "state",
+    }
     first: Sink = make_sink(**config)
     team = Sender(first, "http", VICTIMS)
     for rank in range(2):

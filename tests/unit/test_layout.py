@@ -128,3 +128,15 @@ def test_the_sink_stays_a_coordinator() -> None:
     or registry is a part of its own, not one more method here."""
     source = (PACKAGE / "sink" / "service.py").read_text()
     assert len(source.splitlines()) <= 500
+
+
+def test_tests_reach_the_sinks_stages_through_its_testing_module() -> None:
+    """Tests and benchmarks import ``rankscope.sink`` or ``rankscope.sink.testing``, never a stage's
+    module: a re-layout of the sink changes ``sink/testing.py``, not the tests."""
+    deep = {}
+    for path in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
+        found = re.findall(r"(?:from|import) (rankscope\.sink\.[A-Za-z_.]+)", path.read_text())
+        found = [m for m in found if m != "rankscope.sink.testing"]
+        if found:
+            deep[str(path.relative_to(ROOT))] = sorted(set(found))
+    assert deep == {}, deep

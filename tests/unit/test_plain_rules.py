@@ -14,8 +14,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.metrics.reduce import DistributionAccumulator, Reduce
 from rankscope.otlp.common import encode_resource, key_value
-from rankscope.sink import Experiment, ExperimentLimits
-from rankscope.sink.book.config import BookConfig
+from rankscope.sink import BookConfig, ExperimentLimits, StepBook
 from rankscope.sink.testing import Limits, Refusals, metrics_batches
 
 CUMULATIVE, DELTA = pb.AGGREGATION_TEMPORALITY_CUMULATIVE, pb.AGGREGATION_TEMPORALITY_DELTA
@@ -28,7 +27,7 @@ class Clock:
         return self.now
 
 
-def send(e: Experiment, pid: str, *metrics: pb.Metric, step: int = 0) -> Refusals:
+def send(e: StepBook, pid: str, *metrics: pb.Metric, step: int = 0) -> Refusals:
     """One request of process ``pid``; every point carries ``rankscope.step`` = ``step``."""
     request = mpb.ExportMetricsServiceRequest()
     resource = {"rankscope.experiment.id": "x", "service.instance.id": pid, "rankscope.rank": pid[-1]}
@@ -44,7 +43,7 @@ def send(e: Experiment, pid: str, *metrics: pb.Metric, step: int = 0) -> Refusal
     return refused
 
 
-def view_of(e: Experiment) -> dict[str, float]:
+def view_of(e: StepBook) -> dict[str, float]:
     (view,) = e.ready(force=True)
     return {m.key: m.value for m in view.global_metrics if not m.key.startswith("rankscope/")}
 
@@ -58,7 +57,7 @@ def counter(value: int, start: int, temporality: int = CUMULATIVE, at: int = 0, 
 
 
 def test_cumulative_counters_become_per_step_increases_and_a_reset_counts_whole() -> None:
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     send(e, "p0", counter(5, start=1), step=0)
     send(e, "p1", counter(7, start=1, temporality=DELTA), step=0)
     assert view_of(e) == {"tokens": 12.0}
@@ -71,14 +70,14 @@ def test_cumulative_counters_become_per_step_increases_and_a_reset_counts_whole(
 
 def test_a_retried_or_reordered_cumulative_point_is_not_counted_twice() -> None:
     """100, 120, then 110 from before (a Collector queue reordered it), then 130: 130 in all."""
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     for value, at in ((100, 10), (120, 20), (110, 15), (120, 20), (130, 30)):
         send(e, "p0", counter(value, start=1, at=at), step=0)
     assert view_of(e) == {"tokens": 130.0} and e.streams.stale == 2
 
 
 def test_series_are_named_by_attributes_and_capped_with_an_overflow_series() -> None:
-    e = Experiment("x", BookConfig(grace=1, limits=ExperimentLimits(max_series=2)), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1, limits=ExperimentLimits(max_series=2)), clock=Clock())
     send(e, "p0", *(counter(1, start=1, temporality=DELTA, route=f"/{i}") for i in range(4)), step=0)
     assert view_of(e) == {"tokens{route=/0}": 1.0, "tokens{route=/1}": 1.0, "tokens{otel.metric.overflow=true}": 2.0}
     assert e.streams.overflowed == 2
@@ -105,12 +104,12 @@ def test_exponential_histograms_merge_at_the_coarsest_scale() -> None:
     """A scale-3 and a scale-0 histogram: merged at scale 0 by folding the finer one's buckets,
     exactly as a scale-0 histogram of all the values would hold them."""
     first, second = [1.5, 3.0, 5.0, 100.0], [0.3, 7.0, 9.0]
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     send(e, "p0", exponential(first, 3), step=0)
     send(e, "p1", exponential(second, 0), step=0)
     got = view_of(e)
     assert got["latency/count"] == 7 and got["latency/sum"] == sum(first + second)
-    e2 = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e2 = StepBook("x", BookConfig(grace=1), clock=Clock())
     send(e2, "p0", exponential(first + second, 0), step=0)
     assert view_of(e2) == got
 
@@ -124,7 +123,7 @@ def test_explicit_histograms_interpolate_within_buckets_across_bound_sets() -> N
         )
         return m
 
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     send(e, "p0", histogram([10.0], [50, 0], 0.0, 10.0), step=0)  # 50 values uniform in (0, 10]
     send(e, "p1", histogram([5.0, 20.0], [0, 50, 0], 10.0, 20.0), step=0)  # 50 values in (5, 20]
     got = view_of(e)
@@ -134,7 +133,7 @@ def test_explicit_histograms_interpolate_within_buckets_across_bound_sets() -> N
 
 
 def test_what_holds_no_mergeable_state_is_refused_with_a_reason() -> None:
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     summary = pb.Metric(name="rpc")
     summary.summary.data_points.add(count=1, sum=1.0)
     bad = pb.Metric(name="wait")
@@ -153,7 +152,7 @@ def test_a_scale_0_merge_matches_the_distribution_reducers_percentiles_at_its_sc
     acc = DistributionAccumulator(Reduce.get("distribution"))
     for v in values:
         acc.append(v)
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     send(e, "p0", exponential(values, 6), step=0)
     got = view_of(e)
     expected = DistributionAccumulator.get_reduced_value_from_states([acc.get_state()])
@@ -162,7 +161,7 @@ def test_a_scale_0_merge_matches_the_distribution_reducers_percentiles_at_its_sc
 
 
 def test_one_name_as_two_kinds_in_a_step_is_refused_with_both_named() -> None:
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     gauge = pb.Metric(name="tokens")
     gauge.gauge.data_points.add(as_double=1.0)
     refused = send(e, "p0", counter(1, start=1, temporality=DELTA), gauge, step=0)
@@ -176,7 +175,7 @@ def test_open_ended_buckets_without_extremes_answer_as_prometheus_does() -> None
     m = pb.Metric(name="ttft")
     m.histogram.aggregation_temporality = DELTA
     m.histogram.data_points.add(count=10, sum=0.0, explicit_bounds=[1.0, 2.0], bucket_counts=[0, 5, 5])
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     send(e, "p0", m, step=0)
     got = view_of(e)
     assert (got["ttft/p50"], got["ttft/p90"], got["ttft/p99"]) == (2.0, 2.0, 2.0)
@@ -193,7 +192,7 @@ def test_percentiles_of_thousands_of_buckets_cost_a_sort_not_a_square() -> None:
         m.histogram.aggregation_temporality = DELTA
         m.histogram.data_points.add(count=4097, sum=0.0, explicit_bounds=bounds, bucket_counts=[1] * 4097)
         metrics.append(m)
-    e = Experiment("x", BookConfig(grace=1), clock=Clock())
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
     send(e, "p0", *metrics, step=0)
     got = view_of(e)
     assert got["wide0/p50"] == pytest.approx(2048.5, abs=1e-6)

@@ -12,8 +12,7 @@ from rankscope.core import names as attr
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource
 from rankscope.report.summary import Summary
-from rankscope.sink import Experiment
-from rankscope.sink.book.config import BookConfig
+from rankscope.sink import BookConfig, StepBook
 from rankscope.sink.testing import Limits, Refusals, Refused, Resolved, Run, RunBook, metrics_batches
 
 from .test_sink_steps import Clock, metrics, resource, values_of
@@ -96,7 +95,7 @@ def test_the_book_forgets_the_oldest_runs_past_its_limit() -> None:
     assert [r.run for r in book.runs("exp")] == ["c", "d", "e"]
 
 
-def send(e: Experiment, who: dict[str, Any], step: int, value: float) -> Refusals:
+def send(e: StepBook, who: dict[str, Any], step: int, value: float) -> Refusals:
     request = mpb.ExportMetricsServiceRequest()
     rm = request.resource_metrics.add(resource=encode_resource(who))
     rm.scope_metrics.add().metrics.extend(metrics({"loss": (Reduce.MEAN, [value])}, step))
@@ -107,7 +106,7 @@ def send(e: Experiment, who: dict[str, Any], step: int, value: float) -> Refusal
 
 
 def test_a_restarted_attempt_drops_what_the_old_one_left_open_and_rewinds() -> None:
-    e = Experiment("x", BookConfig(grace=5), clock=Clock())
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
     old = resource("p0")
     for step in range(4):
         send(e, old, step, float(step))
@@ -134,7 +133,7 @@ def test_the_reports_summary_keeps_the_final_values_after_a_rewind() -> None:
 
 
 def test_a_launch_reusing_the_id_of_an_ended_run_is_refused_with_a_reason() -> None:
-    e = Experiment("x", BookConfig(grace=5), run="fixed-rdzv-id", clock=Clock())
+    e = StepBook("x", BookConfig(grace=5), run="fixed-rdzv-id", clock=Clock())
     first = {**resource("p0"), attr.PROCESS_PID: 100}
     send(e, first, 0, 1.0)
     goodbye(e, first)
@@ -150,7 +149,7 @@ def test_a_launch_reusing_the_id_of_an_ended_run_is_refused_with_a_reason() -> N
     assert e.counts.reused_points == 2 and e.ready(force=True) == []
 
 
-def goodbye(e: Experiment, who: dict[str, Any]) -> None:
+def goodbye(e: StepBook, who: dict[str, Any]) -> None:
     request = mpb.ExportMetricsServiceRequest()
     rm = request.resource_metrics.add(resource=encode_resource(who))
     marker = rm.scope_metrics.add().metrics.add(name=attr.GOODBYE)
@@ -177,7 +176,7 @@ def test_a_restored_run_is_past_every_launch_mapped_onto_it_and_a_refused_run_is
 
 
 def test_merged_states_of_a_new_attempt_come_from_a_new_upstream_record() -> None:
-    e = Experiment("x", BookConfig(grace=5), clock=Clock())
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
     merged = {**resource("collector"), attr.MERGED: True}
     send(e, merged, 0, 1.0)
     send(e, {**resource("p1"), attr.EXPERIMENT_ATTEMPT: 1}, 0, 1.0)  # the run restarted
@@ -294,7 +293,7 @@ def test_a_runs_record_is_a_snapshot_that_later_changes_do_not_touch() -> None:
 
 
 def test_a_runs_first_step_is_held_to_the_step_window() -> None:
-    e = Experiment("x", BookConfig(grace=5, step_window=1000), clock=Clock())
+    e = StepBook("x", BookConfig(grace=5, step_window=1000), clock=Clock())
     far = send(e, resource("p0"), 10**18, 1.0)
     assert far.count == 2 and "more than 1000 ahead of 0" in far.reasons[0]
     assert send(e, resource("p0"), 0, 1.0).count == 0 and [v.step for v in e.ready()] == [0]

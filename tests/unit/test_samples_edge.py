@@ -111,11 +111,11 @@ def test_a_step_holding_only_sample_rows_waits_for_its_flush_marker() -> None:
     """Rows go out before their process's marker: the step must not finalize on the rows alone
     (it did, with one rank's rows, before the other ranks' markers said there were four)."""
     from rankscope.otlp.markers import Marker
-    from rankscope.sink.book.config import BookConfig
-    from rankscope.sink.testing import Experiment, Refusals, ResourceBatch
+    from rankscope.sink import BookConfig
+    from rankscope.sink.testing import Refusals, ResourceBatch, StepBook
 
     now = [0.0]
-    experiment = Experiment("rows-first", BookConfig(grace=10.0), clock=lambda: now[0])
+    experiment = StepBook("rows-first", BookConfig(grace=10.0), clock=lambda: now[0])
     resource = {attr.EXPERIMENT_ID: "rows-first", attr.SERVICE_INSTANCE_ID: "p0", attr.RANK: 0, attr.WORLD_SIZE: 2}
     row = wire.SampleRow("t", "reward", 2, "top", 1.0, 0, {"reward": 1.0}, 0, 1, "", "", None)
     experiment.apply(ResourceBatch("rows-first", resource, samples=[row]), Refusals())

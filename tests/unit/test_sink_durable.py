@@ -73,10 +73,10 @@ def test_a_record_of_flush_markers_alone_is_covered_by_its_steps_view_and_its_se
     and a marker of a finalized step is not logged at all, so every segment is deleted."""
     from rankscope.core import names as attr
     from rankscope.otlp.markers import Marker
-    from rankscope.sink.book.config import BookConfig
-    from rankscope.sink.testing import Experiment, ExperimentLog, Refusals, ResourceBatch, StateRows, encode_record
+    from rankscope.sink import BookConfig
+    from rankscope.sink.testing import ExperimentLog, Refusals, ResourceBatch, StateRows, StepBook, encode_record
 
-    experiment = Experiment("x", BookConfig(grace=5.0), clock=lambda: 0.0)
+    experiment = StepBook("x", BookConfig(grace=5.0), clock=lambda: 0.0)
     log = ExperimentLog(tmp_path, "x", 200)  # a segment per record or two
     resource = {attr.SERVICE_INSTANCE_ID: "a", attr.ROLE: "trainer", attr.RANK: "0", attr.WORLD_SIZE: "1"}
 

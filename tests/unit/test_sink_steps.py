@@ -13,8 +13,7 @@ from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.metrics import PointAttributes, encode
-from rankscope.sink import Experiment
-from rankscope.sink.book.config import BookConfig
+from rankscope.sink import BookConfig, StepBook
 from rankscope.sink.testing import Limits, Refusals, metrics_batches
 
 
@@ -54,7 +53,7 @@ def metrics(
     return out
 
 
-def ingest(e: Experiment, resource: dict[str, Any], metrics: list[Any]) -> list[Any]:
+def ingest(e: StepBook, resource: dict[str, Any], metrics: list[Any]) -> list[Any]:
     """Through the sink's edge (``validate``) into ``e``; returns the late updates now due."""
     request = mpb.ExportMetricsServiceRequest()
     rm = request.resource_metrics.add(resource=encode_resource(resource))
@@ -71,7 +70,7 @@ def values_of(view: Any) -> dict[str, float]:
 
 
 def test_exact_merge_across_ranks_and_per_process_values() -> None:
-    e = Experiment("x", BookConfig(grace=5), clock=Clock())
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
     data = {0: [1.0, 2.0], 1: [3.0], 2: [4.0, 5.0, 6.0], 3: [7.0]}
     for rank, numbers in data.items():
         ms = metrics(
@@ -86,7 +85,7 @@ def test_exact_merge_across_ranks_and_per_process_values() -> None:
         ingest(e, resource(f"p{rank}", rank, 4), ms)
         assert (e.ready() == []) == (rank < 3)  # final exactly when the 4th rank reports
     everything = [v for numbers in data.values() for v in numbers]
-    e2 = Experiment("x", BookConfig(grace=5), clock=Clock())
+    e2 = StepBook("x", BookConfig(grace=5), clock=Clock())
     for rank, numbers in data.items():
         ingest(e2, resource(f"p{rank}", rank, 4), metrics({"loss": (Reduce.MEAN, numbers)}, step=0))
     view = e2.ready()[0]
@@ -96,7 +95,7 @@ def test_exact_merge_across_ranks_and_per_process_values() -> None:
 
 
 def test_pooled_std_max_sum() -> None:
-    e = Experiment("x", BookConfig(grace=5), clock=Clock())
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
     data = {0: [1.0, 2.0], 1: [3.0, 10.0]}
     for rank, numbers in data.items():
         ms = metrics({"s": (Reduce.STD, numbers), "m": (Reduce.MAX, numbers), "n": (Reduce.SUM, numbers)}, step=3)
@@ -110,7 +109,7 @@ def test_pooled_std_max_sum() -> None:
 
 def test_missing_process_named_after_grace_then_not_waited_for() -> None:
     clock = Clock()
-    e = Experiment("x", BookConfig(grace=2), clock=clock)
+    e = StepBook("x", BookConfig(grace=2), clock=clock)
     ingest(e, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
     assert e.ready() == [] and e.readiness.missing(0) == ["trainer_r1"]
     clock.now = 2.5
@@ -122,7 +121,7 @@ def test_missing_process_named_after_grace_then_not_waited_for() -> None:
 
 def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
     clock = Clock()
-    e = Experiment("x", BookConfig(grace=1), clock=clock)
+    e = StepBook("x", BookConfig(grace=1), clock=clock)
     ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
     clock.now = 1.5
     (first,) = e.ready()
@@ -135,7 +134,7 @@ def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
 
 def test_a_point_without_a_step_joins_the_step_whose_window_holds_its_time() -> None:
     """Windows end at each step's first flush marker; step-less points go by their timestamp."""
-    e = Experiment("x", BookConfig(grace=5), clock=Clock())
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
     s = 1_000_000_000
     ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=10 * s))
     (step0,) = e.ready()
@@ -159,7 +158,7 @@ def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> 
     requests in one bucket are one step."""
     clock, wall = Clock(), Clock()
     wall.now = 1000.0
-    e = Experiment("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=2.0), clock=clock, wall=wall)
+    e = StepBook("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=2.0), clock=clock, wall=wall)
     s = 1_000_000_000
     for i in range(20):  # 20 requests within bucket 1000 s .. 1001 s
         ingest(e, resource("gen", role="generator"), metrics({"tokens": (Reduce.SUM, [1.0])}, None, at=1000 * s + i))
@@ -174,7 +173,7 @@ def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> 
 
 
 def test_actor_markers_wait_for_their_controller() -> None:
-    e = Experiment("x", BookConfig(grace=5), clock=Clock())
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
     for rank in range(2):
         ms = metrics({"r": (Reduce.SUM, [float(rank)])}, step=0)
         ms[-1].sum.data_points[0].attributes.append(key_value(attr.DRIVEN, True))
@@ -190,7 +189,7 @@ def test_late_per_process_values_are_whole_or_absent() -> None:
     """A late update's global value is the whole step's; per process, a process whose data all came
     late has its value, and one that sent part in time is not given a partial value."""
     clock = Clock()
-    e = Experiment("x", BookConfig(grace=1), clock=clock)
+    e = StepBook("x", BookConfig(grace=1), clock=clock)
     ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=0))
     clock.now = 1.5
     (view,) = e.ready()
@@ -206,7 +205,7 @@ def test_a_timestamp_from_the_future_never_stalls_an_experiment() -> None:
     windows stay where the sink's clock says."""
     clock, wall = Clock(), Clock()
     wall.now = clock.now = 1000.0
-    e = Experiment("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=1.0), clock=clock, wall=wall)
+    e = StepBook("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=1.0), clock=clock, wall=wall)
     s = 1_000_000_000
     gen = resource("gen", role="generator")
     ingest(e, gen, metrics({"tokens": (Reduce.SUM, [1.0])}, None, at=2**63))  # the year 2262
@@ -214,7 +213,7 @@ def test_a_timestamp_from_the_future_never_stalls_an_experiment() -> None:
     wall.now = clock.now = 1002.0
     (view,) = e.ready()
     assert view.step == 0 and values_of(view)["tokens"] == 3.0
-    e2 = Experiment("x", BookConfig(grace=5), clock=clock, wall=wall)
+    e2 = StepBook("x", BookConfig(grace=5), clock=clock, wall=wall)
     ingest(e2, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=2**63))  # its window: now
     ingest(e2, resource("buf", role="replay_buffer"), metrics({"later": (Reduce.SUM, [1.0])}, None, at=1003 * s))
     assert [v.step for v in e2.ready()] == [0] and e2.step_at(1003 * s) == 1
@@ -233,7 +232,7 @@ def test_a_replayed_record_opens_its_step_whatever_max_open_steps_says() -> None
             rm.scope_metrics.add().metrics.extend(metrics({"loss": (Reduce.MEAN, [1.0])}, step))
         return metrics_batches(request, Limits(), Refusals())
 
-    live = Experiment("x", BookConfig(grace=5, limits=ExperimentLimits(max_open_steps=3)), clock=Clock())
+    live = StepBook("x", BookConfig(grace=5, limits=ExperimentLimits(max_open_steps=3)), clock=Clock())
     refused = Refusals()
     for batch in batches():
         live.apply(batch, refused)
@@ -241,7 +240,7 @@ def test_a_replayed_record_opens_its_step_whatever_max_open_steps_says() -> None
         refused.count == 6 and "step 3 would open more than 3 steps (limit)" in refused.message
     )  # 3 points, 3 markers
 
-    replayed = Experiment("x", BookConfig(grace=5, limits=ExperimentLimits(max_open_steps=3)), clock=Clock())
+    replayed = StepBook("x", BookConfig(grace=5, limits=ExperimentLimits(max_open_steps=3)), clock=Clock())
     refused = Refusals()
     for batch in batches():
         replayed.apply(batch, refused, replayed=True)
@@ -271,7 +270,7 @@ def test_a_step_the_job_ended_in_is_interrupted_and_not_judged() -> None:
     """Ctrl-C: the sink finalizes the open step when the job ends (``force``); it is named
     ``interrupted``, with who had not closed it, and no detector runs on its cut-short phases."""
     clock = Clock()
-    e = Experiment("x", BookConfig(grace=10), clock=clock)
+    e = StepBook("x", BookConfig(grace=10), clock=clock)
     ingest(e, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [float("nan")])}, step=0))
     clock.now = 1.0  # well inside the grace period: the job ended, nobody is late
     (view,) = e.ready(force=True)
@@ -280,9 +279,7 @@ def test_a_step_the_job_ended_in_is_interrupted_and_not_judged() -> None:
     got = values_of(view)
     assert got[attr.MISSING_PROCESSES] == 0.0 and attr.NONFINITE_VALUES not in got
     assert not any(key.startswith(attr.STRAGGLER_PREFIX) for key in got)
-    e2 = Experiment(
-        "x", BookConfig(grace=2), clock=(later := Clock())
-    )  # past its grace, a process is missing as before
+    e2 = StepBook("x", BookConfig(grace=2), clock=(later := Clock()))  # past its grace, a process is missing as before
     ingest(e2, resource("p0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0))
     later.now = 2.5
     (view,) = e2.ready()
@@ -294,7 +291,7 @@ def test_a_process_that_starts_after_the_others_is_in_the_runs_first_step() -> N
     first ``start_hold`` seconds the step waits (it went final without the generator, whose data
     came late), and after them a complete step is final at once."""
     clock = Clock()
-    e = Experiment("x", BookConfig(grace=10, start_hold=2.0), clock=clock)
+    e = StepBook("x", BookConfig(grace=10, start_hold=2.0), clock=clock)
     for rank in range(2):
         ingest(e, resource(f"t{rank}", rank, 2), metrics({"trainer/loss": (Reduce.MEAN, [1.0])}, step=0))
     assert e.ready() == [] and e.next_deadline() == 2.0  # complete, but held
@@ -308,7 +305,7 @@ def test_a_process_that_starts_after_the_others_is_in_the_runs_first_step() -> N
         ingest(e, resource(f"t{rank}", rank, 2), metrics({"trainer/loss": (Reduce.MEAN, [1.0])}, step=1))
     ingest(e, resource("g", role="generator"), metrics({"generator/reward": (Reduce.MEAN, [0.5])}, step=1))
     assert [v.step for v in e.ready()] == [1]  # past the hold: final once nothing is missing
-    held = Experiment("x", BookConfig(grace=1.0, start_hold=2.0), clock=(short := Clock()))  # never past the grace
+    held = StepBook("x", BookConfig(grace=1.0, start_hold=2.0), clock=(short := Clock()))  # never past the grace
     ingest(held, resource("t0"), metrics({"trainer/loss": (Reduce.MEAN, [1.0])}, step=0))
     short.now = 1.0
     assert [v.step for v in held.ready()] == [0]
@@ -321,7 +318,7 @@ def test_a_steps_keys_are_in_the_same_order_whichever_process_came_first() -> No
     generator = {"generator/reward": (Reduce.MEAN, [0.5]), "generator/tokens": (Reduce.SUM, [8.0])}
     orders = []
     for trainers_first in (True, False):
-        e = Experiment("x", BookConfig(grace=10), clock=Clock())
+        e = StepBook("x", BookConfig(grace=10), clock=Clock())
         sends = [(resource("t0"), trainer), (resource("g", role="generator"), generator)]
         for who, values in sends if trainers_first else sends[::-1]:
             ingest(e, who, metrics(values, step=0))

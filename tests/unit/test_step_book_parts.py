@@ -11,19 +11,19 @@ import pytest
 
 from rankscope.core import names as attr
 from rankscope.core.anomalies import NonFinite
-from rankscope.sink.book.config import BookConfig
-from rankscope.sink.book.counts import Counts
-from rankscope.sink.book.late import LateSteps
-from rankscope.sink.book.steps import StepTable
+from rankscope.sink import BookConfig
 from rankscope.sink.testing import (
     MAX_CLOCK_SKEW_NS,
     Admission,
+    Counts,
     ExperimentLimits,
     Finished,
+    LateSteps,
     Refusals,
     ResourceBatch,
     Roster,
     StateRows,
+    StepTable,
     StepWindows,
     Thresholds,
     TraceStore,

@@ -10,7 +10,7 @@ stages through ``testing``.
 
 from .book.admission import ExperimentLimits
 from .book.config import BookConfig
-from .book.experiment import Experiment
+from .book.step_book import StepBook
 from .checked import Limits, Process
 from .config import DEFAULT_BACKENDS, RunLimits, SinkConfig
 from .edge.ports import Transport
@@ -21,13 +21,13 @@ from .views.step import StepView
 __all__ = [
     "DEFAULT_BACKENDS",
     "BookConfig",
-    "Experiment",
     "ExperimentLimits",
     "Limits",
     "Process",
     "RunLimits",
     "Sink",
     "SinkConfig",
+    "StepBook",
     "StepView",
     "Thresholds",
     "Transport",

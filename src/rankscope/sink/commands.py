@@ -45,9 +45,9 @@ class Commands:
                 Kind.NOT_FOUND, f"no experiment {experiment_id[:200]!r}" + (f" run {run[:64]!r}" if run else "")
             )
         deadline = time.monotonic() + timeout
-        run = tenant.experiment.run
+        run = tenant.book.run
         with tenant.lock:  # asked for now: what is complete is final, the run's first seconds or not
-            tenant.experiment.readiness.end_hold()
+            tenant.book.readiness.end_hold()
         self._queries.wait_written(experiment_id, timeout, run)
         status = self._queries.status(experiment_id, run)
         writer = tenant.writer
@@ -99,8 +99,8 @@ class Commands:
             tenant = self._tenants.of_process(experiment_id, process_id)
             assert tenant is not None  # capture_target found it; runs are never dropped while a process writes
             with tenant.lock:
-                experiment = tenant.experiment
-                process = experiment.roster.processes[process_id]
+                book = tenant.book
+                process = book.roster.processes[process_id]
                 capture = tenant.captures.stored(capture_id, process, path, len(data))
                 record = Capture(
                     capture=capture_id,
@@ -113,7 +113,7 @@ class Commands:
                     path=str(path.resolve()),
                     bytes=len(data),
                 )
-                experiment.watch.note(record)
-                step = experiment.last_finalized if experiment.last_finalized >= 0 else None
+                book.watch.note(record)
+                step = book.last_finalized if book.last_finalized >= 0 else None
                 self._views.writer(tenant).anomaly(record, step)
             return str(path)

@@ -88,7 +88,7 @@ class Queries:
             listed = []
             for r in reversed(runs):
                 tenant = registry.open.get((experiment_id, r.run))
-                last = tenant.experiment.last_finalized if tenant is not None else None
+                last = tenant.book.last_finalized if tenant is not None else None
                 listed.append(
                     {
                         "run": r.run,
@@ -104,9 +104,9 @@ class Queries:
             return listed
 
     def status_of(self, tenant: Tenant) -> dict[str, Any]:
-        runs = self._runs_of(tenant.experiment.id)
+        runs = self._runs_of(tenant.book.id)
         with tenant.lock:
-            e, n = tenant.experiment, tenant.experiment.counts
+            e, n = tenant.book, tenant.book.counts
             processes, upstreams = e.roster.counts()
             views = tenant.writer.status() if tenant.writer is not None else {}
             written = [v["last_written_step"] for v in views.values() if not v["disabled"]]
@@ -161,7 +161,7 @@ class Queries:
         listed = []
         for (experiment_id, run), tenant in tenants[:100]:
             with tenant.lock:
-                e = tenant.experiment
+                e = tenant.book
                 views = tenant.writer.status() if tenant.writer is not None else {}
                 listed.append(
                     {
@@ -202,7 +202,7 @@ class Queries:
         pids: set[int] = set()
         for tenant in self.tenants.all():
             with tenant.lock:
-                pids |= tenant.experiment.roster.local_pids(host)
+                pids |= tenant.book.roster.local_pids(host)
         return pids
 
     # -- spans ----------------------------------------------------------------------------
@@ -214,7 +214,7 @@ class Queries:
         if tenant is None:
             return None
         with tenant.lock:
-            return tenant.experiment.traces.select(query.first, query.last, query.ranks)
+            return tenant.book.traces.select(query.first, query.last, query.ranks)
 
     def span_rows(self, query: SpanQuery) -> Iterator[str] | None:
         """JSONL rows of a run's spans (None: the experiment's latest run): the whole run from its
@@ -223,12 +223,12 @@ class Queries:
         if tenant is None:
             return None
         with tenant.lock:
-            file = tenant.experiment.traces.file
+            file = tenant.book.traces.file
             if file is None:
                 return iter(
                     [
                         json.dumps(s.row(), default=str) + "\n"
-                        for s in tenant.experiment.traces.select(query.first, query.last, query.ranks)
+                        for s in tenant.book.traces.select(query.first, query.last, query.ranks)
                     ]
                 )
             return file.rows(query.first, query.last, query.ranks)
@@ -251,7 +251,7 @@ class Queries:
         if tenant is None:
             return []
         with tenant.lock:
-            process = tenant.experiment.roster.processes.get(process_id)
+            process = tenant.book.roster.processes.get(process_id)
             return [] if process is None else tenant.captures.pending(process)
 
     def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
@@ -261,8 +261,8 @@ class Queries:
         if tenant is None:
             raise LookupError(f"no process {process_id[:64]!r} in experiment {experiment_id[:200]!r}")
         with tenant.lock:
-            experiment = tenant.experiment
-            process = experiment.roster.processes.get(process_id)
+            book = tenant.book
+            process = book.roster.processes.get(process_id)
             if process is None:
                 raise LookupError(f"no process {process_id[:64]!r} in this experiment")
             path = tenant.captures.path_for(self.config.artifacts_dir, experiment_id, capture_id, process, size)

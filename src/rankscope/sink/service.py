@@ -1,23 +1,23 @@
 """The sink's coordinator: checked OTLP in, one tenant per run of an experiment, finished steps out to views.
 
-``Sink`` wires the parts and owns their lifecycle: it starts the transports (``edge``) on its
-``Ingest`` side and its ``Control`` part (``queries``), takes each request in (``export_*``),
-and runs the finalizer. Its parts: the run registry (``tenants``), the status queries behind
-the control routes (``queries``), the configuration (``config``), the sink-wide counts
-(``tally``).
+``Sink`` wires the parts, each built whole in its constructor, and owns their lifecycle: it
+starts the transports (``edge``) on its ``Ingest`` side and its ``Control`` parts (``queries``
+read, ``commands`` change), takes each request in (``export_*``), and runs the finalizer. Its
+parts: a run's life (``runs``: the registry ``tenants``, ``opener``, ``views``, ``upkeep``,
+``closer``, ``closed``), the configuration (``config``), the sink-wide counts (``tally``).
 
 One request, in order: the transport decodes it; the edge checks it (``edge.validate``) and
-splits it by experiment; the registry resolves each part's run (``book.runs``: a launch is a run,
+splits it by experiment; the opener resolves each part's run (``runs.runbook``: a launch is a run,
 a resuming launch continues its run); under *that run's* lock the step book takes it (its steps
 resolved and admitted), its write-ahead log appends each step's part (``durable.wal``) and the
 book merges it: runs never wait for each other. With a state directory the client is answered
 only once the log is on disk.
 
 Threads, all supervised (``/healthz`` answers 503 naming a thread that died): the finalizer
-(every ``tick`` seconds it visits the runs with work, ``upkeep``: closes the steps that are
-complete or past their grace, writes late updates once per ``late_interval``, gives back the
+(every ``tick`` seconds it visits the runs with work, ``runs.upkeep``: closes the steps that are
+complete or past their grace, writes late updates once per ``book.late_interval``, gives back the
 file descriptors of quiet runs and takes runs that ended or idle out of the registry), the
-closer (their views and logs closed: ``Tenants.run_closer``), the write-ahead log's syncer, the
+closer (their views and logs closed: ``runs.closing.Closer.run``), the write-ahead log's syncer, the
 HTTP server's loop, and ``view_workers`` view threads that write every run's
 views (``views.writer.ViewPool``). A failure inside one experiment is logged once, counted in the
 status route and in its ``rankscope/internal_errors`` metric, and the experiment keeps going.
@@ -29,8 +29,8 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from ..backends.base import Metric
@@ -222,15 +222,15 @@ class Sink:
             if tenant.writer is not None and not tenant.writer.join(deadline - time.monotonic()):
                 log.warning(
                     "rankscope sink: the views of %s did not finish within %.0fs%s",
-                    tenant.experiment.name[:96],
+                    tenant.book.name[:96],
                     timeout,
                     "; the write-ahead log keeps what they missed" if self.wal is not None else "",
                 )
         self.views.stop(max(0.0, deadline - time.monotonic()))
         for tenant in tenants:
-            if tenant.experiment.traces.file is not None:
+            if tenant.book.traces.file is not None:
                 with tenant.lock:
-                    tenant.experiment.traces.file.close()
+                    tenant.book.traces.file.close()
         if self.wal is not None:
             for tenant in tenants:
                 if tenant.log is not None:
@@ -265,7 +265,7 @@ class Sink:
                     self._apply(tenant, batch, refused)
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
-                    ended, attempt = tenant.experiment.roster.finished, tenant.experiment.attempt
+                    ended, attempt = tenant.book.roster.finished, tenant.book.attempt
                 self.opener.settle(tenant, ended, attempt)  # a last goodbye finishes the run (``book.runs``)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
@@ -275,9 +275,9 @@ class Sink:
     def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
         """One checked batch into its run, under ``tenant.lock``: take (steps resolved, admitted),
         log each step's part ahead (its descriptor held, ``durable.descriptors``), merge."""
-        experiment = tenant.experiment
+        book = tenant.book
         _check_open(tenant)
-        if batch.digest and batch.digest in experiment.seen:
+        if batch.digest and batch.digest in book.seen:
             return  # a client's retry of something already taken: acknowledged again, merged once
         if tenant.log is not None and not self.tenants.hold(tenant):
             refused.add(
@@ -285,16 +285,16 @@ class Sink:
                 "the sink's file descriptors are all held by runs writing now (its descriptor budget); retry",
             )
             return
-        experiment.counts.refused += batch.refused
+        book.counts.refused += batch.refused
         try:
-            taken = experiment.take(batch, refused)
+            taken = book.take(batch, refused)
             if taken is not None:
                 seqs = {}
                 if tenant.log is not None:
                     for step, part in taken.parts.items():
                         record = encode_record(batch.digest, part.resource, part.states, part.markers, part.samples)
                         seqs[step] = tenant.log.append(step, record)
-                experiment.merge(taken, refused, seqs)
+                book.merge(taken, refused, seqs)
         except Exception as exc:  # a bug: this experiment's trouble, nobody else's
             if out_of_descriptors(exc):  # not a bug: counted and said now and then, not once per request
                 self.tenants.descriptors.exhausted("open", exc)
@@ -303,7 +303,7 @@ class Sink:
             tenant.failed("ingest", exc)
             refused.add(batch.point_count, f"internal error: {type(exc).__name__}")
             return
-        experiment.remember(batch.digest)
+        book.remember(batch.digest)
         tenant.dirty = True
         self.upkeep.wake(tenant)
 
@@ -325,12 +325,12 @@ class Sink:
                 self.upkeep.wake(tenant)
                 with tenant.lock:
                     _check_open(tenant)
-                    tenant.experiment.counts.refused += batch.refused  # refused at the edge
+                    tenant.book.counts.refused += batch.refused  # refused at the edge
                     batch.refused = 0
-                    process = tenant.experiment.stream_process(batch, refused, len(streamed))
+                    process = tenant.book.stream_process(batch, refused, len(streamed))
                     if process is None:
                         continue
-                    records = tenant.experiment.logs(batch, refused) if batch.logs else []
+                    records = tenant.book.logs(batch, refused) if batch.logs else []
                     if batch.samples:
                         self._apply(tenant, batch, refused)
                         if tenant.log is not None and tenant.log.seq > tenant.log.durable:
@@ -372,17 +372,17 @@ class Sink:
                 self.upkeep.wake(tenant)
                 with tenant.lock:
                     _check_open(tenant)
-                    if tenant.experiment.traces.file is not None and not self.tenants.hold(tenant):
+                    if tenant.book.traces.file is not None and not self.tenants.hold(tenant):
                         result.rejected += n
                         result.errors.append(f"{n} spans: the sink's file descriptors are all held by runs writing now")
                         continue
                     try:
-                        process = tenant.experiment.process_for(checked[1])
+                        process = tenant.book.process_for(checked[1])
                         if process is None or process.reused:
                             accepted, rejected = 0, n
-                            tenant.experiment.traces.refused += n
+                            tenant.book.traces.refused += n
                         else:
-                            e = tenant.experiment
+                            e = tenant.book
                             limits = self.config.limits
                             accepted, rejected = e.traces.ingest(process, rs.scope_spans, e.step_at, refused, limits)
                     except Exception as exc:
@@ -414,12 +414,12 @@ class Sink:
             with tenant.lock:
                 if tenant.closed:
                     return
-                experiment = tenant.experiment
-                finished = experiment.finished(force=force) + experiment.late(force=force)
+                book = tenant.book
+                finished = book.finished(force=force) + book.late(force=force)
                 tenant.dirty = False
                 for done in finished:
                     try:
-                        view = experiment.view(done)
+                        view = book.view(done)
                         _act(tenant, view, self.config.auto_capture_steps)
                     except Exception as exc:  # a bug: logged once, counted, this step only
                         tenant.failed(f"finalizing step {done.step}", exc)
@@ -465,7 +465,7 @@ class Sink:
         return self.queries.wait_written(experiment_id, timeout, run)
 
     def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
-        """Write a run's report page now (``Queries.report``)."""
+        """Write a run's report page now (``Commands.report``)."""
         return self.commands.report(experiment_id, timeout, run)
 
 
@@ -482,7 +482,7 @@ def _act(tenant: Tenant, view: StepView, auto_capture_steps: int) -> None:
     for first in (a for a in view.anomalies if isinstance(a, NonFinite) and a.first):
         log.warning(
             "rankscope sink: %s: first non-finite value: %r at step %d from %r",
-            tenant.experiment.name[:96],
+            tenant.book.name[:96],
             first.key[:128],
             view.step,
             first.process,

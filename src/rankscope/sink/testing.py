@@ -6,10 +6,13 @@ re-layout changes this module, not every test. Not a public API: no stability pr
 """
 
 from .book.admission import Admission, ExperimentLimits
-from .book.experiment import Experiment
+from .book.counts import Counts
 from .book.finalize import Finished, view_of
+from .book.late import LateSteps
 from .book.merge import holder, merge_rows, reduced
 from .book.roster import Roster
+from .book.step_book import StepBook
+from .book.steps import StepTable
 from .book.stragglers import judge, record_of, straggler_metrics, stragglers
 from .book.traces import MAX_QUERY_RANKS, SpanFile, StoredSpan, TraceStore, parse_ranks
 from .book.windows import MAX_CLOCK_SKEW_NS, StepWindows
@@ -36,6 +39,7 @@ from .edge.control import ControlRoutes, scoped
 from .edge.errors import ANSWERS, HttpError, Kind, OverloadedError, Refusal
 from .edge.grpc_server import abort
 from .edge.http_server import _error
+from .edge.listener import Listener
 from .edge.ports import Client, Control
 from .edge.validate import metrics_batches
 from .embedded import announce, discover, runtime_dir, withdraw
@@ -63,15 +67,17 @@ __all__ = [
     "Client",
     "Control",
     "ControlRoutes",
+    "Counts",
     "Descriptors",
-    "Experiment",
     "ExperimentLimits",
     "ExperimentLog",
     "Finished",
     "HttpError",
     "Keys",
     "Kind",
+    "LateSteps",
     "Limits",
+    "Listener",
     "Notes",
     "OverloadedError",
     "Plan",
@@ -92,7 +98,9 @@ __all__ = [
     "SpanQuery",
     "StateDirBusyError",
     "StateRows",
+    "StepBook",
     "StepFacts",
+    "StepTable",
     "StepView",
     "StepWindows",
     "StoredSpan",

@@ -4,7 +4,7 @@ Retention (documented in ``docs/tracing.md``): the spans of the last ``retain_st
 at most ``max_spans`` (200,000) per experiment; older steps go first, and spans beyond
 the cap for the newest step are counted in ``dropped``. Spans without ``rankscope.step``
 (a user's own OTel spans) take the step of a span with the same trace id in the same
-request, else the step whose wall-clock window holds their start (``Experiment.step_at``).
+request, else the step whose wall-clock window holds their start (``StepBook.step_at``).
 
 With a span file (``SinkConfig.spans_dir``), every stored span is also appended to
 ``SPANS_DIR/<experiment>/runs/<run>/spans.jsonl`` as it arrives, up to ``max_span_file_bytes`` (then the

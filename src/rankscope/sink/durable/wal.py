@@ -6,7 +6,7 @@ per run of an experiment a directory
 experiment's directory itself, as before runs) holding ``meta.json`` (the original ids and what the run book
 keeps of the run, ``sink.book.runs``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
 
-A record is one process's checked points (and sample rows) of one step (``Experiment.apply`` resolves the
+A record is one process's checked points (and sample rows) of one step (``StepBook.apply`` resolves the
 step first): a header (payload length, sequence number, step, CRC-32) and a marshalled
 payload. The ingest path appends records, merges them, and before answering the client
 waits until they are on disk; one syncer thread fsyncs every log with pending appends at

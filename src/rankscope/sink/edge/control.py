@@ -1,7 +1,7 @@
 """The sink's control routes on HTTP, apart from OTLP ingest: what embedded clients and people ask.
 
 ``GET /healthz`` (503 naming a dead sink thread; no token needed), and behind the bearer token
-(``edge.auth``; a scoped token sees only its scope's experiments, ``ScopedControl``):
+(``edge.auth``; a scoped token sees only its scope's experiments, ``scoped``):
 ``POST /rankscope/v1/config`` (an experiment's views),
 ``GET /rankscope/v1/status[?experiment=ID[&run=RUN]]`` (a route that names an experiment
 takes ``run``, else means its latest run; a resuming launch's own run id means the run it

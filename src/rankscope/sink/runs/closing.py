@@ -63,7 +63,7 @@ class Closer:
             tenant.closed = True
             key = tenant.key
             self._registry.remove(key)
-            self._closed.bury(key, tenant.experiment.last_finalized, tenant.experiment.attempt)
+            self._closed.bury(key, tenant.book.last_finalized, tenant.book.attempt)
             self._closing.append(tenant)
             self._closing_now[key] = tenant
             self._closed.closing = len(self._closing_now)
@@ -137,8 +137,8 @@ class Closer:
                 tenant.writer.request_close(self._stop_timeout)
             tenant.closing_deadline = time.monotonic() + self._stop_timeout
             with tenant.lock:
-                if tenant.experiment.traces.file is not None:
-                    tenant.experiment.traces.file.close()
+                if tenant.book.traces.file is not None:
+                    tenant.book.traces.file.close()
                 if tenant.log is not None:
                     tenant.log.release(wait=True)
         except Exception as exc:  # a bug (or a failing disk): this run's, nobody else's

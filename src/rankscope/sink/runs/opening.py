@@ -12,7 +12,7 @@ from typing import Any
 
 from ...core import names as attr
 from ...core.paths import safe_component
-from ..book.experiment import Experiment
+from ..book.step_book import StepBook
 from ..book.traces import SpanFile, TraceStore
 from ..checked import Refusals
 from ..config import SinkConfig
@@ -75,9 +75,9 @@ class Opener:
             if counted is not None:  # in the run's own status: whose data it refused, and why
                 with counted.lock:
                     if resolved.kind == ENDED:
-                        counted.experiment.counts.reused_points += n
+                        counted.book.counts.reused_points += n
                     elif resolved.kind != RESUME:
-                        counted.experiment.counts.scope_refused += n
+                        counted.book.counts.scope_refused += n
             return None
         tenant, record = taken
         if tenant is not None and record is not None:  # outside the registry lock: it fsyncs
@@ -185,7 +185,7 @@ class Opener:
         experiment_id, run = key
         self._closer.take_back(key)  # a closing of the same run finishes first
         c = self.config
-        experiment = Experiment(
+        book = StepBook(
             experiment_id,
             c.book,
             run=run,
@@ -193,15 +193,15 @@ class Opener:
             on_error=self.on_error,
             clock=self.clock,
         )
-        experiment.keep_spans = self._view_configs.draws_gantt(experiment_id)
+        book.keep_spans = self._view_configs.draws_gantt(experiment_id)
         run_log = self.wal.open(experiment_id, run) if self.wal is not None else None
         if run_log is not None:
-            experiment.restore(run_log.last_finalized, run_log.attempt)
+            book.restore(run_log.last_finalized, run_log.attempt)
         elif (tombstone := self._closed.exhume(key)) is not None:  # closed before: steps go on where they were
-            experiment.restore(*tombstone)
-        tenant = Tenant(experiment, run_log, CaptureBook(self.clock, auto_interval=c.capture_interval), self.on_error)
+            book.restore(*tombstone)
+        tenant = Tenant(book, run_log, CaptureBook(self.clock, auto_interval=c.capture_interval), self.on_error)
         tenant.client = client
-        tenant.need = (run_log is not None) + (experiment.traces.file is not None)
+        tenant.need = (run_log is not None) + (book.traces.file is not None)
         return tenant
 
     def _reopen(self, meta: dict[str, Any], attempt: int, seen: float) -> Tenant:

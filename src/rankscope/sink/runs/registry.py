@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from ..book.experiment import Experiment
+from ..book.step_book import StepBook
 from ..config import SinkConfig
 from ..durable.descriptors import Descriptors
 from ..tally import Notes
@@ -41,10 +41,10 @@ class Tenants:
         kind, each kind logged at most once per ``tally.NOTE_INTERVAL`` (the status route's ``run_notes``)."""
 
     @property
-    def experiments(self) -> dict[str, Experiment]:
+    def experiments(self) -> dict[str, StepBook]:
         """Each experiment's latest open run."""
         with self.lock:
-            return {k[0]: t.experiment for k, t in sorted(self.open.items(), key=lambda kv: kv[1].experiment.started)}
+            return {k[0]: t.book for k, t in sorted(self.open.items(), key=lambda kv: kv[1].book.started)}
 
     def all(self, experiment_id: str | None = None) -> list[Tenant]:
         """The open runs (of ``experiment_id``), as they are now."""
@@ -65,7 +65,7 @@ class Tenants:
         """The open run of an experiment that holds this process (processes poll by their own id)."""
         for tenant in reversed(self.all(experiment_id)):
             with tenant.lock:
-                if process_id in tenant.experiment.roster.processes:
+                if process_id in tenant.book.roster.processes:
                     return tenant
         return None
 

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..book.experiment import Experiment
+from ..book.step_book import StepBook
 from ..checked import Refusals, ResourceBatch
 from ..durable.wal import ExperimentLog
 from ..views.captures import CaptureBook
@@ -30,10 +30,9 @@ RECENT_STEPS = 64
 class Tenant:
     """One run of an experiment at the sink: its state, its views, its log, and the lock that guards them."""
 
-    def __init__(
-        self, experiment: Experiment, log: ExperimentLog | None, captures: CaptureBook, on_error: OnError
-    ) -> None:
-        self.experiment = experiment
+    def __init__(self, book: StepBook, log: ExperimentLog | None, captures: CaptureBook, on_error: OnError) -> None:
+        self.book = book
+        """The run's step book."""
         self.log = log
         self.captures = captures
         """Profiler captures asked of the run's processes (``views.captures``)."""
@@ -61,24 +60,24 @@ class Tenant:
 
     @property
     def key(self) -> RunKey:
-        return (self.experiment.id, self.experiment.run)
+        return (self.book.id, self.book.run)
 
     @property
     def name(self) -> str:
-        """How logs name the run (``Experiment.name``)."""
-        return self.experiment.name
+        """How logs name the run (``StepBook.name``)."""
+        return self.book.name
 
     @property
     def ended(self) -> bool:
         """The run's current attempt is over: every process of it said goodbye and every rank slot it
         declared was held (``Roster.finished``; a rank that never reported may still come, late)."""
-        return self.experiment.roster.finished
+        return self.book.roster.finished
 
     @property
     def closable(self) -> bool:
         """It may close without losing anything: every step it took finalized and handed to its
         views (which write them before they close, and its log closes after them)."""
-        return not self.dirty and self.experiment.settled
+        return not self.dirty and self.book.settled
 
     def release(self) -> bool:
         """Close the run's files now: its log's segment, its span file (its views are a holder of
@@ -91,8 +90,8 @@ class Tenant:
                 return True
             if self.log is not None and not self.log.release():
                 return False
-            if self.experiment.traces.file is not None:
-                self.experiment.traces.file.release()
+            if self.book.traces.file is not None:
+                self.book.traces.file.release()
             self.releases += 1
             return True
         finally:
@@ -103,9 +102,9 @@ class Tenant:
         self.errors += 1
         self.last_error = f"{where}: {type(exc).__name__}: {exc}"[:500]
         if self.errors == 1 or self.errors % 1000 == 0:
-            self._on_error(f"{self.experiment.name[:96]}: {where}", exc)
+            self._on_error(f"{self.book.name[:96]}: {where}", exc)
 
     def replayed(self, batch: ResourceBatch, refused: Refusals, seq: int) -> None:
         """A record of the run's write-ahead log merged again (``durable.replay``)."""
-        self.experiment.apply(batch, refused, seq=seq, replayed=True)
-        self.experiment.remember(batch.digest)
+        self.book.apply(batch, refused, seq=seq, replayed=True)
+        self.book.remember(batch.digest)

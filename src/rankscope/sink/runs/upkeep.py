@@ -126,7 +126,7 @@ class Upkeep:
     def _visit(self, tenant: Tenant, now: float) -> None:
         if tenant.closed:
             return
-        e = tenant.experiment
+        e = tenant.book
         with tenant.lock:
             deadline = e.next_deadline()
             due = tenant.dirty or (deadline is not None and now >= deadline)
@@ -142,7 +142,7 @@ class Upkeep:
     def _let_go(self, tenant: Tenant, now: float) -> float:
         """Close or release what the run no longer needs; when to look at it again for that."""
         limits = self.limits
-        e = tenant.experiment
+        e = tenant.book
         quiet = now - e.last_activity
         if limits.close_ended and tenant.ended:
             after = self.grace + ENDED_MARGIN

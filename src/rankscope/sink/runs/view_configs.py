@@ -54,7 +54,7 @@ class ViewConfigs:
                 for tenant in tenants:
                     with tenant.lock:  # the views open under it: the flag and the views agree
                         if tenant.writer is None:
-                            tenant.experiment.keep_spans = self.draws_gantt(experiment_id)
+                            tenant.book.keep_spans = self.draws_gantt(experiment_id)
                 return "ok"
             if known == backends:
                 return "ok"
@@ -70,7 +70,7 @@ class ViewConfigs:
     def writer(self, tenant: Tenant) -> ViewWriter:
         """The tenant's views, opened on first use. Caller holds ``tenant.lock``."""
         if tenant.writer is None:
-            experiment_id = tenant.experiment.id
+            experiment_id = tenant.book.id
             descriptors = self._registry.descriptors
             on_written = tenant.log.written_view if tenant.log is not None else None
             tenant.writer = ViewWriter(
@@ -82,9 +82,9 @@ class ViewConfigs:
                 on_drop=self._tally.view_drop,
                 on_open=lambda views: descriptors.hold(views, views.descriptors, refusable=False),
                 on_closed=descriptors.forget,
-                run=tenant.experiment.run,
+                run=tenant.book.run,
             )
-            tenant.experiment.keep_spans = any(
+            tenant.book.keep_spans = any(
                 type(v.backend).report is not LoggerBackend.report for v in tenant.writer.views
             )
         return tenant.writer

@@ -61,7 +61,7 @@ from .tables import entries
 from .traces import TraceStore
 from .windows import StepWindows
 
-__all__ = ["BookConfig", "Counts", "Experiment", "ExperimentLimits", "Process", "StepView", "Taken"]
+__all__ = ["BookConfig", "Counts", "ExperimentLimits", "Process", "StepBook", "StepView", "Taken"]
 
 MAX_SEEN_DIGESTS = 65_536
 """Digests of recently taken ResourceMetrics a run remembers (a client's retry is merged once)."""
@@ -78,7 +78,7 @@ class Taken:
     """Flush markers of steps finalized already: they say the process is live, nothing to log."""
 
 
-class Experiment:
+class StepBook:
     """The step book of one run of an experiment (``sink.runs.runbook``). Not thread-safe: one thread owns it."""
 
     def __init__(
