@@ -44,7 +44,6 @@ from rankscope.sink import (  # noqa: E402
     Sink,
     SinkConfig,
 )
-from rankscope.sink.testing import Limits  # noqa: E402
 
 STEPS = 3
 
@@ -103,8 +102,7 @@ def measure(ranks: int, keys: int, state_dir: str | None) -> tuple[float, list[f
             http_port=None,
             backends={"timing": {"logging_mode": "global_reduce"}},
             state_dir=None if state_dir is None else Path(state_dir),
-            limits=Limits(step_window=1 << 62),
-            book=BookConfig(grace=60),
+            book=BookConfig(grace=60, step_window=1 << 62),
         )
     ).start()
     try:

@@ -39,7 +39,6 @@ from rankscope.sink import (  # noqa: E402
     Sink,
     SinkConfig,
 )
-from rankscope.sink.testing import Limits  # noqa: E402
 
 EXPERIMENT = "soak"
 
@@ -74,12 +73,11 @@ def soak(steps: int, every: int, processes: int, keys: int, root: Path, compact_
         grpc_port=None,
         http_port=None,
         state_dir=root / "state",
-        limits=Limits(step_window=1 << 62),
         backends={
             "jsonl": {"logging_mode": "global_reduce", "path": str(jsonl)},
             "report": {"path": str(views / "report.html"), "compact_bytes": compact_bytes},
         },
-        book=BookConfig(grace=60.0),
+        book=BookConfig(grace=60.0, step_window=1 << 62),
     )
     body = b"".join(template(rank, processes, keys, EXPERIMENT) for rank in range(processes))
     points = processes * (keys + 1)
