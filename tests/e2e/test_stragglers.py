@@ -26,7 +26,7 @@ from ..pipeline import clean_env
 
 WORKER = str(ROOT / "tests" / "workers" / "straggler_worker.py")
 WARMUP = 3
-"""``Detectors.warmup_steps``' default: steps 0-2 of a run are not judged."""
+"""``Thresholds.warmup_steps``' default: steps 0-2 of a run are not judged."""
 
 
 def _torchrun(sink: Any, experiment: str, cwd: Path, ranks: int, steps: int, *slow: str, base: float = 0.003) -> None:

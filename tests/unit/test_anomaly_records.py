@@ -67,10 +67,19 @@ def test_fields_left_at_their_default_keep_the_older_wire_shape() -> None:
         {"type": "nonfinite", "first": "yes"},
         {"type": "capture", "bytes": {"a": 1}},
         {"step": 3},
+        {"type": "missing", "processes": ["p"] * 65},
+        {"type": "straggler", "phase": "x" * 5000},
+        {"type": "slow_step", "seconds": True},
+        {"type": "straggler", "steps": 2.5},
     ],
 )
 def test_a_hostile_serialized_record_reads_back_as_nothing(hostile: dict) -> None:
     assert from_json(hostile) is None
+
+
+def test_an_older_sinks_straggler_record_of_one_step_is_its_own_streak() -> None:
+    read = from_json({"type": "straggler", "step": 7, "process": "trainer_r1", "phase": "x", "ratio": 2})
+    assert isinstance(read, Straggler) and (read.first_step, read.last_step, read.steps) == (7, 7, 1)
 
 
 @pytest.mark.parametrize("record", SAMPLES, ids=lambda r: r.KIND)

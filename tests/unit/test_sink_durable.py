@@ -105,14 +105,14 @@ def test_a_record_of_flush_markers_alone_is_covered_by_its_steps_view_and_its_se
 def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_path: Path) -> None:
     """A crash between the checkpoint and the journal's truncation leaves lines the checkpoint
     already holds: folding them in again, an older attempt's step does not move the frontier."""
-    from rankscope.sink.testing import JOURNAL, ExperimentLog, _atomic_write
+    from rankscope.sink.testing import JOURNAL, ExperimentLog, atomic_write
 
     log = ExperimentLog(tmp_path, "x", 1 << 20)
     log.written_view(100, 5, 100, 0, force=True)
     log.written_view(102, 7, 102, 0)  # journaled (within 0.1 s of the checkpoint)
     log.written_view(3, 9, 3, 1)  # the run restarted: attempt 1 is at step 3
     state = {"written": {str(k): v for k, v in log.written.items()}, "last_finalized": 3, "attempt": 1, "seq": 9}
-    _atomic_write(tmp_path / "checkpoint.json", state)  # the checkpoint landed; the truncation did not
+    atomic_write(tmp_path / "checkpoint.json", state)  # the checkpoint landed; the truncation did not
     assert len((tmp_path / JOURNAL).read_text().splitlines()) == 2
     again = ExperimentLog(tmp_path, "x", 1 << 20)
     assert (again.attempt, again.last_finalized) == (1, 3)
@@ -193,11 +193,11 @@ def test_a_corrupt_length_is_not_mistaken_for_a_torn_append(tmp_path: Path) -> N
     intact record follows, it is corruption, and the segment is set aside."""
     import struct
 
-    from rankscope.sink.testing import _HEADER
+    from rankscope.sink.testing import HEADER
 
     segment = write_log(tmp_path, 5)
     data = bytearray(segment.read_bytes())
-    record = _HEADER.size + len(b"payload 0")
+    record = HEADER.size + len(b"payload 0")
     (length,) = struct.unpack_from("<I", data, 2 * record)
     struct.pack_into("<I", data, 2 * record, length | 1 << 20)  # record 2 now claims a megabyte
     segment.write_bytes(bytes(data))

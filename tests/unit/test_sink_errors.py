@@ -24,8 +24,8 @@ from rankscope.sink.testing import (
     Kind,
     OverloadedError,
     Refusal,
-    _error,
     abort,
+    error_response,
 )
 
 MESSAGE = "capacity-test was closing; retry"
@@ -58,7 +58,7 @@ def test_the_table_has_no_row_for_a_kind_that_is_gone() -> None:
 def test_the_http_transport_answers_a_kind_from_its_row(kind: Kind, content_type: str) -> None:
     answer = ANSWERS[kind]
     request = make_mocked_request("POST", "/v1/metrics", headers={"Content-Type": content_type})
-    response = _error(request, HttpError(kind, MESSAGE))
+    response = error_response(request, HttpError(kind, MESSAGE))
     assert response.status == answer.http == HttpError(kind, MESSAGE).status
     assert isinstance(response.body, bytes)
     if content_type == "application/json":

@@ -128,7 +128,7 @@ def test_a_scoped_token_sees_its_own_experiments_only() -> None:
     read, control = seen.queries, seen.commands
     assert read.status("grpo-a") == {"experiment": "grpo-a"} and read.status("theirs") is None
     assert read.recent("theirs") is None and read.span_rows(SpanQuery("theirs")) is None
-    assert read.pending_captures("theirs", "p") == [] and read.pending_captures("grpo-a", "p") != []
+    assert control.pending_captures("theirs", "p") == [] and control.pending_captures("grpo-a", "p") != []
     assert str(control.report("theirs")).startswith("no experiment 'theirs'")
     assert str(control.capture("theirs", "asked", 2)).startswith("no experiment")
     assert control.configure("theirs", {}).startswith("refused: scope 'rl' may not write")

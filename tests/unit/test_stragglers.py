@@ -183,15 +183,16 @@ def test_one_noisy_step_is_not_a_straggler() -> None:
 
 def test_the_judgement_is_linear_in_ranks_at_10000() -> None:
     """A step of 1,000 and of 10,000 simulated ranks (7 spans each): time per rank about the same
-    (best of 3; a pairwise judgement would take 10x more per rank), the one slow rank found."""
+    (best of 5, in thread CPU time; a pairwise judgement would take 10x more per rank), the one
+    slow rank found."""
 
     def best(world: int) -> float:
         times = []
-        for _ in range(3):
+        for _ in range(5):  # this thread's CPU time: other processes on a busy box do not count
             spans = step_spans(world, {(world - 7, "forward"): 0.3})
-            started = time.perf_counter()
+            started = time.thread_time()
             found = stragglers(judge(spans), ratio=1.5, min_s=0.05)
-            times.append(time.perf_counter() - started)
+            times.append(time.thread_time() - started)
             assert [c.process.rank for c in found] == [world - 7]
         return min(times)
 

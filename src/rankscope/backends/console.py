@@ -173,7 +173,7 @@ class ConsoleBackend(LoggerBackend):
         lines = _wrap(f"{who}step {'-' if step is None else step}{late}", items, _width())
         if self._said_nonfinite != step and not kwargs.get("late"):  # no detector named them: this view does
             for key, value in values.items():
-                if not math.isfinite(value) and self._new_streak(("nonfinite", who, key), step):
+                if not math.isfinite(value) and self._new_streak((NonFinite.KIND, who, key), step):
                     lines.append(self._alert(f"!!! step {step} non-finite value: {printable(key)} ({value})"))
         return lines
 

@@ -14,6 +14,8 @@ and, where it is one process's, who (``process`` is its label; ``role``, ``repli
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -159,38 +161,67 @@ KINDS: dict[str, type[Anomaly]] = {k.KIND: k for k in (NonFinite, Straggler, Slo
 """Every kind by its serialized ``"type"``."""
 
 
+MAX_TEXT = 4096
+"""Characters of one text field a record read back may hold."""
+MAX_NAMES = 64
+"""Names (processes, keys) one record read back may list."""
+
+
 def from_json(data: Mapping[str, Any]) -> Anomaly | None:
     """A serialized record read back (the status route, a report's events): None when its type is
-    unknown or a field does not have its type's shape. Unknown fields are ignored (a newer sink)."""
+    unknown or a field does not fit its declared type and bounds. Unknown fields are ignored (a
+    newer sink); a straggler record of an older sink (one step, no streak) is its own streak."""
     kind = KINDS.get(str(data.get("type")))
     if kind is None:
         return None
+    hints = _hints(kind)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(kind):
-        if f.name not in data:
+    for name, hint in hints.items():
+        if name not in data:
             continue
-        value = data[f.name]
+        value = data[name]
         if isinstance(value, list):
             value = tuple(value)
-        if not _fits(value, f.type):
+        if not _fits(value, hint):
             return None
-        values[f.name] = value
+        values[name] = value
+    if kind is Straggler and isinstance(values.get("step"), int):
+        values.setdefault("first_step", values["step"])
+        values.setdefault("last_step", values["step"])
+        values.setdefault("steps", 1)
     return kind(**values)
 
 
-def _fits(value: Any, declared: Any) -> bool:
-    """Whether a read-back value fits its field's declared type (as written in this module)."""
-    text = str(declared)
-    if value is None:
-        return "None" in text
-    if isinstance(value, bool):
-        return text.startswith("bool")
-    if isinstance(value, int):
-        return "int" in text or "float" in text
-    if isinstance(value, float):
-        return "float" in text
-    if isinstance(value, str):
-        return "str" in text and "tuple" not in text
-    if isinstance(value, tuple):
-        return text.startswith("tuple") and all(isinstance(v, str) for v in value)
+def _hints(kind: type[Anomaly]) -> dict[str, Any]:
+    """A record type's fields and their declared types (resolved once per type)."""
+    found = _HINTS.get(kind)
+    if found is None:
+        hints = typing.get_type_hints(kind)
+        found = _HINTS[kind] = {f.name: hints[f.name] for f in dataclasses.fields(kind)}
+    return found
+
+
+_HINTS: dict[type[Anomaly], dict[str, Any]] = {}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a read-back value is of its field's declared type, within the bounds."""
+    if isinstance(hint, types.UnionType):
+        return any(_fits(value, arm) for arm in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str) and len(value) <= MAX_TEXT
+    if typing.get_origin(hint) is tuple:
+        return (
+            isinstance(value, tuple)
+            and len(value) <= MAX_NAMES
+            and all(isinstance(v, str) and len(v) <= MAX_TEXT for v in value)
+        )
     return False

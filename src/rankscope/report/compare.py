@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.anomalies import NonFinite
 from . import page
 from .series import Series, kind_of, meta_charted
 from .summary import Summary, read
@@ -97,7 +98,7 @@ def _status(summary: Summary) -> str:
     parts = []
     if stragglers:
         parts.append("straggler " + ", ".join(sorted(stragglers)[:3]) + (" …" if len(stragglers) > 3 else ""))
-    if counts.get("nonfinite"):
+    if counts.get(NonFinite.KIND):
         parts.append(f"non-finite values at {counts['nonfinite']} step{'' if counts['nonfinite'] == 1 else 's'}")
     if summary.health.missing:
         parts.append(f"{len(summary.health.missing)} steps missing processes")

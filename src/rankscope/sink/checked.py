@@ -15,7 +15,7 @@ Data and pure functions only: nothing here imports another part of the sink.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,6 +23,9 @@ from ..otlp.common import any_value
 from ..otlp.markers import Marker
 from ..otlp.metrics import MAX_BUCKETS, Row
 from ..otlp.samples import SampleRow
+
+OnError = Callable[[str, BaseException], None]
+"""How a stage reports an internal failure (where, what): counted and logged by its owner, never raised."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +54,7 @@ class Scope:
 
     A scope may write the experiments it names: each entry of ``experiments`` is an exact
     experiment id, or a prefix when it ends in ``*`` (``"*"``: every experiment). The run book
-    records the scope that created each run (``book.runs``): only that scope may resume it,
+    records the scope that created each run (``runs.runbook``): only that scope may resume it,
     restart it with a higher attempt, say goodbye to it or send to it."""
 
     name: str = ""

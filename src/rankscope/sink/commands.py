@@ -1,15 +1,16 @@
 """What the control routes change at the sink: ``Commands`` is the edge's ``ControlCommands`` port.
 
-An experiment's view config posted by its processes, a report page written now, a profiler
-capture asked of a run's processes (by a person; a detector's go through ``views.captures``),
-and a capture's file uploaded and announced. Each acts under the run's own lock; none holds the
+An experiment's view config posted by its processes, a run's finished steps finalized and
+written now (``wait_written``), a report page written now, a profiler capture asked of a run's
+processes (by a person; a detector's go through ``views.captures``), taken by the processes
+that poll for it, and a capture's file uploaded and announced. Each acts under the run's own lock; none holds the
 registry's while it waits on views (``report``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..backends.base import LoggerBackend
@@ -18,18 +19,28 @@ from .edge.errors import Kind, Refusal
 from .edge.gate import Gate
 from .queries import Queries
 from .runs.registry import Tenants
+from .runs.tenant import Tenant
 from .runs.view_configs import ViewConfigs
 
 
 class Commands:
     """The sink's answers to what its control routes ask it to do (``edge.ports.ControlCommands``)."""
 
-    def __init__(self, queries: Queries, tenants: Tenants, view_configs: ViewConfigs, gate: Gate) -> None:
+    def __init__(
+        self,
+        queries: Queries,
+        tenants: Tenants,
+        view_configs: ViewConfigs,
+        gate: Gate,
+        finalize: Callable[[Tenant], None],
+    ) -> None:
         self._queries = queries
         self._tenants = tenants
         self._views = view_configs
         self._gate = gate
         """Uploads count against ``max_in_flight`` like exports."""
+        self._finalize = finalize
+        """Finalize a run's finished steps now (the coordinator's ``Sink._finalize``)."""
 
     def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
         """An experiment's processes say which views they want (``ViewConfigs.configure``)."""
@@ -48,7 +59,7 @@ class Commands:
         run = tenant.book.run
         with tenant.lock:  # asked for now: what is complete is final, the run's first seconds or not
             tenant.book.readiness.end_hold()
-        self._queries.wait_written(experiment_id, timeout, run)
+        self.wait_written(experiment_id, timeout, run)
         status = self._queries.status(experiment_id, run)
         writer = tenant.writer
         if writer is None or writer.closed.is_set():  # never open its views with a config it did not choose
@@ -117,3 +128,20 @@ class Commands:
                 step = book.last_finalized if book.last_finalized >= 0 else None
                 self._views.writer(tenant).anomaly(record, step)
             return str(path)
+
+    def wait_written(self, experiment_id: str, timeout: float = 10.0, run: str | None = None) -> bool:
+        """Block until the views of a run (None: the experiment's latest) wrote everything finalized so far."""
+        tenant = self._tenants.find(experiment_id, run)
+        if tenant is None:
+            return True
+        self._finalize(tenant)
+        return True if tenant.writer is None else tenant.writer.wait_idle(timeout)
+
+    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
+        """The capture requests a process has not picked up yet (it polls for them): marked taken."""
+        tenant = self._tenants.of_process(experiment_id, process_id)
+        if tenant is None:
+            return []
+        with tenant.lock:
+            process = tenant.book.roster.processes.get(process_id)
+            return [] if process is None else tenant.captures.pending(process)

@@ -1,9 +1,9 @@
 """What the control routes read of the sink: ``Queries`` is the edge's ``ControlQueries`` port.
 
-The status of a run and of the sink as a whole, a run's last finalized steps, its spans, and the
-capture requests its processes poll for. Nothing here changes the sink (what does is
-``commands``). Every answer is read under the run's own lock; none holds the registry's while it
-waits on views (``wait_written``).
+The status of a run and of the sink as a whole, a run's last finalized steps and its spans.
+Nothing here changes the sink: what does (also finalizing steps now, or marking a capture request
+taken) is ``commands``. Every answer is read under the run's own lock, never while holding the
+registry's.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .book.traces import StoredSpan
 from .checked import SpanQuery
 from .config import SinkConfig
 from .runs.closed import ClosedRuns
@@ -55,7 +56,6 @@ class Queries:
         *,
         closed: ClosedRuns,
         health: Callable[[], tuple[bool, list[str]]],
-        finalize: Callable[[Tenant], None],
         internal_errors: list[str],
     ) -> None:
         self.config = config
@@ -63,8 +63,6 @@ class Queries:
         self.tally = tally
         self._closed = closed
         self._health = health
-        self._finalize = finalize
-        """Finalize a run's finished steps now (the coordinator's ``Sink._finalize``)."""
         self._internal_errors = internal_errors
 
     def health(self) -> tuple[bool, list[str]]:
@@ -207,7 +205,7 @@ class Queries:
 
     # -- spans ----------------------------------------------------------------------------
 
-    def spans(self, query: SpanQuery) -> list[Any] | None:
+    def spans(self, query: SpanQuery) -> list[StoredSpan] | None:
         """Stored spans of a run (None: the experiment's latest; see ``book.traces``), or None for an
         unknown experiment or run."""
         tenant = self.tenants.find(query.experiment, query.run)
@@ -235,24 +233,7 @@ class Queries:
 
     # -- views written ----------------------------------------------------------------------
 
-    def wait_written(self, experiment_id: str, timeout: float = 10.0, run: str | None = None) -> bool:
-        """Block until the views of a run (None: the experiment's latest) wrote everything finalized so far."""
-        tenant = self.tenants.find(experiment_id, run)
-        if tenant is None:
-            return True
-        self._finalize(tenant)
-        return True if tenant.writer is None else tenant.writer.wait_idle(timeout)
-
     # -- captures (``views.captures``) ----------------------------------------------------------
-
-    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
-        """The capture requests a process has not picked up yet (it polls for them)."""
-        tenant = self.tenants.of_process(experiment_id, process_id)
-        if tenant is None:
-            return []
-        with tenant.lock:
-            process = tenant.book.roster.processes.get(process_id)
-            return [] if process is None else tenant.captures.pending(process)
 
     def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
         """Where a process's trace of a capture goes, checked before its body is read. Raises

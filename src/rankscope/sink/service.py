@@ -36,7 +36,8 @@ from typing import Any
 from ..backends.base import Metric
 from ..core.anomalies import NonFinite
 from ..metrics.reduce import Reduce
-from .checked import Refusals, ResourceBatch, SpanQuery
+from .book.traces import StoredSpan
+from .checked import OnError, Refusals, ResourceBatch, SpanQuery
 from .commands import Commands
 from .config import SinkConfig
 from .durable.descriptors import Descriptors, Plan, nofile_limit, open_descriptors, out_of_descriptors
@@ -65,7 +66,7 @@ log = logging.getLogger("rankscope.sink")
 class Supervisor:
     """The sink's own threads, supervised: one that raises is named by ``health`` (``/healthz`` 503)."""
 
-    def __init__(self, on_error: Callable[[str, BaseException], None], stopping: threading.Event) -> None:
+    def __init__(self, on_error: OnError, stopping: threading.Event) -> None:
         self._on_error = on_error
         self._stopping = stopping
         self.threads: dict[str, threading.Thread] = {}
@@ -138,11 +139,10 @@ class Sink:
             self.tally,
             closed=self.closed,
             health=self.supervisor.health,
-            finalize=self._finalize,
             internal_errors=self.internal_errors,
         )
         """What the control routes read (``edge.ports.ControlQueries``): status, spans, capture requests."""
-        self.commands = Commands(self.queries, self.tenants, self.views, self.gate)
+        self.commands = Commands(self.queries, self.tenants, self.views, self.gate, self._finalize)
         """What the control routes change (``edge.ports.ControlCommands``): view configs, reports, captures."""
         self.closer = Closer(self.tenants, self.closed, self.config, final_status=self.queries.status_of)
         self.opener = Opener(
@@ -159,6 +159,7 @@ class Sink:
 
     def start(self) -> Sink:
         spawn = self.supervisor.spawn
+        self.views.start()
         if self.wal is not None:
             spawn("wal-syncer", self.wal.run_syncer)
             self.opener.replay()
@@ -266,7 +267,7 @@ class Sink:
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
                     ended, attempt = tenant.book.roster.finished, tenant.book.attempt
-                self.opener.settle(tenant, ended, attempt)  # a last goodbye finishes the run (``book.runs``)
+                self.opener.settle(tenant, ended, attempt)  # a last goodbye finishes the run (``runs.runbook``)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
                 raise OverloadedError(Kind.NOT_DURABLE, "the sink could not make the data durable; retry")
@@ -452,7 +453,7 @@ class Sink:
         """The sink as a whole (``Queries.overview``)."""
         return self.queries.overview()
 
-    def spans(self, experiment_id: str, run: str | None = None) -> list[Any] | None:
+    def spans(self, experiment_id: str, run: str | None = None) -> list[StoredSpan] | None:
         """Stored spans of a run (``Queries.spans``; ``SpanQuery`` for steps and ranks)."""
         return self.queries.spans(SpanQuery(experiment_id, run=run))
 
@@ -461,8 +462,8 @@ class Sink:
         return self.queries.span_rows(SpanQuery(experiment_id, run=run))
 
     def wait_written(self, experiment_id: str, timeout: float = 10.0, run: str | None = None) -> bool:
-        """Block until a run's views wrote everything finalized so far (``Queries.wait_written``)."""
-        return self.queries.wait_written(experiment_id, timeout, run)
+        """Block until a run's views wrote everything finalized so far (``Commands.wait_written``)."""
+        return self.commands.wait_written(experiment_id, timeout, run)
 
     def report(self, experiment_id: str, timeout: float = 60.0, run: str | None = None) -> list[str] | str:
         """Write a run's report page now (``Commands.report``)."""

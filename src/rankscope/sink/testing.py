@@ -31,14 +31,14 @@ from .checked import (
 )
 from .config import RunLimits
 from .durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
-from .durable.wal import _HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, _atomic_write, encode_record
+from .durable.wal import HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, atomic_write, encode_record
 from .edge.auth import Keys, authorized, load_tokens
 from .edge.bodies import decode_body, hex_ids_to_base64
 from .edge.connections import QuietLog
 from .edge.control import ControlRoutes, scoped
 from .edge.errors import ANSWERS, HttpError, Kind, OverloadedError, Refusal
 from .edge.grpc_server import abort
-from .edge.http_server import _error
+from .edge.http_server import error_response
 from .edge.listener import Listener
 from .edge.ports import Client, Control
 from .edge.validate import metrics_batches
@@ -57,11 +57,11 @@ __all__ = [
     "ANSWERS",
     "DETECTORS",
     "ENDED_MARGIN",
+    "HEADER",
     "JOURNAL",
     "MAX_CLOCK_SKEW_NS",
     "MAX_QUERY_RANKS",
     "SPARE",
-    "_HEADER",
     "Admission",
     "Agenda",
     "Client",
@@ -110,15 +110,15 @@ __all__ = [
     "ViewWriter",
     "Watch",
     "WriteAheadLog",
-    "_atomic_write",
-    "_error",
     "abort",
     "announce",
+    "atomic_write",
     "authorized",
     "check_span",
     "decode_body",
     "discover",
     "encode_record",
+    "error_response",
     "hex_ids_to_base64",
     "holder",
     "judge",

@@ -1,7 +1,7 @@
 """The step book: each run's steps from first data to finalized (which run data belongs to is
 ``sink.runs``).
 
-``experiment`` (the step book of one run, built from a ``config.BookConfig``) and its parts, one
+``step_book`` (``StepBook``: the step book of one run, built from a ``config.BookConfig``) and its parts, one
 job each: ``steps`` (the open, done and late steps, and where a part of step N goes), ``step``
 (what one step holds), ``late`` (late updates and when they are due), ``readiness`` (when an open
 step is final), ``counts`` (what the run counted), ``roster`` (who a step waits for), ``windows``

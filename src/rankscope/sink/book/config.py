@@ -17,8 +17,8 @@ from .admission import ExperimentLimits
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BookConfig:
-    """One run's step book rules (``docs/sink.md``); each field is a ``SinkConfig`` field of its name,
-    ``limits`` its ``experiment_limits`` and ``step_window`` its ``limits.step_window``."""
+    """One run's step book rules (``SinkConfig.book``; ``docs/sink.md``): one value the sink hands to
+    every run it opens."""
 
     grace: float = 10.0
     """Seconds after a step's first data it is final whoever is missing."""

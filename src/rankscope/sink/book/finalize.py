@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from ...backends.base import Metric
 from ...core import names as attr
 from ...core.anomalies import Straggler
 from ...metrics.reduce import Reduce, reduced_items
-from ..checked import Process, StateRows
+from ..checked import OnError, Process, StateRows
 from ..views.anomalies import Watch
 from ..views.detectors.base import StepFacts
 from ..views.step import StepView
@@ -29,8 +29,6 @@ from .merge import Running, holder, items, merge_rows, reduce_of, reduced
 from .order import KeyOrder
 from .stragglers import judge, record_of, straggler_metrics, stragglers
 from .traces import TraceStore
-
-OnError = Callable[[str, BaseException], None]
 
 HEAT_PROCESSES = 64
 """Processes a step's rank x phase map for people (``rankscope top``) names at most."""

@@ -173,7 +173,7 @@ class Roster:
     def finished(self) -> bool:
         """The run's current attempt is over: every process of it said goodbye, and every rank slot
         it declared (``rankscope.world_size``) was held by one (a rank that never reported may still
-        come: it is late, not another launch). ``book.runs`` then closes the run to the attempt once
+        come: it is late, not another launch). ``runs.runbook`` then closes the run to the attempt once
         the sink's grace has passed. Walks the processes only once they have all said goodbye."""
         if not self.attempt_ended:
             return False

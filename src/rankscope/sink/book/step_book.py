@@ -44,13 +44,13 @@ from typing import Any
 
 from ...core import names as attr
 from ...otlp.markers import Marker
-from ..checked import Process, Refusals, ResourceBatch, ended_reason
+from ..checked import OnError, Process, Refusals, ResourceBatch, ended_reason
 from ..views.anomalies import Watch
 from ..views.step import StepView
 from .admission import Admission, ExperimentLimits
 from .config import BookConfig
 from .counts import Counts
-from .finalize import Finished, OnError, view_of
+from .finalize import Finished, view_of
 from .order import KeyOrder
 from .readiness import Readiness
 from .roster import Roster

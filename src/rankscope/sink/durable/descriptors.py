@@ -99,7 +99,7 @@ class Plan:
 
 
 class Holder(Protocol):
-    """What holds a run's descriptors: its files (``tenants.Tenant``: its log's segment, its span
+    """What holds a run's descriptors: its files (``runs.tenant.Tenant``: its log's segment, its span
     file) or its views (``views.writer.ViewWriter``)."""
 
     def release(self) -> bool:

@@ -23,7 +23,7 @@ log = logging.getLogger("rankscope.sink")
 
 
 class Replaying(Protocol):
-    """A run reopened from its log, as the sink hands it back (``sink.tenants.Tenant``)."""
+    """A run reopened from its log, as the sink hands it back (``sink.runs.tenant.Tenant``)."""
 
     @property
     def log(self) -> ExperimentLog | None: ...

@@ -4,7 +4,7 @@ Layout: ``STATE_DIR/.lock`` (one sink per directory; no ``safe_component`` start
 per run of an experiment a directory
 ``safe_component(experiment id)/runs/safe_component(run id)`` (a run without an id: the
 experiment's directory itself, as before runs) holding ``meta.json`` (the original ids and what the run book
-keeps of the run, ``sink.book.runs``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
+keeps of the run, ``sink.runs.runbook``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
 
 A record is one process's checked points (and sample rows) of one step (``StepBook.apply`` resolves the
 step first): a header (payload length, sequence number, step, CRC-32) and a marshalled
@@ -52,7 +52,7 @@ from ...otlp.metrics import FIELDS, row_of
 
 log = logging.getLogger("rankscope.sink")
 
-_HEADER = struct.Struct("<IQqI")  # payload length, seq, step, crc32(seq, step, payload)
+HEADER = struct.Struct("<IQqI")  # payload length, seq, step, crc32(seq, step, payload)
 _MAX_RECORD = 64 * 1024 * 1024
 
 
@@ -72,15 +72,15 @@ def _torn(data: bytes, offset: int, seq: int) -> bool:
     """Whether the bad record at ``offset`` (its seq should be ``seq``) can be the append a crash
     cut: its length is one an append could write, and no intact record follows it (found by the
     next seq's bytes, then its checksum), since every record after it was acknowledged."""
-    if offset + _HEADER.size <= len(data) and _HEADER.unpack_from(data, offset)[0] > _MAX_RECORD:
+    if offset + HEADER.size <= len(data) and HEADER.unpack_from(data, offset)[0] > _MAX_RECORD:
         return False
     needle = struct.pack("<Q", seq + 1)
     found = data.find(needle, offset + 1)
     while found != -1:
         start = found - 4  # the seq follows the 4-byte length
-        if start > offset and start + _HEADER.size <= len(data):
-            length, next_seq, step, crc = _HEADER.unpack_from(data, start)
-            body = data[start + _HEADER.size : start + _HEADER.size + length]
+        if start > offset and start + HEADER.size <= len(data):
+            length, next_seq, step, crc = HEADER.unpack_from(data, start)
+            body = data[start + HEADER.size : start + HEADER.size + length]
             if len(body) == length and zlib.crc32(struct.pack("<Qq", next_seq, step) + body) == crc:
                 return False
         found = data.find(needle, found + 1)
@@ -116,16 +116,16 @@ class ExperimentLog:
         directory.mkdir(parents=True, exist_ok=True)
         meta = directory / "meta.json"
         if not meta.exists():
-            _atomic_write(meta, {"experiment": experiment, "run": run})
+            atomic_write(meta, {"experiment": experiment, "run": run})
         self._load_checkpoint()
 
     def save_meta(self, meta: dict[str, Any], *, sync: bool = True) -> None:
-        """What the run book keeps of the run (``book.runs.Run.record``), beside its records.
+        """What the run book keeps of the run (``runs.runbook.Run.record``), beside its records.
         ``sync=False``: replaced atomically but not fsynced (it survives the sink's crash, not the
         machine's: for what the sink can do without, such as whether the run finished)."""
         with self._lock:
             meta = {**meta, "experiment": self.experiment, "run": self.run}
-            _atomic_write(self.directory / "meta.json", meta, sync=sync)
+            atomic_write(self.directory / "meta.json", meta, sync=sync)
 
     def _load_checkpoint(self) -> None:
         try:
@@ -171,14 +171,14 @@ class ExperimentLog:
             offset = 0
             corrupt = False
             steps_seen: list[int] = []
-            while offset + _HEADER.size <= len(data):
-                length, seq, step, crc = _HEADER.unpack_from(data, offset)
-                body = data[offset + _HEADER.size : offset + _HEADER.size + length]
+            while offset + HEADER.size <= len(data):
+                length, seq, step, crc = HEADER.unpack_from(data, offset)
+                body = data[offset + HEADER.size : offset + HEADER.size + length]
                 if len(body) != length or zlib.crc32(struct.pack("<Qq", seq, step) + body) != crc:
                     newest = index == len(segments) - 1
                     corrupt = not newest or not _torn(data, offset, _first_seq(segment) + len(steps_seen))
                     break
-                offset += _HEADER.size + length
+                offset += HEADER.size + length
                 steps_seen.append(step)
                 self.seq = max(self.seq, seq)
                 steps[step] = max(steps.get(step, 0), seq)
@@ -225,7 +225,7 @@ class ExperimentLog:
             assert self._fd is not None and self._segment is not None
             self.seq += 1
             seq = self.seq
-            head = _HEADER.pack(len(payload), seq, step, zlib.crc32(struct.pack("<Qq", seq, step) + payload))
+            head = HEADER.pack(len(payload), seq, step, zlib.crc32(struct.pack("<Qq", seq, step) + payload))
             os.write(self._fd, head + payload)
             self._size += len(head) + len(payload)
             steps = self._segments[self._segment]
@@ -324,7 +324,7 @@ class ExperimentLog:
             "attempt": self.attempt,
             "seq": self.seq,
         }
-        _atomic_write(self.directory / "checkpoint.json", state)
+        atomic_write(self.directory / "checkpoint.json", state)
         with contextlib.suppress(FileNotFoundError):  # in the checkpoint now: a crash replays no line twice
             os.truncate(self.directory / JOURNAL, 0)
 
@@ -491,7 +491,7 @@ def default_state_dir() -> Path:
     return Path(base) / "rankscope" / "sink"
 
 
-def _atomic_write(path: Path, payload: dict[str, Any], *, sync: bool = True) -> None:
+def atomic_write(path: Path, payload: dict[str, Any], *, sync: bool = True) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         json.dump(payload, f)

@@ -146,7 +146,7 @@ class ControlRoutes:
     async def _pending(self, request: web.BaseRequest) -> web.StreamResponse:
         query = parse_qs(request.query_string)
         experiment, process = query.get("experiment", [""])[0], query.get("process", [""])[0]
-        return web.json_response(await self._call(_control(request).queries.pending_captures, experiment, process))
+        return web.json_response(await self._call(_control(request).commands.pending_captures, experiment, process))
 
     async def _report(self, request: web.BaseRequest) -> web.Response:
         body = await self._body(request)
@@ -286,11 +286,6 @@ class ScopedQueries:
     def span_rows(self, query: SpanQuery) -> Iterator[str] | None:
         return None if _outside(self._scope, query.experiment) else self._queries.span_rows(query)
 
-    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
-        if _outside(self._scope, experiment_id):
-            return []
-        return self._queries.pending_captures(experiment_id, process_id)
-
     def capture_target(self, experiment_id: str, capture_id: str, process_id: str, size: int) -> Path:
         missing = _outside(self._scope, experiment_id)
         if missing:
@@ -323,6 +318,11 @@ class ScopedCommands:
     ) -> dict[str, Any] | Refusal:
         missing = _outside(self._scope, experiment_id)
         return missing or self._commands.capture(experiment_id, reason, steps, ranks, run)
+
+    def pending_captures(self, experiment_id: str, process_id: str) -> list[dict[str, Any]]:
+        if _outside(self._scope, experiment_id):
+            return []
+        return self._commands.pending_captures(experiment_id, process_id)
 
     def store_capture(self, experiment_id: str, capture_id: str, process_id: str, data: bytes) -> str:
         missing = _outside(self._scope, experiment_id)

@@ -60,7 +60,7 @@ class _Routes:
                 return await self._post(request)
             raise HttpError(Kind.METHOD_NOT_ALLOWED, f"{request.method} is not served here")
         except HttpError as error:
-            return _error(request, error)
+            return error_response(request, error)
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -131,7 +131,7 @@ async def _read_body(request: web.BaseRequest, limit: int, timeout: float) -> by
         chunks.append(chunk)
 
 
-def _error(request: web.BaseRequest, error: HttpError) -> web.Response:
+def error_response(request: web.BaseRequest, error: HttpError) -> web.Response:
     """The answer to a refusal, all of it from its kind's row in ``ANSWERS`` (``edge.errors``)."""
     answer = ANSWERS[error.kind]
     json_body = media_type(request.headers.get("Content-Type")) == "application/json"

@@ -14,7 +14,7 @@ from ...core import names as attr
 from ...core.paths import safe_component
 from ..book.step_book import StepBook
 from ..book.traces import SpanFile, TraceStore
-from ..checked import Refusals
+from ..checked import OnError, Refusals
 from ..config import SinkConfig
 from ..durable.descriptors import out_of_descriptors
 from ..durable.replay import replay
@@ -25,7 +25,7 @@ from .closed import ClosedRuns
 from .closing import Closer
 from .registry import Tenants
 from .runbook import ENDED, RESUME, Refused, Resolved, Run, RunKey
-from .tenant import OnError, Tenant
+from .tenant import Tenant
 from .view_configs import ViewConfigs
 
 log = logging.getLogger("rankscope.sink")
@@ -57,7 +57,7 @@ class Opener:
     def resolve(
         self, experiment_id: str, resource: dict[str, Any], refused: Refusals, n: int, client: Client = LOCAL
     ) -> Tenant | None:
-        """The tenant of the run this Resource's data belongs to (``runs``), created (or reopened) on
+        """The tenant of the run this Resource's data belongs to (``runbook``), created (or reopened) on
         first data; None when it is refused: an experiment outside the ``client``'s scope, another
         scope's run, a finished run, a resume refused, past a bound on runs (``quotas``). The Resource is
         rewritten to the run and attempt it counts as, so the write-ahead log holds them."""
@@ -199,10 +199,8 @@ class Opener:
             book.restore(run_log.last_finalized, run_log.attempt)
         elif (tombstone := self._closed.exhume(key)) is not None:  # closed before: steps go on where they were
             book.restore(*tombstone)
-        tenant = Tenant(book, run_log, CaptureBook(self.clock, auto_interval=c.capture_interval), self.on_error)
-        tenant.client = client
-        tenant.need = (run_log is not None) + (book.traces.file is not None)
-        return tenant
+        captures = CaptureBook(self.clock, auto_interval=c.capture_interval)
+        return Tenant(book, run_log, captures, self.on_error, client=client)
 
     def _reopen(self, meta: dict[str, Any], attempt: int, seen: float) -> Tenant:
         """A run found in the write-ahead log, back in the run book, with a fresh tenant to replay into."""

@@ -12,8 +12,8 @@ Three bounds (``RunLimits``), each counted over the *open* runs:
 
 A bound that is reached first closes one of that experiment's (client's) own quiet runs; only
 when all of them are busy (steps open, views writing) is the new run refused, with a reason
-naming the bound. Pure bookkeeping under the registry's lock: the registry (``tenants``) says
-which runs are ended or may close, and closes the ones chosen.
+naming the bound. Pure bookkeeping under the registry's lock: the registry (``registry``) says
+which runs are open, the opener (``opening``) asks, and the closer (``closing``) closes the ones chosen.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ SCAN = 256
 
 
 class Candidate(Protocol):
-    """What admission reads of an open run (``tenants.Tenant``)."""
+    """What admission reads of an open run (``runs.tenant.Tenant``)."""
 
     @property
     def ended(self) -> bool:

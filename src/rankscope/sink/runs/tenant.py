@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from ..book.step_book import StepBook
-from ..checked import Refusals, ResourceBatch
+from ..checked import OnError, Refusals, ResourceBatch
 from ..durable.wal import ExperimentLog
 from ..views.captures import CaptureBook
 from ..views.writer import ViewWriter
 from .runbook import RunKey
-
-OnError = Callable[[str, BaseException], None]
 
 RECENT_STEPS = 64
 """Finalized steps a run keeps for people watching live (``/rankscope/v1/recent``)."""
@@ -30,7 +27,9 @@ RECENT_STEPS = 64
 class Tenant:
     """One run of an experiment at the sink: its state, its views, its log, and the lock that guards them."""
 
-    def __init__(self, book: StepBook, log: ExperimentLog | None, captures: CaptureBook, on_error: OnError) -> None:
+    def __init__(
+        self, book: StepBook, log: ExperimentLog | None, captures: CaptureBook, on_error: OnError, *, client: str = ""
+    ) -> None:
         self.book = book
         """The run's step book."""
         self.log = log
@@ -45,17 +44,17 @@ class Tenant:
         """The last finalized steps, for people watching live (``/rankscope/v1/recent``)."""
         self.meta_lock = threading.Lock()
         self.meta_version = -1
-        """The run record's version last saved (``Tenants.save_meta``): an older one is never written over it."""
-        self.client = ""
+        """The run record's version last saved (``Opener.save_meta``): an older one is never written over it."""
+        self.client = client
         """The client that opened it (``edge.ports.Client.quota_key``): whose quota it counts against."""
-        self.need = 0
+        self.need = (log is not None) + (book.traces.file is not None)
         """File descriptors its files hold while it takes data: its log's segment, its span file."""
         self.releases = 0
         """Times it gave its descriptors back (quiet, or another run needed them)."""
         self.closed = False
         """Out of the registry: a request that finds it so resolves its run again."""
         self.closing_deadline = 0.0
-        """When its log closes even if its views have not finished (``Tenants.finish_closing``)."""
+        """When its log closes even if its views have not finished (``Closer.finish_closing``)."""
         self._on_error = on_error
 
     @property

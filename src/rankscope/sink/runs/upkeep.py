@@ -11,7 +11,7 @@ longer needs (``RunLimits``):
 
 - a run all of whose processes said goodbye is closed once every step it took is finalized and
   ``grace`` seconds (and a margin) passed (the run book then refuses its id's reuse,
-  ``book.runs``): its views finish after writing them, then its log closes; the run book and
+  ``runs.runbook``): its views finish after writing them, then its log closes; the run book and
   the closed run's status remember it;
 - a run without data for ``quiet_after`` seconds gives its file descriptors back
   (``Tenants.release``: its files, its views); they open again on its next data;

@@ -4,18 +4,18 @@ the console), and its view writer, opened on first use on the sink's pool of vie
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ...backends.base import LoggerBackend, get_backend_class
+from ..checked import OnError
 from ..config import DEFAULT_BACKENDS, SinkConfig
+from ..edge.ports import Spawn
 from ..edge.validate import check_posted_views, root_posted_views
 from ..tally import Tally
 from ..views.writer import ViewPool, ViewWriter
 from .registry import Tenants
-from .tenant import OnError, Tenant
-
-Spawn = Callable[[str, Callable[[], None]], threading.Thread]
+from .tenant import Tenant
 
 
 class ViewConfigs:
@@ -30,7 +30,7 @@ class ViewConfigs:
         self.posted_backends: dict[str, Mapping[str, Mapping[str, Any]]] = {}
         """The views each experiment's processes asked for (used when the sink has none)."""
         self.pool: ViewPool | None = None
-        """The threads that write every run's views, started with the first run's views."""
+        """The threads that write every run's views (``start``: the sink's threads start with it)."""
         self._gantt_backends: dict[str, bool] = {}
         self._pool_lock = threading.Lock()
 
@@ -89,16 +89,24 @@ class ViewConfigs:
             )
         return tenant.writer
 
-    def stop(self, timeout: float) -> None:
-        """The view threads end (the sink is stopping), after what they have queued."""
-        if self.pool is not None:
-            self.pool.stop(timeout)
-
-    def _started_pool(self) -> ViewPool:
+    def start(self) -> None:
+        """The view threads start (``Sink.start``)."""
         with self._pool_lock:
             if self.pool is None:
                 self.pool = ViewPool(self._config.view_workers, self._spawn)
-            return self.pool
+
+    def stop(self, timeout: float) -> None:
+        """The view threads end (the sink is stopping), after what they have queued."""
+        with self._pool_lock:
+            pool = self.pool
+        if pool is not None:
+            pool.stop(timeout)
+
+    def _started_pool(self) -> ViewPool:
+        pool = self.pool
+        if pool is None:
+            raise RuntimeError("a run's views are written once the sink is started (Sink.start)")
+        return pool
 
     def _of(self, experiment_id: str) -> Mapping[str, Mapping[str, Any]]:
         """The views an experiment gets: the sink's, else the ones its processes posted, else the console."""

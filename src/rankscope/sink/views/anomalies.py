@@ -16,6 +16,7 @@ draw its records.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -50,16 +51,10 @@ class Watch:
         self.judged = 0
 
     def step(self, facts: StepFacts) -> list[Anomaly]:
-        """Judge one finished step (``facts.warm`` is set here); returns its records, also kept."""
+        """Judge one finished step (whether it is within the warm-up is the watch's to say);
+        returns its records, also kept."""
         self.judged += 1
-        facts = StepFacts(
-            facts.step,
-            self.judged <= self.thresholds.warmup_steps,
-            facts.nonfinite,
-            facts.stragglers,
-            facts.duration,
-            facts.missing,
-        )
+        facts = dataclasses.replace(facts, warm=self.judged <= self.thresholds.warmup_steps)
         found = [record for detector in self.detectors for record in detector.judge(facts)]
         for record in found:
             self.note(record)
@@ -89,5 +84,7 @@ class Watch:
         shown = [live.get(r.streak, r) for r in list(self.recent)[-SHOWN:]]
         out: dict[str, Any] = {"anomaly_counts": dict(self.counts), "anomalies": [r.to_json() for r in shown]}
         for detector in self.detectors:
-            out.update(detector.status())
+            fields = detector.status()
+            assert not fields.keys() & out.keys(), f"two detectors answer {sorted(fields.keys() & out.keys())}"
+            out.update(fields)
         return out

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...backends.base import LoggerBackend
+from ..checked import OnError
 
 
 class BackendView:
@@ -37,7 +38,7 @@ class BackendView:
 class Calls:
     """The guarded calls of one run's views (on the thread that handles its inbox)."""
 
-    def __init__(self, experiment: str, on_error: Callable[[str, BaseException], None]) -> None:
+    def __init__(self, experiment: str, on_error: OnError) -> None:
         self.experiment = experiment
         self._on_error = on_error
         self._loop: asyncio.AbstractEventLoop | None = None

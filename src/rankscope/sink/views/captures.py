@@ -22,7 +22,7 @@ import dataclasses
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ _IDS = itertools.count(1)
 
 
 @dataclass(slots=True)
-class Capture:
+class CaptureRequest:
     id: str
     reason: str
     steps: int
@@ -93,7 +93,7 @@ class CaptureBook:
         self.max_bytes = max_bytes
         """Bytes this experiment's capture files may hold on disk, in all."""
         self.bytes = 0
-        self.captures: OrderedDict[str, Capture] = OrderedDict()
+        self.captures: OrderedDict[str, CaptureRequest] = OrderedDict()
         self.refused = 0
         self._last: float | None = None
         self._last_auto: dict[str, float] = {}
@@ -107,7 +107,7 @@ class CaptureBook:
         ranks: frozenset[int] | None = None,
         processes: frozenset[str] | None = None,
         auto: bool = False,
-    ) -> Capture | str:
+    ) -> CaptureRequest | str:
         """A new capture, or why not (rate limits, too many open)."""
         now = self.clock()
         self._expire(now)
@@ -129,7 +129,7 @@ class CaptureBook:
         if len(self.captures) >= MAX_OPEN:
             self.refused += 1
             return f"{MAX_OPEN} captures are open"
-        capture = Capture(f"c{next(_IDS)}-{int(time.time())}", reason[:200], steps, ranks, processes, now, auto)
+        capture = CaptureRequest(f"c{next(_IDS)}-{int(time.time())}", reason[:200], steps, ranks, processes, now, auto)
         self.captures[capture.id] = capture
         if auto:
             if len(self._last_auto) >= MAX_RANKS:  # bounded: forget those asked longest ago
@@ -161,7 +161,7 @@ class CaptureBook:
         name = f"{safe_component(process.label)}.pt.trace.json.gz"
         return root / safe_component(experiment) / "captures" / safe_component(capture.id) / name
 
-    def stored(self, capture_id: str, process: Process, path: Path, size: int) -> Capture | None:
+    def stored(self, capture_id: str, process: Process, path: Path, size: int) -> CaptureRequest | None:
         """A file was written: it counts now (a failed write leaves nothing behind)."""
         capture = self.captures.get(capture_id)
         if capture is not None:
@@ -186,7 +186,7 @@ def ask_stragglers(book: CaptureBook, view: StepView, steps: int) -> None:
     it (``Straggler.capture``)."""
     if steps <= 0 or not view.stragglers:
         return
-    captured: dict[int, str] = {}
+    ids: dict[Hashable, str] = {}
     for record, process in view.stragglers:
         reason = f"straggler from step {record.first_step}: {process.label}"
         reason += f" in {record.phase or 'untraced code'}, +{record.excess_s:.3g}s ({record.ratio:.3g}x the others)"
@@ -194,9 +194,9 @@ def ask_stragglers(book: CaptureBook, view: StepView, steps: int) -> None:
             reason += f", arrived last at {record.collective}"
         asked = book.ask(reason, steps, processes=frozenset({process.id}), auto=True)
         if not isinstance(asked, str):
-            captured[id(record)] = asked.id
-    if captured:
+            ids[record.streak] = asked.id
+    if ids:
         view.anomalies = [
-            dataclasses.replace(a, capture=captured[id(a)]) if isinstance(a, Straggler) and id(a) in captured else a
+            dataclasses.replace(a, capture=ids[a.streak]) if isinstance(a, Straggler) and a.streak in ids else a
             for a in view.anomalies
         ]

@@ -9,7 +9,8 @@ from typing import Any
 
 from ...backends.base import Metric
 from ...core.anomalies import Anomaly
-from ..checked import Process
+from ...otlp.samples import SampleRow
+from ..checked import LogRecord, Process
 from .step import StepView
 
 DROP_KINDS = ("step_views", "late_updates", "streamed_values", "sample_rows", "log_records", "anomaly_records")
@@ -39,15 +40,15 @@ class Detected:
 @dataclass(slots=True)
 class Row:
     process: Process
-    row: Any
-    """``otlp.samples.SampleRow``: a streamed sample row."""
+    row: SampleRow
+    """A streamed sample row."""
 
 
 @dataclass(slots=True)
 class Log:
     process: Process
-    record: Any
-    """``checked.LogRecord``: an ordinary OTel log record."""
+    record: LogRecord
+    """An ordinary OTel log record."""
     step: int
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...backends.base import get_backend_class
+from ..checked import OnError
 from .calls import BackendView, Calls
 
 log = logging.getLogger("rankscope.sink")
@@ -28,7 +29,7 @@ class ViewSet:
         self,
         experiment: str,
         config: Mapping[str, Mapping[str, Any]],
-        on_error: Callable[[str, BaseException], None],
+        on_error: OnError,
         calls: Calls,
         *,
         on_open: Callable[[], object] | None = None,

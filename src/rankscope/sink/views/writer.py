@@ -36,7 +36,8 @@ from typing import Any
 
 from ...backends.base import Metric
 from ...core.anomalies import Anomaly
-from ..checked import Process
+from ...otlp.samples import SampleRow
+from ..checked import LogRecord, OnError, Process
 from .calls import Calls
 from .inbox import Inbox
 from .messages import DROP_KINDS, Close, Detected, Finalized, Log, Message, Release, Report, Row, Stream, Sync
@@ -130,7 +131,7 @@ class ViewWriter:
         self,
         experiment: str,
         config: Mapping[str, Mapping[str, Any]],
-        on_error: Callable[[str, BaseException], None],
+        on_error: OnError,
         pool: ViewPool,
         *,
         max_queued: int = 4096,
@@ -211,11 +212,11 @@ class ViewWriter:
         """An anomaly record outside a step's view (a capture's files, say): global views."""
         self._inbox.put(Detected(record, step))
 
-    def row(self, process: Process, row: Any) -> None:
+    def row(self, process: Process, row: SampleRow) -> None:
         """A streamed sample row (``otlp.samples.SampleRow``, every row a process recorded)."""
         self._inbox.put(Row(process, row))
 
-    def log(self, process: Process, record: Any, step: int) -> None:
+    def log(self, process: Process, record: LogRecord, step: int) -> None:
         """An ordinary OTel log record (``checked.LogRecord``) of ``process``, in ``step``."""
         self._inbox.put(Log(process, record, step))
 

@@ -82,8 +82,8 @@ class Detector(Protocol):
         ...
 
 
-class Stateless:
-    """A detector with no history: nothing to restart, nothing live, no status of its own."""
+class DetectorDefaults:
+    """What a detector does by default: nothing to forget at a restart, nothing live, no status fields."""
 
     def restart(self) -> None:
         return None

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from ....core.anomalies import Anomaly, Missing
-from .base import Stateless, StepFacts, Thresholds
+from .base import DetectorDefaults, StepFacts, Thresholds
 
 SHOWN = 64
 """Processes a record names at most (its ``count`` says how many)."""
 
 
-class MissingDetector(Stateless):
+class MissingDetector(DetectorDefaults):
     def __init__(self, thresholds: Thresholds) -> None:
         self.on = thresholds.missing
 

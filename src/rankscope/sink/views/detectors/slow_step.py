@@ -6,10 +6,10 @@ import statistics
 from collections import deque
 
 from ....core.anomalies import Anomaly, SlowStep
-from .base import Stateless, StepFacts, Thresholds
+from .base import DetectorDefaults, StepFacts, Thresholds
 
 
-class SlowStepDetector(Stateless):
+class SlowStepDetector(DetectorDefaults):
     """A step ``slow_step_factor`` times the median of the last ``slow_step_history`` steps and at
     least ``slow_step_min_s`` over it; the history is of judged steps past the warm-up."""
 

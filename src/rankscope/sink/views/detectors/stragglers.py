@@ -42,9 +42,8 @@ class StragglerDetector:
             now[label] = live
             if steps == self.needed:
                 said.append(live)
-            if steps >= self.needed:
+            if steps >= self.needed:  # in the order they were named; the latest figures in place
                 self.named[(live.process, first)] = live
-                self.named.move_to_end((live.process, first))
                 while len(self.named) > MAX_STREAKS_SHOWN:
                     self.named.popitem(last=False)
         self.streaks = now
