@@ -71,7 +71,7 @@ def settle(sink: Sink) -> None:
         if tenant.writer is not None:
             assert tenant.writer.wait_idle(10)
     deadline = time.monotonic() + 10
-    while sink.closed.closing and time.monotonic() < deadline:
+    while sink.closer.closing and time.monotonic() < deadline:
         time.sleep(0.01)
 
 

@@ -18,11 +18,11 @@ from .book.traces import StoredSpan
 from .checked import SpanQuery
 from .config import SinkConfig
 from .runs.closed import ClosedRuns
+from .runs.closing import Closer
 from .runs.registry import Tenants
-from .runs.tenant import Tenant
+from .runs.status import RunStatus
 from .tally import Tally
 from .views.step import StepView
-from .views.writer import DROP_KINDS
 
 RECENT_KEYS = 256
 """Values of one step the recent route shows at most."""
@@ -55,6 +55,8 @@ class Queries:
         tally: Tally,
         *,
         closed: ClosedRuns,
+        statuses: RunStatus,
+        closer: Closer,
         health: Callable[[], tuple[bool, list[str]]],
         internal_errors: list[str],
     ) -> None:
@@ -62,6 +64,8 @@ class Queries:
         self.tenants = tenants
         self.tally = tally
         self._closed = closed
+        self._statuses = statuses
+        self._closer = closer
         self._health = health
         self._internal_errors = internal_errors
 
@@ -76,77 +80,7 @@ class Queries:
         tenant = self.tenants.find(experiment_id, run)
         if tenant is None:  # closed (ended, idle): its last status, while the sink keeps it
             return self._closed.status_of(experiment_id, run)
-        return self.status_of(tenant)
-
-    def _runs_of(self, experiment_id: str) -> list[dict[str, Any]]:
-        """The experiment's runs, newest first (at most 100), as the status route lists them."""
-        registry = self.tenants
-        with registry.lock:
-            runs = registry.runs.runs(experiment_id)[-100:]
-            listed = []
-            for r in reversed(runs):
-                tenant = registry.open.get((experiment_id, r.run))
-                last = tenant.book.last_finalized if tenant is not None else None
-                listed.append(
-                    {
-                        "run": r.run,
-                        "started": r.started,
-                        "attempt": r.attempt,
-                        "open": tenant is not None,
-                        "last_finalized_step": last,
-                        "resumed_by": sorted(r.launches)[:16],
-                        "scope": r.owner,
-                        "ended": r.ended is not None,
-                    }
-                )
-            return listed
-
-    def status_of(self, tenant: Tenant) -> dict[str, Any]:
-        runs = self._runs_of(tenant.book.id)
-        with tenant.lock:
-            e, n = tenant.book, tenant.book.counts
-            processes, upstreams = e.roster.counts()
-            views = tenant.writer.status() if tenant.writer is not None else {}
-            written = [v["last_written_step"] for v in views.values() if not v["disabled"]]
-            return {
-                "experiment": e.id,
-                "run": e.run,
-                "open": True,
-                "client": tenant.client,
-                "descriptors": {"held": self.tenants.descriptors.holds(tenant), "releases": tenant.releases},
-                "attempt": e.attempt,
-                "runs": runs,
-                "last_finalized_step": e.last_finalized,
-                "processes": processes,
-                "merge_upstreams": upstreams,
-                "points": n.points,
-                "merged_points": n.merged_points,
-                "late_points": n.late_points,
-                "abandoned_steps": n.abandoned_steps,
-                "superseded_points": n.superseded_points,
-                "reused_run_points": n.reused_points,
-                "scope_refused_points": n.scope_refused,
-                "refused_points": n.refused,
-                "foreign_points": n.foreign_points,
-                "series_overflow": e.streams.overflowed,
-                "plain_stale_points": e.streams.stale,
-                "plain_streams_forgotten": e.streams.forgotten,
-                "log_records": n.log_records,
-                "sample_rows": n.sample_rows,
-                **e.watch.status(),
-                "captures": tenant.captures.status(),
-                "time_bucketed": e.windows.bucketed,
-                "internal_errors": n.internal_errors + tenant.errors,
-                "last_error": tenant.last_error,
-                "last_written_step": min(written) if written else -1,
-                "views": views,
-                "view_drops": dict(tenant.writer.drops) if tenant.writer is not None else dict.fromkeys(DROP_KINDS, 0),
-                "spans_stored": e.traces.count,
-                "spans_dropped": e.traces.dropped,
-                "spans_refused": e.traces.refused,
-                "span_attributes_left_out": e.traces.attributes_left_out,
-                "span_file": e.traces.file.status() if e.traces.file is not None else None,
-            }
+        return self._statuses.of(tenant)
 
     def overview(self) -> dict[str, Any]:
         """The sink as a whole (the status route without ``?experiment=``)."""
@@ -178,7 +112,7 @@ class Queries:
             "experiment_list": listed,
             "run_notes": registry.notes.listed(),
             "evicted_experiments": self._closed.evicted,
-            "closing_runs": self._closed.closing,
+            "closing_runs": self._closer.closing,
             **self.tally.overview(),
             "internal_errors": len(self._internal_errors),
             "durable": self.config.state_dir is not None,

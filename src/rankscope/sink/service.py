@@ -53,6 +53,7 @@ from .runs.closed import ClosedRuns
 from .runs.closing import Closer
 from .runs.opening import Opener
 from .runs.registry import Tenants
+from .runs.status import RunStatus
 from .runs.tenant import Tenant
 from .runs.upkeep import Upkeep
 from .runs.view_configs import ViewConfigs
@@ -133,18 +134,21 @@ class Sink:
         self.closed = ClosedRuns(self.tenants)
         self.views = ViewConfigs(self.config, self.tenants, self.tally, self._internal_error, self.supervisor.spawn)
         """Every run's views and the threads that write them (``runs.view_configs``)."""
+        self.statuses = RunStatus(self.tenants)
+        self.closer = Closer(self.tenants, self.closed, self.config, final_status=self.statuses.of)
         self.queries = Queries(
             self.config,
             self.tenants,
             self.tally,
             closed=self.closed,
+            statuses=self.statuses,
+            closer=self.closer,
             health=self.supervisor.health,
             internal_errors=self.internal_errors,
         )
-        """What the control routes read (``edge.ports.ControlQueries``): status, spans, capture requests."""
+        """What the control routes read (``edge.ports.ControlQueries``): status, spans, recent steps."""
         self.commands = Commands(self.queries, self.tenants, self.views, self.gate, self._finalize)
         """What the control routes change (``edge.ports.ControlCommands``): view configs, reports, captures."""
-        self.closer = Closer(self.tenants, self.closed, self.config, final_status=self.queries.status_of)
         self.opener = Opener(
             self.config, self.tenants, self.closer, self.closed, self.views, self.wal, clock, self._internal_error
         )
@@ -216,7 +220,7 @@ class Sink:
             self._finalize(tenant, force=True)
         for tenant in tenants:  # all experiments' views finish side by side
             if tenant.writer is not None:
-                tenant.writer.report(self.queries.status_of(tenant), None)  # the page, with the final counts
+                tenant.writer.report(self.statuses.of(tenant), None)  # the page, with the final counts
                 tenant.writer.request_close(timeout)
         deadline = time.monotonic() + timeout
         for tenant in tenants:

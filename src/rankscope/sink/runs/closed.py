@@ -22,8 +22,6 @@ class ClosedRuns:
         self._registry = registry
         self.evicted = 0
         """Runs closed (ended, idle, or to make room), all told."""
-        self.closing = 0
-        """Runs out of the registry whose views and log are still being closed (``Closer``)."""
         self._statuses: OrderedDict[RunKey, dict[str, Any]] = OrderedDict()
         self._tombstones: OrderedDict[RunKey, tuple[int, int]] = OrderedDict()
 

@@ -37,13 +37,18 @@ class Closer:
         self._closed = closed
         self._stop_timeout = config.stop_timeout
         self._final_status = final_status
-        """A closing run's status (``Queries.status_of``): its report page's last, and what the
+        """A closing run's status (``status.RunStatus.of``): its report page's last, and what the
         status route answers for it once closed."""
         self._closing: list[Tenant] = []
         """Runs out of the registry whose views and log are not closed yet (``finish_closing``)."""
         self._closing_now: dict[RunKey, Tenant] = {}
         """The same, and those being closed, by run: a reopening closes them first."""
         self._to_close = threading.Event()
+
+    @property
+    def closing(self) -> int:
+        """Runs out of the registry whose views and log are still being closed."""
+        return len(self._closing_now)
 
     def close(self, tenant: Tenant) -> bool:
         """Close a run that is done (``upkeep``: ended, idle): out of the registry now, its views
@@ -66,7 +71,6 @@ class Closer:
             self._closed.bury(key, tenant.book.last_finalized, tenant.book.attempt)
             self._closing.append(tenant)
             self._closing_now[key] = tenant
-            self._closed.closing = len(self._closing_now)
             self._to_close.set()
             return True
         finally:
@@ -78,7 +82,6 @@ class Closer:
         closing = self._closing_now.pop(key, None)
         if closing is None:
             return
-        self._closed.closing = len(self._closing_now)
         if closing in self._closing:
             self._closing.remove(closing)
             self._close_views(closing, final=False)  # its status would need the registry's lock
@@ -122,7 +125,6 @@ class Closer:
             with self._registry.lock:
                 if self._closing_now.get(tenant.key) is tenant:
                     del self._closing_now[tenant.key]
-                    self._closed.closing = len(self._closing_now)
 
     def _close_views(self, tenant: Tenant, final: bool = True) -> None:
         """A closed run's views finish after their page (with the run's last status), its span file
