@@ -10,10 +10,11 @@ answer), or *idle* between requests (a kept-alive client's connection). Two rule
   half a header, or nothing at all, holds its connection seconds, not the ``idle_connection_timeout``
   a kept-alive connection may idle between requests, nor the body's ``body_timeout``.
 - At ``max_connections``, a new connection closes the one that has waited longest for its head,
-  rather than being refused: connections that have not said what they want cannot lock out one
-  that will (on loopback, behind a NAT or a Collector every client has the same address, so a cap
-  per peer could not tell them apart). Only when every connection is serving or idle is the
-  newcomer closed.
+  else the one idle longest between requests, rather than being refused: connections that have
+  not said what they want, or said it and went quiet, cannot lock out one that will (on loopback,
+  behind a NAT or a Collector every client has the same address, so a cap per peer could not
+  tell them apart; a kept-alive exporter whose connection was closed opens another). Only when
+  every connection is being served is the newcomer closed.
 
 What aiohttp logs of its connections goes through ``QuietLog``: a request it cannot parse is the
 client's fault, not the sink's (a WARNING without a traceback, not an ERROR with one), and each
@@ -45,7 +46,7 @@ SAY_INTERVAL = 10.0
 class Connection(web.RequestHandler):
     """aiohttp's handler of one connection, knowing whether it waits for a request head (and since when)."""
 
-    __slots__ = ("_deadline", "_header_timeout", "_loop_of", "head_since", "serving")
+    __slots__ = ("_deadline", "_header_timeout", "_loop_of", "head_since", "idle_since", "serving")
 
     def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, header_timeout: float, **kwargs: Any):
         super().__init__(manager, loop=loop, **kwargs)
@@ -54,6 +55,8 @@ class Connection(web.RequestHandler):
         self._deadline: asyncio.TimerHandle | None = None
         self.head_since: float | None = None
         """Loop time its awaited request head began (its opening, or its first byte); None: not waiting."""
+        self.idle_since: float | None = None
+        """Loop time its last answer was given, while it has not begun another request; None: not idle."""
         self.serving = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -62,6 +65,7 @@ class Connection(web.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if data and self.head_since is None and not self.serving:
+            self.idle_since = None
             self._await_head()  # the first byte of its next request, after an answer
         super().data_received(data)
 
@@ -77,6 +81,14 @@ class Connection(web.RequestHandler):
     def ended(self) -> None:
         """The request's handler answered: idle until the next request's first byte."""
         self.serving = False
+        self.idle_since = self._loop_of.time()
+
+    @property
+    def idle(self) -> bool:
+        """Whether it idles between requests (a candidate to close at ``max_connections`` when none waits)."""
+        return (
+            self.idle_since is not None and self.head_since is None and not self.serving and self.transport is not None
+        )
 
     @property
     def waiting(self) -> bool:
@@ -123,8 +135,10 @@ class ConnectionServer(web.Server):
         self.header_timeout = header_timeout
         self.made_room = 0
         """Connections closed, still waiting for their head, to make room for a newcomer."""
+        self.closed_idle = 0
+        """Connections closed, idle between requests, to make room for a newcomer."""
         self.turned_away = 0
-        """Newcomers closed at once: every open connection was serving or idle."""
+        """Newcomers closed at once: every open connection was being served."""
 
     def __call__(self) -> Connection:
         return Connection(self, loop=self._loop_of, header_timeout=self.header_timeout, **self._handler_kwargs)
@@ -134,10 +148,16 @@ class ConnectionServer(web.Server):
         open_ = [c for c in self.connections if c.transport is not None]  # not those closing already
         if len(open_) <= self.max_connections:
             return
-        waiting = [c for c in open_ if c is not handler and isinstance(c, Connection) and c.waiting]
+        others = [c for c in open_ if c is not handler and isinstance(c, Connection)]
+        waiting = [c for c in others if c.waiting]
         if waiting:
             min(waiting, key=lambda c: c.head_since or 0.0).force_close()
             self.made_room += 1
+            return
+        idle = [c for c in others if c.idle]
+        if idle:
+            min(idle, key=lambda c: c.idle_since or 0.0).force_close()
+            self.closed_idle += 1
         else:
             handler.force_close()
             self.turned_away += 1
