@@ -158,6 +158,43 @@ def test_an_idle_keep_alive_flood_does_not_lock_out_a_client_that_opens_a_connec
         print(f"flood held {held}/{FLOOD}; {answered}/{NEW_CONNECTIONS} new-connection requests answered")
 
 
+H2_PREFACE_AND_SETTINGS = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+IDLE = 2.0
+
+
+@pytest.mark.timeout(120)
+def test_idle_http2_connections_are_closed_and_a_new_channel_is_served(make_sink) -> None:
+    """Connections that finished the HTTP/2 handshake (preface, SETTINGS) and idled were never
+    closed: at the gRPC connection cap every new channel got UNAVAILABLE. Now one that carries no
+    call for ``idle_connection_timeout`` is closed (GOAWAY, then EOF), and a new channel is served
+    after; the victim goes on exactly."""
+    with descriptors(8192):
+        sink = make_sink(transport=Transport(token=TOKEN, idle_connection_timeout=IDLE))
+        flood: list[socket.socket] = []
+        try:
+            with Victim(sink.http_port, grpc_port=sink.grpc_port, token=TOKEN) as victim:
+                started(victim)
+                sent = time.monotonic()
+                for _ in range(FLOOD):
+                    s = socket.create_connection(("127.0.0.1", sink.grpc_port), timeout=10)
+                    s.sendall(H2_PREFACE_AND_SETTINGS)
+                    flood.append(s)
+                deadline = sent + IDLE + HEADER_TIMEOUT + 3.0  # its idle time, after a handshake as slow as allowed
+                assert all(closed_by_peer(s, deadline) for s in flood)
+                closed = time.monotonic()
+                with grpc.insecure_channel(f"127.0.0.1:{sink.grpc_port}") as channel:
+                    answer = mgrpc.MetricsServiceStub(channel).Export(
+                        step_request("legit", "r", 0, 0), metadata=GRPC_AUTH, timeout=30, wait_for_ready=True
+                    )
+                    assert answer.partial_success.rejected_data_points == 0
+                time.sleep(1.0)
+        finally:
+            for s in flood:
+                s.close()
+        victim.check(min_steps=10, within=2.0)
+        print(f"{FLOOD} idle HTTP/2 connections closed {closed - sent:.2f} s after they were opened")
+
+
 @pytest.mark.timeout(120)
 def test_a_half_open_flood_neither_locks_out_a_legitimate_client_nor_holds_its_connections(make_sink) -> None:
     """1,024 connections each holding half a request head (token set) filled ``max_connections``;

@@ -110,6 +110,10 @@ def start_grpc(ingest: Ingest, config: Transport, port: int) -> tuple[Any, int]:
             # a connection that has not finished its HTTP/2 handshake is closed as an HTTP one
             # that has not sent its request head (grpcio's default: 120 s)
             ("grpc.server_handshake_timeout_ms", max(1, int(config.header_timeout * 1000))),
+            # and one that finished it but carries no call is closed (GOAWAY) once it has idled as
+            # long as an HTTP one may between requests: idle HTTP/2 connections cannot hold every
+            # slot of ``max_allowed_incoming_connections`` (grpcio's default: never)
+            ("grpc.max_connection_idle_ms", max(1, int(config.idle_connection_timeout * 1000))),
             # connections past this are closed as they come (the descriptor plan's share); out of
             # descriptors, grpcio's C core leaves a connection queued and retries once a second,
             # logging once a second: no spin (``durable.descriptors``)
