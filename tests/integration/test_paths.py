@@ -157,6 +157,8 @@ def test_a_shared_sink_holds_posted_view_paths_to_its_working_directory(make_sin
         ({"path": "x/{rank:>4000000000}.jsonl"}, "may only use"),  # a 4 GB name
         ({"path": "x/{experiment:{experiment.__class__}}"}, "may only use"),  # a lookup inside the spec
         ({"path": "x/{experiment!r}.jsonl"}, "may only use"),
+        ({"path": "javascript:void(0)-{run}.html"}, "plain relative path"),  # a scheme in the pages' links
+        ({"path": "logs\\x.jsonl"}, "plain relative path"),
     ):
         answer = post_config(control, "e", {"jsonl": {"logging_mode": "global_reduce", **options}})
         assert answer.startswith("refused: view 'jsonl'") and why in answer, (options, answer)

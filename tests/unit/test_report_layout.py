@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from rankscope.backends.base import Metric
 from rankscope.backends.report import ReportBackend
@@ -270,3 +271,20 @@ def test_a_runs_page_links_the_runs_found_beside_it(tmp_path: Path) -> None:
     assert listed(first) == [("run-a", None), ("run-b", "../run-b/report.html")]
     flat = tmp_path / "flat" / "report.html"  # a page not in a run's directory: nothing beside it is a run
     assert page.siblings(flat, "run-c", []) == []
+
+
+def test_every_link_a_page_writes_is_a_relative_path_no_part_of_which_reads_as_a_scheme(tmp_path: Path) -> None:
+    """A run's directory named like a script link (a client's run id, or a posted path) is linked
+    with each part quoted; a link from a report's events that is not a relative path is dropped."""
+    from rankscope.report.values import relative_link
+
+    first = run_dir(tmp_path, "run-a", [1.0], "0.1", started=1_000.0)
+    odd = run_dir(tmp_path, "javascript:alert(1)", [1.0], "0.1", started=2_000.0)
+    html = page.render(read(first / "report.jsonl"), first / "report.html")
+    data = json.loads(html.split('id="rankscope-data">', 1)[1].split("</script>", 1)[0])
+    links = [r.get("href") for r in data["runs"] if r.get("href")]
+    assert links == ["../" + quote(odd.name, safe="") + "/report.html"] and ":" not in links[0]
+    assert relative_link("../run-b/report.html") == "../run-b/report.html"
+    assert relative_link("javascript:alert(1)") == "javascript%3Aalert%281%29"
+    for hostile in ("/etc/passwd", "//evil.example/x", "\\\\host\\x", "a//b", "", None, 7, "x" * 501):
+        assert relative_link(hostile) is None, hostile

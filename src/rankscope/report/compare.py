@@ -29,6 +29,7 @@ from ..core.anomalies import NonFinite
 from . import page
 from .series import Series, kind_of, meta_charted
 from .summary import Summary, read
+from .values import relative_link
 
 MAX_RUNS = 16
 MAX_COMPARED_POINTS = 500
@@ -87,7 +88,7 @@ def _run_row(directory: Path, summary: Summary, out: Path, config: dict[str, str
         "last_step": summary.last_step,
         "status": _status(summary),
         "config": config,
-        "href": os.path.relpath(other, out.parent) if other.is_file() else None,
+        "href": relative_link(os.path.relpath(other, out.parent)) if other.is_file() else None,
     }
 
 

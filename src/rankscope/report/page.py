@@ -27,6 +27,7 @@ from typing import Any
 
 from ..core.paths import safe_component
 from .summary import Summary
+from .values import relative_link
 
 DATA = "report.jsonl"
 PAGE = "report.html"
@@ -140,7 +141,7 @@ def siblings(page: Path, run: str, listed: list[dict[str, Any]]) -> list[dict[st
     for directory in run_dirs(here.parent):
         other = directory / page.name
         if directory.name not in known and other.is_file():
-            found.append((_mtime(directory / DATA), directory.name, os.path.relpath(other, here)))
+            found.append((_mtime(directory / DATA), directory.name, relative_link(os.path.relpath(other, here))))
     if not found:
         return listed
     own = [] if any(r.get("run") == run for r in listed) else [{"run": run, "started": None, "attempt": None}]

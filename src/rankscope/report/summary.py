@@ -45,7 +45,7 @@ from .health import Health
 from .phases import HEAT_ROWS, MAX_GANTT_SPANS, MAX_PHASES, Phases
 from .samples import Samples
 from .series import MetricSeries
-from .values import MAX_LISTED, cell, integer, listed, mapping, number, optional, strict, text
+from .values import MAX_LISTED, cell, integer, listed, mapping, number, optional, relative_link, strict, text
 
 SNAPSHOT_VERSION = 1
 """The form of a ``snapshot`` event; a file with another (a newer rankscope's) is read without it."""
@@ -285,9 +285,7 @@ class Summary:
                     "run": text(run.get("run") or ""),
                     "started": number(run.get("started")),
                     "attempt": integer(run.get("attempt")),
-                    "href": text(href)
-                    if isinstance(href, str) and "://" not in href and not href.startswith("/")
-                    else None,
+                    "href": relative_link(href),
                 }
             )
         self.runs = runs

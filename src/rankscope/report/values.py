@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+from urllib.parse import quote
 
 MAX_LISTED = 500
 """Entries of a list the page shows whole (rewinds, missing processes, late steps), and of a
@@ -72,3 +73,15 @@ def mapping(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("dict")
     return value
+
+
+def relative_link(path: Any) -> str | None:
+    """An ``href`` a page may write for a path on disk beside it: each part URL-quoted, so no part
+    can be read as a scheme (``javascript:...``), a query or a fragment; None for anything but a
+    relative path (absolute, ``//host``, empty, not text, longer than ``TEXT``)."""
+    if not isinstance(path, str) or not path or len(path) > TEXT or path.startswith(("/", "\\")):
+        return None
+    parts = path.replace("\\", "/").split("/")
+    if any(not part for part in parts):
+        return None
+    return "/".join(quote(part, safe="") for part in parts)

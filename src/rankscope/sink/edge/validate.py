@@ -452,8 +452,9 @@ def check_posted_views(backends: Mapping[str, Any]) -> str | None:
     """Why a client's posted view config is refused, or None. The sink's own ``--backends`` are
     the operator's; a posted one is a client's, so where it writes is held to the working
     directory: each path option (``path``, ``logdir``, ``dir``) is a relative path without
-    ``..`` whose only format fields are the plain names the views fill in, each a safe
-    component (``paths.safe_component``) or an int, with no conversion and at most an int's
+    ``..``, ``:`` or ``\\`` (a scheme in a page's link to it) whose only format fields are the
+    plain names the views fill in, each a safe component (``paths.safe_component``) or an int,
+    with no conversion and at most an int's
     width (``{experiment}``, ``{rank:03d}``): no attribute or index lookups, which
     ``str.format`` would run, and no fill or precision, which would make any text (``/``, ``..``).
     A config that passes is then rooted in its experiment's directory (``root_posted_views``)."""
@@ -473,9 +474,12 @@ def check_posted_views(backends: Mapping[str, Any]) -> str | None:
             if where.is_absolute() or ".." in where.parts or value.startswith("~"):
                 return f"view {str(name)[:64]!r}: {option} must be a relative path without '..' (it is the client's)"
             try:
-                fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(value) if f is not None]
+                parsed = list(string.Formatter().parse(value))
             except ValueError as exc:
                 return f"view {str(name)[:64]!r}: {option} is not a format string: {exc}"
+            if any(":" in text or "\\" in text for text, _, _, _ in parsed):  # a scheme in a page's link
+                return f"view {str(name)[:64]!r}: {option} must be a plain relative path (no ':' or '\\')"
+            fields = [(f, spec, conv) for _, f, spec, conv in parsed if f is not None]
             for field_name, spec, conversion in fields:
                 if field_name not in _PATH_FIELDS or conversion is not None or not _PATH_SPEC.fullmatch(spec or ""):
                     shown = ", ".join("{" + f + "}" for f in sorted(_PATH_FIELDS))
