@@ -71,6 +71,19 @@ def test_the_token_file_is_toml_or_json_and_its_mistakes_are_named(tmp_path: Pat
     toml.write_text("[scopes")
     with pytest.raises(ValueError, match="not TOML"):
         load_tokens(toml)
+    both = {"scopes": {"rl": {"token": SECRET, "tokens": [SECRET + "2"], "experiments": ["x"]}}}
+    long = {"scopes": {"rl": {"tokens": ["t" * 4097], "experiments": ["x"]}}}
+    for found, why in ((both, "not both"), (long, "at most 4096")):
+        as_json.write_text(json.dumps(found))
+        with pytest.raises(ValueError, match=why):
+            load_tokens(as_json)
+    scope = json.dumps({"tokens": [SECRET], "experiments": ["x"]})
+    as_json.write_text(f'{{"scopes": {{"rl": {scope}, "rl": {scope}}}}}')  # named twice: the last does not win
+    with pytest.raises(ValueError, match="named twice"):
+        load_tokens(as_json)
+    as_json.write_text("[" * 100_000 + "]" * 100_000)  # a parser's recursion, not a traceback
+    with pytest.raises(ValueError, match=r"nested too deeply|not JSON"):
+        load_tokens(as_json)
 
 
 def test_rankscope_sink_takes_a_token_file_from_its_flag_or_the_environment(tmp_path: Path, monkeypatch) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,10 +27,14 @@ import tomllib
 
 from ..checked import ALL, Scope
 
+log = logging.getLogger("rankscope.sink")
+
 UNAUTHORIZED = "missing or wrong bearer token"
 
 MIN_TOKEN_CHARS = 16
 """A scoped token is at least this long: a token is all that tells one team's clients from another's."""
+MAX_TOKEN_CHARS = 4096
+"""...and at most this long: a client must be able to present it (an HTTP head is at most 8 KiB)."""
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 """Printable ASCII without spaces: what an HTTP header and gRPC metadata carry as sent."""
@@ -94,35 +99,59 @@ def load_tokens(path: Path) -> dict[str, Scope]:
     ``ValueError`` naming the file and what is wrong with it."""
     text = path.read_text()
     try:
-        found: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        found: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text, object_pairs_hook=_unique)
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: not {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}") from None
+    if path.stat().st_mode & 0o077:
+        log.warning("rankscope sink: %s can be read by other users of this machine; chmod 600 it", path)
     scopes = found.get("scopes") if isinstance(found, dict) else None
     if not isinstance(scopes, dict) or not scopes:
         raise ValueError(f"{path}: no scopes (a table 'scopes' of name -> tokens and experiments)")
     tokens: dict[str, Scope] = {}
     for name, entry in scopes.items():
         where = f"{path}: scope {str(name)[:64]!r}"
-        if not isinstance(name, str) or not _SCOPE_NAME.fullmatch(name):
-            raise ValueError(f"{where}: a scope's name is 1-64 characters of [A-Za-z0-9._-]")
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: each scope is a table of tokens and experiments")
-        secrets = entry.get("tokens", [entry["token"]] if "token" in entry else None)
-        experiments = entry.get("experiments")
-        if not isinstance(secrets, list) or not secrets:
-            raise ValueError(f"{where}: 'tokens' must be a non-empty list of strings")
-        if not isinstance(experiments, list) or not experiments:
-            raise ValueError(f"{where}: 'experiments' must be a non-empty list of experiment ids or prefixes (x*)")
-        for e in experiments:
-            if not isinstance(e, str) or not e or "*" in e[:-1]:
-                raise ValueError(f"{where}: experiment {str(e)[:64]!r}: an id, or a prefix with one '*' at its end")
-        scope = Scope(name, tuple(experiments))
+        scope, secrets = _scope(where, name, entry)
         for secret in secrets:
-            if not isinstance(secret, str) or len(secret) < MIN_TOKEN_CHARS or not _TOKEN.fullmatch(secret):
-                raise ValueError(
-                    f"{where}: each token is at least {MIN_TOKEN_CHARS} printable ASCII characters, no spaces"
-                )
             if secret in tokens:
                 raise ValueError(f"{where}: a token of it is also {tokens[secret].label}'s")
             tokens[secret] = scope
     return tokens
+
+
+def _scope(where: str, name: Any, entry: Any) -> tuple[Scope, list[str]]:
+    """One scope of a tokens file, and its tokens; ``ValueError`` naming what is wrong (``where``)."""
+    if not isinstance(name, str) or not _SCOPE_NAME.fullmatch(name):
+        raise ValueError(f"{where}: a scope's name is 1-64 characters of [A-Za-z0-9._-]")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: each scope is a table of tokens and experiments")
+    if "token" in entry and "tokens" in entry:
+        raise ValueError(f"{where}: give 'tokens' (a list) or 'token', not both")
+    secrets = entry.get("tokens", [entry["token"]] if "token" in entry else None)
+    experiments = entry.get("experiments")
+    if not isinstance(secrets, list) or not secrets:
+        raise ValueError(f"{where}: 'tokens' must be a non-empty list of strings")
+    if not isinstance(experiments, list) or not experiments:
+        raise ValueError(f"{where}: 'experiments' must be a non-empty list of experiment ids or prefixes (x*)")
+    for e in experiments:
+        if not isinstance(e, str) or not e or "*" in e[:-1]:
+            raise ValueError(f"{where}: experiment {str(e)[:64]!r}: an id, or a prefix with one '*' at its end")
+    for secret in secrets:
+        if not isinstance(secret, str) or not MIN_TOKEN_CHARS <= len(secret) <= MAX_TOKEN_CHARS:
+            raise ValueError(
+                f"{where}: each token is at least {MIN_TOKEN_CHARS} and at most {MAX_TOKEN_CHARS} characters"
+            )
+        if not _TOKEN.fullmatch(secret):
+            raise ValueError(f"{where}: each token is printable ASCII characters, no spaces")
+    return Scope(name, tuple(experiments)), secrets
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each named once (a scope named twice is a mistake, not "the last wins")."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"{key[:64]!r} is named twice")
+        found[key] = value
+    return found
