@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
 
 from rankscope.export.senders import _hint
+from rankscope.sink import Transport
 from rankscope.sink.testing import ANSWERS, Kind
 from tests.victim import step_request
 
@@ -85,3 +86,38 @@ def test_a_sink_at_capacity_throttles_on_both_transports(make_sink) -> None:
     assert_answered_as(Kind.CAPACITY, sink, step_request(EXPERIMENT, "r1", 0, 0))
     assert_answered_as(Kind.CAPACITY, sink, step_request("plain", "r1", 0, 0))
     assert (ANSWERS[Kind.CAPACITY].http, ANSWERS[Kind.CAPACITY].grpc) == (429, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+def test_two_authorization_headers_are_refused_alike_on_both_transports(make_sink) -> None:
+    """HTTP read the first ``Authorization``, gRPC the last: a request carrying a wrong one and a
+    right one was taken by one transport and refused by the other. Now two are UNAUTHORIZED on both."""
+    token = "a-token-of-sixteen-or-more"
+    sink = make_sink(transport=Transport(token=token))
+    body = step_request("twice", "r", 0, 0).SerializeToString()
+    for first, second in ((token, "wrong"), ("wrong", token), (token, token)):
+        conn = http.client.HTTPConnection("127.0.0.1", sink.http_port, timeout=10)
+        try:
+            conn.putrequest("POST", "/v1/metrics")
+            conn.putheader("Content-Type", "application/x-protobuf")
+            conn.putheader("Content-Length", str(len(body)))
+            conn.putheader("Authorization", f"Bearer {first}")
+            conn.putheader("Authorization", f"Bearer {second}")
+            conn.endheaders(body)
+            answer = conn.getresponse()
+            answer.read()
+            assert answer.status == ANSWERS[Kind.UNAUTHORIZED].http, (first, second)
+        finally:
+            conn.close()
+        with grpc.insecure_channel(f"127.0.0.1:{sink.grpc_port}") as channel:
+            metadata = (("authorization", f"Bearer {first}"), ("authorization", f"Bearer {second}"))
+            with pytest.raises(grpc.RpcError) as refused:
+                mgrpc.MetricsServiceStub(channel).Export(
+                    step_request("twice", "r", 0, 0), metadata=metadata, timeout=10
+                )
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, (first, second)
+    conn = http.client.HTTPConnection("127.0.0.1", sink.http_port, timeout=10)
+    conn.request(
+        "POST", "/v1/metrics", body, {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {token}"}
+    )
+    assert conn.getresponse().status == 200  # one is taken
+    conn.close()

@@ -41,6 +41,9 @@ def test_a_header_becomes_its_tokens_scope_and_a_wrong_one_none() -> None:
     for raw in ("Bearer \udcff\udcfe", "Bearer \xff\xfe", "Bearer \ud800", b"Bearer \xff\xfe"):
         assert keys.scope_of(raw) is None and not authorized("token", raw)
     assert Keys().scope_of(None) is ALL and Keys().scope_of("Bearer \udcff") is ALL  # no tokens: one scope
+    twice = [f"Bearer {SECRET}", f"Bearer {SECRET}"]
+    assert keys.scope_of_headers(twice) is None and keys.scope_of_headers([]) is None  # exactly one, or none
+    assert keys.scope_of_headers(twice[:1]) is keys.scope_of(twice[0]) and Keys().scope_of_headers(twice) is ALL
     with pytest.raises(ValueError, match="also the sink's --token"):
         Keys(SECRET, {SECRET: rl})
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,13 @@ class Keys:
             self._scopes[key] = scope
         self.open = not self._scopes
         """No token at all: everyone is one scope (``ALL``)."""
+
+    def scope_of_headers(self, headers: Sequence[str | bytes]) -> Scope | None:
+        """The scope of a request's ``Authorization`` headers (``scope_of``): None unless exactly one
+        is given (two would be read differently by different proxies and transports)."""
+        if self.open:
+            return ALL
+        return self.scope_of(headers[0]) if len(headers) == 1 else None
 
     def scope_of(self, header: str | bytes | None) -> Scope | None:
         """The scope of the token ``header`` carries; None: missing or wrong (answered ``UNAUTHORIZED``)."""

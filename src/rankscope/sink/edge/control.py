@@ -85,7 +85,7 @@ class ControlRoutes:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.path == "/healthz" and request.method == "GET":
             return await self._health(request)
-        scope = self.keys.scope_of(request.headers.get("Authorization"))
+        scope = self.keys.scope_of_headers(request.headers.getall("Authorization", []))
         if scope is None:
             raise HttpError(Kind.UNAUTHORIZED, UNAUTHORIZED)
         request[_CONTROL] = self.control if scope is ALL else scoped(self.control, scope)

@@ -51,7 +51,7 @@ def _handler(
     export = getattr(ingest, export_name)
 
     def handle(body: bytes, context: Any) -> Any:
-        scope = keys.scope_of(dict(context.invocation_metadata()).get("authorization"))
+        scope = keys.scope_of_headers([v for k, v in context.invocation_metadata() if k == "authorization"])
         if scope is None:
             abort(context, Kind.UNAUTHORIZED, UNAUTHORIZED)
         try:

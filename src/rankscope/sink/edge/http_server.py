@@ -73,7 +73,7 @@ class _Routes:
         return await _read_body(request, limit, config.body_timeout)
 
     async def _post(self, request: web.BaseRequest) -> web.StreamResponse:
-        scope = self.keys.scope_of(request.headers.get("Authorization"))
+        scope = self.keys.scope_of_headers(request.headers.getall("Authorization", []))
         if scope is None:
             raise HttpError(Kind.UNAUTHORIZED, UNAUTHORIZED)
         body = await self._body(request)
