@@ -159,6 +159,7 @@ def test_a_shared_sink_holds_posted_view_paths_to_its_working_directory(make_sin
         ({"path": "x/{experiment!r}.jsonl"}, "may only use"),
         ({"path": "javascript:void(0)-{run}.html"}, "plain relative path"),  # a scheme in the pages' links
         ({"path": "logs\\x.jsonl"}, "plain relative path"),
+        ({"logdir": "tb/{run}"}, "plain directory"),  # TensorBoard's logdir is not formatted: a literal {run}
     ):
         answer = post_config(control, "e", {"jsonl": {"logging_mode": "global_reduce", **options}})
         assert answer.startswith("refused: view 'jsonl'") and why in answer, (options, answer)

@@ -444,6 +444,8 @@ def _refuse(batch: ResourceBatch, refused: Refusals, why: str) -> None:
 
 
 _PATH_OPTIONS = ("path", "logdir", "dir")
+_FORMATTED_OPTIONS = ("path",)
+"""The path options whose views fill in ``{experiment}``, ``{run}``, ...: the others are used as given."""
 _PATH_FIELDS = frozenset({"experiment", "run", "process", "role", "replica", "rank", "pid"})
 _PATH_SPEC = re.compile(r"(0?[0-9]?d)?")
 
@@ -457,7 +459,8 @@ def check_posted_views(backends: Mapping[str, Any]) -> str | None:
     with no conversion and at most an int's
     width (``{experiment}``, ``{rank:03d}``): no attribute or index lookups, which
     ``str.format`` would run, and no fill or precision, which would make any text (``/``, ``..``).
-    A config that passes is then rooted in its experiment's directory (``root_posted_views``)."""
+    ``logdir`` and ``dir`` hold no format fields at all: their views do not fill them in. A config
+    that passes is then rooted in its experiment's directory (``root_posted_views``)."""
     import string
     from pathlib import PurePath
 
@@ -480,6 +483,8 @@ def check_posted_views(backends: Mapping[str, Any]) -> str | None:
             if any(":" in text or "\\" in text for text, _, _, _ in parsed):  # a scheme in a page's link
                 return f"view {str(name)[:64]!r}: {option} must be a plain relative path (no ':' or '\\')"
             fields = [(f, spec, conv) for _, f, spec, conv in parsed if f is not None]
+            if fields and option not in _FORMATTED_OPTIONS:  # it would be a literal ``{run}`` directory
+                return f"view {str(name)[:64]!r}: {option} is a plain directory (its view names what is under it)"
             for field_name, spec, conversion in fields:
                 if field_name not in _PATH_FIELDS or conversion is not None or not _PATH_SPEC.fullmatch(spec or ""):
                     shown = ", ".join("{" + f + "}" for f in sorted(_PATH_FIELDS))
