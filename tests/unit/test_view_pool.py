@@ -191,3 +191,15 @@ def test_drops_are_counted_by_kind_of_data_handed_on_and_said_once_per_interval(
     writer.step(view("drops", 9))  # after close: dropped too, and counted
     assert writer.drops["step_views"] == 3 and handed[-1] == "step_views"
     pool.stop(10)
+
+
+def test_a_flood_of_new_runs_says_a_few_lines_not_one_each() -> None:
+    """Each new run's views said where they write (an INFO line per run, unthrottled: a flood of
+    runs wrote a line each). At most ``most`` a window now, the next one counting those not said."""
+    from rankscope.sink.views.viewset import _Lines
+
+    lines = _Lines(most=3, interval=60.0)
+    said = [lines.say() for _ in range(10)]
+    assert said == [0, 0, 0] + [None] * 7
+    lines._since -= 61.0  # the window passed
+    assert lines.say() == 7 and lines.say() == 0

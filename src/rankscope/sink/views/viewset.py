@@ -10,6 +10,9 @@ stays off through releases.
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -116,10 +119,43 @@ class ViewSet:
                 )
         where = ", ".join(f"{v.name} -> {v.backend.location or '?'}" for v in self.views if not v.disabled)
         run = f" run {self.run[:64]}" if self.run else ""
-        level = logging.INFO if self.opens == 1 else logging.DEBUG
-        log.log(level, "rankscope sink: new experiment %s%s: %s", self.experiment[:256], run, where or "no view is on")
+        if self.opens == 1 and (said := _NEW_RUNS.say()) is not None:
+            more = f" (and {said} more new runs not said in the last {_NEW_RUNS.interval:g} s)" if said else ""
+            log.info(
+                "rankscope sink: new experiment %s%s: %s%s", self.experiment[:256], run, where or "no view is on", more
+            )
+        else:
+            log.debug("rankscope sink: views of %s%s opened: %s", self.experiment[:256], run, where or "no view is on")
 
     def _finish_views(self) -> None:
         for view in self.views:
             if not view.disabled:
                 self._calls.call(view, view.backend.finish)
+
+
+class _Lines:
+    """At most ``most`` lines per ``interval`` seconds (a flood of new runs writes a few lines, not
+    one per run); ``say`` is None when a line is not to be said now, else how many were not since."""
+
+    def __init__(self, most: int = 10, interval: float = 10.0) -> None:
+        self.most, self.interval = most, interval
+        self._lock = threading.Lock()
+        self._since = -math.inf
+        self._said = 0
+        self._unsaid = 0
+
+    def say(self) -> int | None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._since >= self.interval:
+                self._since, self._said = now, 0
+            if self._said >= self.most:
+                self._unsaid += 1
+                return None
+            self._said += 1
+            unsaid, self._unsaid = self._unsaid, 0
+            return unsaid
+
+
+_NEW_RUNS = _Lines()
+"""The sink-wide bound on "new experiment" lines (the status route lists every run)."""
