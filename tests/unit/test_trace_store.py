@@ -144,6 +144,12 @@ def test_span_text_and_attributes_are_bounded_and_printable() -> None:
     assert check_span(trace_pb2.Span(name="x", trace_id=b"\x01" * 16, span_id=b"\x02" * 8)) is None
     for ids in ({"trace_id": b"\x01" * 15, "span_id": b"\x02" * 8}, {"trace_id": b"\x01" * 16, "span_id": b""}):
         assert "malformed" in (check_span(trace_pb2.Span(name="x", **ids)) or "")
+    for ids in ({"trace_id": b"\x00" * 16, "span_id": b"\x02" * 8}, {"trace_id": b"\x01" * 16, "span_id": b"\x00" * 8}):
+        assert "all-zero" in (check_span(trace_pb2.Span(name="x", **ids)) or "")
+    backwards = trace_pb2.Span(
+        name="x", trace_id=b"\x01" * 16, span_id=b"\x02" * 8, start_time_unix_nano=10, end_time_unix_nano=9
+    )
+    assert "ends before it starts" in (check_span(backwards) or "")
     assert span_text("fwd", 255) == "fwd" and span_text("", 255) == ""
     assert span_text("x" * 300, 255) == "x" * 254 + "\u2026"
     assert span_text("a\nb\x1b[0m\u202e c", 255) == "a\ufffdb\ufffd[0m\ufffd c"

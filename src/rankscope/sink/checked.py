@@ -251,11 +251,16 @@ def clean_text(text: str, limit: int) -> str | None:
 
 
 def check_span(span: Any) -> str | None:
-    """Why a received span is refused, or None: only ids of the wrong length (the span cannot be
-    placed). What it says is cleaned instead (``span_text``, ``span_attributes``): a failing
+    """Why a received span is refused, or None: ids of the wrong length or all zeros (invalid in
+    OTLP: the span cannot be placed), or an end before its start (no Gantt bar has a negative
+    length). What it says is cleaned instead (``span_text``, ``span_attributes``): a failing
     span's long error message or a plain OTel client's long SQL name is worth keeping cut."""
     if len(span.trace_id) != 16 or len(span.span_id) != 8 or len(span.parent_span_id) not in (0, 8):
         return "a span with a malformed trace, span or parent span id"
+    if not any(span.trace_id) or not any(span.span_id):
+        return "a span with an all-zero trace or span id"
+    if span.end_time_unix_nano < span.start_time_unix_nano:
+        return "a span that ends before it starts"
     return None
 
 
