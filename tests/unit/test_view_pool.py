@@ -196,9 +196,9 @@ def test_drops_are_counted_by_kind_of_data_handed_on_and_said_once_per_interval(
 def test_a_flood_of_new_runs_says_a_few_lines_not_one_each() -> None:
     """Each new run's views said where they write (an INFO line per run, unthrottled: a flood of
     runs wrote a line each). At most ``most`` a window now, the next one counting those not said."""
-    from rankscope.sink.views.viewset import _Lines
+    from rankscope.sink.testing import SaidLines
 
-    lines = _Lines(most=3, interval=60.0)
+    lines = SaidLines(most=3, interval=60.0)
     said = [lines.say() for _ in range(10)]
     assert said == [0, 0, 0] + [None] * 7
     lines._since -= 61.0  # the window passed

@@ -50,6 +50,7 @@ from .tally import Notes, kind_of
 from .views.anomalies import DETECTORS, Watch
 from .views.detectors.base import StepFacts, Thresholds
 from .views.step import StepView
+from .views.viewset import SaidLines
 from .views.writer import ViewPool, ViewWriter
 
 __all__ = [
@@ -93,6 +94,7 @@ __all__ = [
     "Run",
     "RunBook",
     "RunLimits",
+    "SaidLines",
     "Scope",
     "SpanFile",
     "SpanQuery",

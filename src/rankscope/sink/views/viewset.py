@@ -133,7 +133,7 @@ class ViewSet:
                 self._calls.call(view, view.backend.finish)
 
 
-class _Lines:
+class SaidLines:
     """At most ``most`` lines per ``interval`` seconds (a flood of new runs writes a few lines, not
     one per run); ``say`` is None when a line is not to be said now, else how many were not since."""
 
@@ -157,5 +157,5 @@ class _Lines:
             return unsaid
 
 
-_NEW_RUNS = _Lines()
+_NEW_RUNS = SaidLines()
 """The sink-wide bound on "new experiment" lines (the status route lists every run)."""
