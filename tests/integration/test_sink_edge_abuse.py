@@ -113,51 +113,6 @@ HALF_A_HEAD = (
 HALF_A_PREFACE = b"PRI * HTTP/2.0\r\n"
 
 
-IDLE_ASK = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-NEW_CONNECTIONS = 100
-
-
-@pytest.mark.timeout(120)
-def test_an_idle_keep_alive_flood_does_not_lock_out_a_client_that_opens_a_connection_per_request(make_sink) -> None:
-    """1,024 kept-alive connections that each asked ``GET /healthz`` once (no token needed) and went
-    quiet held every slot: a client opening a new connection per request got 4 of 204 through. A
-    newcomer at ``max_connections`` now closes the connection idle longest (a kept-alive exporter
-    whose connection was closed opens another): at least 95 % of such a client's requests are
-    answered while the flood stays, and the victim goes on exactly."""
-    with descriptors(8192):
-        sink = make_sink(transport=Transport(token=TOKEN))
-        flood: list[socket.socket] = []
-        try:
-            with Victim(sink.http_port, grpc_port=sink.grpc_port, token=TOKEN) as victim:
-                started(victim)
-                for _ in range(FLOOD):
-                    s = socket.create_connection(("127.0.0.1", sink.http_port), timeout=10)
-                    s.sendall(IDLE_ASK)
-                    flood.append(s)
-                for s in flood:  # each answered once (until the slots ran out), then quiet
-                    with contextlib.suppress(OSError):
-                        s.recv(4096)
-                held = still_open(flood)
-                assert held >= FLOOD // 2, held  # the flood holds the sink's connections
-
-                legit = step_request("legit", "r", 0, 0).SerializeToString()
-                answered = 0
-                for _ in range(NEW_CONNECTIONS):
-                    try:
-                        code, _ = ask(sink.http_port, "POST", "/v1/metrics", legit, "application/x-protobuf")
-                    except OSError:
-                        continue
-                    answered += code == 200
-                assert answered >= 0.95 * NEW_CONNECTIONS, answered
-                assert still_open(flood) >= held - NEW_CONNECTIONS - 8  # room was made from the idle flood
-                time.sleep(1.0)  # and the victim goes on after it
-        finally:
-            for s in flood:
-                s.close()
-        victim.check(min_steps=10, within=2.0)
-        print(f"flood held {held}/{FLOOD}; {answered}/{NEW_CONNECTIONS} new-connection requests answered")
-
-
 H2_PREFACE_AND_SETTINGS = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 IDLE = 2.0
 
@@ -221,9 +176,9 @@ def test_a_half_open_flood_neither_locks_out_a_legitimate_client_nor_holds_its_c
                     s.sendall(HALF_A_PREFACE)
                     grpc_flood.append(s)
                 flooded = time.monotonic()
-                time.sleep(0.3)  # every half head is in: the sink holds max_connections
+                time.sleep(0.3)  # every half head is in: the sink holds this address's share of max_connections
                 held = still_open(flood)
-                assert held >= FLOOD - 4, held
+                assert FLOOD // 4 - 4 <= held <= FLOOD // 4 + 4, held  # per_peer_connections: a quarter
 
                 # a legitimate client, now, over both transports, on new connections
                 legit = step_request("legit", "r", 0, 0).SerializeToString()

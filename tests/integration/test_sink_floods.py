@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
-from rankscope.sink import BookConfig, RunLimits
+from rankscope.sink import BookConfig, DiskLimits, RunLimits
 
 from ..conftest import free_port
 from ..pipeline import Process, clean_env, wait_http
@@ -324,13 +324,134 @@ def test_one_client_with_thousands_of_short_runs_locks_nobody_out(make_sink, tmp
     assert any("limit per client" in kind for kind in status["refusals"])  # counted in the status route
 
 
+def busy_request(experiment: str, run: str, step: int) -> mpb.ExportMetricsServiceRequest:
+    """Rank 0 of a 2-rank run whose rank 1 never comes: each step waits for it until the grace."""
+    r = run_request(experiment, run, world=2)
+    for metric in r.resource_metrics[0].scope_metrics[0].metrics:
+        point = metric.gauge.data_points[0] if metric.HasField("gauge") else metric.sum.data_points[0]
+        for kv in point.attributes:
+            if kv.key == attr.STEP:
+                kv.value.int_value = step
+    return r
+
+
+FLOOD_SOURCES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
+
+
+@pytest.mark.timeout(180)
+def test_five_addresses_keeping_runs_busy_cannot_fill_the_sink_nor_starve_another_clients_views(
+    make_sink, tmp_path: Path
+) -> None:
+    """Five source addresses without tokens kept 850 runs each busy (a step each round, one rank
+    absent) and filled the sink's 4,096 runs: every newcomer was refused for minutes, and the
+    victim's steps were 9-46 s late behind the flood's view work. Scaled down (400 runs, so a
+    client's share is 50): each address is refused past its share with the reason, a newcomer from
+    a sixth address is admitted during the flood and finalizes, and the victim's views, served in
+    turn with the flood's (``views.fair``), stay on time and exact."""
+    limits = RunLimits(max_open=400, per_experiment=400)
+    assert limits.per_client == 50  # an eighth of max_open: a few addresses cannot fill the sink
+    views = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "views" / "{experiment}.jsonl")}}
+    sink = make_sink(runs=limits, backends=views, book=BookConfig(grace=1.0))
+    http_port, grpc_port = sink.http_port, sink.grpc_port
+    runs_each = 85
+    answers: dict[str, list[tuple[int, str]]] = {source: [] for source in FLOOD_SOURCES}
+    halt = threading.Event()
+
+    def attack(source: str) -> None:
+        client = Client(http_port, None, source)
+        try:
+            step = 0
+            while not halt.is_set():
+                for i in range(runs_each):
+                    try:
+                        found = client.send(busy_request(f"flood-{source}", f"run-{i}", step))
+                    except (OSError, http.client.HTTPException, RuntimeError) as exc:
+                        found = (-1, f"{type(exc).__name__}: {exc}"[:300])
+                    answers[source].append(found)
+                step += 1
+        finally:
+            client.close()
+
+    attackers = [threading.Thread(target=attack, args=(source,), daemon=True) for source in FLOOD_SOURCES]
+    with Victim(http_port, grpc_port=grpc_port, interval=0.1) as victim:
+        for thread in attackers:
+            thread.start()
+        wait_for("every address at its share", lambda: all(len(a) >= 2 * runs_each for a in answers.values()), 90)
+        newcomer = Client(http_port, grpc_port, source="127.0.0.7")
+        try:
+            assert newcomer.send(run_request("newcomer", "during"), "grpc") == (0, "")
+            finalized = lambda: (sink.status("newcomer", "during") or {}).get("last_finalized_step") == 0  # noqa: E731
+            wait_for("the newcomer finalized", finalized)
+        finally:
+            newcomer.close()
+        during = sink.overview()
+        time.sleep(2.0)  # the flood's steps finalize (missing a rank) and fill the view threads meanwhile
+        halt.set()
+        for thread in attackers:
+            thread.join(60)
+    victim.check(min_steps=20, within=3.0)
+
+    for source, found in answers.items():
+        errors = [message for rejected, message in found if rejected < 0]
+        assert errors == [], (source, errors[:3])
+        refused = {message for rejected, message in found if rejected > 0}
+        assert refused and all("this client has 50 runs open (limit per client)" in m for m in refused), refused
+    admission = during["admission"]
+    assert admission["most_held_by_one_client"] == 50, admission
+    assert admission["refused_runs"]["sink"] == 0, admission  # the sink-wide cap refused nobody
+    assert during["runs"] <= 5 * 50 + 3, during["runs"]
+    print(
+        f"\n5 addresses x {runs_each} busy runs: {during['runs']} runs open, refused {admission['refused_runs']}; "
+        f"victim's slowest step {max(victim.latencies):.2f} s over {len(victim.latencies)} steps"
+    )
+
+
+def bytes_under(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@pytest.mark.timeout(240)
+def test_a_flood_of_runs_with_the_report_view_on_is_held_to_its_disk_budget(
+    make_sink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the report view on, each run writes a 4.8 MB page (plotly.js inlined, so it opens
+    offline): 1,500 runs wrote 6.9 GB in 90 s. Each client's runs' views are now charged what they
+    wrote, and a new run reserves a page first (``sink.runs.disk``): past its budget a client's
+    new runs are refused with the reason, and another client's run goes on, exact and on time."""
+    monkeypatch.chdir(tmp_path)  # the report view writes under rankscope_logs/ of the working directory
+    budget = 64 << 20
+    sink = make_sink(
+        report=True,
+        disk=DiskLimits(per_client_bytes=budget, min_free_bytes=1, where=tmp_path),
+        book=BookConfig(grace=0.5),
+    )
+    runs = [(f"pages-{i % 10}", f"run-{i}") for i in range(1500)]
+    with Victim(sink.http_port, grpc_port=sink.grpc_port, interval=0.1) as victim:
+        answers = flood(sink.http_port, None, runs, source="127.0.0.2", threads=4)
+        wait_for("the flood's runs closed", lambda: sink.overview()["runs"] <= 1, timeout=120)
+        disk = sink.overview()["disk"]
+    victim.check(min_steps=10, within=3.0)
+    refused = [message for rejected, message in answers if rejected > 0]
+    assert refused and all("past its disk budget of 64 MiB (limit per client)" in m for m in refused), refused[:2]
+    assert disk["refused_runs"]["client"] >= 1000, disk
+    written = bytes_under(tmp_path / "rankscope_logs")
+    victims = bytes_under(tmp_path / "rankscope_logs" / "victim")
+    assert written - victims <= budget, (written, victims)  # the flood's pages, held to its budget
+    assert written - victims >= budget // 2  # it did write up to about its budget
+    assert disk["most_used_bytes"] >= written - victims - (1 << 20), disk
+    print(
+        f"\n1,500 runs with the report view on: {len(refused)} refused, {(written - victims) >> 20} MiB written "
+        f"of a {budget >> 20} MiB budget; victim's slowest step {max(victim.latencies):.2f} s"
+    )
+
+
 @pytest.mark.timeout(120)
 def test_an_idle_sink_holding_thousands_of_runs_costs_little_cpu(tmp_path: Path) -> None:
     sink, grpc_port, http_port = start_sink(tmp_path, durable=False)  # opening 4,000 logs would take a minute
     try:
-        clients = [("127.0.0.1", "grpc")] + [(f"127.0.0.{n}", "http") for n in range(2, 6)]
-        for source, via in clients:  # one client holds 1,024 open at most
-            runs = [(f"idle-{source}-{i % 8}", f"run-{i}") for i in range(800)]
+        clients = [("127.0.0.1", "grpc")] + [(f"127.0.0.{n}", "http") for n in range(2, 9)]
+        for source, via in clients:  # one client holds 512 open at most
+            runs = [(f"idle-{source}-{i % 8}", f"run-{i}") for i in range(500)]
             answers = flood(http_port, grpc_port, runs, goodbye=False, source=source, threads=4, only=via)
             assert all(rejected == 0 for rejected, _ in answers), [a for a in answers if a[0]][:3]
         wait_for("4,000 runs open", lambda: overview(http_port)["runs"] == 4000)

@@ -562,20 +562,22 @@ def test_spans_are_bounded_and_cleaned_at_the_edge(make_sink) -> None:
     span("heavy").attributes.append(key_value("blob", "x" * 100_000))
     span("failed", status=trace_pb2.Status(code=2, message="m" * 100_000))
     span("bad parent", parent_span_id=b"\x01" * 3)
+    span("far ahead").attributes[0].value.int_value = 10**18  # every real step would be too old to keep
     conn = http.client.HTTPConnection("127.0.0.1", sink.http_port, timeout=10)
     conn.request("POST", "/v1/traces", body=r.SerializeToString(), headers=PB)
     response = conn.getresponse()
     answer = tpb.ExportTraceServiceResponse.FromString(response.read())
     conn.close()
-    assert response.status == 200 and answer.partial_success.rejected_spans == 1
+    assert response.status == 200 and answer.partial_success.rejected_spans == 2
     assert "malformed trace, span or parent span id" in answer.partial_success.error_message
+    assert "more than the step window ahead" in answer.partial_success.error_message
     stored = {s.name: s for s in sink.spans("spans")}
     assert set(stored) == {"train/forward", "n" * 254 + "\u2026", "\ufffd[2Jclear", "wide", "heavy", "failed"}
     assert len(stored["wide"].attributes) == 127 and stored["wide"].step == 0  # 128 with the step
     assert stored["heavy"].attributes["blob"] == "x" * 4095 + "\u2026"
     assert stored["failed"].error == "m" * 4095 + "\u2026"
     status = sink.status("spans")
-    assert (status["spans_refused"], status["span_attributes_left_out"]) == (1, 73)
+    assert (status["spans_refused"], status["span_attributes_left_out"]) == (2, 73)
     assert sink.health() == (True, [])
 
 
@@ -585,7 +587,7 @@ def test_one_client_cannot_fill_the_sinks_runs_or_configs(make_sink) -> None:
     for the sink's lifetime."""
     from rankscope.export.senders import post_config
 
-    sink = make_sink(runs=RunLimits(per_experiment=3, max_open=5))
+    sink = make_sink(runs=RunLimits(per_experiment=3, max_open=5, per_client=5))
     conn = Http(sink.http_port)
     answers = [conn.export(request([gauge("loss", 1.0)], "inventive", **{attr.RUN_ID: f"r{i}"})) for i in range(5)]
     assert [a[:2] for a in answers] == [(200, 0)] * 3 + [(200, 1)] * 2

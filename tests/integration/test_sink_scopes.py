@@ -1,12 +1,13 @@
-"""A shared sink that no client can take down, lock out or hijack (issue 40): scopes and runs.
+"""A shared sink that no client can take down, lock out, hijack or read (issues 40 and 49): scopes and runs.
 
 Each test runs a real sink with scoped tokens (``edge.auth.load_tokens``, from a TOML file) and
-an honest 2-rank experiment finalizing meanwhile (``tests/victim.py``: its steps within a
-bound, its values exact), and attacks over real OTLP/HTTP and OTLP/gRPC:
+an honest 2-rank experiment finalizing meanwhile (``tests/victim.py``: its values exact), and
+attacks over real OTLP/HTTP and OTLP/gRPC. Scopes never share an experiment, so the only other
+scope that can send to a scope's experiment is the sink's all-experiments ``--token``:
 
-* another scope's hijacks (``resume=latest`` under the victim's experiment, the victim's run id
-  with attempt 99, a fake goodbye, data for an experiment outside the token's) are refused,
-  counted, and the victim's run is untouched;
+* the all-experiments token's hijacks (``resume=latest`` under the victim's experiment, the
+  victim's run id with attempt 99, a fake goodbye) and a neighbour scope's data for the victim's
+  experiment are refused, counted, and the victim's run is untouched;
 * within one scope, ``resume=latest`` leaves a run that is still sending alone (a new run, said
   in ``run_notes``);
 * 800 resumes at once over both transports answer no 5xx and no internal error, and the run's
@@ -16,6 +17,12 @@ bound, its values exact), and attacks over real OTLP/HTTP and OTLP/gRPC:
 * a run's first step of 10^18 is refused and its honest steps are not late;
 * a non-UTF-8 ``Authorization`` is 401 on HTTP and UNAUTHENTICATED on gRPC;
 * a resume whose attempt would pass 2^31-1 is refused with a reason.
+
+Against a ``rankscope sink`` subprocess (issue 49): a tokens file whose scopes can share an
+experiment (``shared-*`` twice, ``team-a*`` without its separator) keeps the sink from starting,
+the reason on stderr; and a prefix scope (``team-a-*``) can neither read, write, capture, post views
+for nor take run ids of its neighbours (``team-ab-*``, the exact ``team-a``), nor find their names
+in its overview, while the neighbour's experiment finalizes its exact values.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -35,12 +44,15 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.sink import BookConfig, Sink, Transport
 from rankscope.sink.testing import load_tokens
 
+from ..conftest import free_port
+from ..pipeline import Process, clean_env, wait_http
 from ..raw_h2 import grpc_call
 from ..victim import Victim
 
@@ -49,15 +61,18 @@ pytestmark = pytest.mark.timeout(120)
 VICTIMS = "victims-token-0123456789"
 ATTACKERS = "attackers-token-0123456789"
 OUTSIDERS = "outsiders-token-0123456789"
+ADMIN = "admins-token-0123456789"
+"""The sink's ``--token``: every experiment, as the all-experiments scope (no run of a named scope is its)."""
 TOKENS = f"""
-# Two teams whose experiments overlap ("victim"), and one that writes elsewhere only.
+# The victims; their closest neighbour ("victim-*" takes neither "victim" nor "victims-x"); and
+# a team that writes elsewhere only. No experiment is two scopes'.
 [scopes.victims]
 tokens = ["{VICTIMS}"]
 experiments = ["victim", "victims-*"]
 
 [scopes.attackers]
 tokens = ["{ATTACKERS}"]
-experiments = ["victim", "victims-*"]
+experiments = ["victim-*"]
 
 [scopes.outsiders]
 token = "{OUTSIDERS}"
@@ -73,7 +88,9 @@ def sink(make_sink: Any, tmp_path: Path) -> Sink:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
     started: Sink = make_sink(
-        state_dir=tmp_path / "state", transport=Transport(tokens=load_tokens(tokens)), book=BookConfig(grace=GRACE)
+        state_dir=tmp_path / "state",
+        transport=Transport(token=ADMIN, tokens=load_tokens(tokens)),
+        book=BookConfig(grace=GRACE),
     )
     return started
 
@@ -189,21 +206,27 @@ def transport(request: pytest.FixtureRequest) -> str:
 def test_another_scopes_hijacks_are_refused_counted_and_the_victims_run_untouched(
     sink: Sink, victim: Victim, transport: str
 ) -> None:
-    attacker, outsider = Sender(sink, transport, ATTACKERS), Sender(sink, transport, OUTSIDERS)
-    try:
-        took = attacker.send(request("victim", "evil-1", instance="evil-1-r0", resume="latest"))
+    admin, attacker = Sender(sink, transport, ADMIN), Sender(sink, transport, ATTACKERS)
+    outsider = Sender(sink, transport, OUTSIDERS)
+    try:  # the all-experiments token may send to the victims' experiment, never to their run
+        took = admin.send(request("victim", "evil-1", instance="evil-1-r0", resume="latest"))
         assert took[0] == 2 and "runs of experiment 'victim' are another token scope's" in took[1], took
-        restarted = attacker.send(request("victim", "victim-run", instance="evil-r0", attempt=99))
+        restarted = admin.send(request("victim", "victim-run", instance="evil-r0", attempt=99))
         assert restarted[0] == 2 and "belongs to another token scope" in restarted[1], restarted
-        named = attacker.send(request("victim", "evil-2", instance="evil-2-r0", resume="victim-run"))
+        named = admin.send(request("victim", "evil-2", instance="evil-2-r0", resume="victim-run"))
         assert named[0] == 2 and "belongs to another token scope" in named[1], named
         for rank in range(2):  # a fake goodbye in each of the victim's processes' names
-            bye = attacker.send(
+            bye = admin.send(
                 request("victim", "victim-run", instance=f"victim-victim-run-r{rank}", step=None, goodbye=True)
             )
             assert bye[0] == 1 and "belongs to another token scope" in bye[1], bye
-        elsewhere = outsider.send(request("victim", "victim-run", instance="out-r0"))
-        assert elsewhere[0] == 2 and "not among those of this token's scope 'outsiders'" in elsewhere[1], elsewhere
+        for sender, name in ((attacker, "attackers"), (outsider, "outsiders")):  # scopes: not even the experiment
+            for r in (
+                request("victim", "victim-run", instance="out-r0"),
+                request("victim", "evil-3", instance="evil-3-r0", resume="latest"),
+            ):
+                elsewhere = sender.send(r)
+                assert elsewhere[0] == 2 and f"not among those of this token's scope '{name}'" in elsewhere[1]
         anonymous = Sender(sink, transport, None)  # no token at all
         try:
             if transport == "http":
@@ -218,8 +241,8 @@ def test_another_scopes_hijacks_are_refused_counted_and_the_victims_run_untouche
         steps = len(victim.latencies)
         wait_for(lambda: len(victim.latencies) >= steps + 5, what="the victim's steps after the attacks")
     finally:
-        attacker.close()
-        outsider.close()
+        for sender in (admin, attacker, outsider):
+            sender.close()
     victim.stop()
     victim.check(min_steps=8, within=2.0)
 
@@ -229,7 +252,7 @@ def test_another_scopes_hijacks_are_refused_counted_and_the_victims_run_untouche
     assert status["scope_refused_points"] == 2 + 2 + 1 + 1  # attempt 99, the named resume, two goodbyes
     assert [(r["run"], r["scope"], r["ended"]) for r in status["runs"]] == [("victim-run", "victims", False)]
     overview = sink.overview()
-    assert overview["refused_points"] >= 10 and sink.internal_errors == []
+    assert overview["refused_points"] >= 16 and sink.internal_errors == []
     assert any("another token scope" in kind for kind in overview["refusals"]), overview["refusals"]
 
 
@@ -327,7 +350,7 @@ def test_a_finished_run_refuses_every_later_point_alike(sink: Sink, victim: Vict
             request("victims-done", "job-7", instance="job-7-r0", step=3),  # the same instance id
             request("victims-done", "job-7", instance="job-7-r5", rank=5, world=8, step=1),  # another rank
             request("victims-done", "job-7", instance="job-7-new", step=50),  # a later step
-            request("victims-done", "job-7", instance="job-7-r1", step=None, goodbye=True),  # a goodbye again
+            request("victims-done", "job-7", instance="job-7-r1", rank=1, step=None, goodbye=True),  # a new goodbye
         ]
         answers = [team.send(r) for r in later]
         assert [n for n, _ in answers] == [2, 2, 2, 1], answers
@@ -413,7 +436,7 @@ def test_a_runs_scope_and_its_end_survive_a_sink_restart(make_sink: Any, tmp_pat
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
     config = {
-        "transport": Transport(tokens=load_tokens(tokens)),
+        "transport": Transport(token=ADMIN, tokens=load_tokens(tokens)),
         "book": BookConfig(grace=GRACE),
         "state_dir": tmp_path / "state",
     }
@@ -428,7 +451,7 @@ def test_a_runs_scope_and_its_end_survive_a_sink_restart(make_sink: Any, tmp_pat
     again: Sink = make_sink(**config)
     with Victim(again.http_port, grpc_port=again.grpc_port, token=VICTIMS) as victim:
         wait_for(lambda: len(victim.latencies) >= 3, what="the victim's first steps")
-        attacker, team = Sender(again, "grpc", ATTACKERS), Sender(again, "grpc", VICTIMS)
+        attacker, team = Sender(again, "grpc", ADMIN), Sender(again, "grpc", VICTIMS)
         try:
             hijack = attacker.send(request("victims-kept", "x", instance="x-r0", resume="kept"))
             assert hijack[0] == 2 and "belongs to another token scope" in hijack[1], hijack
@@ -441,3 +464,175 @@ def test_a_runs_scope_and_its_end_survive_a_sink_restart(make_sink: Any, tmp_pat
     victim.check(min_steps=3, within=2.0)
     status = again.status("victims-kept", "kept")
     assert status is not None and status["attempt"] == 1 and status["runs"][0]["scope"] == "victims"
+
+
+# -- a `rankscope sink` subprocess: scopes that share nothing (issue 49) --------------------------
+
+ALPHA = "alpha-token-0123456789"
+ALPHABET = "alphabet-token-0123456789"
+BARE = "bare-alpha-token-0123456789"
+NEIGHBOURS = f"""
+# team-a-* beside its neighbours: team-ab-* and the exact team-a (no experiment is two scopes')
+[scopes.alpha]
+token = "{ALPHA}"
+experiments = ["team-a-*"]
+
+[scopes.alphabet]
+token = "{ALPHABET}"
+experiments = ["team-ab-*"]
+
+[scopes.bare-alpha]
+token = "{BARE}"
+experiments = ["team-a"]
+"""
+OVERLAPPING = {
+    "shared": (
+        '[scopes.first]\ntoken = "first-token-0123456789"\nexperiments = ["mine", "shared-*"]\n'
+        '[scopes.second]\ntoken = "second-token-0123456789"\nexperiments = ["shared-*"]\n',
+        "scope 'first' and scope 'second' overlap: 'shared-*' and 'shared-*' both match experiment 'shared-'",
+    ),
+    "unseparated": (
+        '[scopes.a]\ntoken = "first-token-0123456789"\nexperiments = ["team-a*"]\n'
+        '[scopes.ab]\ntoken = "second-token-0123456789"\nexperiments = ["team-ab-*"]\n',
+        "scope 'a': prefix 'team-a*' has no separator before its '*'",
+    ),
+}
+
+
+def sink_command(tokens: Path, grpc_port: int, http_port: int) -> list[str]:
+    """``rankscope sink`` with scoped tokens and the all-experiments ``--token``, views posted by
+    the experiments (no ``--backends``), no write-ahead log."""
+    command = [sys.executable, "-m", "rankscope.cli", "sink", "--tokens", str(tokens), "--token", ADMIN]
+    return [*command, "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--no-state-dir", "--grace", "1"]
+
+
+def test_a_tokens_file_whose_scopes_share_an_experiment_keeps_the_sink_from_starting(tmp_path: Path) -> None:
+    for name, (text, reason) in OVERLAPPING.items():
+        tokens = tmp_path / f"{name}.toml"
+        tokens.write_text(text)
+        tokens.chmod(0o600)
+        http_port = free_port()
+        ran = subprocess.run(
+            sink_command(tokens, free_port(), http_port),
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert ran.returncode == 2, (name, ran.returncode, ran.stderr[-2000:])
+        assert f"rankscope sink: {tokens}: {reason}" in ran.stderr, (name, ran.stderr[-2000:])
+        with socket.socket() as s:  # it never listened
+            s.bind(("127.0.0.1", http_port))
+
+
+@pytest.fixture
+def neighbours(tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """A ``rankscope sink`` subprocess serving ``NEIGHBOURS``: its (gRPC, HTTP) ports."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(NEIGHBOURS)
+    tokens.chmod(0o600)
+    grpc_port, http_port = free_port(), free_port()
+    process = Process(sink_command(tokens, grpc_port, http_port), clean_env(), tmp_path / "sink.log")
+    try:
+        wait_http(f"http://127.0.0.1:{http_port}/healthz", proc=process)
+        yield grpc_port, http_port
+    finally:
+        process.stop()
+
+
+class TokenClient:
+    """One token's OTLP and control clients of a ``rankscope sink`` subprocess."""
+
+    def __init__(self, ports: tuple[int, int], token: str) -> None:
+        self.grpc_port, self.http_port = ports
+        self.token = token
+
+    def send(self, r: mpb.ExportMetricsServiceRequest, transport: str) -> tuple[int, str]:
+        """(rejected data points, message) of an answered export over ``transport``."""
+        if transport == "grpc":
+            with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+                metadata = [("authorization", f"Bearer {self.token}")]
+                answer = mgrpc.MetricsServiceStub(channel).Export(r, timeout=30, metadata=metadata)
+        else:
+            status, body = http_post(self.http_port, "/v1/metrics", r.SerializeToString(), self.token)
+            assert status == 200, (status, body[:300])
+            answer = mpb.ExportMetricsServiceResponse.FromString(body)
+        return answer.partial_success.rejected_data_points, answer.partial_success.error_message
+
+    def span(self, experiment: str) -> tuple[int, str]:
+        """(rejected spans, message) of one span of ``experiment`` sent over OTLP/HTTP."""
+        r = tpb.ExportTraceServiceRequest()
+        resource = {attr.EXPERIMENT_ID: experiment, attr.RUN_ID: "victim-run", attr.SERVICE_INSTANCE_ID: "spy-r0"}
+        spans = r.resource_spans.add(resource=encode_resource(resource)).scope_spans.add().spans
+        spans.add(name="step", trace_id=b"\x01" * 16, span_id=b"\x02" * 8, start_time_unix_nano=1, end_time_unix_nano=2)
+        status, body = http_post(self.http_port, "/v1/traces", r.SerializeToString(), self.token)
+        assert status == 200, (status, body[:300])
+        answer = tpb.ExportTraceServiceResponse.FromString(body)
+        return answer.partial_success.rejected_spans, answer.partial_success.error_message
+
+    def get(self, path: str, **query: str) -> tuple[int, Any]:
+        return http_get(self.http_port, path, query, self.token)
+
+    def post(self, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
+        status, body = http_post(self.http_port, path, json.dumps(payload).encode(), self.token)
+        return status, json.loads(body) if status == 200 else body
+
+
+def test_a_prefix_scope_cannot_reach_its_neighbours_nor_find_their_names(neighbours: tuple[int, int]) -> None:
+    alpha, alphabet, bare = (TokenClient(neighbours, token) for token in (ALPHA, ALPHABET, BARE))
+    admin = TokenClient(neighbours, ADMIN)
+    theirs = ("team-ab-victim", "team-a")  # a neighbour by prefix, and the exact id its prefix's stem names
+    grpc_port, http_port = neighbours
+    with Victim(http_port, grpc_port=grpc_port, experiment="team-ab-victim", token=ALPHABET) as victim:
+        wait_for(lambda: len(victim.latencies) >= 3, what="the neighbour's first steps")
+        for transport in ("http", "grpc"):  # write: its data, and a guessable run id taken first
+            for experiment in theirs:
+                for r in (
+                    request(experiment, "victim-run", instance="spy-r0", step=1),
+                    request(experiment, "job-1", instance="job-1-r0"),
+                    request(experiment, "job-2", instance="job-2-r0", resume="latest"),
+                ):
+                    rejected, message = alpha.send(r, transport)
+                    assert rejected == 2 and "not among those of this token's scope 'alpha'" in message, message
+        assert alpha.span("team-ab-victim")[0] == 1 and alpha.span("team-a")[0] == 1
+        assert alphabet.send(request("team-ab-jobs", "job-1", instance="job-1-r0"), "grpc") == (0, "")
+        assert bare.send(request("team-a", "job-1", instance="job-1-r0"), "http") == (0, "")
+        assert alphabet.send(request("team-a-x", "x", instance="x-r0"), "http")[0] == 2  # and the other way round
+        for experiment in (*theirs, "team-ab-jobs"):  # read: as if there were no such experiment
+            for path in ("/rankscope/v1/status", "/rankscope/v1/recent", "/rankscope/v1/spans"):
+                code, body = alpha.get(path, experiment=experiment)
+                assert code == 404 and f"no experiment {experiment!r}".encode() in body, (path, code, body[:200])
+        process = "team-ab-victim-victim-run-r0"  # the victim's rank 0 (``tests/victim.py``)
+        assert alpha.post("/rankscope/v1/captures", {"experiment": "team-ab-victim"})[0] == 404
+        assert alpha.get("/rankscope/v1/captures", experiment="team-ab-victim", process=process) == (200, [])
+        assert alpha.post("/rankscope/v1/report", {"experiment": "team-ab-victim"})[0] == 404
+        asked = alphabet.post("/rankscope/v1/captures", {"experiment": "team-ab-victim", "reason": "own"})
+        assert asked[0] == 200, asked  # the neighbour's rate limit was not spent by the refused ask
+        pending = alphabet.get("/rankscope/v1/captures", experiment="team-ab-victim", process=process)
+        assert pending[0] == 200 and [c["id"] for c in pending[1]] == [asked[1]["id"]]  # nor taken by its poll
+        views = {"console": {"logging_mode": "global_reduce"}}
+        for experiment, owner in (("team-ab-views", alphabet), ("team-a", bare)):  # views: posted first, refused
+            refused = alpha.post("/rankscope/v1/config", {"experiment": experiment, "backends": views})
+            assert refused == (200, {"result": f"refused: scope 'alpha' may not write experiment {experiment!r}"})
+            assert owner.post("/rankscope/v1/config", {"experiment": experiment, "backends": views}) == (
+                200,
+                {"result": "ok"},
+            )
+        # run notes of each scope: a resume that found nothing to continue names its experiment
+        assert alpha.send(request("team-a-notes", "n-1", instance="n-1-r0", resume="latest"), "http") == (0, "")
+        assert alphabet.send(request("team-ab-notes", "n-1", instance="n-1-r0", resume="latest"), "http") == (0, "")
+        steps = len(victim.latencies)
+        wait_for(lambda: len(victim.latencies) >= steps + 5, what="the neighbour's steps after the attempts")
+        mine, everything = alpha.get("/rankscope/v1/status"), admin.get("/rankscope/v1/status")
+        jobs = alphabet.get("/rankscope/v1/status", experiment="team-ab-jobs")
+    victim.check(min_steps=8, within=10.0)
+    assert mine[0] == 200 and everything[0] == 200
+    said = json.dumps(mine[1])
+    for name in ("team-ab", '"team-a"', "'team-a'", "alphabet", "bare-alpha", "victim", "job-"):
+        assert name not in said, (name, mine[1])
+    assert mine[1]["scope"] == "alpha" and [e["id"] for e in mine[1]["experiment_list"]] == ["team-a-notes"]
+    assert [n for n in mine[1]["run_notes"] if "team-a-notes" in n] == mine[1]["run_notes"] != []
+    assert "refusals" not in mine[1] and "descriptors" not in mine[1]  # the sink-wide counts are the --token's
+    assert any("team-ab-notes" in n for n in everything[1]["run_notes"]) and everything[1]["refused_points"] >= 26
+    assert jobs[0] == 200 and [(r["run"], r["scope"]) for r in jobs[1]["runs"]] == [("job-1", "alphabet")]

@@ -309,3 +309,30 @@ def test_a_scope_inventing_run_ids_pushes_out_its_own_runs_only() -> None:
     assert [r.run for r in book.runs("exp")] == ["theirs", "c", "d", "e"]
     again = book.resolve("exp", of("theirs", attempt=1), scope="team-b")  # its id was never free to take
     assert isinstance(again, Refused) and again.kind == "scope"
+
+
+def test_a_retried_goodbye_of_a_finished_run_is_taken_and_nothing_else_of_it() -> None:
+    """The run-ended check came before the retry's: a byte-identical retry of the request that ended
+    the run was refused as "another launch reuses its id" once the grace was over. The run keeps
+    the digests of the goodbyes it took (in its record too: a restarted sink knows them)."""
+    from rankscope.sink.testing import Retried
+
+    wall = Wall()
+    book = RunBook(linger=10.0, wall=wall)
+    book.resolve("exp", of("job"))
+    bye, other = b"\x01" * 16, b"\x02" * 16
+    changed = book.settle(("exp", "job"), 0, all_ended=True, goodbye=bye)
+    assert changed is not None and changed.record()["goodbyes"] == [bye.hex()]
+    assert book.settle(("exp", "job"), 0, all_ended=True, goodbye=bye) is None  # known
+    wall.now += 10
+    assert book.resolve("exp", of("job"), digest=bye) == Retried(("exp", "job"))
+    for digest in (other, b""):
+        refused = book.resolve("exp", of("job"), digest=digest)
+        assert isinstance(refused, Refused) and "another launch reuses its id" in refused.reason
+    assert isinstance(book.resolve("exp", of("job"), "another-scope", digest=bye), Refused)  # its scope's only
+
+    restored = RunBook(linger=10.0, wall=wall)
+    restored.add(Run.restored(changed.record(), attempt=0, last_seen=1000.0))
+    assert restored.resolve("exp", of("job"), digest=bye) == Retried(("exp", "job"))
+    said = [f"{i:032x}" for i in range(40)] + ["not hex", 7]
+    assert Run.restored({**changed.record(), "goodbyes": said}, 0, 0.0).goodbyes == said[24:40]  # the newest 16

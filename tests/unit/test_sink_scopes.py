@@ -1,10 +1,12 @@
-"""Scoped tokens as pure parts: the token file, the header to scope, a scope's experiments, and
-the control port as a scoped token sees it (``sink.edge.auth``, ``sink.edge.control``). Over real
-sockets: ``tests/integration/test_sink_scopes.py``."""
+"""Scoped tokens as pure parts: the token file, the header to scope, a scope's experiments (no two
+scopes share one: the overlap and separator rules), and the control port as a scoped token sees
+it (``sink.edge.auth``, ``sink.edge.control``, ``checked.Scope``), down to the overview of a sink
+that listens on no port. Over real sockets: ``tests/integration/test_sink_scopes.py``."""
 
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,24 @@ import pytest
 
 from rankscope.cli.app import build_parser
 from rankscope.cli.sink import sink_config
-from rankscope.sink.testing import ALL, Control, Keys, Scope, SpanQuery, authorized, load_tokens, scoped
+from rankscope.core import names as attr
+from rankscope.otlp.common import key_value
+from rankscope.otlp.raw import parse_metrics
+from rankscope.sink import Sink, SinkConfig
+from rankscope.sink.testing import (
+    ALL,
+    Client,
+    Control,
+    Keys,
+    Notes,
+    Scope,
+    SpanQuery,
+    authorized,
+    load_tokens,
+    scoped,
+)
+
+from ..victim import step_request
 
 SECRET = "a-secret-of-24-characters"
 
@@ -89,6 +108,164 @@ def test_the_token_file_is_toml_or_json_and_its_mistakes_are_named(tmp_path: Pat
         load_tokens(as_json)
 
 
+def _file(*scopes: tuple[str, list[str]]) -> dict[str, Any]:
+    """A tokens file's content: each scope its own token and these experiments."""
+    return {"scopes": {name: {"token": f"{SECRET}-{name}", "experiments": e} for name, e in scopes}}
+
+
+ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    ("one scope may take every experiment", _file(("all", ["*"]))),
+    ("a separator keeps neighbours apart", _file(("a", ["team-a-*"]), ("ab", ["team-ab-*"]))),
+    ("an exact id is not under the prefix of its own name", _file(("a", ["team-a-*"]), ("bare", ["team-a"]))),
+    (
+        "each separator is its own prefix",
+        _file(("dash", ["t-*"]), ("under", ["t_*"]), ("dot", ["t.*"]), ("sl", ["t/*"])),
+    ),
+    ("distinct exact ids", _file(("x", ["eval-x"]), ("y", ["eval-y", "eval-x2"]))),
+    ("an exact id beside a prefix it does not start with", _file(("a", ["a-*"]), ("b", ["ab", "b-*"]))),
+    ("entries of one scope may overlap each other", _file(("rl", ["grpo-*", "grpo-qwen", "grpo-qwen-*"]))),
+    ("a prefix that is only a separator", _file(("odd", ["-*"]), ("rest", ["team-*"]))),
+]
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "the same exact id",
+        _file(("a", ["shared"]), ("b", ["shared"])),
+        "'shared' and 'shared' both match experiment 'shared'",
+    ),
+    ("the same prefix", _file(("a", ["shared-*"]), ("b", ["x", "shared-*"])), r"'shared-\*' and 'shared-\*'"),
+    ("an id under another's prefix", _file(("a", ["team-a-*"]), ("b", ["team-a-x"])), r"'team-a-\*' and 'team-a-x'"),
+    ("an id that is another's prefix's text", _file(("a", ["team-a-"]), ("b", ["team-a-*"])), "experiment 'team-a-'"),
+    (
+        "a prefix under another's",
+        _file(("a", ["team-a-*"]), ("b", ["team-a-b-*"])),
+        "both match experiment 'team-a-b-'",
+    ),
+    ("the lone * beside another scope", _file(("all", ["*"]), ("b", ["b-x"])), r"'\*' and 'b-x'"),
+    ("two lone *", _file(("all", ["*"]), ("too", ["*"])), "both match every experiment"),
+    (
+        "an overlap between the 2nd and 3rd scope",
+        _file(("a", ["a-*"]), ("b", ["b-*"]), ("c", ["b-c-*"])),
+        "scope 'b' and scope 'c'",
+    ),
+    ("a prefix without its separator", _file(("a", ["team-a*"])), r"no separator before its '\*'.*write 'team-a-\*'"),
+    ("a prefix without its separator, alone", _file(("rl", ["grpo*"])), r"write 'grpo-\*'"),
+    ("an id holding a control character", _file(("a", ["new\nline"])), "control characters"),
+    ("an id past the edge's bound", _file(("a", ["x" * 257])), "of 257 characters"),
+]
+
+
+@pytest.mark.parametrize(("why", "found"), ACCEPTED, ids=[why for why, _ in ACCEPTED])
+def test_a_token_file_whose_scopes_share_no_experiment_loads(tmp_path: Path, why: str, found: dict[str, Any]) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps(found))
+    scopes = list(dict.fromkeys(load_tokens(path).values()))
+    assert [s.name for s in scopes] == list(found["scopes"]), why
+    assert all(a.overlap(b) is None for i, a in enumerate(scopes) for b in scopes[i + 1 :]), why
+
+
+@pytest.mark.parametrize(("why", "found", "said"), REFUSED, ids=[why for why, _, _ in REFUSED])
+def test_a_token_file_whose_scopes_can_share_an_experiment_is_refused(
+    tmp_path: Path, why: str, found: dict[str, Any], said: str
+) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps(found))
+    with pytest.raises(ValueError, match=said) as refused:
+        load_tokens(path)
+    assert str(refused.value).startswith(f"{path}: "), why  # the file named first
+    if "overlap" in str(refused.value):
+        first, second = (name for name in found["scopes"] if f"scope {name!r}" in str(refused.value))
+        assert f"scope {first!r} and scope {second!r} overlap: " in str(refused.value), why
+
+
+def test_an_overlap_is_found_exactly_when_one_id_is_allowed_by_both_scopes() -> None:
+    """``Scope.overlap`` against ``Scope.allows`` over every pair of entries: an overlap's example
+    id is allowed by both, and where none is found no id built from the entries is allowed by both
+    (experiment ids are any clean text, so the ids tried hold separators, stars, spaces and more)."""
+    entries = [
+        "*",
+        "-*",
+        "a",
+        "a-",
+        "a-*",
+        "a-b",
+        "a-b-*",
+        "a_*",
+        "a/*",
+        "a.*",
+        "ab",
+        "ab-*",
+        "b-*",
+        "a*",
+        "a b",
+    ]
+    ids = {"", "a", "ab", "a*", "a-*x", " ", "a b", "\u00e9"}
+    for entry in entries:
+        text = entry.removesuffix("*")
+        ids |= {text, text + "x", text + "-", text + "*", text[:-1], text + "b-x"}
+    for one in entries:
+        for other in entries:
+            a, b = Scope("a", (one,)), Scope("b", (other,))
+            found = a.overlap(b)
+            both = {i for i in ids if a.allows(i) and b.allows(i)}
+            if found is None:
+                assert both == set(), (one, other, both)
+            else:
+                assert found[:2] == (one, other) and a.allows(found[2]) and b.allows(found[2]), (one, other, found)
+                assert all(len(i) >= len(found[2]) for i in both), (one, other, found)  # the shortest
+            assert (found is None) == (b.overlap(a) is None), (one, other)  # symmetric
+
+
+def test_keys_refuse_overlapping_scopes_given_without_a_file() -> None:
+    with pytest.raises(ValueError, match="scope 'a' and scope 'ab' overlap: 'team-a-\\*' and 'team-a-b'"):
+        Keys(None, {SECRET: Scope("a", ("team-a-*",)), SECRET + "2": Scope("ab", ("team-a-b",))})
+    keys = Keys(None, {SECRET: Scope("a", ("team-a-*",)), SECRET + "2": Scope("ab", ("team-ab-*",))})
+    assert keys.scope_of(f"Bearer {SECRET}2") == Scope("ab", ("team-ab-*",))
+
+
+def test_run_notes_are_kept_per_scope_and_a_flood_of_one_scope_leaves_anothers() -> None:
+    notes = Notes(interval=10.0, shown=3, clock=lambda: 100.0)
+    notes.add("resume: experiment 'team-a-x' has no run to continue; run 'r1' is new", "a")
+    for i in range(200):  # another scope's flood of one kind, and of kinds
+        notes.add(f"resume: experiment 'team-ab-x' has no run 'gone-{i}'", "ab")
+        notes.add(f"kind: something else {string.ascii_letters[i // 52]}{string.ascii_letters[i % 52]}", "ab")
+    notes.add("replaying run x: 1 points refused")  # the sink's own
+    assert notes.listed("a") == ["resume: experiment 'team-a-x' has no run to continue; run 'r1' is new"]
+    assert notes.listed("ab")[-1] == "kind: something else dR" and len(notes.listed("ab")) == 3
+    assert not any("team-a-x" in n or "team-ab" in n for n in notes.listed(""))
+    assert notes.listed()[-1] == "replaying run x: 1 points refused"  # everyone's, for the sink's --token
+
+
+def test_the_overview_of_a_sink_lists_each_scopes_own_runs_and_notes(tmp_path: Path) -> None:
+    """A sink that listens on no port: the overview through each token's port (``scoped``)."""
+    a, ab = Scope("a", ("team-a-*", "team-a")), Scope("ab", ("team-ab-*",))
+    sink = Sink(SinkConfig(grpc_port=None, http_port=None, state_dir=None)).start()
+    try:
+        for scope, experiment in ((ab, "team-ab-x"), (ab, "team-ab-y"), (a, "team-a-x"), (ALL, "admins")):
+            assert sink.export_metrics(_parsed(step_request(experiment, "r", 0, 0)), Client(scope=scope)).rejected == 0
+        latest = step_request("team-ab-x", "r2", 0, 0)
+        latest.resource_metrics[0].resource.attributes.append(key_value(attr.RUN_RESUME, "latest"))
+        sink.export_metrics(_parsed(latest), Client(scope=ab))  # a run note of scope ab's: it names team-ab-x
+        control = Control(sink.queries, sink.commands)
+        mine, theirs = scoped(control, a).queries.overview(), scoped(control, ab).queries.overview()
+        assert [e["id"] for e in mine["experiment_list"]] == ["team-a-x"] and (mine["experiments"], mine["runs"]) == (
+            1,
+            1,
+        )
+        assert mine["run_notes"] == [] and "refusals" not in mine and "descriptors" not in mine
+        assert [e["id"] for e in theirs["experiment_list"]] == ["team-ab-x", "team-ab-x", "team-ab-y"]
+        assert any("team-ab-x" in n for n in theirs["run_notes"]), theirs["run_notes"]
+        everything = control.queries.overview()
+        assert everything["experiments"] == 4 and any("team-ab-x" in n for n in everything["run_notes"])
+        assert "refusals" in everything and "descriptors" in everything
+    finally:
+        sink.stop()
+
+
+def _parsed(request: Any) -> Any:
+    """An export as the transports hand it to the sink (``otlp.raw.parse_metrics``)."""
+    return parse_metrics(request.SerializeToString())
+
+
 def test_rankscope_sink_takes_a_token_file_from_its_flag_or_the_environment(tmp_path: Path, monkeypatch) -> None:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(f'[scopes.rl]\ntoken = "{SECRET}"\nexperiments = ["grpo-*"]\n')
@@ -110,11 +287,25 @@ class _Port:
     def configure(self, experiment_id: str, backends: Any) -> str:
         return "ok"
 
-    def overview(self) -> dict[str, Any]:
-        return {"experiment_list": [{"id": "grpo-a"}, {"id": "theirs"}], "runs": 2}
+    def __init__(self) -> None:
+        self.asked: list[Scope] = []
+
+    def overview(self, scope: Scope = ALL) -> dict[str, Any]:
+        self.asked.append(scope)
+        return {
+            "healthy": True,
+            "experiment_list": [{"id": "grpo-a"}, {"id": "theirs"}],
+            "runs": 2,
+            "run_notes": ["a note of its own"],
+            "refusals": {"experiment … is not among those of this token's scope …": 3},
+            "refused_points": 3,
+            "connections": {"closed": 1},
+            "admission": {"max_open": 4096, "per_client": 512, "clients": 7, "refused_runs": {"client": 1}},
+        }
 
     def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
-        return {"experiment": experiment_id}
+        runs = [{"run": "a", "scope": "rl"}, {"run": "b", "scope": ""}, {"run": "c", "scope": "vision"}]
+        return {"experiment": experiment_id, "client": "scope vision", "runs": runs}
 
     def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None:
         return []
@@ -142,7 +333,7 @@ def test_a_scoped_token_sees_its_own_experiments_only() -> None:
     port = _Port()
     seen = scoped(Control(port, port), Scope("rl", ("grpo-*",)))  # type: ignore[arg-type]
     read, control = seen.queries, seen.commands
-    assert read.status("grpo-a") == {"experiment": "grpo-a"} and read.status("theirs") is None
+    assert read.status("grpo-a") is not None and read.status("theirs") is None
     assert read.recent("theirs") is None and read.span_rows(SpanQuery("theirs")) is None
     assert control.pending_captures("theirs", "p") == [] and control.pending_captures("grpo-a", "p") != []
     assert str(control.report("theirs")).startswith("no experiment 'theirs'")
@@ -153,3 +344,22 @@ def test_a_scoped_token_sees_its_own_experiments_only() -> None:
         with pytest.raises(LookupError):
             call("theirs", "c", "p", 1)  # type: ignore[operator]
     assert read.overview()["experiment_list"] == [{"id": "grpo-a"}]
+
+
+def test_a_scoped_overview_holds_its_own_runs_and_notes_and_no_sink_wide_count() -> None:
+    port = _Port()
+    rl = Scope("rl", ("grpo-*",))
+    seen = scoped(Control(port, port), rl)  # type: ignore[arg-type]
+    assert seen.queries.overview(ALL) == {  # asked for everything, it still answers for its own scope
+        "scope": "rl",
+        "healthy": True,
+        "runs": 2,
+        "experiment_list": [{"id": "grpo-a"}],
+        "run_notes": ["a note of its own"],
+        "admission": {"max_open": 4096, "per_client": 512},  # the limits, not who holds runs
+    }
+    assert port.asked == [rl]  # the sink lists the scope's runs and notes before it cuts the list
+    status = seen.queries.status("grpo-a")
+    assert status is not None and status["client"] == "another scope"
+    assert [(r["run"], r["scope"]) for r in status["runs"]] == [("a", "rl"), ("b", ""), ("c", "another scope")]
+    assert port.status("grpo-a")["runs"][2]["scope"] == "vision"  # type: ignore[index]  # a copy was masked

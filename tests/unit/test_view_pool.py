@@ -9,7 +9,7 @@ from typing import Any
 
 from rankscope.backends.base import LoggerBackend, Metric, register_backend
 from rankscope.metrics.reduce import Reduce
-from rankscope.sink.testing import StepView, ViewPool, ViewWriter
+from rankscope.sink.testing import FairLine, StepView, ViewPool, ViewWriter
 
 WRITTEN: list[tuple[str, int, str]] = []
 """(experiment, step, thread name) of every step a ``Recording`` view wrote."""
@@ -203,3 +203,50 @@ def test_a_flood_of_new_runs_says_a_few_lines_not_one_each() -> None:
     assert said == [0, 0, 0] + [None] * 7
     lines._since -= 61.0  # the window passed
     assert lines.say() == 7 and lines.say() == 0
+
+
+def test_the_line_serves_one_clients_runs_after_anothers_whatever_their_number() -> None:
+    """A client with 1,000 runs waiting puts one turn, not 1,000, ahead of another client's run
+    (a flood of busy runs made an honest run's steps 9-46 s late)."""
+    line: FairLine[str] = FairLine()
+    for i in range(1000):
+        line.put("flood", f"flood-{i}")
+    line.put("victim", "victim-0")
+    line.put("other", "other-0")
+    line.put("victim", "victim-1")
+    served = [line.get() for _ in range(6)]
+    assert served == ["flood-0", "victim-0", "other-0", "flood-1", "victim-1", "flood-2"]
+    assert len(line) == 997
+    line.end()  # the threads end once the line is empty, not before
+    assert [line.get() for _ in range(997)][-1] == "flood-999"
+    assert line.get() is None
+
+
+def test_a_pool_writes_a_victims_step_before_most_of_a_flood_queued_ahead_of_it() -> None:
+    """Through the pool itself: one thread, held while 200 flood runs' steps are queued, then the
+    victim's step: written within the first turns, not after the 200."""
+    WRITTEN.clear()
+    GATE.clear()
+    threads: list[threading.Thread] = []
+    pool = ViewPool(1, spawner(threads), max_workers=1)
+    errors: list[str] = []
+
+    def writer(experiment: str, client: str, gate: bool = False) -> ViewWriter:
+        config = {"r": {"backend": "recording-test", "logging_mode": "global_reduce", "gate": gate}}
+        return ViewWriter(experiment, config, lambda w, e: errors.append(w), pool, client=client)
+
+    gated = writer("gate", "g", gate=True)
+    gated.step(view("gate", 0))  # holds the one thread until GATE
+    flood = [writer(f"flood-{i}", "flood") for i in range(200)]
+    victim = writer("victim", "victim")
+    for w in flood:
+        w.step(view(w.experiment, 1))
+    victim.step(view("victim", 1))
+    GATE.set()
+    for w in [gated, *flood, victim]:
+        assert w.wait_idle(30)
+        w.close(10)
+    pool.stop(10)
+    order = [experiment for experiment, _, _ in WRITTEN]
+    assert len(order) == 202 and errors == [], (len(order), errors[:3])
+    assert order.index("victim") <= 3, order[:5]

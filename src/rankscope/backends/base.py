@@ -48,6 +48,9 @@ class LoggerBackend:
     location: str | None = None
     """Where this view writes (a path, a run directory or URL, ``stdout``), once ``init`` ran: the
     sink prints it for each new experiment and its status route lists it."""
+    run_bytes: int = 0
+    """Bytes a run of this view writes at least: what a sink reserves of a client's disk budget
+    for each of its runs before the first is measured (``sink.runs.disk``)."""
 
     def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
         self.logger_backend_config = dict(logger_backend_config or {})

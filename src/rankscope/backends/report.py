@@ -54,6 +54,9 @@ _STATUS_FIELDS = (
 
 
 class ReportBackend(LoggerBackend):
+    run_bytes = 5 << 20
+    """A page inlines plotly.js (4.8 MB), so that it opens offline."""
+
     def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
         config = {"logging_mode": LoggingMode.GLOBAL_REDUCE.value, **(logger_backend_config or {})}
         super().__init__(config)

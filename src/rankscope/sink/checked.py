@@ -47,6 +47,41 @@ class Limits:
     max_buckets: int = MAX_BUCKETS
     """Buckets of one ExponentialHistogram side (scale 6 spans the finite doubles in ~131k)."""
 
+    # What one request may cost (``edge.cost``): past a bound it is refused whole, before any of it
+    # is decoded (points, spans, log records, resources: counted while the body is walked,
+    # ``otlp.raw``) or taken (experiments), and new runs past theirs wait for the client's retry.
+    # Each default is twice or more what the largest honest sender sends (docs/sink.md, "Limits").
+    max_points: int = 1 << 20
+    """Points of one request (a metric without points, a scope without metrics: one each). A
+    Collector gateway forwards its merge window once it holds 200,000 points (``rankscopemerge``'s
+    ``max_points``): at most that plus the request that filled it, an agent's window of as many
+    plus one process's step (``max_keys_per_step``, 100,000): about 500,000. The SDK's exporter
+    sends 8,192 points a request, or one whole step: 10,000 for a 10,000-key process."""
+    max_records: int = 1 << 16
+    """Spans of one traces request, log records of one logs request (a scope without any: one each).
+    The SDK's exporter sends 4,096 spans a request (``export.outboxes.SpanOutbox``), the OTel SDK's
+    batch processors 512; an agent Collector's ``batch`` forwards 8,192 and the request that filled
+    it, which a gateway passes on as it came: about 12,000."""
+    max_resources: int = 16_384
+    """ResourceMetrics (ResourceSpans, ResourceLogs) of one request: one per process (the SDK sends
+    one; a gateway's window holds each process's flush markers under the process's Resource, once
+    per request it got from it), as many as one run may hold processes (``ExperimentLimits.max_processes``)."""
+    max_experiments: int = 1024
+    """Experiments one request names: more than one client may hold runs open (``RunLimits.per_client``,
+    512 by default; a gateway is one client), so a request over it would be refused in part anyway."""
+    max_new_runs: int = 128
+    """Runs one request may open (each opens its log and views: a few milliseconds, an fsync): the
+    rest of the request is answered 429 and opened by the client's retry, which the sink knows by
+    its digests and does not merge twice. Spans and log records have no digest: a traces or logs
+    request opens all its runs before it takes anything (``runs.opening.Opener.resolve_first``), so
+    one answered 429 took nothing, and its retry finds open the runs it opened. Only a burst of as
+    many jobs starting within one of a gateway's 200 ms windows opens more."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_points", "max_records", "max_resources", "max_experiments", "max_new_runs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"limits: {name} must be >= 1, got {getattr(self, name)!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class Scope:
@@ -55,7 +90,11 @@ class Scope:
     A scope may write the experiments it names: each entry of ``experiments`` is an exact
     experiment id, or a prefix when it ends in ``*`` (``"*"``: every experiment). The run book
     records the scope that created each run (``runs.runbook``): only that scope may resume it,
-    restart it with a higher attempt, say goodbye to it or send to it."""
+    restart it with a higher attempt, say goodbye to it or send to it.
+
+    Scopes of one sink never share an experiment (``overlap``: ``edge.auth.load_tokens`` refuses
+    a tokens file where they would): an experiment id is any clean text (``clean_text``), so two
+    entries are disjoint only when no id can match both, which ``overlap`` decides exactly."""
 
     name: str = ""
     """The scope's name (``""``: the sink's one ``--token``, or everyone on a sink without tokens)."""
@@ -64,16 +103,41 @@ class Scope:
     def allows(self, experiment: str) -> bool:
         """Whether this scope may write ``experiment``."""
         for entry in self.experiments:
-            if entry.endswith("*") and experiment.startswith(entry[:-1]):
-                return True
-            if entry == experiment:
+            text, prefix = _pattern(entry)
+            if experiment.startswith(text) if prefix else experiment == text:
                 return True
         return False
+
+    def overlap(self, other: Scope) -> tuple[str, str, str] | None:
+        """An entry of this scope and one of ``other`` that both match some experiment id, and the
+        shortest such id (``""``: both take every id); None when no id is allowed by both."""
+        for mine in self.experiments:
+            for theirs in other.experiments:
+                common = _common(_pattern(mine), _pattern(theirs))
+                if common is not None:
+                    return mine, theirs, common
+        return None
 
     @property
     def label(self) -> str:
         """How answers name the scope."""
         return f"scope {self.name[:64]!r}" if self.name else "the sink's all-experiments scope"
+
+
+def _pattern(entry: str) -> tuple[str, bool]:
+    """An entry of ``Scope.experiments`` as (its text, whether it is a prefix): ``"grpo-*"`` is
+    ``("grpo-", True)``, ``"eval"`` is ``("eval", False)``, ``"*"`` is ``("", True)``."""
+    return (entry[:-1], True) if entry.endswith("*") else (entry, False)
+
+
+def _common(a: tuple[str, bool], b: tuple[str, bool]) -> str | None:
+    """The shortest experiment id two entries (``_pattern``) both match, or None: two exact ids
+    only when equal, an exact id and a prefix when the id starts with it, two prefixes when one
+    starts with the other (the longer is then the shortest id both take)."""
+    (x, x_prefix), (y, _) = sorted((a, b), key=lambda p: len(p[0]))
+    if x_prefix:  # every id both take starts with the longer text, and it is one
+        return y if y.startswith(x) else None
+    return x if x == y else None  # an exact id no longer than the other's text: only that text itself
 
 
 ALL = Scope()
@@ -185,6 +249,11 @@ class ResourceBatch:
     @property
     def point_count(self) -> int:
         return sum(len(s.keys) for s in self.states) + len(self.plain) + len(self.samples)
+
+    @property
+    def record_count(self) -> int:
+        """Of a logs request's batch: its streamed values, log records and sample rows."""
+        return len(self.streams) + len(self.logs) + len(self.samples)
 
 
 Group = tuple[str, str | None, int]

@@ -3,12 +3,13 @@
 CLI flags and ``RANKSCOPE_SINK_*`` map here. What travels together is nested, each part declared
 and validated where it is used: ``transport`` (``edge.ports.Transport``: what the servers read),
 ``limits`` (``checked.Limits``: what one request may carry), ``book`` (``book.config.BookConfig``:
-one run's step book, with its ``ExperimentLimits`` and detector ``Thresholds``) and ``runs``
-(``RunLimits``: the runs the sink holds).
+one run's step book, with its ``ExperimentLimits`` and detector ``Thresholds``), ``runs``
+(``RunLimits``: the runs the sink holds) and ``disk`` (``DiskLimits``: what their views may write).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "glob
 """The views of an experiment when neither the sink nor the experiment's processes chose any."""
 
 
+GiB = 1 << 30
+
 JOB_START_HOLD = 2.0
 """``start_hold`` of the sink of one job, whose processes start together (embedded, ``rankscope run``)."""
 
@@ -34,9 +37,11 @@ class RunLimits:
     """Runs of every experiment open at once; when full, an ended or quiet run closes to make room."""
     per_experiment: int = 256
     """Runs of one experiment open at once, not counting those that ended."""
-    per_client: int = 1024
-    """Runs one client (its token's scope, else its address) opened that are open and have not
-    ended. A Collector gateway is one client: give it a token of its own, or raise this."""
+    per_client: int = 0
+    """Runs one client (its token's scope, else its address: an IPv6 one by its /64) opened that
+    are open and have not ended. 0: an eighth of ``max_open`` (512), so that a few clients cannot
+    fill the sink, tokens or not. A Collector gateway is one client: give it a token of its own,
+    or raise this."""
     quiet_after: float = 60.0
     """Seconds without data after which a run gives its file descriptors back (its log's segment,
     its views' files; reopened on new data)."""
@@ -48,10 +53,37 @@ class RunLimits:
     embedded sink) keeps it open until it stops: it asks for the run's spans and report then."""
 
     def __post_init__(self) -> None:
+        if self.per_client == 0:
+            object.__setattr__(self, "per_client", max(1, self.max_open // 8))
         if min(self.max_open, self.per_experiment, self.per_client) < 1:
-            raise ValueError("run limits must be at least 1")
+            raise ValueError("run limits must be at least 1 (per_client 0: an eighth of max_open)")
         if not (self.quiet_after > 0 and self.idle_timeout > 0):
             raise ValueError("quiet_after and idle_timeout must be > 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiskLimits:
+    """What the views of the sink's runs may write (``SinkConfig.disk``)."""
+
+    per_client_bytes: int = 0
+    """Bytes one client's runs' views may have written; a new run past it is refused. 0: an
+    eighth of the free space when the sink starts, at least 1 GiB."""
+    min_free_bytes: int = 0
+    """Free space the sink leaves on the views' file system: under it, new runs and points are
+    refused. 0: 5 % of the file system, at least 1 GiB and at most 50 GiB."""
+    where: Path = Path(".")
+    """A path on the file system the views write to (the sink's working directory)."""
+
+    def __post_init__(self) -> None:
+        if self.per_client_bytes < 0 or self.min_free_bytes < 0:
+            raise ValueError("disk: per_client_bytes and min_free_bytes must be >= 0 (0: derived)")
+
+    def resolved(self) -> DiskLimits:
+        """With the derived defaults filled in from the file system as it is now."""
+        usage = shutil.disk_usage(self.where)
+        per_client = self.per_client_bytes or max(GiB, usage.free // 8)
+        floor = self.min_free_bytes or min(50 * GiB, max(GiB, usage.total // 20))
+        return DiskLimits(per_client_bytes=per_client, min_free_bytes=floor, where=self.where)
 
 
 @dataclass(kw_only=True)
@@ -77,6 +109,12 @@ class SinkConfig:
     """Write-ahead log directory: acknowledged data survives a crash. None: memory only."""
     max_in_flight: int = 64
     """Requests being taken at once, both transports together; more are answered retry-later."""
+    max_points_in_flight: int = 1 << 21
+    """Points being taken at once (a span or log record weighs ``edge.cost.RECORD_WEIGHT``), counted
+    before a request is decoded (``edge.gate``): a request within its share (this divided by
+    ``max_in_flight``: 32,768) always passes; larger ones share it, and one that does not fit is
+    answered retry-later (one larger than all of it passes alone). Twice ``Limits.max_points``: four
+    of a Collector gateway's largest requests (about 4 s of work on one core) fit at once. 0: unbounded."""
     trace_retain_steps: int = 64
     """Steps whose spans an experiment keeps (``rankscope gantt``, straggler views)."""
     max_spans: int = 200_000
@@ -92,6 +130,8 @@ class SinkConfig:
     """Seconds between two detector-asked captures of one experiment (a flapping detector)."""
     limits: Limits = field(default_factory=Limits)
     """What one request may carry (``edge.validate``, the edge)."""
+    disk: DiskLimits = field(default_factory=DiskLimits)
+    """What the runs' views may write: per client, and a floor of free space (``runs.disk``)."""
     runs: RunLimits = field(default_factory=RunLimits)
     """How many runs the sink holds open, per experiment and per client, and when an open run
     gives back its descriptors or closes (``runs.quotas``, ``runs.upkeep``)."""
@@ -110,7 +150,7 @@ class SinkConfig:
     """How long ``stop`` waits for the views; with a state directory, the rest is replayed on start."""
 
     def __post_init__(self) -> None:
-        if self.view_workers < 1 or self.max_in_flight < 0:
-            raise ValueError("view_workers must be >= 1 and max_in_flight >= 0")
+        if self.view_workers < 1 or min(self.max_in_flight, self.max_points_in_flight) < 0:
+            raise ValueError("view_workers must be >= 1, max_in_flight and max_points_in_flight >= 0")
         if not (self.tick > 0 and self.stop_timeout >= 0):
             raise ValueError("tick must be > 0 and stop_timeout >= 0")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .book.traces import StoredSpan
-from .checked import SpanQuery
+from .checked import ALL, Scope, SpanQuery
 from .config import SinkConfig
 from .runs.closed import ClosedRuns
 from .runs.closing import Closer
@@ -59,6 +59,7 @@ class Queries:
         closer: Closer,
         health: Callable[[], tuple[bool, list[str]]],
         internal_errors: list[str],
+        connections: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.config = config
         self.tenants = tenants
@@ -68,6 +69,8 @@ class Queries:
         self._closer = closer
         self._health = health
         self._internal_errors = internal_errors
+        self._connections = connections
+        """What the HTTP transport's connection rules did (``edge.connections.Counts``)."""
 
     def health(self) -> tuple[bool, list[str]]:
         """(healthy, problems): every supervised thread that should run is running."""
@@ -82,13 +85,15 @@ class Queries:
             return self._closed.status_of(experiment_id, run)
         return self._statuses.of(tenant)
 
-    def overview(self) -> dict[str, Any]:
-        """The sink as a whole (the status route without ``?experiment=``)."""
+    def overview(self, scope: Scope = ALL) -> dict[str, Any]:
+        """The sink as a whole (the status route without ``?experiment=``); its runs and run notes as
+        ``scope`` sees them (its experiments', its own notes), listed before they are cut to 100 (the
+        sink-wide counts are the caller's to withhold: ``edge.control.ScopedQueries``)."""
         healthy, problems = self.health()
         registry = self.tenants
         with registry.lock:
-            tenants = sorted(registry.open.items())
-            experiments = len({key[0] for key in registry.open})
+            tenants = sorted(kv for kv in registry.open.items() if scope is ALL or scope.allows(kv[0][0]))
+            experiments = len({key[0] for key, _ in tenants})
             admission = registry.quotas.status()
         listed = []
         for (experiment_id, run), tenant in tenants[:100]:
@@ -110,13 +115,15 @@ class Queries:
             "experiments": experiments,
             "runs": len(tenants),
             "experiment_list": listed,
-            "run_notes": registry.notes.listed(),
+            "run_notes": registry.notes.listed(None if scope is ALL else scope.name),
             "evicted_experiments": self._closed.evicted,
             "closing_runs": self._closer.closing,
             **self.tally.overview(),
             "internal_errors": len(self._internal_errors),
             "durable": self.config.state_dir is not None,
             "descriptors": registry.descriptors.status(),
+            "disk": registry.disk.status(),
+            "connections": self._connections(),
             "admission": admission,
         }
 

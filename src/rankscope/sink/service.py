@@ -37,17 +37,18 @@ from ..backends.base import Metric
 from ..core.anomalies import NonFinite
 from ..metrics.reduce import Reduce
 from .book.traces import StoredSpan
-from .checked import OnError, Refusals, ResourceBatch, SpanQuery
+from .checked import Refusals, ResourceBatch, SpanQuery
 from .commands import Commands
 from .config import SinkConfig
 from .durable.descriptors import Descriptors, Plan, nofile_limit, open_descriptors, out_of_descriptors
 from .durable.wal import ExperimentLog, WriteAheadLog, encode_record
+from .edge.connections import Counts
 from .edge.errors import Kind, OverloadedError
 from .edge.gate import Gate
 from .edge.grpc_server import start_grpc
 from .edge.http_server import start_http
 from .edge.ports import LOCAL, Client, Control, Result
-from .edge.validate import check_resource, logs_batches, metrics_batches
+from .edge.validate import logs_batches, metrics_batches, traces_parts
 from .queries import Queries, recent_of
 from .runs.closed import ClosedRuns
 from .runs.closing import Closer
@@ -57,53 +58,12 @@ from .runs.status import RunStatus
 from .runs.tenant import Tenant
 from .runs.upkeep import Upkeep
 from .runs.view_configs import ViewConfigs
+from .supervisor import Supervisor
 from .tally import Tally
 from .views.captures import ask_stragglers
 from .views.step import StepView
 
 log = logging.getLogger("rankscope.sink")
-
-
-class Supervisor:
-    """The sink's own threads, supervised: one that raises is named by ``health`` (``/healthz`` 503)."""
-
-    def __init__(self, on_error: OnError, stopping: threading.Event) -> None:
-        self._on_error = on_error
-        self._stopping = stopping
-        self.threads: dict[str, threading.Thread] = {}
-        self.dead: dict[str, str] = {}
-
-    def spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
-        """``target`` on a daemon thread named ``rankscope-sink-NAME`` (``edge.ports.Spawn``)."""
-
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:
-                self.dead[name] = f"{type(exc).__name__}: {exc}"
-                self._on_error(f"thread {name}", exc)
-
-        thread = threading.Thread(target=run, name=f"rankscope-sink-{name}", daemon=True)
-        self.threads[name] = thread
-        thread.start()
-        return thread
-
-    def join(self, names: tuple[str, ...], timeout: float) -> None:
-        """Wait for the named threads to end (the sink is stopping), ``timeout`` each at most."""
-        for name in names:
-            thread = self.threads.get(name)
-            if thread is not None:
-                thread.join(timeout)
-
-    def health(self) -> tuple[bool, list[str]]:
-        """(healthy, problems): every supervised thread that should run is running."""
-        problems = [f"thread {name} died: {why}" for name, why in self.dead.items()]
-        if not self._stopping.is_set():
-            for name in ("finalizer", "closer", "wal-syncer"):
-                thread = self.threads.get(name)
-                if thread is not None and not thread.is_alive() and name not in self.dead:
-                    problems.append(f"thread {name} is not running")
-        return not problems, problems
 
 
 class Sink:
@@ -127,14 +87,18 @@ class Sink:
         """Refusals by kind, plain OTel points and spans received, across experiments."""
         self._stop = threading.Event()
         self.supervisor = Supervisor(self._internal_error, self._stop)
-        self.gate = Gate(self.config.max_in_flight, self._stop)
+        self.gate = Gate(self.config.max_in_flight, self._stop, self.config.max_points_in_flight)
         self.wal = WriteAheadLog(self.config.state_dir) if self.config.state_dir is not None else None
         self.tenants = Tenants(self.config, Descriptors(self.plan))
         """The open runs (``runs.registry``)."""
-        self.closed = ClosedRuns(self.tenants)
+        self.statuses = RunStatus(self.tenants)
+        self.closed = ClosedRuns(self.tenants, state_dir=c.state_dir, runs_of=self.statuses.runs_of)
         self.views = ViewConfigs(self.config, self.tenants, self.tally, self._internal_error, self.supervisor.spawn)
         """Every run's views and the threads that write them (``runs.view_configs``)."""
-        self.statuses = RunStatus(self.tenants)
+        self.connections = Counts()
+        """What the HTTP transport's connection rules did (``edge.connections``), for the status route."""
+        self.grpc_connections = Counts()
+        """...and the gRPC transport's (``edge.front``)."""
         self.closer = Closer(self.tenants, self.closed, self.config, final_status=self.statuses.of)
         self.queries = Queries(
             self.config,
@@ -145,6 +109,7 @@ class Sink:
             closer=self.closer,
             health=self.supervisor.health,
             internal_errors=self.internal_errors,
+            connections=lambda: {"http": self.connections.status(), "grpc": self.grpc_connections.status()},
         )
         """What the control routes read (``edge.ports.ControlQueries``): status, spans, recent steps."""
         self.commands = Commands(self.queries, self.tenants, self.views, self.gate, self._finalize)
@@ -180,7 +145,14 @@ class Sink:
                 self.plan.connections,
             )
         if c.grpc_port is not None:
-            server, self.grpc_port = start_grpc(self, transport, c.grpc_port)
+            server, self.grpc_port = start_grpc(
+                self,
+                transport,
+                c.grpc_port,
+                spawn,
+                counts=self.grpc_connections,
+                on_exhausted=self.tenants.descriptors.exhausted,
+            )
             self._servers.append(server)
         if c.http_port is not None:
             exhausted = self.tenants.descriptors.exhausted
@@ -192,6 +164,7 @@ class Sink:
                 spawn,
                 exhausted,
                 max_id_chars=c.limits.max_id_chars,
+                counts=self.connections,
             )
             self._servers.append(server)
         spawn("finalizer", self._run_finalizer)
@@ -256,14 +229,14 @@ class Sink:
     # -- ingest (``edge.ports.Ingest``: called by the transports) ---------------------------
 
     def export_metrics(self, request: Any, client: Client = LOCAL) -> Result:
-        with self.gate:
-            refused = Refusals()
-            batches = metrics_batches(request, self.config.limits, refused)
+        with self.gate as call:
+            refused, opens = Refusals(), self.opener.openings(client)
+            batches = metrics_batches(request, self.config.limits, refused, self.tally.refusal, call)
             waits: dict[ExperimentLog, int] = {}
             for batch in batches:
                 self.tally.foreign(batch.foreign)
                 n = batch.point_count + len(batch.markers) + int(batch.goodbye)  # a refused goodbye counts
-                tenant = self.opener.resolve(batch.experiment, batch.resource, refused, n, client)
+                tenant = self.opener.resolve(batch.experiment, batch.resource, refused, n, client, batch.digest, opens)
                 if tenant is None:
                     continue
                 with tenant.lock:
@@ -271,10 +244,11 @@ class Sink:
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
                     ended, attempt = tenant.book.roster.finished, tenant.book.attempt
-                self.opener.settle(tenant, ended, attempt)  # a last goodbye finishes the run (``runs.runbook``)
+                self.opener.settle(tenant, ended, attempt, batch)  # a last goodbye ends the run (``runs.runbook``)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
                 raise OverloadedError(Kind.NOT_DURABLE, "the sink could not make the data durable; retry")
+            opens.check()  # runs not opened (past ``max_new_runs``, the client gone): for the retry
             return Result.of(refused.received, refused)
 
     def _apply(self, tenant: Tenant, batch: ResourceBatch, refused: Refusals) -> None:
@@ -314,14 +288,15 @@ class Sink:
 
     def export_logs(self, request: Any, client: Client = LOCAL) -> Result:
         """Streamed values and ordinary log records go to the views at once; sample rows are merged
-        into their steps like points (logged first, so an acknowledged row survives a crash)."""
-        with self.gate:
+        into their steps like points (logged first, so an acknowledged row survives a crash). Its runs
+        are all opened before any record is taken (``Opener.resolve_first``)."""
+        with self.gate as call:
             refused = Refusals()
-            total = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+            batches = logs_batches(request, self.config.limits, refused, self.tally.refusal, call)
+            wanted = [(b.experiment, b.resource, refused, b.record_count) for b in batches]
+            tenants = self.opener.resolve_first(wanted, client, self.tally.refusal)
             waits: dict[ExperimentLog, int] = {}
-            for batch in logs_batches(request, self.config.limits, refused):
-                n = len(batch.streams) + len(batch.logs) + len(batch.samples)
-                tenant = self.opener.resolve(batch.experiment, batch.resource, refused, n, client)
+            for batch, tenant in zip(batches, tenants, strict=True):
                 if tenant is None:
                     continue
                 streamed = [row for row in batch.samples if row.side == "stream"]
@@ -351,24 +326,21 @@ class Sink:
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
                 raise OverloadedError(Kind.NOT_DURABLE, "the sink could not make the data durable; retry")
-            return Result.of(total, refused)
+            return Result.of(refused.received, refused)
 
     def export_traces(self, request: Any, client: Client = LOCAL) -> Result:
         """Store spans per experiment. Spans not kept (no experiment id, malformed ids, older than the
-        retained steps or over ``max_spans``) are answered as rejected, with the reason."""
-        with self.gate:
-            result = Result()
-            for rs in request.resource_spans:
-                n = sum(len(ss.spans) for ss in rs.scope_spans)
-                self.tally.spans(n)
-                checked = check_resource(rs.resource, self.config.limits)
-                if isinstance(checked, str):
-                    result.rejected += n
-                    result.errors.append(f"{n} spans: {checked}")
-                    self.tally.refusal(Refusals(n, [checked]))
-                    continue
-                refused = Refusals()
-                tenant = self.opener.resolve(checked[0], checked[1], refused, n, client)
+        retained steps or over ``max_spans``) are answered as rejected, with the reason. Its runs are
+        all opened before any span is taken (``Opener.resolve_first``)."""
+        with self.gate as call:
+            edge = Refusals()  # spans of Resources refused at the edge
+            parts = traces_parts(request, self.config.limits, edge, self.tally.refusal, call)
+            wanted = [(p.experiment, p.resource, Refusals(), p.n) for p in parts]
+            tenants = self.opener.resolve_first(wanted, client, self.tally.refusal)
+            self.tally.spans(edge.received)
+            self.tally.refusal(edge)
+            result = Result(0, edge.count, edge.reasons)
+            for (_, resource, refused, n), tenant, part in zip(wanted, tenants, parts, strict=True):
                 if tenant is None:
                     result.rejected += n
                     result.errors.extend(refused.reasons)
@@ -382,14 +354,16 @@ class Sink:
                         result.errors.append(f"{n} spans: the sink's file descriptors are all held by runs writing now")
                         continue
                     try:
-                        process = tenant.book.process_for(checked[1])
+                        process = tenant.book.process_for(resource)
                         if process is None or process.reused:
                             accepted, rejected = 0, n
                             tenant.book.traces.refused += n
                         else:
                             e = tenant.book
                             limits = self.config.limits
-                            accepted, rejected = e.traces.ingest(process, rs.scope_spans, e.step_at, refused, limits)
+                            accepted, rejected = e.traces.ingest(
+                                process, part.scope_spans, e.step_at, refused, limits, horizon=e.horizon
+                            )
                     except Exception as exc:
                         tenant.failed("trace ingest", exc)
                         result.rejected += n

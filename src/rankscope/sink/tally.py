@@ -7,9 +7,10 @@ entry rather than being cleared, so nobody can wipe what the operator is looking
 views dropped (a run's inbox full) is counted by the kind of data, across runs, evicted ones too.
 
 ``Notes`` are what the sink says about runs (a resume refused or mapped, a log set aside): by
-kind too, each kind logged at most once per ``NOTE_INTERVAL`` with the count of those not
-logged, and kept as one entry (its count and latest example), so 2,000 refusals of one kind
-write one line and leave the other kinds in the status route.
+token scope (a scoped token lists its own) and kind, each kind logged at most once per
+``NOTE_INTERVAL`` with the count of those not logged, and kept as one entry (its count and
+latest example), so 2,000 refusals of one kind write one line and leave the other kinds in the
+status route.
 """
 
 from __future__ import annotations
@@ -94,12 +95,17 @@ class Tally:
 NOTE_INTERVAL = 10.0
 """Seconds between two log lines of one kind of note (the others are counted, and said with the next)."""
 MAX_NOTE_KINDS = 100
-"""Kinds of note kept (the least recently said goes first); the status route shows the newest 20."""
+"""Kinds of note kept per owner (the least recently said goes first); the status route shows the newest 20."""
 
 
 class Notes:
     """What the sink says about runs: logged at most once per ``interval`` per kind (``kind_of``),
-    with how many of that kind were not logged since; kept per kind, its count and latest example."""
+    with how many of that kind were not logged since; kept per kind, its count and latest example.
+
+    Each note is its ``owner``'s: the name of the token scope whose request it is about
+    (``checked.Scope``; ``""``: the sink's all-experiments scope, and what the sink says on its
+    own). Kinds are kept and throttled per owner, so a scoped token lists its own notes only and
+    another scope's flood neither silences nor pushes out its kinds."""
 
     def __init__(
         self,
@@ -114,20 +120,20 @@ class Notes:
         self.clock = clock
         self.logger = logger
         self._lock = threading.Lock()
-        self._kinds: OrderedDict[str, _Note] = OrderedDict()
-        """Kind -> its note, the most recently said last."""
+        self._kinds: OrderedDict[tuple[str, str], _Note] = OrderedDict()
+        """(owner, kind) -> its note, the most recently said last."""
 
-    def add(self, note: str) -> None:
-        """Say ``note``: logged (WARNING) unless one of its kind was logged within ``interval``."""
-        kind = kind_of(note)
+    def add(self, note: str, owner: str = "") -> None:
+        """Say ``note`` (``owner``'s): logged (WARNING) unless one of its kind and owner was logged
+        within ``interval``."""
+        key = (owner, kind_of(note))
         now = self.clock()
         with self._lock:
-            found = self._kinds.pop(kind, None)
+            found = self._kinds.pop(key, None)
             if found is None:
                 found = _Note(now - self.interval)
-                while len(self._kinds) >= MAX_NOTE_KINDS:
-                    self._kinds.popitem(last=False)
-            self._kinds[kind] = found
+                self._make_room(owner)
+            self._kinds[key] = found
             found.count += 1
             found.latest = note
             if now - found.logged < self.interval:
@@ -137,10 +143,17 @@ class Notes:
         more = f" (and {unlogged} more like it in the last {self.interval:g} s)" if unlogged else ""
         self.logger.warning("rankscope sink: %s%s", note, more)
 
-    def listed(self) -> list[str]:
-        """The newest ``shown`` kinds, oldest first: each its latest note, with its count when over one."""
+    def _make_room(self, owner: str) -> None:
+        """Forget ``owner``'s least recently said kinds past ``MAX_NOTE_KINDS`` (under the lock)."""
+        held = [key for key in self._kinds if key[0] == owner]
+        for key in held[: max(0, len(held) - MAX_NOTE_KINDS + 1)]:
+            del self._kinds[key]
+
+    def listed(self, owner: str | None = None) -> list[str]:
+        """The newest ``shown`` kinds (``owner``'s only; None: everyone's), oldest first: each its
+        latest note, with its count when over one."""
         with self._lock:
-            kinds = list(self._kinds.values())[-self.shown :]
+            kinds = [n for (o, _), n in self._kinds.items() if owner is None or o == owner][-self.shown :]
             return [n.latest if n.count == 1 else f"{n.latest} [{n.count} of this kind]" for n in kinds]
 
 

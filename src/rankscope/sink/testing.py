@@ -31,24 +31,30 @@ from .checked import (
 )
 from .config import RunLimits
 from .durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
+from .durable.retired import RetiredStore
 from .durable.wal import HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, atomic_write, encode_record
 from .edge.auth import Keys, authorized, load_tokens
 from .edge.bodies import decode_body, hex_ids_to_base64
 from .edge.connections import QuietLog
 from .edge.control import ControlRoutes, scoped
-from .edge.errors import ANSWERS, HttpError, Kind, OverloadedError, Refusal
+from .edge.cost import RECORD_WEIGHT
+from .edge.errors import ANSWERS, HttpError, Kind, OverloadedError, Refusal, RefusedError
+from .edge.gate import Gate
 from .edge.grpc_server import abort
 from .edge.http_server import error_response
 from .edge.listener import Listener
 from .edge.ports import Client, Control
-from .edge.validate import metrics_batches
+from .edge.validate import logs_batches, metrics_batches, traces_parts
 from .embedded import announce, discover, runtime_dir, withdraw
+from .runs.disk import DiskBudget, size_of
+from .runs.opening import Openings
 from .runs.quotas import Quotas
-from .runs.runbook import Refused, Resolved, Run, RunBook
+from .runs.runbook import Refused, Resolved, Retried, Run, RunBook
 from .runs.upkeep import ENDED_MARGIN, Agenda
 from .tally import Notes, kind_of
 from .views.anomalies import DETECTORS, Watch
 from .views.detectors.base import StepFacts, Thresholds
+from .views.fair import FairLine
 from .views.step import StepView
 from .views.viewset import SaidLines
 from .views.writer import ViewPool, ViewWriter
@@ -62,6 +68,7 @@ __all__ = [
     "JOURNAL",
     "MAX_CLOCK_SKEW_NS",
     "MAX_QUERY_RANKS",
+    "RECORD_WEIGHT",
     "SPARE",
     "Admission",
     "Agenda",
@@ -70,9 +77,12 @@ __all__ = [
     "ControlRoutes",
     "Counts",
     "Descriptors",
+    "DiskBudget",
     "ExperimentLimits",
     "ExperimentLog",
+    "FairLine",
     "Finished",
+    "Gate",
     "HttpError",
     "Keys",
     "Kind",
@@ -80,6 +90,7 @@ __all__ = [
     "Limits",
     "Listener",
     "Notes",
+    "Openings",
     "OverloadedError",
     "Plan",
     "Process",
@@ -88,8 +99,11 @@ __all__ = [
     "Refusal",
     "Refusals",
     "Refused",
+    "RefusedError",
     "Resolved",
     "ResourceBatch",
+    "RetiredStore",
+    "Retried",
     "Roster",
     "Run",
     "RunBook",
@@ -126,6 +140,7 @@ __all__ = [
     "judge",
     "kind_of",
     "load_tokens",
+    "logs_batches",
     "merge_rows",
     "metrics_batches",
     "out_of_descriptors",
@@ -134,10 +149,12 @@ __all__ = [
     "reduced",
     "runtime_dir",
     "scoped",
+    "size_of",
     "span_attributes",
     "span_text",
     "straggler_metrics",
     "stragglers",
+    "traces_parts",
     "view_of",
     "withdraw",
 ]

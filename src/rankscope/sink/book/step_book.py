@@ -276,12 +276,17 @@ class StepBook:
             self.counts.refused += n
         return process
 
+    @property
+    def horizon(self) -> int:
+        """The highest step data may be for now: ``step_window`` ahead of the frontier."""
+        return self.steps.frontier + self.config.step_window
+
     def logs(self, batch: ResourceBatch, refused: Refusals) -> list[tuple[int, Any]]:
         """(step, record) of the batch's ordinary log records that fit ``max_logs_per_step``
         (a record without a step: ``step_at`` its time); the rest are refused."""
         out = []
         window = self.config.step_window
-        horizon = self.steps.frontier + window
+        horizon = self.horizon
         before = refused.count
         for record in batch.logs:
             step = record.step if record.step is not None else self.step_at(record.time_unix_nano)

@@ -190,11 +190,14 @@ class TraceStore:
         step_at: Callable[[int], int] | None = None,
         refused: Refusals | None = None,
         limits: Limits = _LIMITS,
+        horizon: int | None = None,
     ) -> tuple[int, int]:
         """Store one ResourceSpans' spans for ``process``; returns (accepted, rejected): a span
-        ``checked.check_span`` refuses is counted, with its reason, in ``refused``; what a kept
-        span says is cleaned and bounded (``checked.span_text``, ``checked.span_attributes``).
-        ``step_at(start_ns)`` gives a span without a step its step."""
+        ``checked.check_span`` refuses is counted, with its reason, in ``refused``, as one whose
+        step is past ``horizon`` (the run's ``step_window``: a span of step 10^18 would make every
+        real step too old to keep); what a kept span says is cleaned and bounded
+        (``checked.span_text``, ``checked.span_attributes``). ``step_at(start_ns)`` gives a span
+        without a step its step."""
         decoded: list[StoredSpan] = []
         steps_of: dict[str, int] = {}
         rejected = 0
@@ -216,6 +219,12 @@ class TraceStore:
                         )
                 step = a.pop(attr.STEP, None)
                 step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+                if step is not None and horizon is not None and step > horizon:
+                    rejected += 1
+                    self.refused += 1
+                    if refused is not None:
+                        refused.add(1, "a span of a step more than the step window ahead of the run")
+                    continue
                 trace_id = span.trace_id.hex()
                 if step is not None:
                     steps_of.setdefault(trace_id, step)

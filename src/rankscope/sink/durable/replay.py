@@ -6,6 +6,11 @@ log's, so this module imports nothing of the book) and hands each record back as
 batch it was (``checked.ResourceBatch``). A record that fails is counted by its run and the
 others go on; what the run's state refuses now, and segments set aside as corrupt, are said
 (``note``), never dropped silently: each was acknowledged once.
+
+Only runs that were open when the last sink stopped or died, or whose views had not finished when
+they closed, have a log to find: a run retired when it closed left none (``durable.retired``), so
+what a start reads does not grow with the sink's history. A run found with nothing to replay is
+handed back as quiet, for the sink to retire at once.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ R = TypeVar("R", bound=Replaying)
 
 def replay(
     wal: WriteAheadLog, reopen: Callable[[dict[str, Any], int, float], R], note: Callable[[str], None]
-) -> list[R]:
+) -> tuple[list[R], list[R]]:
     """Every run in ``wal`` reopened (``reopen(meta, attempt, last seen)``) and the records its views
-    had not written merged again; returns the runs that had any (the others' logs are closed)."""
+    had not written merged again; returns (the runs that had any, the quiet ones: their logs still
+    open, for the caller to close)."""
     back: list[R] = []
+    quiet: list[R] = []
     for meta, attempt, seen in wal.found():
         run = reopen(meta, attempt, seen)
         run_log = run.log
@@ -67,8 +74,8 @@ def replay(
             log.warning("rankscope sink: replayed %d records of %s", records, run.name[:96])
             back.append(run)
         else:
-            run_log.close()
-    return back
+            quiet.append(run)
+    return back, quiet
 
 
 def batch_of(experiment_id: str, payload: bytes) -> ResourceBatch:

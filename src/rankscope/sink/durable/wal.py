@@ -1,7 +1,8 @@
 """Write-ahead log: what the sink acknowledged survives a crash (``rankscope sink --state-dir``).
 
-Layout: ``STATE_DIR/.lock`` (one sink per directory; no ``safe_component`` starts with a dot), and
-per run of an experiment a directory
+Layout: ``STATE_DIR/.lock`` (one sink per directory; no ``safe_component`` starts with a dot), the
+store of retired runs (``.retired``, ``.retired.log``: ``durable.retired``), and per run of an
+experiment that has a log a directory
 ``safe_component(experiment id)/runs/safe_component(run id)`` (a run without an id: the
 experiment's directory itself, as before runs) holding ``meta.json`` (the original ids and what the run book
 keeps of the run, ``sink.runs.runbook``), ``checkpoint.json`` and segment files ``seg-<first seq>.log``.
@@ -27,6 +28,11 @@ records alone (the step's earlier records are gone).
 A run's log holds one descriptor, its current segment's, from its first append until it is
 ``release``d (the run went quiet, or another needs the descriptor: ``durable.descriptors``) or
 closed; the next append opens the same segment again.
+
+A run that closes with nothing left to replay (``covered``) leaves no directory: what must survive
+of it goes to the state directory's store of retired runs (``durable.retired``), then its files are
+removed (``remove``), ``meta.json`` first. A directory without ``meta.json`` holds no run: what a
+removal cut short left in it is cleared when a log opens there, and by ``found`` on start.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ _MAX_RECORD = 64 * 1024 * 1024
 
 JOURNAL = "written.log"
 """Per run: one line per step its views wrote since the last checkpoint."""
+META = "meta.json"
+_RUN_FILES = (META, "checkpoint.json", JOURNAL, "meta.tmp", "checkpoint.tmp")
+"""A run's files besides its segments (``seg-*.log``); a segment set aside (``*.corrupt``) is the operator's."""
 
 
 def _first_seq(segment: Path) -> int:
@@ -94,7 +103,9 @@ class StateDirBusyError(RuntimeError):
 class ExperimentLog:
     """One run's segments and checkpoint. ``append`` runs under the run's lock."""
 
-    def __init__(self, directory: Path, experiment: str, segment_bytes: int, run: str = "") -> None:
+    def __init__(
+        self, directory: Path, experiment: str, segment_bytes: int, run: str = "", meta: dict[str, Any] | None = None
+    ) -> None:
         self.directory = directory
         self.experiment = experiment
         self.run = run
@@ -114,18 +125,23 @@ class ExperimentLog:
         self.set_aside: list[str] = []
         """Segments ``replay`` found corrupt before their end, renamed ``*.corrupt`` (what it says)."""
         directory.mkdir(parents=True, exist_ok=True)
-        meta = directory / "meta.json"
-        if not meta.exists():
-            atomic_write(meta, {"experiment": experiment, "run": run})
+        self.fresh = not (directory / META).exists()
+        """The directory held no run: a new run's, or one retired before. Its record (``meta``) is written first."""
+        if self.fresh:
+            _clear(directory, keep=True)  # what a removal cut short left: an earlier life's, never this one's
+            atomic_write(directory / META, {**(meta or {}), "experiment": experiment, "run": run})
         self._load_checkpoint()
 
     def save_meta(self, meta: dict[str, Any], *, sync: bool = True) -> None:
         """What the run book keeps of the run (``runs.runbook.Run.record``), beside its records.
         ``sync=False``: replaced atomically but not fsynced (it survives the sink's crash, not the
-        machine's: for what the sink can do without, such as whether the run finished)."""
+        machine's: for what the sink can do without, such as whether the run finished). A closed
+        log writes nothing: its directory may be gone (its run retired) or another log's."""
         with self._lock:
+            if self._closed:
+                return
             meta = {**meta, "experiment": self.experiment, "run": self.run}
-            atomic_write(self.directory / "meta.json", meta, sync=sync)
+            atomic_write(self.directory / META, meta, sync=sync)
 
     def _load_checkpoint(self) -> None:
         try:
@@ -139,6 +155,7 @@ class ExperimentLog:
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             log.error("rankscope sink: unreadable checkpoint in %s (%r); replaying every record", self.directory, exc)
         self._read_journal()
+        self.seq = max(self.seq, max(self.written.values(), default=0))  # closed without a checkpoint (``covered``)
 
     def _read_journal(self) -> None:
         """Fold in the steps the views wrote after the last checkpoint (a torn last line is skipped)."""
@@ -241,7 +258,7 @@ class ExperimentLog:
         self._fd = os.open(self._segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._segments[self._segment] = {}
         self._size = 0
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def release(self, *, wait: bool = False) -> bool:
         """Close the segment's descriptor (the next append opens it again) if every record in it is
@@ -328,9 +345,23 @@ class ExperimentLog:
         with contextlib.suppress(FileNotFoundError):  # in the checkpoint now: a crash replays no line twice
             os.truncate(self.directory / JOURNAL, 0)
 
-    def close(self) -> None:
+    def covered(self) -> bool:
+        """Whether every record of this log is in a written view: nothing left to replay (a segment on
+        disk this log never read, an earlier life's, counts as something)."""
+        with self._lock:
+            for steps in self._segments.values():
+                if any(seq > self.written.get(step, 0) for step, seq in steps.items()):
+                    return False
+            try:
+                return set(self.directory.glob("seg-*.log")) <= set(self._segments)
+            except OSError:
+                return False
+
+    def close(self, *, checkpoint: bool = True) -> None:
         """Sync, checkpoint and close (once: a later call changes nothing, so a log closed twice never
-        writes its checkpoint over that of a log opened on its directory since)."""
+        writes its checkpoint over that of a log opened on its directory since). Without ``checkpoint``
+        (a ``covered`` log whose directory goes): no fsync for it; the journal still says what a log
+        opened on the directory again needs."""
         with self._lock:
             if self._closed:
                 return
@@ -341,9 +372,22 @@ class ExperimentLog:
                 self._fd = None
                 self.durable = self.seq
             self._segment = None
-            with contextlib.suppress(OSError):
-                self._checkpoint()
+            if checkpoint:
+                with contextlib.suppress(OSError):
+                    self._checkpoint()
             self._closed = True
+
+    def remove(self) -> None:
+        """Delete a closed log's files (its run retired: what must survive of it is in the store of
+        retired runs), ``meta.json`` first, so a crash midway leaves no run for a start to read, only
+        files that are cleared; then its directory, and the experiment's when empty. The caller
+        holds the registry's lock: no log opens on the directory meanwhile."""
+        with self._lock:
+            if not self._closed:
+                raise RuntimeError(f"{self.directory} is removed while its log is open")
+            _clear(self.directory)
+            if self.run:  # the run-less run's directory is the experiment's: it goes when empty
+                _prune(self.directory.parent.parent)
 
 
 class WriteAheadLog:
@@ -376,16 +420,30 @@ class WriteAheadLog:
         self._stop = False
         self.fsyncs = 0
 
-    def open(self, experiment: str, run: str = "") -> ExperimentLog:
+    def open(self, experiment: str, run: str = "", meta: dict[str, Any] | None = None) -> ExperimentLog:
+        """The log of a run; ``meta``: its record, written when its directory has none (a new run, or
+        one retired before)."""
         directory = self.directory / safe_component(experiment)
         if run:
             directory = directory / "runs" / safe_component(run)
-        return ExperimentLog(directory, experiment, self.segment_bytes, run)
+        return ExperimentLog(directory, experiment, self.segment_bytes, run, meta)
 
     def found(self) -> list[tuple[dict[str, Any], int, float]]:
-        """(meta, attempt, last written) of every run with a log in the directory, oldest first."""
+        """(meta, attempt, last written) of every run with a log in the directory, oldest first. A
+        directory without ``meta.json`` (a removal cut short) is cleared, and goes when empty."""
         runs = []
-        for meta in [*self.directory.glob("*/meta.json"), *self.directory.glob("*/runs/*/meta.json")]:
+        metas = []
+        for experiment in _directories(self.directory):
+            for directory in [*_directories(experiment / "runs"), experiment]:
+                if (directory / META).is_file():
+                    metas.append(directory / META)
+                    continue
+                try:
+                    _clear(directory)
+                except OSError as exc:  # left as it is: no start reads it
+                    log.error("rankscope sink: cannot clear %s: %r", directory, exc)
+            _prune(experiment)
+        for meta in metas:
             try:
                 found = json.loads(meta.read_text())
                 if not isinstance(found, dict) or not isinstance(found["experiment"], str):
@@ -500,10 +558,42 @@ def atomic_write(path: Path, payload: dict[str, Any], *, sync: bool = True) -> N
             os.fsync(f.fileno())
     os.replace(tmp, path)
     if sync:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
+def _directories(path: Path) -> list[Path]:
+    try:
+        return [child for child in path.iterdir() if child.is_dir()]
+    except OSError:
+        return []
+
+
+def _clear(directory: Path, *, keep: bool = False) -> None:
+    """Remove a run's files from ``directory``, ``meta.json`` first (then no start reads it), then its
+    segments, then its checkpoint and journal (never a segment without what covers it), and the
+    directory itself unless ``keep`` or something else is in it (the run-less run's holds ``runs/``)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / META)
+    try:
+        segments = [p for p in directory.iterdir() if p.name.startswith("seg-") and p.name.endswith(".log")]
+    except FileNotFoundError:
+        return
+    for path in [*segments, *(directory / name for name in _RUN_FILES[1:])]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    if not keep:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+def _prune(experiment: Path) -> None:
+    """An experiment's ``runs/`` and its directory, each if empty."""
+    for directory in (experiment / "runs", experiment):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -2,12 +2,13 @@
 
 ``Authorization: Bearer <token>`` (the scheme in any case). A sink has the one ``--token``
 (every experiment: ``checked.ALL``), scoped tokens (``--tokens FILE``: each may write only the
-experiments its scope names or prefixes, ``load_tokens``), both, or neither (then it takes
-anyone, as one scope). ``Keys.scope_of`` turns a request's header into the ``checked.Scope``
-the transports put on its ``Client``, or None: the gRPC transport reads the header from the
-call's metadata, the HTTP one from the request; both answer None with ``UNAUTHORIZED``
-(401 / UNAUTHENTICATED) before they read anything else. A header that is not UTF-8 (aiohttp
-hands its bytes over as surrogate escapes, grpcio as Latin-1) is a wrong token like any other.
+experiments its scope names or prefixes, ``load_tokens``; no two scopes share an experiment),
+both, or neither (then it takes anyone, as one scope). ``Keys.scope_of`` turns a request's
+header into the ``checked.Scope`` the transports put on its ``Client``, or None: the gRPC
+transport reads the header from the call's metadata, the HTTP one from the request; both
+answer None with ``UNAUTHORIZED`` (401 / UNAUTHENTICATED) before they read anything else. A
+header that is not UTF-8 (aiohttp hands its bytes over as surrogate escapes, grpcio as Latin-1)
+is a wrong token like any other.
 
 A presented token is looked up by its SHA-256 digest, so the time a lookup takes says nothing
 about how much of a real token it matched.
@@ -19,13 +20,13 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
-from ..checked import ALL, Scope
+from ..checked import ALL, Limits, Scope, clean_text
 
 log = logging.getLogger("rankscope.sink")
 
@@ -38,6 +39,9 @@ MAX_TOKEN_CHARS = 4096
 _SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 """Printable ASCII without spaces: what an HTTP header and gRPC metadata carry as sent."""
+SEPARATORS = "-_./"
+"""What a prefix of a tokens file ends in before its ``*`` (``grpo-*``, not ``grpo*``): a prefix
+without one also takes every id that only begins alike (``team-a*`` takes ``team-ab-x``)."""
 
 
 def _presented(header: str | bytes | None) -> bytes | None:
@@ -71,6 +75,9 @@ class Keys:
             if key in self._scopes:
                 raise ValueError(f"the token of {scope.label} is also the sink's --token or another scope's")
             self._scopes[key] = scope
+        overlap = overlapping((tokens or {}).values())
+        if overlap is not None:
+            raise ValueError(overlap)
         self.open = not self._scopes
         """No token at all: everyone is one scope (``ALL``)."""
 
@@ -102,8 +109,12 @@ def load_tokens(path: Path) -> dict[str, Scope]:
         tokens = ["<a secret of 16+ chars>"]   #    "tokens": ["..."],
         experiments = ["grpo-*", "eval-qwen"]  #    "experiments": ["grpo-*", "eval-qwen"]}}}
 
-    ``experiments``: exact experiment ids, or prefixes ending in ``*`` (``"*"``: all). Raises
-    ``ValueError`` naming the file and what is wrong with it."""
+    ``experiments``: exact experiment ids, or prefixes ending in a separator and ``*`` (one of
+    ``SEPARATORS``: ``grpo-*``, ``team-a/*``; the lone ``"*"``: all). An experiment is one scope's:
+    a file where two scopes can match one id (the same id, an id under another's prefix, a prefix
+    under another's prefix, ``"*"`` beside any other scope) is refused (``overlapping``). Raises
+    ``ValueError`` naming the file and what is wrong with it (for an overlap: both scopes and the
+    pair of entries)."""
     text = path.read_text()
     try:
         found: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text, object_pairs_hook=_unique)
@@ -124,7 +135,29 @@ def load_tokens(path: Path) -> dict[str, Scope]:
             if secret in tokens:
                 raise ValueError(f"{where}: a token of it is also {tokens[secret].label}'s")
             tokens[secret] = scope
+    overlap = overlapping(tokens.values())
+    if overlap is not None:
+        raise ValueError(f"{path}: {overlap}")
     return tokens
+
+
+def overlapping(scopes: Iterable[Scope]) -> str | None:
+    """Why these scopes cannot serve one sink: two of them can both match one experiment id
+    (``Scope.overlap``), so either could read the other's experiment, write its report page, take
+    its run ids first or post its views first; None when every experiment is at most one scope's."""
+    distinct = list(dict.fromkeys(scopes))
+    for i, one in enumerate(distinct):
+        for other in distinct[i + 1 :]:
+            found = one.overlap(other)
+            if found is None:
+                continue
+            mine, theirs, common = found
+            example = f"experiment {common[:64]!r}" if common else "every experiment"
+            return (
+                f"{one.label} and {other.label} overlap: {mine[:64]!r} and {theirs[:64]!r} both match {example} "
+                "(an experiment is one scope's: give each scope ids and prefixes no other scope's can match)"
+            )
+    return None
 
 
 def _scope(where: str, name: Any, entry: Any) -> tuple[Scope, list[str]]:
@@ -144,6 +177,7 @@ def _scope(where: str, name: Any, entry: Any) -> tuple[Scope, list[str]]:
     for e in experiments:
         if not isinstance(e, str) or not e or "*" in e[:-1]:
             raise ValueError(f"{where}: experiment {str(e)[:64]!r}: an id, or a prefix with one '*' at its end")
+        _check_entry(where, e)
     for secret in secrets:
         if not isinstance(secret, str) or not MIN_TOKEN_CHARS <= len(secret) <= MAX_TOKEN_CHARS:
             raise ValueError(
@@ -152,6 +186,22 @@ def _scope(where: str, name: Any, entry: Any) -> tuple[Scope, list[str]]:
         if not _TOKEN.fullmatch(secret):
             raise ValueError(f"{where}: each token is printable ASCII characters, no spaces")
     return Scope(name, tuple(experiments)), secrets
+
+
+def _check_entry(where: str, entry: str) -> None:
+    """An id or prefix of a scope: text an experiment id may hold (``checked.clean_text``, as the
+    OTLP edge checks ids), and a prefix ends in a separator before its ``*`` (``SEPARATORS``) unless
+    it is the lone ``*``."""
+    text = entry.removesuffix("*")
+    limit = Limits().max_id_chars
+    if text and clean_text(text, limit) is None:
+        shown = f"of {len(text)} characters" if len(text) > limit else repr(text[:64])
+        raise ValueError(f"{where}: experiment {shown}: over {limit} characters or holds control characters")
+    if entry.endswith("*") and text and text[-1] not in SEPARATORS:
+        raise ValueError(
+            f"{where}: prefix {entry[:64]!r} has no separator before its '*' (one of {' '.join(SEPARATORS)}), "
+            f"so it would also take ids that only begin alike ({text[:64] + 'b'!r}...): write {text[:64] + '-*'!r}"
+        )
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

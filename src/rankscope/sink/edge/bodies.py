@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ...otlp.raw import parse_metrics
+from ...otlp.raw import parse_logs, parse_metrics, parse_traces
 from .errors import HttpError, Kind
 
 PROTOBUF = "application/x-protobuf"
@@ -37,6 +37,8 @@ SIGNALS: dict[str, tuple[str, type[Message], type[Message]]] = {
     "/v1/logs": ("logs", ExportLogsServiceRequest, ExportLogsServiceResponse),
 }
 
+_ENCODED = {"metrics": parse_metrics, "traces": parse_traces, "logs": parse_logs}
+
 # OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping expects base64.
 _ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
 
@@ -45,7 +47,8 @@ _ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_i
 class Decoded:
     signal: str
     request: Any
-    """A protobuf request; metrics over protobuf: ``otlp.raw.parse_metrics``'s list."""
+    """A protobuf request; over protobuf, the body still encoded (``otlp.raw.parse_metrics``,
+    ``parse_traces``, ``parse_logs``): the sink's edge decodes it once it counted what it costs."""
     response_class: type[Message]
     json: bool
 
@@ -68,10 +71,8 @@ def decode_body(
     body = decompress(body, content_encoding, max_bytes)
     request: Any = request_class()
     try:
-        if kind == PROTOBUF and signal == "metrics":
-            request = parse_metrics(body)  # each ResourceMetrics with the bytes it came as (``otlp.raw``)
-        elif kind == PROTOBUF:
-            request.ParseFromString(body)
+        if kind == PROTOBUF:
+            request = _ENCODED[signal](body)  # decoded by the sink's edge under its bounds (``edge.cost``)
         else:
             json_format.ParseDict(hex_ids_to_base64(json.loads(body)), request, ignore_unknown_fields=True)
     except (DecodeError, json_format.ParseError, ValueError, TypeError, RecursionError) as exc:

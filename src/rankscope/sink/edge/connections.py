@@ -10,11 +10,18 @@ answer), or *idle* between requests (a kept-alive client's connection). Two rule
   half a header, or nothing at all, holds its connection seconds, not the ``idle_connection_timeout``
   a kept-alive connection may idle between requests, nor the body's ``body_timeout``.
 - At ``max_connections``, a new connection closes the one that has waited longest for its head,
-  else the one idle longest between requests, rather than being refused: connections that have
-  not said what they want, or said it and went quiet, cannot lock out one that will (on loopback,
-  behind a NAT or a Collector every client has the same address, so a cap per peer could not
-  tell them apart; a kept-alive exporter whose connection was closed opens another). Only when
-  every connection is being served is the newcomer closed.
+  else the *slow* one reading its body longest (one that arrives at under ``MIN_BODY_RATE`` bytes
+  a second, judged over ``SLOW_AFTER`` seconds at least), else the one idle longest, rather
+  than being refused: connections that have not said what they want, are trickling it, or said
+  it and went quiet cannot lock out one that will (a kept-alive exporter whose connection was
+  closed opens another). Only when every connection is being served is the newcomer closed.
+- One peer address holds at most ``per_peer`` of them: past that, its newcomer closes one of
+  *its own* connections by the same order (or is closed itself), so one address cannot take
+  every slot from the others even with connections the rule above would keep. Behind a NAT or a
+  Collector every client has the same address: the cap is a share of ``max_connections``, not a
+  count one exporter could reach (an exporter holds one or two).
+
+``Counts`` keeps what the rules did, for the status route (``connections``).
 
 What aiohttp logs of its connections goes through ``QuietLog``: a request it cannot parse is the
 client's fault, not the sink's (a WARNING without a traceback, not an ERROR with one), and each
@@ -30,7 +37,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -41,12 +48,53 @@ from aiohttp.streams import StreamReader
 
 SAY_INTERVAL = 10.0
 """Seconds between two log lines of one kind (what aiohttp logs of the connections)."""
+MIN_BODY_RATE = 64 * 1024
+"""Bytes a second a body must average: past ``SLOW_AFTER`` seconds a slower one may be closed to
+make room, and past the body's deadline it is answered 408 (``http_server``)."""
+SLOW_AFTER = 1.0
+"""Seconds over which a body's rate is judged at least: one just begun is slow only if it has
+sent less than this many seconds' worth, and is closed after every older slow one."""
+
+
+class Counts:
+    """What the connection rules did, both transports' HTTP side (the status route's ``connections``).
+    Written on the server's loop, read by the status route: plain integers, no lock."""
+
+    __slots__ = ("closed", "open", "per_peer", "turned_away")
+
+    def __init__(self) -> None:
+        self.open = 0
+        """Connections open now."""
+        self.per_peer = 0
+        """The cap per peer address the server runs with (0 before it starts)."""
+        self.closed = {"waiting": 0, "slow": 0, "idle": 0}
+        """Connections closed to make room for a newcomer, by what they were doing."""
+        self.turned_away = {"full": 0, "per_peer": 0}
+        """Newcomers closed at once: every connection (of their peer) was being served."""
+
+    def status(self) -> dict[str, object]:
+        return {
+            "open": self.open,
+            "per_peer": self.per_peer,
+            "closed_to_make_room": dict(self.closed),
+            "turned_away": dict(self.turned_away),
+        }
 
 
 class Connection(web.RequestHandler):
     """aiohttp's handler of one connection, knowing whether it waits for a request head (and since when)."""
 
-    __slots__ = ("_deadline", "_header_timeout", "_loop_of", "head_since", "idle_since", "serving")
+    __slots__ = (
+        "_deadline",
+        "_header_timeout",
+        "_loop_of",
+        "body_bytes",
+        "body_since",
+        "head_since",
+        "idle_since",
+        "peer",
+        "serving",
+    )
 
     def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, header_timeout: float, **kwargs: Any):
         super().__init__(manager, loop=loop, **kwargs)
@@ -58,9 +106,16 @@ class Connection(web.RequestHandler):
         self.idle_since: float | None = None
         """Loop time its last answer was given, while it has not begun another request; None: not idle."""
         self.serving = False
+        self.body_since: float | None = None
+        """Loop time its request's body began to be read; None: not reading one."""
+        self.body_bytes = 0
+        self.peer = ""
+        """Its peer's address (its host, without the port)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._await_head()  # before the server counts it: a newcomer is the youngest waiting
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -81,7 +136,25 @@ class Connection(web.RequestHandler):
     def ended(self) -> None:
         """The request's handler answered: idle until the next request's first byte."""
         self.serving = False
+        self.body_since = None
         self.idle_since = self._loop_of.time()
+
+    def reading(self, received: int) -> None:
+        """Its handler reads the request's body: ``received`` bytes of it so far."""
+        if self.body_since is None:
+            self.body_since = self._loop_of.time()
+        self.body_bytes = received
+
+    def read(self) -> None:
+        """The whole body arrived (or was refused): no longer reading."""
+        self.body_since = None
+
+    def slow(self, now: float) -> bool:
+        """Whether its body arrives slower than ``MIN_BODY_RATE`` (judged over ``SLOW_AFTER``
+        seconds at least, so a body just begun counts as slow only after its older peers)."""
+        if self.body_since is None or self.transport is None:
+            return False
+        return self.body_bytes < MIN_BODY_RATE * max(now - self.body_since, SLOW_AFTER)
 
     @property
     def idle(self) -> bool:
@@ -115,8 +188,8 @@ class Connection(web.RequestHandler):
 
 
 class ConnectionServer(web.Server):
-    """aiohttp's low-level server with ``Connection`` handlers: at most ``max_connections`` open,
-    the one waiting longest for its head closed to make room for a newcomer."""
+    """aiohttp's low-level server with ``Connection`` handlers: at most ``max_connections`` open and
+    ``per_peer`` of one address, room made for a newcomer by the rules of the module docstring."""
 
     def __init__(
         self,
@@ -125,6 +198,8 @@ class ConnectionServer(web.Server):
         loop: asyncio.AbstractEventLoop,
         max_connections: int,
         header_timeout: float,
+        per_peer: int = 0,
+        counts: Counts | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(self._serve, request_factory=self._request, loop=loop, **kwargs)
@@ -132,13 +207,10 @@ class ConnectionServer(web.Server):
         self._loop_of = loop
         self._handler_kwargs = {"logger": QuietLog(logging.getLogger("rankscope.sink.http")), **kwargs}
         self.max_connections = max_connections
+        self.per_peer = per_peer or max_connections
         self.header_timeout = header_timeout
-        self.made_room = 0
-        """Connections closed, still waiting for their head, to make room for a newcomer."""
-        self.closed_idle = 0
-        """Connections closed, idle between requests, to make room for a newcomer."""
-        self.turned_away = 0
-        """Newcomers closed at once: every open connection was being served."""
+        self.counts = counts or Counts()
+        self.counts.per_peer = self.per_peer
 
     def __call__(self) -> Connection:
         return Connection(self, loop=self._loop_of, header_timeout=self.header_timeout, **self._handler_kwargs)
@@ -146,21 +218,41 @@ class ConnectionServer(web.Server):
     def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
         open_ = [c for c in self.connections if c.transport is not None]  # not those closing already
-        if len(open_) <= self.max_connections:
+        self.counts.open = len(open_)
+        if not isinstance(handler, Connection):
             return
-        others = [c for c in open_ if c is not handler and isinstance(c, Connection)]
+        same = [c for c in open_ if isinstance(c, Connection) and c.peer == handler.peer]
+        if len(same) > self.per_peer:
+            self._make_room(handler, same, "per_peer")
+        elif len(open_) > self.max_connections:
+            self._make_room(handler, open_, "full")
+
+    def connection_lost(self, handler: web.RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        self.counts.open = sum(1 for c in self.connections if c.transport is not None)
+
+    def _make_room(self, newcomer: Connection, among: Sequence[web.RequestHandler], bound: str) -> None:
+        """Close the first of ``among`` (but the newcomer) by the module's order; else the newcomer."""
+        others = [c for c in among if c is not newcomer and isinstance(c, Connection)]
+        now = self._loop_of.time()
         waiting = [c for c in others if c.waiting]
         if waiting:
-            min(waiting, key=lambda c: c.head_since or 0.0).force_close()
-            self.made_room += 1
+            self._close(min(waiting, key=lambda c: c.head_since or 0.0), "waiting")
+            return
+        slow = [c for c in others if c.slow(now)]
+        if slow:
+            self._close(min(slow, key=lambda c: c.body_since or 0.0), "slow")
             return
         idle = [c for c in others if c.idle]
         if idle:
-            min(idle, key=lambda c: c.idle_since or 0.0).force_close()
-            self.closed_idle += 1
-        else:
-            handler.force_close()
-            self.turned_away += 1
+            self._close(min(idle, key=lambda c: c.idle_since or 0.0), "idle")
+            return
+        newcomer.force_close()
+        self.counts.turned_away[bound] += 1
+
+    def _close(self, connection: Connection, doing: str) -> None:
+        connection.force_close()
+        self.counts.closed[doing] += 1
 
     def _request(
         self,

@@ -37,7 +37,7 @@ from ..checked import ALL, Scope, SpanQuery, clean_text
 from ..views.captures import MAX_RANKS, MAX_STEPS
 from .auth import UNAUTHORIZED, Keys
 from .errors import HttpError, Kind, OverloadedError, Refusal
-from .ports import Control, ControlCommands, ControlQueries
+from .ports import Client, Control, ControlCommands, ControlQueries
 
 REPORT_TIMEOUT = 60.0
 """Seconds the report route waits for an experiment's views (``request_report`` waits longer)."""
@@ -250,8 +250,22 @@ def _control(request: web.BaseRequest) -> Control:
 
 def scoped(control: Control, scope: Scope) -> Control:
     """The ``Control`` port as a scoped token sees it: an experiment outside its scope does not
-    exist for it (404, like an unknown one), and its views cannot be configured from it."""
+    exist for it (404, like an unknown one), and its views cannot be configured from it. No answer
+    holds another scope's experiments or names: the overview lists the scope's own runs and run
+    notes and leaves out the sink-wide counts (``SCOPED_OVERVIEW``); a run's status names no other
+    scope (``OTHER_SCOPE``)."""
     return Control(ScopedQueries(control.queries, scope), ScopedCommands(control.commands, scope))
+
+
+SCOPED_OVERVIEW = ("healthy", "problems", "experiments", "runs", "experiment_list", "run_notes", "durable")
+"""What of the overview a scoped token sees: the sink's health (``/healthz`` says it to anyone),
+its own experiments and runs, its own run notes. The rest counts every scope's traffic (refusals
+by kind, spans, evictions, descriptors, connections, admission's clients): the sink's ``--token``
+sees it. An allow-list, so a count added to the overview later stays the operator's."""
+SCOPED_ADMISSION = ("max_open", "per_experiment", "per_client")
+"""What of admission a scoped token sees: the limits its runs are held to, not who holds runs."""
+OTHER_SCOPE = "another scope"
+"""How a scoped token's answers name a scope not its own (a run created under an older tokens file)."""
 
 
 def _outside(scope: Scope, experiment_id: str) -> Refusal | None:
@@ -261,7 +275,7 @@ def _outside(scope: Scope, experiment_id: str) -> Refusal | None:
 
 
 class ScopedQueries:
-    """What a scoped token may read: its scope's experiments only."""
+    """What a scoped token may read: its scope's experiments only, and nothing that names another's."""
 
     def __init__(self, queries: ControlQueries, scope: Scope) -> None:
         self._queries = queries
@@ -270,15 +284,23 @@ class ScopedQueries:
     def health(self) -> tuple[bool, list[str]]:
         return self._queries.health()
 
-    def overview(self) -> dict[str, Any]:
-        found = self._queries.overview()
-        listed = found.get("experiment_list")
-        if isinstance(listed, list):
-            found["experiment_list"] = [e for e in listed if self._scope.allows(str(e.get("id", "")))]
-        return found
+    def overview(self, scope: Scope = ALL) -> dict[str, Any]:
+        """The overview as this token's scope sees it (``scope`` is ignored: it is always the token's)."""
+        found = self._queries.overview(self._scope)
+        seen = {key: found[key] for key in SCOPED_OVERVIEW if key in found}
+        listed = seen.get("experiment_list")
+        if isinstance(listed, list):  # the sink listed the scope's runs; this holds whatever it listed
+            seen["experiment_list"] = [e for e in listed if self._scope.allows(str(e.get("id", "")))]
+        admission = found.get("admission")
+        if isinstance(admission, dict):
+            seen["admission"] = {key: admission[key] for key in SCOPED_ADMISSION if key in admission}
+        return {"scope": self._scope.name, **seen}
 
     def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
-        return None if _outside(self._scope, experiment_id) else self._queries.status(experiment_id, run)
+        if _outside(self._scope, experiment_id):
+            return None
+        found = self._queries.status(experiment_id, run)
+        return None if found is None else _own_names(found, self._scope)
 
     def recent(self, experiment_id: str, run: str | None = None) -> list[dict[str, Any]] | None:
         return None if _outside(self._scope, experiment_id) else self._queries.recent(experiment_id, run)
@@ -291,6 +313,22 @@ class ScopedQueries:
         if missing:
             raise LookupError(missing)
         return self._queries.capture_target(experiment_id, capture_id, process_id, size)
+
+
+def _own_names(status: dict[str, Any], scope: Scope) -> dict[str, Any]:
+    """A run's status with every scope but ``scope`` and the sink's all-experiments one named
+    ``OTHER_SCOPE`` (its runs' owners, the client that opened it); a copy: the sink's is kept."""
+    known = ("", scope.name)
+    runs = status.get("runs")
+    found = dict(status)
+    if isinstance(runs, list):
+        found["runs"] = [
+            {**r, "scope": OTHER_SCOPE} if isinstance(r, dict) and r.get("scope", "") not in known else r for r in runs
+        ]
+    client = found.get("client")
+    if isinstance(client, str) and client.startswith("scope ") and client != Client(scope=scope).quota_key:
+        found["client"] = OTHER_SCOPE
+    return found
 
 
 class ScopedCommands:

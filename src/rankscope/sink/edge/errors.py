@@ -39,6 +39,12 @@ class Kind(enum.Enum):
     """A capture file without a Content-Length (checked before its body is read)."""
     TOO_LARGE = "too_large"
     """A body over ``max_body_bytes``, as sent or inflated: sent again it is refused again."""
+    COSTLY = "costly"
+    """A request over a per-request bound (``checked.Limits``: its points, spans or log records,
+    resources or experiments; ``edge.cost``), refused whole before any of it was decoded or taken:
+    sent again it is refused again. 400/INVALID_ARGUMENT, not 413/RESOURCE_EXHAUSTED: OTLP's Python
+    gRPC exporter retries RESOURCE_EXHAUSTED whatever the server says, and no OTLP client retries
+    INVALID_ARGUMENT."""
     UNSUPPORTED_MEDIA = "unsupported_media"
     """A content type or encoding the sink does not read."""
     RATE_LIMITED = "rate_limited"
@@ -46,7 +52,18 @@ class Kind(enum.Enum):
     BUSY = "busy"
     """This experiment's report (or too many others) is being written: ask again shortly."""
     CAPACITY = "capacity"
-    """More calls in flight than ``max_in_flight``: the sink throttles, retry shortly."""
+    """More calls in flight than ``max_in_flight``, or a request whose points do not fit in what
+    ``max_points_in_flight`` leaves now (``edge.gate``, before any of it is decoded): the sink
+    throttles, retry shortly."""
+    OPENING = "opening"
+    """A request that would open more new runs than ``Limits.max_new_runs``: the first were opened
+    and, of a metrics request, their data taken (known by its digest on the retry, not merged
+    twice); a traces or logs request took nothing (spans and log records have no digest: its runs
+    are opened before any of it is taken). The retry opens the next."""
+    CLIENT_GONE = "client_gone"
+    """The client went away (closed its connection, cancelled its call) while its request's runs were
+    being opened: the sink opened no more. Nobody reads the answer; the client's retry is recognized
+    (a traces or logs request took nothing)."""
     CLOSING = "closing"
     """The run was closed between being found and taking the data; a retry reopens it."""
     NOT_DURABLE = "not_durable"
@@ -80,10 +97,13 @@ ANSWERS: dict[Kind, Answer] = {
     Kind.CONFLICT: Answer(409, _CODE.FAILED_PRECONDITION),
     Kind.LENGTH_REQUIRED: Answer(411, _CODE.INVALID_ARGUMENT),
     Kind.TOO_LARGE: Answer(413, _CODE.RESOURCE_EXHAUSTED, close=True),
+    Kind.COSTLY: Answer(400, _CODE.INVALID_ARGUMENT),
     Kind.UNSUPPORTED_MEDIA: Answer(415, _CODE.INVALID_ARGUMENT),
     Kind.RATE_LIMITED: Answer(429, _CODE.RESOURCE_EXHAUSTED),
     Kind.BUSY: Answer(429, _CODE.RESOURCE_EXHAUSTED, retry_after=2),
     Kind.CAPACITY: Answer(429, _CODE.RESOURCE_EXHAUSTED, retry_after=1),
+    Kind.OPENING: Answer(429, _CODE.RESOURCE_EXHAUSTED, retry_after=1),
+    Kind.CLIENT_GONE: Answer(499, _CODE.CANCELLED, close=True),
     Kind.CLOSING: Answer(503, _CODE.UNAVAILABLE, retry_after=1),
     Kind.NOT_DURABLE: Answer(503, _CODE.UNAVAILABLE, retry_after=1),
     Kind.STOPPING: Answer(503, _CODE.UNAVAILABLE, retry_after=1),
@@ -104,8 +124,8 @@ class HttpError(Exception):
         return ANSWERS[self.kind].http
 
 
-class OverloadedError(Exception):
-    """The sink cannot take this now, a retry may (its kind says why: CAPACITY, CLOSING, ...).
+class RefusedError(Exception):
+    """A call the sink refuses whole, its kind saying why (COSTLY, BAD_REQUEST, ...).
 
     Raised by ``Sink.export_*`` and capture uploads, answered by the transports from ``ANSWERS``;
     it lives in the edge, so the transports never import the service."""
@@ -117,6 +137,10 @@ class OverloadedError(Exception):
     @property
     def retry_after(self) -> int | None:
         return ANSWERS[self.kind].retry_after
+
+
+class OverloadedError(RefusedError):
+    """The sink cannot take this now, a retry may (its kind says why: CAPACITY, CLOSING, ...)."""
 
 
 class Refusal(str):

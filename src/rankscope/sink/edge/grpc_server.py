@@ -1,7 +1,8 @@
 """OTLP/gRPC transport: the three collector services on grpcio, handing requests to the sink.
 
 The services are registered with raw-bytes request handling, so an undecodable body is
-answered INVALID_ARGUMENT (not INTERNAL) by our own parse. grpcio inflates gzip itself and
+answered INVALID_ARGUMENT (not INTERNAL) by the sink's edge, which counts what a body costs
+before decoding it (``edge.cost``). grpcio inflates gzip itself and
 enforces ``max_receive_message_length`` on the inflated message, so oversized and gzip-bomb
 requests end as RESOURCE_EXHAUSTED before we see them. Every other refusal is answered from its
 kind's row in ``edge.errors.ANSWERS``, as the HTTP side answers it; one worth retrying carries
@@ -25,17 +26,20 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
-from ...otlp.raw import parse_metrics
+from ...otlp.raw import parse_logs, parse_metrics, parse_traces
 from .auth import UNAUTHORIZED, Keys
-from .errors import ANSWERS, Kind, OverloadedError
-from .ports import Client, Ingest, Transport
+from .connections import Counts
+from .errors import ANSWERS, Kind, RefusedError
+from .front import Front
+from .listener import OnExhausted
+from .ports import Client, Ingest, Spawn, Transport
 
 _SERVICES = (
     ("opentelemetry.proto.collector.metrics.v1.MetricsService", parse_metrics,
      metrics_pb.ExportMetricsServiceResponse, "export_metrics", "rejected_data_points"),
-    ("opentelemetry.proto.collector.trace.v1.TraceService", trace_pb.ExportTraceServiceRequest.FromString,
+    ("opentelemetry.proto.collector.trace.v1.TraceService", parse_traces,
      trace_pb.ExportTraceServiceResponse, "export_traces", "rejected_spans"),
-    ("opentelemetry.proto.collector.logs.v1.LogsService", logs_pb.ExportLogsServiceRequest.FromString,
+    ("opentelemetry.proto.collector.logs.v1.LogsService", parse_logs,
      logs_pb.ExportLogsServiceResponse, "export_logs", "rejected_log_records"),
 )  # fmt: skip
 
@@ -43,6 +47,7 @@ _SERVICES = (
 def _handler(
     ingest: Ingest,
     keys: Keys,
+    peer_of: Callable[[str], str],
     parse: Callable[[bytes], Any],
     response_class: type,
     export_name: str,
@@ -59,8 +64,8 @@ def _handler(
         except (DecodeError, ValueError, RecursionError) as exc:
             abort(context, Kind.BAD_REQUEST, f"undecodable OTLP request: {exc}")
         try:
-            result = export(request, Client(peer=_host(context.peer()), scope=scope))
-        except OverloadedError as exc:
+            result = export(request, Client(peer=peer_of(context.peer()), scope=scope, alive=context.is_active))
+        except RefusedError as exc:
             abort(context, exc.kind, str(exc))
         response = response_class()
         if result.rejected:
@@ -91,17 +96,20 @@ def abort(context: Any, kind: Kind, message: str) -> NoReturn:
     raise AssertionError("grpc's abort raises")  # for a context that does not
 
 
-def _host(peer: str) -> str:
-    """grpcio's peer (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) without its port."""
-    kind, _, address = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return address.rsplit(":", 1)[0].strip("[]")
-    return peer
-
-
-def start_grpc(ingest: Ingest, config: Transport, port: int) -> tuple[Any, int]:
-    """Listen on ``config.host:port`` (0: any free port); grpcio runs its own threads."""
+def start_grpc(
+    ingest: Ingest,
+    config: Transport,
+    port: int,
+    spawn: Spawn,
+    *,
+    counts: Counts | None = None,
+    on_exhausted: OnExhausted | None = None,
+) -> tuple[Any, int]:
+    """Listen on ``config.host:port`` (0: any free port) through the relay (``edge.front``: the
+    connection rules), grpcio on a loopback port behind it, running its own threads; ``counts``:
+    where the rules count what they did (the status route's ``connections.grpc``)."""
     limit = config.max_body_bytes
+    relayed = max(1, config.max_connections // 3)  # a relayed connection holds three descriptors
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
         options=[
@@ -111,29 +119,60 @@ def start_grpc(ingest: Ingest, config: Transport, port: int) -> tuple[Any, int]:
             # that has not sent its request head (grpcio's default: 120 s)
             ("grpc.server_handshake_timeout_ms", max(1, int(config.header_timeout * 1000))),
             # and one that finished it but carries no call is closed (GOAWAY) once it has idled as
-            # long as an HTTP one may between requests: idle HTTP/2 connections cannot hold every
-            # slot of ``max_allowed_incoming_connections`` (grpcio's default: never)
+            # long as an HTTP one may between requests (grpcio's default: never)
             ("grpc.max_connection_idle_ms", max(1, int(config.idle_connection_timeout * 1000))),
-            # connections past this are closed as they come (the descriptor plan's share); out of
-            # descriptors, grpcio's C core leaves a connection queued and retries once a second,
-            # logging once a second: no spin (``durable.descriptors``)
-            ("grpc.max_allowed_incoming_connections", config.max_connections),
+            # the relay holds its own to ``relayed`` (making room as the HTTP side does); this
+            # bounds what reaches grpcio's loopback port besides
+            ("grpc.max_allowed_incoming_connections", relayed + 8),
         ],
     )
+    front_holder: list[Front] = []
+    peer_of = relayed_peer_of(front_holder)
     keys = Keys(config.token, config.tokens)
     for service, parse, response_class, export_name, rejected_field in _SERVICES:
-        handler = _handler(ingest, keys, parse, response_class, export_name, rejected_field)
+        handler = _handler(ingest, keys, peer_of, parse, response_class, export_name, rejected_field)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": handler}),))
-    bound = server.add_insecure_port(f"{config.host}:{port}")
-    if bound == 0:
-        raise OSError(f"rankscope sink: cannot listen for OTLP/gRPC on {config.host}:{port}")
+    upstream = server.add_insecure_port("127.0.0.1:0")
+    if upstream == 0:
+        raise OSError("rankscope sink: cannot listen for OTLP/gRPC on a loopback port")
+    front = Front(
+        config.host,
+        port,
+        upstream,
+        max_connections=relayed,
+        per_peer=config.per_peer_connections or max(4, relayed // 4),
+        header_timeout=config.header_timeout,
+        counts=counts,
+        on_exhausted=on_exhausted,
+    )
+    front_holder.append(front)
     server.start()
-    return _Stoppable(server), bound
+    spawn("grpc-front", front.serve)
+    return _Stoppable(server, front), front.port
+
+
+def relayed_peer_of(fronts: list[Front]) -> Callable[[str], str]:
+    """A call's ``context.peer()`` (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) as
+    its client's host: through the relay's map once the relay (``fronts[0]``) is up."""
+
+    def peer(grpc_peer: str) -> str:
+        kind, _, address = grpc_peer.partition(":")
+        if kind not in ("ipv4", "ipv6"):
+            return grpc_peer
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        if not fronts or not port.isdigit():
+            return host
+        return fronts[0].peer_of(host, int(port))
+
+    return peer
 
 
 class _Stoppable:
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, front: Front) -> None:
         self.server = server
+        self.front = front
 
     def stop(self) -> None:
+        self.front.stop()
         self.server.stop(grace=1.0).wait(2.0)

@@ -6,7 +6,8 @@ under ``/rankscope/`` and ``/healthz`` is a control route (``edge.control``).
 Facing a network (``edge.connections``): a request head must arrive whole within
 ``header_timeout`` of its first byte (of the connection's opening, for the first), a kept-alive
 connection may idle ``idle_connection_timeout`` between requests, at most ``max_connections``
-are open (a newcomer beyond closes the one waiting longest for its head), the listen
+are open, ``per_peer_connections`` of one address (a newcomer beyond closes the one waiting
+longest for its head, else the slowest body, else the longest idle), the listen
 backlog is 1024 (out of file descriptors, a newcomer is answered 503: ``edge.listener``), a
 body over ``max_body_bytes`` is answered 413 from its Content-Length
 without being read, one that takes longer than ``body_timeout`` to arrive is answered 408
@@ -26,9 +27,9 @@ from aiohttp import web
 
 from .auth import UNAUTHORIZED, Keys
 from .bodies import decode_body, encode_response, encode_status, media_type
-from .connections import ConnectionServer
+from .connections import MIN_BODY_RATE, Connection, ConnectionServer, Counts
 from .control import ControlRoutes
-from .errors import ANSWERS, HttpError, Kind, OverloadedError
+from .errors import ANSWERS, HttpError, Kind, RefusedError
 from .listener import Listener, OnExhausted
 from .ports import Client, Control, Ingest, Spawn, Transport
 
@@ -91,8 +92,9 @@ class _Routes:
             "logs": self.ingest.export_logs,
         }[decoded.signal]
         try:
-            result = await self._call(export, decoded.request, Client(peer=request.remote or "", scope=scope))
-        except OverloadedError as exc:
+            client = Client(peer=request.remote or "", scope=scope, alive=lambda: _connected(request))
+            result = await self._call(export, decoded.request, client)
+        except RefusedError as exc:
             raise HttpError(exc.kind, str(exc)) from None
         response = decoded.response_class()
         if result.rejected:
@@ -102,10 +104,6 @@ class _Routes:
         return web.Response(status=200, body=payload, content_type=content_type)
 
 
-MIN_BODY_RATE = 64 * 1024
-"""Bytes a second a body must average once its first ``body_timeout`` seconds are spent."""
-
-
 async def _read_body(request: web.BaseRequest, limit: int, timeout: float) -> bytes:
     """The body, unless it is over ``limit`` (413) or slower than ``timeout`` seconds plus one per
     ``MIN_BODY_RATE`` bytes received (408): a slow link's body arrives, a trickled one does not."""
@@ -113,22 +111,44 @@ async def _read_body(request: web.BaseRequest, limit: int, timeout: float) -> by
     started = loop.time()
     chunks: list[bytes] = []
     size = 0
-    while True:
-        left = started + timeout + size / MIN_BODY_RATE - loop.time()
-        try:
-            if left <= 0:
-                raise asyncio.TimeoutError
-            chunk = await asyncio.wait_for(request.content.readany(), left)
-        except asyncio.TimeoutError:
-            raise HttpError(
-                Kind.BODY_TIMEOUT, f"body of {size} bytes so far not received within {timeout:g} s"
-            ) from None
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(Kind.TOO_LARGE, f"body exceeds the {limit}-byte limit")
-        chunks.append(chunk)
+    connection = request.protocol if isinstance(request.protocol, Connection) else None
+    if connection is not None:
+        connection.reading(0)  # its rate from now: a slow body may be closed to make room
+    try:
+        while True:
+            chunk = await _chunk(request, loop, started + timeout + size / MIN_BODY_RATE, size, timeout)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(Kind.TOO_LARGE, f"body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+            if connection is not None:
+                connection.reading(size)
+    finally:
+        if connection is not None:
+            connection.read()
+
+
+async def _chunk(
+    request: web.BaseRequest, loop: asyncio.AbstractEventLoop, deadline: float, size: int, timeout: float
+) -> bytes:
+    """The body's next chunk (b"": its end), or 408 once ``deadline`` (loop time) passed."""
+    left = deadline - loop.time()
+    try:
+        if left <= 0:
+            raise asyncio.TimeoutError
+        return await asyncio.wait_for(request.content.readany(), left)
+    except asyncio.TimeoutError:
+        raise HttpError(Kind.BODY_TIMEOUT, f"body of {size} bytes so far not received within {timeout:g} s") from None
+    except (RuntimeError, ConnectionError):  # aiohttp: "Connection closed." (by the client, or to make room)
+        raise HttpError(Kind.BAD_REQUEST, f"connection closed after {size} bytes of the body") from None
+
+
+def _connected(request: web.BaseRequest) -> bool:
+    """Whether the request's client still waits for its answer (read off the loop's thread: a flag)."""
+    transport = request.transport
+    return transport is not None and not transport.is_closing()
 
 
 def error_response(request: web.BaseRequest, error: HttpError) -> web.Response:
@@ -154,6 +174,7 @@ class HttpServer:
         port: int,
         on_exhausted: OnExhausted | None = None,
         max_id_chars: int = 256,
+        counts: Counts | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rankscope-sink-http")
@@ -162,6 +183,8 @@ class HttpServer:
             routes.handle,
             loop=self.loop,
             max_connections=config.max_connections,
+            per_peer=config.per_peer_connections or max(8, config.max_connections // 4),
+            counts=counts,
             header_timeout=config.header_timeout,
             keepalive_timeout=config.idle_connection_timeout,
             lingering_time=_LINGER,
@@ -199,10 +222,12 @@ def start_http(
     spawn: Spawn,
     on_exhausted: OnExhausted | None = None,
     max_id_chars: int = 256,
+    counts: Counts | None = None,
 ) -> tuple[HttpServer, int]:
     """Listen on ``config.host:port`` (0: any free port) and serve on a thread from ``spawn``;
     ``on_exhausted`` counts connections refused for want of a descriptor; ``max_id_chars``: an
-    experiment id the control routes take (``checked.Limits.max_id_chars``, as the OTLP edge)."""
-    server = HttpServer(ingest, control, config, port, on_exhausted, max_id_chars)
+    experiment id the control routes take (``checked.Limits.max_id_chars``, as the OTLP edge);
+    ``counts``: where the connection rules count what they did (the status route's)."""
+    server = HttpServer(ingest, control, config, port, on_exhausted, max_id_chars, counts)
     spawn("http", server.serve)
     return server, server.port

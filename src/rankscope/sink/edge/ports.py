@@ -10,6 +10,7 @@ when they start the transports: no transport imports them, or calls a private me
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,9 +39,13 @@ class Transport:
     max_body_bytes: int = 32 * 1024 * 1024
     max_connections: int = 0
     """Open HTTP connections at most; idle ones are closed after ``idle_connection_timeout``. A
-    newcomer beyond closes the connection that has waited longest for its request head. gRPC's
-    incoming connections are held to the same number. 0: derived from the process's descriptor
-    limit when the sink starts (``durable.descriptors.Plan``: 1024, fewer under a low ``ulimit -n``)."""
+    newcomer beyond closes the connection that has waited longest for its request head, else the
+    slowest body, else the one idle longest (``edge.connections``). gRPC's incoming connections
+    are held to the same number. 0: derived from the process's descriptor limit when the sink
+    starts (``durable.descriptors.Plan``: 1024, fewer under a low ``ulimit -n``)."""
+    per_peer_connections: int = 0
+    """Open HTTP connections of one peer address at most (its newcomer beyond closes one of its
+    own by the same order). 0: a quarter of ``max_connections``, at least 8."""
     idle_connection_timeout: float = 15.0
     header_timeout: float = 5.0
     """Seconds a request head may take to arrive whole (from its first byte, or the connection's
@@ -51,8 +56,10 @@ class Transport:
     grpc_workers: int = 8
 
     def __post_init__(self) -> None:
-        if self.max_body_bytes < 1 or self.max_connections < 0 or self.grpc_workers < 1:
-            raise ValueError("transport: max_body_bytes and grpc_workers must be >= 1, max_connections >= 0")
+        if self.max_body_bytes < 1 or min(self.max_connections, self.per_peer_connections) < 0 or self.grpc_workers < 1:
+            raise ValueError(
+                "transport: max_body_bytes and grpc_workers must be >= 1, max_connections and per_peer_connections >= 0"
+            )
         for name in ("idle_connection_timeout", "header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"transport: {name} must be > 0 seconds, got {getattr(self, name)!r}")
@@ -67,12 +74,31 @@ class Client:
     """The connection's host (``""``: in the sink's own process: the embedded sender, tests)."""
     scope: Scope = ALL
     """Its bearer token's scope (``edge.auth``): which experiments it may write, which runs are its."""
+    alive: Callable[[], bool] = lambda: True
+    """Whether it still waits for the answer (its connection open, its call not cancelled): a
+    request stops opening runs once it does not (``runs.opening.Openings``)."""
 
     @property
     def quota_key(self) -> str:
         """What per-client bounds count by: its scoped token, else its host (every client of one
-        scope on one host, e.g. behind a Collector, counts as one)."""
-        return f"scope {self.scope.name}" if self.scope.name else self.peer
+        scope on one host, e.g. behind a Collector, counts as one), an IPv6 host by its /64 (what
+        one machine or one customer is given: its addresses are one client)."""
+        if self.scope.name:
+            return f"scope {self.scope.name}"
+        return _network(self.peer)
+
+
+def _network(host: str) -> str:
+    """An IPv6 address's /64 (an IPv4 one, or one mapped into IPv6, as it is; a name as it is)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return host
 
 
 LOCAL = Client()
@@ -97,8 +123,10 @@ class Result:
 
 
 class Ingest(Protocol):
-    """OTLP in: each call takes a decoded request (metrics: ``otlp.raw.parse_metrics``'s list) and
-    the ``Client`` that sent it, and raises ``edge.errors.OverloadedError`` (its kind says why) when
+    """OTLP in: each call takes a request (over protobuf still encoded: ``otlp.raw.parse_metrics``,
+    ``parse_traces``, ``parse_logs``; the sink decodes it under its bounds, ``edge.cost``) and the
+    ``Client`` that sent it, and raises ``edge.errors.RefusedError`` for a request refused whole
+    (over a bound of ``checked.Limits``, undecodable), ``OverloadedError`` (its kind says why) when
     the sink is at capacity, stopping, the run was closing or the data cannot be made durable."""
 
     def export_metrics(self, request: Any, client: Client = LOCAL) -> Result: ...
@@ -113,7 +141,7 @@ class ControlQueries(Protocol):
 
     def health(self) -> tuple[bool, list[str]]: ...
 
-    def overview(self) -> dict[str, Any]: ...
+    def overview(self, scope: Scope = ALL) -> dict[str, Any]: ...
 
     def status(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None: ...
 

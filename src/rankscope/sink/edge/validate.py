@@ -22,13 +22,21 @@ ahead of the run's frontier (checked later, by the step book: ``book.steps``; th
 the run's own); names and attributes have bounded sizes and no control characters.
 A refused point is counted in OTLP ``partial_success`` with a message naming the first
 offending key and why; the rest of the request is accepted.
+
+What a request may cost is checked first, whole (``edge.cost``): its points (spans, log records)
+and resources are counted while its body is walked, before any of it is decoded
+(``otlp.raw.walk_metrics``, ``walk_records``), and weighed in the sink's gate; the experiments it
+names once its Resources are checked and before any point is; past a bound of ``Limits``
+(``max_points``, ``max_records``, ``max_resources``, ``max_experiments``) the request is refused whole
+(``RefusedError`` of kind COSTLY: nothing of it was taken, sent again it is refused again), past the
+gate's budget retry-later (CAPACITY).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -40,7 +48,7 @@ from ...otlp.common import attributes, decode_step
 from ...otlp.logs import decode_record, decode_stream, is_stream
 from ...otlp.markers import decode_marker
 from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field
-from ...otlp.raw import decode_attribute, decode_attributes, resource_metrics
+from ...otlp.raw import ParsedMetrics, decode_attribute, decode_attributes
 from ...otlp.samples import decode_row, is_sample
 from ..checked import (
     MAX_POINT_ATTRIBUTES,
@@ -52,6 +60,7 @@ from ..checked import (
     StateRows,
     clean_text,
 )
+from .cost import OnCostly, Weigh, counted, experiments_within, logs_within, metrics_within, traces_within
 
 
 def check_resource(raw: Any, limits: Limits) -> tuple[str, dict[str, Any]] | str:
@@ -98,12 +107,20 @@ def _small_int(value: Any) -> bool:
     return isinstance(value, int) and 0 <= value < 2**31
 
 
-def metrics_batches(request: Any, limits: Limits, refused: Refusals) -> list[ResourceBatch]:
-    """Check an ``ExportMetricsServiceRequest`` (fastest as ``otlp.raw.parse_metrics`` gives it);
-    the refused points are added to ``refused``."""
+def metrics_batches(
+    request: Any, limits: Limits, refused: Refusals, on_costly: OnCostly | None = None, gate: Weigh | None = None
+) -> list[ResourceBatch]:
+    """Check an ``ExportMetricsServiceRequest`` (as the transports hand it on: ``otlp.raw.EncodedMetrics``;
+    bytes, a message or an already decoded list alike); the refused points are added to ``refused``.
+
+    Raises ``RefusedError`` before anything of it is taken (``edge.cost``): of kind BAD_REQUEST when
+    it does not decode, of kind COSTLY past a per-request bound of ``limits``, of kind CAPACITY
+    (``OverloadedError``) when its points do not fit in ``gate`` now, its points and the reason then
+    in ``refused``, handed to ``on_costly`` first (the sink's tally: the status route counts it)."""
+    with counted(refused, on_costly):
+        parsed = _resources(metrics_within(request, limits, refused, gate), limits, refused)
     batches: list[ResourceBatch] = []
-    for encoded, rm in resource_metrics(request):
-        checked = check_resource(rm.resource, limits)
+    for encoded, rm, checked in parsed:
         if isinstance(checked, str):  # nothing without an experiment is taken: said, not dropped silently
             points = sum(_count(m) for sm in rm.scope_metrics for m in sm.metrics)
             refused.received += points
@@ -118,6 +135,21 @@ def metrics_batches(request: Any, limits: Limits, refused: Refusals) -> list[Res
         batch.refused = refused.count - before
         batches.append(batch)
     return batches
+
+
+def _resources(
+    parsed: ParsedMetrics, limits: Limits, refused: Refusals
+) -> list[tuple[bytes, Any, tuple[str, dict[str, Any]] | str]]:
+    """Each ResourceMetrics with its checked Resource (``check_resource``); refused whole once they
+    name more than ``max_experiments`` experiments, before any point is checked."""
+    experiments: set[str] = set()
+    checked = []
+    for encoded, rm in parsed:
+        found = check_resource(rm.resource, limits)
+        if not isinstance(found, str):
+            experiments_within(experiments, found[0], limits, refused, lambda: _points_of(parsed))
+        checked.append((encoded, rm, found))
+    return checked
 
 
 _Group = tuple[str, int | None]
@@ -387,25 +419,33 @@ def _group(batch: ResourceBatch, group: _Group) -> StateRows | str:
     return rows
 
 
+def _points_of(parsed: ParsedMetrics) -> int:
+    return sum(_count(m) for _, rm in parsed for sm in rm.scope_metrics for m in sm.metrics)
+
+
 def _count(metric: Any) -> int:
     kind = metric.WhichOneof("data")
     return len(getattr(metric, kind).data_points) if kind else 0
 
 
-def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[ResourceBatch]:
-    """Check an ``ExportLogsServiceRequest``: sample-table rows (``otlp.samples.decode_row``),
-    streamed values (``per_rank_no_reduce``) and ordinary OTel log records (bodies and attributes
-    cut to bounded sizes, ``otlp.logs.decode_record``)."""
-    for rl in request.resource_logs:
-        records = [r for sl in rl.scope_logs for r in sl.log_records]
-        if not records:
-            continue
-        checked = check_resource(rl.resource, limits)
+def logs_batches(
+    request: Any, limits: Limits, refused: Refusals, on_costly: OnCostly | None = None, gate: Weigh | None = None
+) -> list[ResourceBatch]:
+    """Check an ``ExportLogsServiceRequest`` (as the transports hand it on: ``otlp.raw.EncodedLogs``;
+    bytes or a message alike): sample-table rows (``otlp.samples.decode_row``), streamed values
+    (``per_rank_no_reduce``) and ordinary OTel log records (bodies and attributes cut to bounded
+    sizes, ``otlp.logs.decode_record``); the records it held are ``refused.received``. Raises
+    ``RefusedError`` before any record is checked, as ``metrics_batches`` does (``max_records``)."""
+    with counted(refused, on_costly):
+        decoded = logs_within(request, limits, refused, gate)
+        parts = _parts(decoded.resource_logs, "scope_logs", "log_records", limits, refused)
+    batches = []
+    for rl, n, checked in parts:
         if isinstance(checked, str):
-            refused.add(len(records), checked)
+            refused.add(n, checked)
             continue
         batch = ResourceBatch(*checked)
-        for record in records:
+        for record in (r for sl in rl.scope_logs for r in sl.log_records):
             a = attributes(record.attributes)
             if is_sample(a):
                 row = decode_row(record, a, limits.max_attribute_chars)
@@ -434,7 +474,58 @@ def logs_batches(request: Any, limits: Limits, refused: Refusals) -> Iterator[Re
                 batch.logs.append(LogRecord(when, severity, body, kept, step, trace_id))
         if batch.samples:  # merged like points: a client's retry is recognized, not merged twice
             batch.digest = hashlib.blake2b(rl.SerializeToString(), digest_size=16).digest()
-        yield batch
+        batches.append(batch)
+    return batches
+
+
+class SpanPart(NamedTuple):
+    """One ResourceSpans of a traces request that holds spans, its Resource checked (``traces_parts``)."""
+
+    experiment: str
+    resource: dict[str, Any]
+    scope_spans: Any
+    n: int
+    """Its spans."""
+
+
+def traces_parts(
+    request: Any, limits: Limits, refused: Refusals, on_costly: OnCostly | None = None, gate: Weigh | None = None
+) -> list[SpanPart]:
+    """The ResourceSpans of an ``ExportTraceServiceRequest`` (as the transports hand it on:
+    ``otlp.raw.EncodedTraces``; bytes or a message alike) that hold spans, with their checked
+    Resources (``check_resource``); the spans of those refused are counted in ``refused`` with the
+    reason, and all it held are ``refused.received``. Raises ``RefusedError`` before any span is
+    checked, as ``logs_batches`` does. Each span is checked where it is stored (``book.traces``)."""
+    with counted(refused, on_costly):
+        decoded = traces_within(request, limits, refused, gate)
+        found = _parts(decoded.resource_spans, "scope_spans", "spans", limits, refused)
+    parts = []
+    for rs, n, checked in found:
+        if isinstance(checked, str):
+            refused.add(n, f"{n} spans: {checked}")
+        else:
+            parts.append(SpanPart(*checked, rs.scope_spans, n))
+    return parts
+
+
+def _parts(
+    resources: Any, scopes: str, records: str, limits: Limits, refused: Refusals
+) -> list[tuple[Any, int, tuple[str, dict[str, Any]] | str]]:
+    """Each resource of a traces or logs request that holds records (its ``scopes``' ``records``),
+    with their count and its checked Resource; the request refused whole (COSTLY) once they name more
+    than ``max_experiments`` experiments, before any record is checked."""
+    found = [(r, sum(len(getattr(scope, records)) for scope in getattr(r, scopes))) for r in resources]
+    refused.received += sum(n for _, n in found)
+    named: set[str] = set()
+    parts = []
+    for resource, n in found:
+        if not n:
+            continue
+        checked = check_resource(resource.resource, limits)
+        if not isinstance(checked, str):
+            experiments_within(named, checked[0], limits, refused, lambda: refused.received)
+        parts.append((resource, n, checked))
+    return parts
 
 
 def _refuse(batch: ResourceBatch, refused: Refusals, why: str) -> None:

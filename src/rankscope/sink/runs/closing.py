@@ -6,13 +6,23 @@ thread (``finish_closing``: closing a log fsyncs it, and a flood of runs that en
 up the finalizer every run's steps wait for). A reopening of the same run closes them first
 (``take_back``). The run book, a tombstone (where its steps go on) and its last status
 (``closed``) remember it.
+
+With a state directory, a run whose log is ``covered`` once its views finished (every record in
+a written view: nothing to replay) is retired, in batches: its log closes without a checkpoint,
+what must survive of it (its tombstone, run book record and last status) goes to the store of
+retired runs with one fsync for the whole batch (``ClosedRuns.save``), and only then, under the
+registry's lock (no reopening of the run meanwhile), its directory is removed
+(``ExperimentLog.remove``). A SIGKILL anywhere in between leaves either the directory (replayed
+on start as any run's, nothing in it left to replay: retired then) or the store's entry and a
+directory without ``meta.json`` (cleared on start): nothing acknowledged is lost. A run whose
+views did not finish in time keeps its directory, checkpointed, as before.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +31,8 @@ from .closed import ClosedRuns
 from .registry import Tenants
 from .runbook import RunKey
 from .tenant import Tenant
+
+log = logging.getLogger("rankscope.sink")
 
 
 class Closer:
@@ -92,17 +104,17 @@ class Closer:
     def run(self, stop: threading.Event) -> None:
         """The closer thread's loop (started and supervised by the sink)."""
         while not stop.is_set():
-            if self._to_close.wait(0.5):
+            if self._to_close.wait(0.1):  # a stop is seen within 0.1 s (the finalizer ticks more often)
                 self._to_close.clear()
                 self.finish_closing()
 
     def finish_closing(self) -> None:
         """Close what the runs taken out of the registry hold: each run's views and descriptors
         first (its views finish after what they have queued), then, once its views finished, its
-        log (a checkpoint: it fsyncs), one at a time, closing the views of runs taken out
-        meanwhile in between: a flood of runs that end waits on the disk holding no descriptor."""
-        logs: deque[Tenant] = deque()
-        waiting = 0
+        log, those ready together (``_close_logs``: a batch retires with one fsync), closing the
+        views of runs taken out meanwhile in between: a flood of runs that end waits on the disk
+        holding no descriptor."""
+        logs: list[Tenant] = []
         while True:
             with self._registry.lock:
                 fresh, self._closing = self._closing, []
@@ -110,21 +122,64 @@ class Closer:
                 self._close_views(tenant)
             logs.extend(fresh)
             if not logs:
+                self._save()  # what was kept since (as a rule nothing): durable before the closer sleeps
                 return
-            tenant = logs.popleft()
-            writer = tenant.writer
-            if writer is not None and not writer.closed.is_set() and time.monotonic() < tenant.closing_deadline:
-                logs.append(tenant)  # its views still write: its log's journal must cover what they wrote
-                waiting += 1
-                if waiting >= len(logs):  # every one waits for its views: give them a moment
-                    writer.closed.wait(0.05)
-                    waiting = 0
+            now = time.monotonic()
+            ready = [t for t in logs if t.writer is None or t.writer.closed.is_set() or now >= t.closing_deadline]
+            if not ready:  # every one waits for its views (its log's journal must cover what they wrote)
+                writer = logs[0].writer
+                assert writer is not None
+                writer.closed.wait(0.05)
                 continue
-            waiting = 0
-            self._close_log(tenant)
-            with self._registry.lock:
-                if self._closing_now.get(tenant.key) is tenant:
-                    del self._closing_now[tenant.key]
+            done = set(ready)
+            logs = [t for t in logs if t not in done]
+            self._charge(ready)
+            self._close_logs(ready)
+
+    def _charge(self, tenants: list[Tenant]) -> None:
+        """What the runs' views wrote, charged to their clients (``disk``): each view's location."""
+        for tenant in tenants:
+            views = tenant.writer.status() if tenant.writer is not None else {}
+            found = [str(v.get("location") or "") for v in views.values()]
+            self._registry.disk.settle(tenant.key, tenant.client, [w for w in found if w.startswith("/")])
+
+    def close_found(self, tenants: list[Tenant]) -> None:
+        """Runs found in the state directory on start with nothing to replay: closed at once, as the
+        sink had closed them (or would have), and retired."""
+        with self._registry.lock:
+            for tenant in tenants:
+                tenant.closed = True
+                self._closed.bury(tenant.key, tenant.book.last_finalized, tenant.book.attempt, closed=False)
+                self._closing_now[tenant.key] = tenant
+        self._close_logs(tenants)
+
+    def _close_logs(self, tenants: list[Tenant]) -> None:
+        """Close the logs of runs whose views finished; retire those with nothing left to replay (the
+        module docstring: the store's entries durable first, then the directories go)."""
+        covered = [tenant for tenant in tenants if self._close_log(tenant)]
+        with self._registry.lock:
+            retiring = {t for t in covered if self._closing_now.get(t.key) is t and self._closed.retire(t.key)}
+        if not self._save():
+            retiring = set()  # their directories stay: replayed on start (nothing in them), retired then
+        with self._registry.lock:
+            for tenant in tenants:
+                if self._closing_now.get(tenant.key) is not tenant:
+                    continue  # it opened again meanwhile: its directory is the new log's
+                if tenant in retiring and tenant.log is not None:
+                    try:
+                        tenant.log.remove()
+                    except OSError as exc:  # what is left is cleared on start
+                        log.error("rankscope sink: removing %s: %r", tenant.log.directory, exc)
+                del self._closing_now[tenant.key]
+
+    def _save(self) -> bool:
+        """What closed runs left, durable (``ClosedRuns.save``); False when the disk refused."""
+        try:
+            self._closed.save()
+        except OSError as exc:
+            log.error("rankscope sink: the store of retired runs was not written: %r", exc)
+            return False
+        return True
 
     def _close_views(self, tenant: Tenant, final: bool = True) -> None:
         """A closed run's views finish after their page (with the run's last status), its span file
@@ -149,11 +204,16 @@ class Closer:
             self._registry.descriptors.forget(tenant)
 
     @staticmethod
-    def _close_log(tenant: Tenant) -> None:
-        """A closed run's log is checkpointed and closed; then a reopening of the run may go on."""
+    def _close_log(tenant: Tenant) -> bool:
+        """A closed run's log is closed, checkpointed unless it is ``covered`` (its directory is to go);
+        then a reopening of the run may go on. Whether it was covered."""
         try:
             with tenant.lock:
-                if tenant.log is not None:
-                    tenant.log.close()
+                if tenant.log is None:
+                    return False
+                covered = tenant.log.covered()
+                tenant.log.close(checkpoint=not covered)
+                return covered
         except Exception as exc:
             tenant.failed("closing its log", exc)
+            return False

@@ -2,7 +2,7 @@
 
 The registry is a lookup: which runs are open, by run and by process, and the books every part of
 a run's life shares (``runbook``: which run a launch is; ``quotas``: who opened which; the
-descriptor budget). Opening a run is ``opening``'s job, closing it ``closing``'s, its views
+descriptor and disk budgets). Opening a run is ``opening``'s job, closing it ``closing``'s, its views
 ``view_configs``'. Its lock guards the registry only and is never held while a run merges; each
 tenant's own lock guards that run.
 """
@@ -15,6 +15,7 @@ from ..book.step_book import StepBook
 from ..config import SinkConfig
 from ..durable.descriptors import Descriptors
 from ..tally import Notes
+from .disk import DiskBudget
 from .quotas import Quotas
 from .runbook import RunBook, RunKey
 from .tenant import Tenant
@@ -36,6 +37,8 @@ class Tenants:
         """Who may open another run, and which run makes room (``quotas``)."""
         self.descriptors = descriptors
         """The runs' share of the process's file descriptors (``durable.descriptors``)."""
+        self.disk = DiskBudget(config.disk)
+        """What each client's runs' views may write, and the floor of free disk (``disk``)."""
         self.notes = Notes()
         """What the run book said (resumes mapped, resumes refused, logs set aside): one entry per
         kind, each kind logged at most once per ``tally.NOTE_INTERVAL`` (the status route's ``run_notes``)."""
@@ -79,9 +82,10 @@ class Tenants:
         del self.open[key]
         self.quotas.closed(key)
 
-    def note(self, note: str) -> None:
-        """A run-book event worth a line: logged (at most once per interval per kind) and kept for the status route."""
-        self.notes.add(note)
+    def note(self, note: str, owner: str = "") -> None:
+        """A run-book event worth a line: logged (at most once per interval per kind) and kept for the
+        status route, as ``owner``'s (the name of the scope whose request it is about: ``tally.Notes``)."""
+        self.notes.add(note, owner)
 
     def hold(self, tenant: Tenant) -> bool:
         """The run is about to use its descriptors (``Descriptors.hold``); False: the sink has none

@@ -24,7 +24,10 @@ held, ``roster.Roster.finished``, more than ``linger`` seconds ago: ``ended``) r
 later point of that attempt, whoever sends it: the same instance id, another rank, a later step
 (``checked.ended_reason``). Only a higher attempt of its own scope (a restart, a requeue, a
 resume) opens it again. Within ``linger`` the step book decides
-(a process that starts late is taken, a second launch starting over is refused).
+(a process that starts late is taken, a second launch starting over is refused). A byte-identical
+retry of a goodbye the run took (its digest is kept with the run, ``goodbyes``) is no later point:
+it is answered as taken (``Retried``), whenever it comes, also after the run closed or the sink
+restarted.
 
 Pure bookkeeping: no I/O, wall clock injected. A run stays resumable for ``resume_window``
 seconds after it was last seen; the book forgets a scope's oldest runs of an experiment past
@@ -33,6 +36,7 @@ seconds after it was last seen; the book forgets a scope's oldest runs of an exp
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +53,8 @@ LATEST = "latest"
 MAX_ATTEMPT = 2**31 - 1
 MAX_LAUNCHES = 1000
 """Resuming launches a run keeps mapped (the oldest are forgotten: each is one restart of the run)."""
+MAX_GOODBYES = 16
+"""Digests of the goodbyes a run took that it keeps (the newest): their retries are answered as taken."""
 
 
 @dataclass(slots=True)
@@ -68,6 +74,9 @@ class Run:
     """The name of the scope whose token created the run (``checked.Scope``): only it may write it."""
     ended: tuple[int, float] | None = None
     """(attempt, wall time) when every process of that attempt had said goodbye; None: not ended."""
+    goodbyes: list[str] = field(default_factory=list)
+    """Digests (hex) of the requests with a goodbye the run took, the newest ``MAX_GOODBYES``: a
+    client's retry of one is answered as taken, also once the run has ended."""
     version: int = 0
     """Moves whenever the persisted record changes (a later record is never overwritten by an earlier one)."""
 
@@ -81,6 +90,7 @@ class Run:
             "launches": dict(self.launches),
             "owner": self.owner,
             "ended": list(self.ended) if self.ended is not None else None,
+            "goodbyes": list(self.goodbyes),
             "version": self.version,
         }
 
@@ -97,6 +107,8 @@ class Run:
         started = meta.get("started")
         owner = meta.get("owner")
         ended = meta.get("ended")
+        said = meta.get("goodbyes")
+        goodbyes = [d for d in said if _digest(d)][-MAX_GOODBYES:] if isinstance(said, list) else []
         return cls(
             experiment=str(meta["experiment"]),
             run=str(meta.get("run", "")),
@@ -106,6 +118,7 @@ class Run:
             launches=launches,
             owner=owner if isinstance(owner, str) else "",
             ended=_ended(ended),
+            goodbyes=goodbyes,
         )
 
 
@@ -124,6 +137,13 @@ class Resolved:
 
 
 SCOPE, ENDED, RESUME = "scope", "ended", "resume"
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """A byte-identical retry of a goodbye the run took: answered as taken, nothing taken again."""
+
+    key: RunKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +187,25 @@ class RunBook:
             self._launches[(run.experiment, launch)] = run.run
         self._trim(runs, run.owner)
 
+    def restore(self, known: list[Run]) -> None:
+        """Runs known from before a restart that left no log (retired: ``runs.closed``), in one go: a
+        run the book has already (its log was found) stays as it is; then each experiment's runs are
+        in the order they started, and each scope's oldest past ``max_runs`` forgotten (once per
+        experiment and scope, not once per run)."""
+        touched: set[str] = set()
+        for run in known:
+            runs = self._runs.setdefault(run.experiment, {})
+            if run.run in runs:
+                continue
+            runs[run.run] = run
+            for launch in run.launches:
+                self._launches.setdefault((run.experiment, launch), run.run)
+            touched.add(run.experiment)
+        for experiment in touched:
+            runs = self._runs[experiment] = {r.run: r for r in sorted(self._runs[experiment].values(), key=_started)}
+            for owner in {r.owner for r in runs.values()}:
+                self._trim(runs, owner)
+
     def forget(self, key: RunKey) -> None:
         """Drop a run the sink did not take after all (refused past its limits)."""
         runs = self._runs.get(key[0], {})
@@ -192,9 +231,12 @@ class RunBook:
     def get(self, key: RunKey) -> Run | None:
         return self._runs.get(key[0], {}).get(key[1])
 
-    def resolve(self, experiment: str, resource: Mapping[str, Any], scope: str = "") -> Resolved | Refused:
+    def resolve(
+        self, experiment: str, resource: Mapping[str, Any], scope: str = "", digest: bytes = b""
+    ) -> Resolved | Refused | Retried:
         """Where data with this (checked) Resource, sent with a token of ``scope`` (its name), goes,
-        or why it is refused."""
+        or why it is refused; ``Retried`` when its ``digest`` (``checked.ResourceBatch.digest``) is
+        that of a goodbye the run took."""
         run_id = str(resource.get(attr.RUN_ID) or "")
         own = _attempt(resource)
         now = self.wall()
@@ -202,10 +244,10 @@ class RunBook:
         mapped = self._launches.get((experiment, run_id))
         if mapped is not None:  # a process of a launch that resumed ``mapped``
             target = self._runs[experiment][mapped]
-            return self._seen(target, target.launches[run_id] + own, now, scope, resuming)
+            return self._seen(target, target.launches[run_id] + own, now, scope, resuming, digest)
         known = self.get((experiment, run_id))
         if known is not None:
-            return self._seen(known, own, now, scope, resuming)
+            return self._seen(known, own, now, scope, resuming, digest)
         resume = str(resource.get(attr.RUN_RESUME) or "") if run_id else ""  # run-less data resumes nothing
         if not resume or resume == run_id:
             return self._new(experiment, run_id, own, now, scope)
@@ -216,27 +258,34 @@ class RunBook:
         process said goodbye. ``resume=latest`` never continues such a run."""
         return run.ended is None and now - run.last_seen < self.live_window
 
-    def settle(self, key: RunKey, attempt: int, all_ended: bool) -> Run | None:
+    def settle(self, key: RunKey, attempt: int, all_ended: bool, goodbye: bytes = b"") -> Run | None:
         """What the step book says of a run now: its ``attempt`` is over (every process said goodbye,
         every declared rank slot was held: it has ended), or a process came back or joined (it has
-        not). Returns the run when its record changed."""
+        not); ``goodbye``: the digest of a request with a goodbye that the run took. Returns the run
+        when its record changed."""
         run = self.get(key)
         if run is None:
             return None
+        changed = False
+        if goodbye and goodbye.hex() not in run.goodbyes:
+            run.goodbyes.append(goodbye.hex())
+            del run.goodbyes[:-MAX_GOODBYES]
+            changed = True
         if all_ended:
-            if run.ended is not None and run.ended[0] >= attempt:
-                return None
-            run.ended = (attempt, self.wall())
+            if run.ended is None or run.ended[0] < attempt:
+                run.ended = (attempt, self.wall())
+                changed = True
         elif run.ended is not None and run.ended[0] == attempt:
             run.ended = None
-        else:
+            changed = True
+        if not changed:
             return None
         run.version += 1
         return run
 
     def _resume(
         self, experiment: str, run_id: str, resume: str, own: int, now: float, scope: str
-    ) -> Resolved | Refused:
+    ) -> Resolved | Refused | Retried:
         runs = self._runs.get(experiment, {})
         if resume == LATEST:
             fresh = [r for r in runs.values() if now - r.last_seen <= self.resume_window]
@@ -295,7 +344,9 @@ class RunBook:
         self._trim(runs, scope)
         return Resolved((experiment, run_id), own, changed=run, created=True)
 
-    def _seen(self, run: Run, attempt: int, now: float, scope: str, resuming: bool = False) -> Resolved | Refused:
+    def _seen(
+        self, run: Run, attempt: int, now: float, scope: str, resuming: bool = False, digest: bytes = b""
+    ) -> Resolved | Refused | Retried:
         key = (run.experiment, run.run)
         if run.owner != scope:
             return Refused(_foreign(run), SCOPE, key)
@@ -305,6 +356,8 @@ class RunBook:
         if run.ended is not None:
             if attempt <= run.ended[0]:
                 if now - run.ended[1] >= self.linger:  # finished: every later point alike
+                    if digest and digest.hex() in run.goodbyes:  # but what it took already, sent again
+                        return Retried(key)
                     return Refused(ended_reason(run.run, resuming), ENDED, key)
             else:  # its own scope restarts it (torchelastic, a requeue): it is open again
                 run.ended = None
@@ -336,6 +389,18 @@ def _foreign(run: Run) -> str:
         f"run {run.run[:64]!r} of experiment {run.experiment[:64]!r} belongs to another token scope: "
         "only the scope that created a run may send to it, resume it, restart it or end it"
     )
+
+
+def _started(run: Run) -> float:
+    return run.started
+
+
+def _digest(found: Any) -> bool:
+    """A persisted goodbye digest: 32 hex digits."""
+    return isinstance(found, str) and _HEX32.fullmatch(found) is not None
+
+
+_HEX32 = re.compile("[0-9a-f]{32}")
 
 
 def _ended(found: Any) -> tuple[int, float] | None:

@@ -32,6 +32,7 @@ class ViewConfigs:
         self.pool: ViewPool | None = None
         """The threads that write every run's views (``start``: the sink's threads start with it)."""
         self._gantt_backends: dict[str, bool] = {}
+        self._bytes_of: dict[str, int] = {}
         self._pool_lock = threading.Lock()
 
     def configure(self, experiment_id: str, backends: Mapping[str, Mapping[str, Any]]) -> str:
@@ -67,6 +68,12 @@ class ViewConfigs:
             return True
         return any(self._gantt_backend(str(o.get("backend", name))) for name, o in self._of(experiment_id).items())
 
+    def run_bytes(self, experiment_id: str) -> int:
+        """Bytes a run of this experiment's views writes at least (``LoggerBackend.run_bytes``):
+        what the disk budget reserves for it (``runs.disk``)."""
+        config = self._with_report(self._of(experiment_id))
+        return sum(self._backend_bytes(str(o.get("backend", name))) for name, o in config.items())
+
     def writer(self, tenant: Tenant) -> ViewWriter:
         """The tenant's views, opened on first use. Caller holds ``tenant.lock``."""
         if tenant.writer is None:
@@ -83,6 +90,7 @@ class ViewConfigs:
                 on_open=lambda views: descriptors.hold(views, views.descriptors, refusable=False),
                 on_closed=descriptors.forget,
                 run=tenant.book.run,
+                client=tenant.client,
             )
             tenant.book.keep_spans = any(
                 type(v.backend).report is not LoggerBackend.report for v in tenant.writer.views
@@ -117,6 +125,19 @@ class ViewConfigs:
         if self._config.report and not any(str(v.get("backend", k)) == "report" for k, v in config.items()):
             return {**config, "report": {"logging_mode": "global_reduce"}}
         return config
+
+    def _backend_bytes(self, name: str) -> int:
+        """``run_bytes`` of backend ``name`` (0: unknown, named when its views open; cached as
+        ``_gantt_backend``)."""
+        found = self._bytes_of.get(name)
+        if found is None:
+            try:
+                found = int(get_backend_class(name).run_bytes)
+            except Exception:
+                found = 0
+            if len(self._bytes_of) < 256:
+                self._bytes_of[name] = found
+        return found
 
     def _gantt_backend(self, name: str) -> bool:
         """Whether backend ``name`` draws a Gantt (cached: looking it up may scan entry points)."""

@@ -27,7 +27,6 @@ released and finished), its ``calls.Calls`` (every call into a backend, guarded)
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ from ...core.anomalies import Anomaly
 from ...otlp.samples import SampleRow
 from ..checked import LogRecord, OnError, Process
 from .calls import Calls
+from .fair import FairLine
 from .inbox import Inbox
 from .messages import DROP_KINDS, Close, Detected, Finalized, Log, Message, Release, Report, Row, Stream, Sync
 from .step import StepView
@@ -52,9 +52,10 @@ TURN = 32
 
 
 class ViewPool:
-    """The threads that run every writer with mail (``ViewWriter``): ``workers`` of them, and one
-    more, up to ``max_workers``, each time every thread has been held by one turn for ``stall``
-    seconds (views stuck in a slow call hold their threads; the other runs' views go on)."""
+    """The threads that run every writer with mail (``ViewWriter``), one client's after another's
+    (``fair``): ``workers`` of them, and one more, up to ``max_workers``, each time every thread
+    has been held by one turn for ``stall`` seconds (views stuck in a slow call hold their
+    threads; the other runs' views go on)."""
 
     def __init__(
         self,
@@ -65,7 +66,8 @@ class ViewPool:
         stall: float = 5.0,
     ) -> None:
         self._spawn = spawn
-        self._ready: queue.SimpleQueue[ViewWriter | None] = queue.SimpleQueue()
+        self._ready: FairLine[ViewWriter] = FairLine()
+        """Runs with mail, one client's after another's (``fair``)."""
         self._lock = threading.Lock()
         self._busy: dict[int, float] = {}
         """Thread ident -> when its current turn began (monotonic)."""
@@ -81,7 +83,7 @@ class ViewPool:
         return len(self._threads)
 
     def schedule(self, writer: ViewWriter) -> None:
-        self._ready.put(writer)
+        self._ready.put(writer.client, writer)
         with self._lock:
             now = time.monotonic()
             stalled = len(self._busy) == len(self._threads) and all(now - t >= self.stall for t in self._busy.values())
@@ -94,7 +96,7 @@ class ViewPool:
         with self._lock:
             threads = list(self._threads)
         for _ in threads:
-            self._ready.put(None)
+            self._ready.end()
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
@@ -140,9 +142,12 @@ class ViewWriter:
         on_open: Callable[[ViewWriter], object] | None = None,
         on_closed: Callable[[ViewWriter], object] | None = None,
         run: str = "",
+        client: str = "",
     ) -> None:
         self.experiment = experiment
         self.run = run
+        self.client = client
+        """Whose run it is (``edge.ports.Client.quota_key``): the pool serves one client's runs after another's."""
         self._on_error = on_error
         self._inbox = Inbox(experiment, partial(pool.schedule, self), max_queued=max_queued, on_drop=on_drop)
         self.drops = self._inbox.drops

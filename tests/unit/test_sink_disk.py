@@ -1,0 +1,99 @@
+"""Disk as a budgeted resource (``sink.runs.disk``): each client's runs' views charged by what they
+wrote, a reservation per open run, and a floor of free space."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rankscope.backends.report import ReportBackend
+from rankscope.report.page import plotly_js
+from rankscope.sink import DiskLimits
+from rankscope.sink.testing import DiskBudget, size_of
+
+MiB = 1 << 20
+
+
+def budget(tmp_path: Path, per_client: int = 10 * MiB, floor: int = 1) -> DiskBudget:
+    return DiskBudget(DiskLimits(per_client_bytes=per_client, min_free_bytes=floor, where=tmp_path))
+
+
+def page(tmp_path: Path, name: str, size: int) -> str:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    return str(path)
+
+
+def test_a_clients_runs_are_refused_once_what_they_wrote_and_reserved_reaches_its_budget(tmp_path: Path) -> None:
+    disk = budget(tmp_path)
+    assert disk.admit(("e", "r0"), "flood", estimate=3 * MiB) is None
+    assert disk.admit(("e", "r1"), "flood", estimate=3 * MiB) is None
+    assert disk.admit(("e", "r2"), "flood", estimate=3 * MiB) is None
+    refused = disk.admit(("e", "r3"), "flood", estimate=3 * MiB)  # 9 reserved + 3 > 10
+    assert refused is not None and "disk budget of 10 MiB (limit per client)" in refused
+    assert disk.admit(("v", "r"), "victim", estimate=3 * MiB) is None  # another client's share is its own
+    # r0 closes having written 1 MiB: 1 + 6 reserved + 3 <= 10, so one more fits
+    assert disk.settle(("e", "r0"), "flood", [page(tmp_path, "e/r0/report.html", MiB)]) == MiB
+    assert disk.admit(("e", "r3"), "flood", estimate=3 * MiB) is None
+    assert disk.status()["refused_runs"] == {"client": 1, "floor": 0}
+
+
+def test_a_run_reserves_the_most_a_run_of_its_client_wrote_so_far(tmp_path: Path) -> None:
+    disk = budget(tmp_path)
+    assert disk.admit(("e", "r0"), "c", estimate=0) is None
+    disk.settle(("e", "r0"), "c", [page(tmp_path, "r0.html", 4 * MiB)])
+    assert disk.admit(("e", "r1"), "c", estimate=0) is None  # reserves 4: 4 + 4 = 8
+    assert disk.admit(("e", "r2"), "c", estimate=0) is not None  # 8 + 4 > 10
+
+
+def test_a_location_is_charged_once_by_what_it_grew_and_to_the_first_client(tmp_path: Path) -> None:
+    disk = budget(tmp_path)
+    shared = page(tmp_path, "views/e.jsonl", MiB)
+    disk.admit(("e", "r0"), "a", 0)
+    assert disk.settle(("e", "r0"), "a", [shared]) == MiB
+    Path(shared).write_bytes(b"x" * (3 * MiB // 2))
+    disk.admit(("e", "r0"), "a", 0)  # reopened, closed again: charged what the file grew
+    assert disk.settle(("e", "r0"), "a", [shared]) == MiB // 2
+    assert disk.settle(("e", "r1"), "b", [shared]) == 0  # another client's run wrote there too: a's file
+    assert disk.status()["most_used_bytes"] == 3 * MiB // 2
+
+
+def test_a_directory_is_measured_by_its_files_up_to_a_bound(tmp_path: Path) -> None:
+    for i in range(3):
+        page(tmp_path, f"tb/run/{i}/events", 1000)
+    assert size_of(tmp_path / "tb") == 3000
+    assert size_of(tmp_path / "gone") == 0
+
+
+def test_under_the_floor_of_free_space_every_new_run_is_refused(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    disk = DiskBudget(DiskLimits(per_client_bytes=10 * MiB, min_free_bytes=free + (1 << 40), where=tmp_path))
+    refused = disk.admit(("e", "r"), "anyone", 0)
+    assert refused is not None and "under its floor" in refused
+    assert disk.below_floor() is not None
+    assert disk.status()["refused_runs"]["floor"] == 1
+
+
+def test_defaults_are_derived_from_the_file_system(tmp_path: Path) -> None:
+    limits = DiskLimits(where=tmp_path).resolved()
+    usage = shutil.disk_usage(tmp_path)
+    assert limits.per_client_bytes == max(1 << 30, usage.free // 8)
+    assert 1 << 30 <= limits.min_free_bytes <= 50 << 30
+    with pytest.raises(ValueError, match="must be >= 0"):
+        DiskLimits(per_client_bytes=-1)
+
+
+def test_a_report_view_reserves_at_least_its_page() -> None:
+    assert ReportBackend.run_bytes >= len(plotly_js()) + 64 * 1024
+
+
+def test_runs_that_reserve_nothing_close_in_any_order(tmp_path: Path) -> None:
+    disk = budget(tmp_path)
+    for run in ("a", "b", "c"):
+        assert disk.admit(("e", run), "c", estimate=0) is None
+    for run in ("b", "a", "c"):
+        assert disk.settle(("e", run), "c", []) == 0
+    assert disk.status()["reserved_bytes"] == 0
