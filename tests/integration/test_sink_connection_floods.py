@@ -14,6 +14,7 @@ import http.client
 import json
 import select
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -233,3 +234,50 @@ def test_a_grpc_connection_flood_at_ulimit_1024_leaves_a_new_channel_per_request
     log = sink.text()
     assert "Traceback" not in log, log[-3000:]
     assert sink.log.stat().st_size < 200_000, sink.log.stat().st_size
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+EXPORT_PATH = b"/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+STALLED_HEADERS = (  # HPACK: POST, http, :path, :authority, content-type, te
+    b"\x83\x86\x04" + bytes([len(EXPORT_PATH)]) + EXPORT_PATH + b"\x01\x01x"
+    + _literal(b"content-type", b"application/grpc") + _literal(b"te", b"trailers")
+)  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_calls_whose_request_never_comes_hold_no_thread_and_stop_no_one(tmp_path: Path) -> None:
+    """A stream opened (HEADERS) whose request message never comes held one of grpcio's 8
+    worker threads while it waited: eight such streams on one connection stopped every gRPC
+    export (DEADLINE_EXCEEDED). The sink's gRPC server is now grpcio's asyncio one (a call waiting
+    for its request holds no thread): 64 stalled calls on 4 connections, and a new channel's
+    exports and the victim's go on."""
+    sink, grpc_port, http_port = start_sink(tmp_path)
+    stalled: list[socket.socket] = []
+    try:
+        with Victim(http_port, grpc_port=grpc_port, interval=0.1) as victim:
+            for c in range(4):
+                s = socket.create_connection(("127.0.0.1", grpc_port), source_address=(SOURCES[c], 0))
+                s.sendall(H2_PREFACE_AND_SETTINGS)
+                for i in range(16):  # END_HEADERS, no END_STREAM, and no DATA ever
+                    s.sendall(_frame(1, 4, 2 * i + 1, STALLED_HEADERS))
+                stalled.append(s)
+            time.sleep(2.0)
+            started = time.monotonic()
+            codes = [export_on_a_new_channel(grpc_port) for _ in range(20)]
+            took = time.monotonic() - started
+            time.sleep(1.0)
+        victim.check(min_steps=10, within=3.0)
+        assert codes == [0] * 20, codes
+        assert took < 20, took
+        print(f"\n64 stalled calls on 4 connections: 20 exports on new channels in {took:.2f} s")
+    finally:
+        for s in stalled:
+            s.close()
+        sink.stop()

@@ -11,6 +11,16 @@ keeps finalizing with exact values.
   ``max_experiments`` before any run opens, opens at most ``max_new_runs`` runs (the rest waits for
   the client's retry, which the sink knows by its digests: nothing is merged twice), and stops
   opening runs once its client went away.
+- The same 20,000 experiments sent to /v1/traces or /v1/logs opened runs until the client's quota was
+  full (511 runs) and kept its client waiting past 30 s. Traces and logs requests are now walked and
+  bounded alike (``max_records``: spans or log records of one request), answered in 0.05 s with no
+  run opened; and since spans and log records have no digest to know a retry by, such a request
+  opens all its runs before it takes any of it (nothing taken when answered 429).
+- Eight clients each sending 1,048,575 empty points (just under ``max_points``) at once took 28 s an
+  answer and 1.9 GB; the victim's steps came at a tenth of their pace, three finalized without a
+  rank. Now the sink weighs each request's points before decoding it and takes at most
+  ``max_points_in_flight`` (2,097,152) of the large ones at once, answering the others retry-later:
+  peak 580 MB, the victim's steps on time and exact.
 
 The counting walk and each bound without sockets: ``tests/unit/test_sink_request_cost.py``.
 """
@@ -44,6 +54,11 @@ from ..pipeline import Process, clean_env, wait_http
 from ..victim import Victim
 
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+ROUTES = {
+    "metrics": ("/v1/metrics", EXPORT),
+    "traces": ("/v1/traces", "/opentelemetry.proto.collector.trace.v1.TraceService/Export"),
+    "logs": ("/v1/logs", "/opentelemetry.proto.collector.logs.v1.LogsService/Export"),
+}
 MB = 1 << 20
 
 
@@ -134,12 +149,15 @@ class Answer:
         return f"Answer({self.status!r}, {self.message[:120]!r}, retry {self.retry_after}, {self.took:.2f} s)"
 
 
-def send(body: bytes, via: str, http_port: int, grpc_port: int, timeout: float = 60.0) -> Answer:
+def send(
+    body: bytes, via: str, http_port: int, grpc_port: int, timeout: float = 60.0, signal: str = "metrics"
+) -> Answer:
     started = time.monotonic()
+    path, method = ROUTES[signal]
     if via == "grpc":
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("grpc.max_send_message_length", 64 * MB)]) as ch:
             try:
-                ch.unary_unary(EXPORT)(body, timeout=timeout)
+                ch.unary_unary(method)(body, timeout=timeout)
                 return Answer("OK", "", None, time.monotonic() - started)
             except grpc.RpcError as exc:
                 hint = dict(exc.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")  # type: ignore[attr-defined]
@@ -147,7 +165,7 @@ def send(body: bytes, via: str, http_port: int, grpc_port: int, timeout: float =
                 return Answer(exc.code().name, exc.details() or "", delay, time.monotonic() - started)  # type: ignore[attr-defined]
     conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/metrics", body=body, headers={"Content-Type": "application/x-protobuf"})
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/x-protobuf"})
         try:
             response = conn.getresponse()
         except TimeoutError:  # the client gives up: its connection closes
@@ -298,3 +316,161 @@ def test_a_request_stops_opening_runs_once_its_client_went_away(make_sink: Any, 
     refusals = sink.overview()["refusals"]
     assert sum(n for kind, n in refusals.items() if "went away" in kind) == 2 * (3_000 - counts[-1]), refusals
     print(f"\nclient gone after 0.5 s ({via}): {counts[-1]} of 3,000 runs opened, then none")
+
+
+def one_record(signal: str, experiments: list[str]) -> bytes:
+    """Each experiment's one process (a run of its own) sends one span (log record)."""
+    if signal == "traces":
+        record = (
+            _field(1, b"\1" * 16) + _field(2, b"\2" * 8) + _field(5, b"forward") + b"\x41" + (1).to_bytes(8, "little")
+        )
+    else:
+        record = b"\x09" + (1).to_bytes(8, "little") + _field(5, _field(1, b"a line"))
+    parts = []
+    for e in experiments:
+        resource = {attr.EXPERIMENT_ID: e, attr.RUN_ID: f"{e}-run", attr.SERVICE_INSTANCE_ID: f"{e}-r0"}
+        resource.update({attr.RANK: "0", attr.WORLD_SIZE: "1"})
+        parts.append(_field(1, _field(1, encode_resource(resource).SerializeToString()) + _field(2, _field(2, record))))
+    return b"".join(parts)
+
+
+def empty_records(n: int) -> bytes:
+    """One scope of ``n`` empty spans (log records: the same bytes), two bytes each."""
+    resource = encode_resource({attr.EXPERIMENT_ID: "cheap-records", attr.SERVICE_INSTANCE_ID: "p"})
+    return _field(1, _field(1, resource.SerializeToString()) + _field(2, b"\x12\x00" * n))
+
+
+def run_status(http_port: int, experiment: str) -> dict[str, Any]:
+    query = urllib.parse.urlencode({"experiment": experiment, "run": f"{experiment}-run"})
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/rankscope/v1/status?{query}", timeout=30) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(240)
+def test_traces_and_logs_requests_that_cost_much_are_refused_in_a_moment_and_open_no_run(tmp_path: Path) -> None:
+    """20,000 experiments (past ``max_resources``: they opened 511 runs and held their client past
+    30 s), 2,000 experiments (past ``max_experiments``) and 2,000,000 empty spans or log records
+    (past ``max_records``), to /v1/traces and /v1/logs over HTTP and gRPC: each answered
+    400/INVALID_ARGUMENT with the reason within seconds, no run opened, the sink's memory unmoved,
+    the victim on time."""
+    sink, grpc_port, http_port = start_sink(tmp_path)
+    try:
+        pid = sink.proc.pid
+        cheap = empty_records(2_000_000)
+        with Victim(http_port, grpc_port=grpc_port, interval=0.1) as victim:
+            time.sleep(1.0)
+            runs, before = overview(http_port)["runs"], rss_mb(pid)
+            peak = Peak(pid)
+            answers: list[tuple[str, str, Answer]] = []
+            for signal in ("traces", "logs"):
+                many = one_record(signal, [f"{signal}-named-{i}" for i in range(20_000)])
+                some = one_record(signal, [f"{signal}-some-{i}" for i in range(2_000)])
+                for body, bound in ((many, "max_resources"), (some, "max_experiments"), (cheap, "max_records")):
+                    for via in ("http", "grpc"):
+                        answers.append((via, bound, send(body, via, http_port, grpc_port, signal=signal)))
+            most = peak.stop()
+            status = overview(http_port)
+        victim.check(min_steps=5, within=3.0)
+        for via, bound, answer in answers:
+            assert answer.status == (400 if via == "http" else "INVALID_ARGUMENT"), (via, bound, answer)
+            assert f"(limit {bound})" in answer.message and "not taken" in answer.message, answer
+            assert answer.retry_after is None and answer.took < 10.0, answer  # measured: 0.05 s
+        assert status["runs"] == runs, status["runs"]  # none opened (was 511, then the client's quota)
+        assert {e["id"] for e in status["experiment_list"]} == {"victim"}
+        assert most - before < 150, f"resident set {before:.0f} MiB before, {most:.0f} at most"
+        assert _kind(status, "(limit max_records)") >= 4 * ((1 << 16) + 1)
+        slowest = max(a.took for _, _, a in answers)
+        print(f"\n{len(answers)} traces and logs requests refused, slowest in {slowest:.2f} s, no run opened")
+    finally:
+        sink.stop()
+    assert "Traceback" not in sink.text(), sink.text()[-3000:]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("via", ["http", "grpc"])
+def test_a_traces_or_logs_request_opening_more_runs_than_the_bound_is_taken_once_by_its_retry(
+    tmp_path: Path, via: str
+) -> None:
+    """200 new runs in one traces request and in one logs request: the first attempt opens 128 runs
+    and takes nothing (429/RESOURCE_EXHAUSTED, retry in 1 s: spans and log records have no digest,
+    so a partial take would be taken twice by the retry), the retry opens the rest and takes the
+    request whole: every run holds its span (log record) exactly once; the victim never noticed."""
+    sink, grpc_port, http_port = start_sink(tmp_path)
+    limit = Limits().max_new_runs
+    try:
+        with Victim(http_port, grpc_port=grpc_port, interval=0.1) as victim:
+            time.sleep(0.5)
+            for signal, taken in (("traces", "spans_stored"), ("logs", "log_records")):
+                experiments = [f"{via}-{signal}-{i}" for i in range(200)]
+                body, opened = one_record(signal, experiments), overview(http_port)["runs"]
+                first = send(body, via, http_port, grpc_port, signal=signal)
+                assert first.status == (429 if via == "http" else "RESOURCE_EXHAUSTED"), first
+                assert "(limit max_new_runs); nothing taken" in first.message and first.retry_after == 1, first
+                assert overview(http_port)["runs"] == opened + limit
+                assert {run_status(http_port, e)[taken] for e in experiments[:limit]} == {0}  # opened, nothing taken
+                time.sleep(first.retry_after)
+                second = send(body, via, http_port, grpc_port, signal=signal)
+                assert second.status in (200, "OK"), second
+                assert [run_status(http_port, e)[taken] for e in experiments] == [1] * 200
+            status = overview(http_port)
+        victim.check(min_steps=10, within=3.0)
+        assert status["runs"] == 401, status["runs"]  # 400 and the victim's
+    finally:
+        sink.stop()
+    assert "Traceback" not in sink.text(), sink.text()[-3000:]
+
+
+def retried(
+    body: bytes, via: str, http_port: int, grpc_port: int, patience: float = 150.0
+) -> tuple[list[Answer], float]:
+    """Sent until answered other than retry-later (429, RESOURCE_EXHAUSTED), waiting each retry
+    hint out as OTLP exporters do: every answer, and the seconds until the last."""
+    started = time.monotonic()
+    answers = [send(body, via, http_port, grpc_port, timeout=patience)]
+    while answers[-1].status in (429, "RESOURCE_EXHAUSTED") and time.monotonic() - started < patience:
+        time.sleep(answers[-1].retry_after or 1.0)
+        answers.append(send(body, via, http_port, grpc_port, timeout=patience))
+    return answers, time.monotonic() - started
+
+
+@pytest.mark.timeout(300)
+def test_clients_sending_near_bound_requests_at_once_leave_the_victim_on_time_and_the_sink_its_memory(
+    tmp_path: Path,
+) -> None:
+    """Eight clients each send 1,048,575 empty points (one under ``max_points``) at once, half over
+    HTTP, half over gRPC, retrying as told. They took 28 s an answer, the sink 1.9 GB, and the
+    victim's steps a second each, three finalized without a rank. Now the sink takes at most
+    ``max_points_in_flight`` (2,097,152: two of them) at once and answers the others 429 with a
+    retry hint before decoding them: every request is taken in the end, the sink's resident set
+    stays within 1 GB of where it was (measured 515 MB), the victim's steps are on time and exact."""
+    sink, grpc_port, http_port = start_sink(tmp_path)
+    try:
+        pid = sink.proc.pid
+        body = empty_points((1 << 20) - 1)
+        with Victim(http_port, grpc_port=grpc_port, interval=0.1) as victim:
+            time.sleep(1.0)
+            before = rss_mb(pid)
+            peak = Peak(pid)
+            started = time.monotonic()
+            with ThreadPoolExecutor(8) as pool:
+                sent = list(pool.map(lambda i: retried(body, ("http", "grpc")[i % 2], http_port, grpc_port), range(8)))
+            wall = time.monotonic() - started
+            most = peak.stop()
+            status = overview(http_port)
+        victim.check(min_steps=15, within=3.0)
+        tries, took = [answers for answers, _ in sent], [seconds for _, seconds in sent]
+        for i, answers in enumerate(tries):
+            assert answers[-1].status == (200, "OK")[i % 2], answers[-1]
+            for answer in answers[:-1]:
+                assert "(limit max_points_in_flight); retry" in answer.message and answer.retry_after == 1, answer
+        assert sum(len(answers) > 1 for answers in tries) >= 4  # at most two taken at once: the rest waited
+        assert most - before < 1024, f"resident set {before:.0f} MiB before, {most:.0f} at most"
+        assert _kind(status, "(limit max_points_in_flight)") > 0  # counted in the status route
+        print(
+            f"\n8 near-bound clients: all taken in {wall:.1f} s (each in {min(took):.1f} to {max(took):.1f} s, "
+            f"{sum(map(len, tries)) - 8} retries); resident set {before:.0f} MiB before, {most:.0f} at most; "
+            f"victim's slowest step {max(victim.latencies):.2f} s over {len(victim.latencies)} steps"
+        )
+    finally:
+        sink.stop()
+    assert "Traceback" not in sink.text(), sink.text()[-3000:]

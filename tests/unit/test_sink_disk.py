@@ -49,16 +49,35 @@ def test_a_run_reserves_the_most_a_run_of_its_client_wrote_so_far(tmp_path: Path
     assert disk.admit(("e", "r2"), "c", estimate=0) is not None  # 8 + 4 > 10
 
 
-def test_a_location_is_charged_once_by_what_it_grew_and_to_the_first_client(tmp_path: Path) -> None:
+def test_a_location_is_counted_once_for_the_client_whose_run_last_grew_it(tmp_path: Path) -> None:
     disk = budget(tmp_path)
     shared = page(tmp_path, "views/e.jsonl", MiB)
     disk.admit(("e", "r0"), "a", 0)
     assert disk.settle(("e", "r0"), "a", [shared]) == MiB
     Path(shared).write_bytes(b"x" * (3 * MiB // 2))
-    disk.admit(("e", "r0"), "a", 0)  # reopened, closed again: charged what the file grew
+    disk.admit(("e", "r0"), "a", 0)  # reopened, closed again: what the file grew
     assert disk.settle(("e", "r0"), "a", [shared]) == MiB // 2
-    assert disk.settle(("e", "r1"), "b", [shared]) == 0  # another client's run wrote there too: a's file
-    assert disk.status()["most_used_bytes"] == 3 * MiB // 2
+    assert disk.settle(("e", "r1"), "b", [shared]) == 0  # b's run did not grow it: still a's
+    assert disk.status()["most_used_bytes"] == 3 * MiB // 2 and disk.status()["clients"] == 1
+    Path(shared).write_bytes(b"x" * (2 * MiB))
+    assert disk.settle(("e", "r1"), "b", [shared]) == MiB // 2  # b's run grew it: b's now, whole
+    assert disk.status()["most_used_bytes"] == 2 * MiB
+
+
+def test_files_deleted_give_a_client_at_its_budget_its_bytes_back(tmp_path: Path) -> None:
+    """Counted is what is on disk, not what was ever written: a client at its budget has its
+    locations measured again, and an operator's clean-up lets its runs open again."""
+    now = [0.0]
+    disk = DiskBudget(DiskLimits(per_client_bytes=10 * MiB, min_free_bytes=1, where=tmp_path), clock=lambda: now[0])
+    pages = [page(tmp_path, f"e/r{i}/report.html", 4 * MiB) for i in range(2)]
+    for i, where in enumerate(pages):
+        disk.admit(("e", f"r{i}"), "c", 0)
+        disk.settle(("e", f"r{i}"), "c", [where])
+    assert disk.admit(("e", "r2"), "c", 0) is not None  # 8 + 4 > 10
+    Path(pages[0]).unlink()
+    assert disk.admit(("e", "r2"), "c", 0) is not None  # measured again at most every 10 s
+    now[0] = 11.0
+    assert disk.admit(("e", "r2"), "c", 0) is None  # 4 on disk + 4 reserved
 
 
 def test_a_directory_is_measured_by_its_files_up_to_a_bound(tmp_path: Path) -> None:

@@ -39,8 +39,8 @@ class RunLimits:
     """Runs of one experiment open at once, not counting those that ended."""
     per_client: int = 0
     """Runs one client (its token's scope, else its address: an IPv6 one by its /64) opened that
-    are open and have not ended. 0: an eighth of ``max_open`` (512), so that a few clients cannot
-    fill the sink, tokens or not. A Collector gateway is one client: give it a token of its own,
+    are open and have not ended. 0: an eighth of ``max_open`` (512), so that fewer than eight
+    clients cannot fill the sink, tokens or not. A Collector gateway is one client: give it a token of its own,
     or raise this."""
     quiet_after: float = 60.0
     """Seconds without data after which a run gives its file descriptors back (its log's segment,
@@ -66,11 +66,11 @@ class DiskLimits:
     """What the views of the sink's runs may write (``SinkConfig.disk``)."""
 
     per_client_bytes: int = 0
-    """Bytes one client's runs' views may have written; a new run past it is refused. 0: an
+    """Bytes one client's runs' views may hold on disk; a new run past it is refused. 0: an
     eighth of the free space when the sink starts, at least 1 GiB."""
     min_free_bytes: int = 0
-    """Free space the sink leaves on the views' file system: under it, new runs and points are
-    refused. 0: 5 % of the file system, at least 1 GiB and at most 50 GiB."""
+    """Free space the sink leaves on the views' file system: under it, new runs are refused. 0: 5 %
+    of the file system, at least 1 GiB and at most 50 GiB."""
     where: Path = Path(".")
     """A path on the file system the views write to (the sink's working directory)."""
 

@@ -35,7 +35,7 @@ from .durable.retired import RetiredStore
 from .durable.wal import HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, atomic_write, encode_record
 from .edge.auth import Keys, authorized, load_tokens
 from .edge.bodies import decode_body, hex_ids_to_base64
-from .edge.connections import QuietLog
+from .edge.connections import ConnectionServer, QuietLog
 from .edge.control import ControlRoutes, scoped
 from .edge.cost import RECORD_WEIGHT
 from .edge.errors import ANSWERS, HttpError, Kind, OverloadedError, Refusal, RefusedError
@@ -73,6 +73,7 @@ __all__ = [
     "Admission",
     "Agenda",
     "Client",
+    "ConnectionServer",
     "Control",
     "ControlRoutes",
     "Counts",

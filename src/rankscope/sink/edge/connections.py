@@ -46,6 +46,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 
+from .ports import network_of
+
 SAY_INTERVAL = 10.0
 """Seconds between two log lines of one kind (what aiohttp logs of the connections)."""
 MIN_BODY_RATE = 64 * 1024
@@ -60,7 +62,7 @@ class Counts:
     """What the connection rules did, both transports' HTTP side (the status route's ``connections``).
     Written on the server's loop, read by the status route: plain integers, no lock."""
 
-    __slots__ = ("closed", "open", "per_peer", "turned_away")
+    __slots__ = ("closed", "open", "per_peer", "timed_out", "turned_away")
 
     def __init__(self) -> None:
         self.open = 0
@@ -71,6 +73,8 @@ class Counts:
         """Connections closed to make room for a newcomer, by what they were doing."""
         self.turned_away = {"full": 0, "per_peer": 0}
         """Newcomers closed at once: every connection (of their peer) was being served."""
+        self.timed_out = 0
+        """gRPC connections closed by the relay for going quiet both ways (``front``)."""
 
     def status(self) -> dict[str, object]:
         return {
@@ -78,6 +82,7 @@ class Counts:
             "per_peer": self.per_peer,
             "closed_to_make_room": dict(self.closed),
             "turned_away": dict(self.turned_away),
+            "timed_out": self.timed_out,
         }
 
 
@@ -88,18 +93,31 @@ class Connection(web.RequestHandler):
         "_deadline",
         "_header_timeout",
         "_loop_of",
+        "_write_timeout",
         "body_bytes",
         "body_since",
         "head_since",
         "idle_since",
         "peer",
         "serving",
+        "writing_since",
     )
 
-    def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, header_timeout: float, **kwargs: Any):
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        header_timeout: float,
+        write_timeout: float = 60.0,
+        **kwargs: Any,
+    ):
         super().__init__(manager, loop=loop, **kwargs)
         self._loop_of = loop
         self._header_timeout = header_timeout
+        self._write_timeout = write_timeout
+        self.writing_since: float | None = None
+        """Loop time its answer began to be written; None: not writing one."""
         self._deadline: asyncio.TimerHandle | None = None
         self.head_since: float | None = None
         """Loop time its awaited request head began (its opening, or its first byte); None: not waiting."""
@@ -110,12 +128,12 @@ class Connection(web.RequestHandler):
         """Loop time its request's body began to be read; None: not reading one."""
         self.body_bytes = 0
         self.peer = ""
-        """Its peer's address (its host, without the port)."""
+        """Its peer's address (its host, an IPv6 one by its /64: ``ports.network_of``)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._await_head()  # before the server counts it: a newcomer is the youngest waiting
         peer = transport.get_extra_info("peername")
-        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self.peer = network_of(str(peer[0])) if isinstance(peer, tuple) and peer else ""
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -151,10 +169,43 @@ class Connection(web.RequestHandler):
 
     def slow(self, now: float) -> bool:
         """Whether its body arrives slower than ``MIN_BODY_RATE`` (judged over ``SLOW_AFTER``
-        seconds at least, so a body just begun counts as slow only after its older peers)."""
-        if self.body_since is None or self.transport is None:
+        seconds at least, so a body just begun counts as slow only after its older peers), or its
+        answer has been written for ``SLOW_AFTER`` seconds (a client that does not read)."""
+        if self.transport is None:
+            return False
+        if self.writing_since is not None:
+            return now - self.writing_since >= SLOW_AFTER
+        if self.body_since is None:
             return False
         return self.body_bytes < MIN_BODY_RATE * max(now - self.body_since, SLOW_AFTER)
+
+    @property
+    def slow_since(self) -> float:
+        """Since when it is reading its body, or writing its answer (the older one is closed first)."""
+        return self.body_since or self.writing_since or 0.0
+
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        """aiohttp writes the answer: within ``write_timeout`` (else the connection is aborted),
+        counted as serving until it is written (then idle)."""
+        self.writing_since = self._loop_of.time()
+        try:
+            return await asyncio.wait_for(super().finish_response(request, resp, start_time), self._write_timeout)
+        except asyncio.TimeoutError:
+            self.abort()
+            return resp, True
+        finally:
+            self.writing_since = None
+            self.ended()
+
+    def abort(self) -> None:
+        """Close it now, dropping what is unsent (``close`` would wait for a client that does not
+        read, holding its descriptor and buffers)."""
+        transport = self.transport
+        self.force_close()
+        if transport is not None:
+            transport.abort()
 
     @property
     def idle(self) -> bool:
@@ -184,7 +235,7 @@ class Connection(web.RequestHandler):
     def _head_overdue(self) -> None:
         self._deadline = None
         if self.head_since is not None and not self.serving:
-            self.force_close()
+            self.abort()
 
 
 class ConnectionServer(web.Server):
@@ -198,6 +249,7 @@ class ConnectionServer(web.Server):
         loop: asyncio.AbstractEventLoop,
         max_connections: int,
         header_timeout: float,
+        write_timeout: float = 60.0,
         per_peer: int = 0,
         counts: Counts | None = None,
         **kwargs: Any,
@@ -209,11 +261,18 @@ class ConnectionServer(web.Server):
         self.max_connections = max_connections
         self.per_peer = per_peer or max_connections
         self.header_timeout = header_timeout
+        self.write_timeout = write_timeout
         self.counts = counts or Counts()
         self.counts.per_peer = self.per_peer
 
     def __call__(self) -> Connection:
-        return Connection(self, loop=self._loop_of, header_timeout=self.header_timeout, **self._handler_kwargs)
+        return Connection(
+            self,
+            loop=self._loop_of,
+            header_timeout=self.header_timeout,
+            write_timeout=self.write_timeout,
+            **self._handler_kwargs,
+        )
 
     def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
@@ -241,17 +300,17 @@ class ConnectionServer(web.Server):
             return
         slow = [c for c in others if c.slow(now)]
         if slow:
-            self._close(min(slow, key=lambda c: c.body_since or 0.0), "slow")
+            self._close(min(slow, key=lambda c: c.slow_since), "slow")
             return
         idle = [c for c in others if c.idle]
         if idle:
             self._close(min(idle, key=lambda c: c.idle_since or 0.0), "idle")
             return
-        newcomer.force_close()
+        newcomer.abort()
         self.counts.turned_away[bound] += 1
 
     def _close(self, connection: Connection, doing: str) -> None:
-        connection.force_close()
+        connection.abort()
         self.counts.closed[doing] += 1
 
     def _request(
@@ -267,12 +326,8 @@ class ConnectionServer(web.Server):
         return web.BaseRequest(message, payload, protocol, writer, task, self._loop_of)
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
-        try:
-            response: web.StreamResponse = await self._handle(request)
-            return response
-        finally:
-            if isinstance(request.protocol, Connection):
-                request.protocol.ended()
+        response: web.StreamResponse = await self._handle(request)
+        return response  # ``Connection.finish_response`` writes it, then the connection idles
 
 
 class QuietLog(logging.LoggerAdapter):  # type: ignore[type-arg]  # generic only from Python 3.11

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -65,6 +65,7 @@ class Weigh(Protocol):
         ...
 
 
+_T = TypeVar("_T")
 OnCostly = Callable[[Refusals], None]
 """Told of a request refused whole for what it costs (the sink's tally: the status route counts it)."""
 
@@ -87,7 +88,8 @@ def metrics_within(request: Any, limits: Limits, refused: Refusals, gate: Weigh 
     if isinstance(request, list):
         return request
     body = _body(request)
-    return metrics_at(body, _walked(body, walk_metrics, limits.max_points, "points", 1, limits, refused, gate).spans)
+    walked = _walked(body, walk_metrics, limits.max_points, "points", 1, limits, refused, gate)
+    return _decoded(lambda: metrics_at(body, walked.spans))
 
 
 def traces_within(request: Any, limits: Limits, refused: Refusals, gate: Weigh | None = None) -> Any:
@@ -122,10 +124,10 @@ def costly(refused: Refusals, units: int, why: str) -> NoReturn:
     raise RefusedError(Kind.COSTLY, why)
 
 
-def _busy(refused: Refusals, units: int, noun: str, counted: bool) -> NoReturn:
-    """Refuse the whole request for now: the sink's budget of points in flight is spent (CAPACITY)."""
-    held = f"{units}" if counted else f"more than {units - 1}"
-    why = f"request of {held} {noun} over what the sink takes at once now (limit max_points_in_flight); retry"
+def _busy(refused: Refusals, units: int) -> NoReturn:
+    """Refuse the whole request for now, its ``units`` counted (as far as the walk went): the sink's
+    budget of points in flight has not room enough left (CAPACITY)."""
+    why = "request over what the sink has room for now (limit max_points_in_flight); retry"
     refused.received = max(refused.received, units)
     refused.add(max(1, units), why)
     raise OverloadedError(Kind.CAPACITY, why)
@@ -141,10 +143,14 @@ def _records(request: Any, cls: Any, noun: str, limits: Limits, refused: Refusal
     """A traces or logs request (``cls``) decoded once within the bounds (a message: as it is)."""
     body = _body(request)
     _walked(body, walk_records, limits.max_records, noun, RECORD_WEIGHT, limits, refused, gate)
-    if isinstance(request, cls):
-        return request
+    return request if isinstance(request, cls) else _decoded(lambda: cls.FromString(body))
+
+
+def _decoded(decode: Callable[[], _T]) -> _T:
+    """What ``decode`` returns; a body the walk took but the parser does not (a malformed field
+    inside a unit, which the walk never reads) is answered as undecodable."""
     try:
-        return cls.FromString(body)
+        return decode()
     except (DecodeError, RecursionError, ValueError) as exc:
         raise RefusedError(Kind.BAD_REQUEST, f"undecodable OTLP request: {exc}") from None
 
@@ -171,7 +177,7 @@ def _walked(
     except (DecodeError, RecursionError, ValueError) as exc:
         raise RefusedError(Kind.BAD_REQUEST, f"undecodable OTLP request: {exc}") from None
     if walked.over == "points" and room < bound:  # past the room left, not (yet) past its bound
-        _busy(refused, walked.points, noun, counted=False)
+        _busy(refused, walked.points)
     if walked.over == "points":
         costly(refused, walked.points, f"request of more than {bound} {noun} (limit {name})")
     if walked.over == "resources":
@@ -179,5 +185,5 @@ def _walked(
         costly(refused, units, f"request of more than {limits.max_resources} resources (limit max_resources)")
     units = walked.points if walked.points >= 0 else len(body) // 2  # not counted: within its share
     if gate is not None and not gate.weigh(units * weight):
-        _busy(refused, units, noun, counted=walked.points >= 0)
+        _busy(refused, units)
     return walked

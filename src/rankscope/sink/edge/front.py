@@ -12,9 +12,14 @@ from one address) a newcomer closes, in this order:
   preface yet: grpcio's end opens only then, and it is closed after ``header_timeout``);
 - else the one *idle* longest: the last bytes on it were grpcio's (an answer, a SETTINGS
   acknowledgement), so no call is waiting for an answer;
+- else the one quiet longest (nothing either way for ``SLOW_AFTER`` seconds): a call whose
+  request stalled, or a client that does not read its answer;
 
-and only when every connection has a call in flight is the newcomer closed. The rules count
-what they did in the same ``Counts`` the status route shows (``connections.grpc``).
+and only when every connection is moving bytes is the newcomer closed. Besides, a connection
+quiet both ways for ``idle_timeout`` is closed (``_sweep``): a stream opened and never finished
+keeps grpcio's own idle timer off. A connection closed by these rules is aborted (what is unsent
+dropped: closing would wait for a client that does not read). The rules count what they did in
+the same ``Counts`` the status route shows (``connections.grpc``).
 
 grpcio sees every call come from the relay: ``peer_of`` maps the relay's local port of a
 connection back to its client's address (the run quotas count by it). Back-pressure: either
@@ -26,12 +31,15 @@ loopback connection): ``max_connections`` is the plan's gRPC share divided by th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .connections import Counts
+from .connections import SLOW_AFTER, Counts
 from .listener import Listener, OnExhausted
+from .ports import network_of
 
 log = logging.getLogger("rankscope.sink")
 
@@ -49,6 +57,7 @@ class Relay(asyncio.Protocol):
         self.client: asyncio.Transport | None = None
         self.upstream: asyncio.Transport | None = None
         self.peer = ""
+        self.network = ""
         self.opened = 0.0
         self.received = 0
         """Bytes the client sent."""
@@ -70,6 +79,8 @@ class Relay(asyncio.Protocol):
         self.client = transport
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self.network = network_of(self.peer)
+        """What the per-address cap counts by (an IPv6 address by its /64)."""
         self.opened = self.last_in = self.front.loop.time()
         if self.front.admit(self):
             self._deadline = self.front.loop.call_later(self.front.header_timeout, self._handshake_overdue)
@@ -99,7 +110,7 @@ class Relay(asyncio.Protocol):
     def _handshake_overdue(self) -> None:
         """No whole preface within ``header_timeout``: closed, as grpcio closes a slow handshake."""
         if self.received < PREFACE:
-            self.close()
+            self.close(abort=True)
 
     def pause_writing(self) -> None:  # the client reads slower than grpcio answers
         if self.upstream is not None:
@@ -115,6 +126,11 @@ class Relay(asyncio.Protocol):
     def waiting(self) -> bool:
         """Whether it has not sent its preface yet."""
         return not self._closed and self.received < PREFACE
+
+    @property
+    def last_active(self) -> float:
+        """Loop time the last bytes went either way."""
+        return max(self.last_in, self.last_out)
 
     @property
     def idle(self) -> bool:
@@ -149,7 +165,9 @@ class Relay(asyncio.Protocol):
         if self.client is not None:
             self.client.resume_reading()
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Close both ends (``abort``: dropping what is unsent, as for a connection closed to make
+        room: ``close`` would wait for a client that does not read, holding its descriptor)."""
         if self._closed:
             return
         self._closed = True
@@ -158,7 +176,7 @@ class Relay(asyncio.Protocol):
         self.front.gone(self)
         for transport in (self.client, self.upstream):
             if transport is not None:
-                transport.close()
+                transport.abort() if abort else transport.close()
 
 
 class _Upstream(asyncio.Protocol):
@@ -192,17 +210,19 @@ class Front:
         self,
         host: str,
         port: int,
-        upstream_port: int,
         *,
         max_connections: int,
         per_peer: int,
         header_timeout: float = 5.0,
+        idle_timeout: float = 15.0,
         counts: Counts | None = None,
         on_exhausted: OnExhausted | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
-        self.upstream_port = upstream_port
+        self.upstream_port = 0
+        """grpcio's loopback port (set once its server listens, before ``serve``)."""
         self.header_timeout = header_timeout
+        self.idle_timeout = idle_timeout
         self.max_connections = max(1, max_connections)
         self.per_peer = max(1, min(per_peer, self.max_connections))
         self.counts = counts or Counts()
@@ -223,7 +243,7 @@ class Front:
     def admit(self, newcomer: Relay) -> bool:
         """Count the newcomer in, making room by the module's rules; False: it was closed."""
         self.relays[newcomer] = None
-        same = [r for r in self.relays if r.peer == newcomer.peer]
+        same = [r for r in self.relays if r.network == newcomer.network]
         if len(same) > self.per_peer:
             return self._make_room(newcomer, same, "per_peer")
         if len(self.relays) > self.max_connections:
@@ -232,6 +252,7 @@ class Front:
         return True
 
     def _make_room(self, newcomer: Relay, among: list[Relay], bound: str) -> bool:
+        now = self.loop.time()
         others = [r for r in among if r is not newcomer]
         waiting = [r for r in others if r.waiting]
         if waiting:
@@ -239,14 +260,18 @@ class Front:
             return True
         idle = [r for r in others if r.idle]
         if idle:
-            self._close(min(idle, key=lambda r: max(r.last_in, r.last_out)), "idle")
+            self._close(min(idle, key=lambda r: r.last_active), "idle")
+            return True
+        stalled = [r for r in others if now - r.last_active >= SLOW_AFTER]
+        if stalled:  # a call sent and nothing since, either way: a stalled stream, or a slow answer
+            self._close(min(stalled, key=lambda r: r.last_active), "slow")
             return True
         self.counts.turned_away[bound] += 1
-        newcomer.close()
+        newcomer.close(abort=True)
         return False
 
     def _close(self, relay: Relay, doing: str) -> None:
-        relay.close()
+        relay.close(abort=True)
         self.counts.closed[doing] += 1
 
     def connect(self, relay: Relay) -> None:
@@ -274,18 +299,44 @@ class Front:
         if relay.local_port is not None:
             self._peers.pop(relay.local_port, None)
 
+    def _sweep(self) -> None:
+        """Every second: a connection quiet both ways for ``idle_timeout`` is closed, whatever grpcio
+        thinks of it (a stream opened and never finished keeps grpcio's idle timer off)."""
+        now = self.loop.time()
+        for relay in [r for r in self.relays if now - r.last_active >= self.idle_timeout]:
+            relay.close(abort=True)
+            self.counts.timed_out += 1
+        self.loop.call_later(1.0, self._sweep)
+
     def serve(self) -> None:
         asyncio.set_event_loop(self.loop)
+        self.loop.call_later(1.0, self._sweep)
         self.loop.run_forever()
         self.listener.close()
         for relay in list(self.relays):
-            relay.close()
+            relay.close(abort=True)
         for task in self._tasks:
             task.cancel()
         self.loop.run_until_complete(asyncio.gather(*self._tasks, asyncio.sleep(0), return_exceptions=True))
         self.loop.close()
         self._stopped.set()
 
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._stopped.wait(5.0)
+    def stop(self, before: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Stop accepting, await ``before`` (grpcio's server answering its calls in progress), then
+        close every connection and the loop."""
+
+        async def stopping() -> None:
+            self.listener.close()
+            if before is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(before(), 5.0)
+            self.loop.stop()
+
+        if self.loop.is_closed():
+            return
+        if not self.loop.is_running():  # never served: nothing to wait for
+            self.loop.run_until_complete(stopping())
+            self.loop.close()
+            return
+        asyncio.run_coroutine_threadsafe(stopping(), self.loop)
+        self._stopped.wait(10.0)

@@ -1,4 +1,9 @@
-"""OTLP/gRPC transport: the three collector services on grpcio, handing requests to the sink.
+"""OTLP/gRPC transport: the three collector services on grpcio's asyncio server, behind the relay
+(``edge.front``), handing requests to the sink.
+
+A call waiting for its request costs no thread (grpcio's synchronous server gave each call a
+worker that waited for the request's message: eight streams opened and never finished held all
+eight and stopped gRPC ingest); decoding and taking a request run on a pool of ``grpc_workers``.
 
 The services are registered with raw-bytes request handling, so an undecodable body is
 answered INVALID_ARGUMENT (not INTERNAL) by the sink's edge, which counts what a body costs
@@ -12,6 +17,7 @@ by ``edge.auth``, as the HTTP side does, and its scope travels with the request'
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any, NoReturn
@@ -48,6 +54,7 @@ def _handler(
     ingest: Ingest,
     keys: Keys,
     peer_of: Callable[[str], str],
+    pool: futures.Executor,
     parse: Callable[[bytes], Any],
     response_class: type,
     export_name: str,
@@ -55,28 +62,36 @@ def _handler(
 ) -> Any:
     export = getattr(ingest, export_name)
 
-    def handle(body: bytes, context: Any) -> Any:
-        scope = keys.scope_of_headers([v for k, v in context.invocation_metadata() if k == "authorization"])
-        if scope is None:
-            abort(context, Kind.UNAUTHORIZED, UNAUTHORIZED)
+    def take(body: bytes, client: Client) -> bytes | tuple[Kind, str]:
+        """Decode and take one request (on ``pool``: it is the CPU's work): its answer, or why not."""
         try:
             request = parse(body)
         except (DecodeError, ValueError, RecursionError) as exc:
-            abort(context, Kind.BAD_REQUEST, f"undecodable OTLP request: {exc}")
+            return Kind.BAD_REQUEST, f"undecodable OTLP request: {exc}"
         try:
-            result = export(request, Client(peer=peer_of(context.peer()), scope=scope, alive=context.is_active))
+            result = export(request, client)
         except RefusedError as exc:
-            abort(context, exc.kind, str(exc))
+            return exc.kind, str(exc)
         response = response_class()
         if result.rejected:
             setattr(response.partial_success, rejected_field, result.rejected)
             response.partial_success.error_message = result.message
-        return response.SerializeToString()
+        return bytes(response.SerializeToString())
+
+    async def handle(body: bytes, context: Any) -> bytes:
+        scope = keys.scope_of_headers([v for k, v in context.invocation_metadata() if k == "authorization"])
+        if scope is None:
+            await abort(context, Kind.UNAUTHORIZED, UNAUTHORIZED)
+        client = Client(peer=peer_of(context.peer()), scope=scope, alive=lambda: not context.done())
+        answer = await asyncio.get_running_loop().run_in_executor(pool, take, body, client)
+        if isinstance(answer, tuple):
+            await abort(context, *answer)
+        return answer
 
     return grpc.unary_unary_rpc_method_handler(handle)  # bytes in, bytes out
 
 
-def abort(context: Any, kind: Kind, message: str) -> NoReturn:
+async def abort(context: Any, kind: Kind, message: str) -> NoReturn:
     """End the call as ``kind``'s row in ``ANSWERS`` says; a retry hint goes as ``RetryInfo`` both
     where OTLP clients look for it: in ``grpc-status-details-bin`` (Go, the Collector) and in
     ``google.rpc.retryinfo-bin`` (the Python SDK's exporter, rankscope's own senders)."""
@@ -92,7 +107,7 @@ def abort(context: Any, kind: Kind, message: str) -> NoReturn:
                 ("google.rpc.retryinfo-bin", hint.SerializeToString()),
             )
         )
-    context.abort(answer.grpc, message)
+    await context.abort(answer.grpc, message)
     raise AssertionError("grpc's abort raises")  # for a context that does not
 
 
@@ -106,49 +121,61 @@ def start_grpc(
     on_exhausted: OnExhausted | None = None,
 ) -> tuple[Any, int]:
     """Listen on ``config.host:port`` (0: any free port) through the relay (``edge.front``: the
-    connection rules), grpcio on a loopback port behind it, running its own threads; ``counts``:
-    where the rules count what they did (the status route's ``connections.grpc``)."""
-    limit = config.max_body_bytes
+    connection rules), grpcio's asyncio server on a loopback port behind it, both on the relay's
+    event loop (a call waiting for its request holds no thread; decoding and taking it run on a
+    pool of ``grpc_workers`` threads); ``counts``: where the rules count what they did (the status
+    route's ``connections.grpc``)."""
     relayed = max(1, config.max_connections // 3)  # a relayed connection holds three descriptors
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rankscope-sink-grpc"),
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.so_reuseport", 0),
-            # a connection that has not finished its HTTP/2 handshake is closed as an HTTP one
-            # that has not sent its request head (grpcio's default: 120 s)
-            ("grpc.server_handshake_timeout_ms", max(1, int(config.header_timeout * 1000))),
-            # and one that finished it but carries no call is closed (GOAWAY) once it has idled as
-            # long as an HTTP one may between requests (grpcio's default: never)
-            ("grpc.max_connection_idle_ms", max(1, int(config.idle_connection_timeout * 1000))),
-            # the relay holds its own to ``relayed`` (making room as the HTTP side does); this
-            # bounds what reaches grpcio's loopback port besides
-            ("grpc.max_allowed_incoming_connections", relayed + 8),
-        ],
-    )
-    front_holder: list[Front] = []
-    peer_of = relayed_peer_of(front_holder)
-    keys = Keys(config.token, config.tokens)
-    for service, parse, response_class, export_name, rejected_field in _SERVICES:
-        handler = _handler(ingest, keys, peer_of, parse, response_class, export_name, rejected_field)
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": handler}),))
-    upstream = server.add_insecure_port("127.0.0.1:0")
-    if upstream == 0:
-        raise OSError("rankscope sink: cannot listen for OTLP/gRPC on a loopback port")
     front = Front(
         config.host,
         port,
-        upstream,
         max_connections=relayed,
         per_peer=config.per_peer_connections or max(4, relayed // 4),
         header_timeout=config.header_timeout,
+        idle_timeout=config.idle_connection_timeout,
         counts=counts,
         on_exhausted=on_exhausted,
     )
-    front_holder.append(front)
-    server.start()
+    pool = futures.ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rankscope-sink-grpc")
+    keys = Keys(config.token, config.tokens)
+    peer_of = relayed_peer_of([front])
+
+    async def serve() -> Any:
+        server = grpc.aio.server(options=_options(config, relayed))
+        for service, parse, response_class, export_name, rejected_field in _SERVICES:
+            handler = _handler(ingest, keys, peer_of, pool, parse, response_class, export_name, rejected_field)
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": handler}),))
+        front.upstream_port = server.add_insecure_port("127.0.0.1:0")
+        if front.upstream_port == 0:
+            raise OSError("rankscope sink: cannot listen for OTLP/gRPC on a loopback port")
+        await server.start()
+        return server
+
+    server = front.loop.run_until_complete(serve())
     spawn("grpc-front", front.serve)
-    return _Stoppable(server, front), front.port
+    return _Stoppable(server, front, pool), front.port
+
+
+def _options(config: Transport, relayed: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", config.max_body_bytes),
+        ("grpc.so_reuseport", 0),
+        # a connection that has not finished its HTTP/2 handshake is closed as an HTTP one that
+        # has not sent its request head (grpcio's default: 120 s)
+        ("grpc.server_handshake_timeout_ms", max(1, int(config.header_timeout * 1000))),
+        # and one that finished it but carries no call is closed (GOAWAY) once it has idled as
+        # long as an HTTP one may between requests (grpcio's default: never)
+        ("grpc.max_connection_idle_ms", max(1, int(config.idle_connection_timeout * 1000))),
+        # the relay holds its own to ``relayed`` (making room as the HTTP side does); this bounds
+        # what reaches grpcio's loopback port besides
+        ("grpc.max_allowed_incoming_connections", relayed + 8),
+        # calls in progress on one connection (each may buffer a request up to max_body_bytes)
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+    ]
+
+
+MAX_STREAMS = 16
+"""Calls one gRPC connection may have in progress at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)."""
 
 
 def relayed_peer_of(fronts: list[Front]) -> Callable[[str], str]:
@@ -169,10 +196,12 @@ def relayed_peer_of(fronts: list[Front]) -> Callable[[str], str]:
 
 
 class _Stoppable:
-    def __init__(self, server: Any, front: Front) -> None:
+    def __init__(self, server: Any, front: Front, pool: futures.Executor) -> None:
         self.server = server
         self.front = front
+        self.pool = pool
 
     def stop(self) -> None:
-        self.front.stop()
-        self.server.stop(grace=1.0).wait(2.0)
+        """No new connection, the calls in progress answered (a second of grace), then the relay."""
+        self.front.stop(before=lambda: self.server.stop(grace=1.0))
+        self.pool.shutdown(wait=False, cancel_futures=True)

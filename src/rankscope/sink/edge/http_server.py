@@ -186,6 +186,7 @@ class HttpServer:
             per_peer=config.per_peer_connections or max(8, config.max_connections // 4),
             counts=counts,
             header_timeout=config.header_timeout,
+            write_timeout=config.body_timeout,
             keepalive_timeout=config.idle_connection_timeout,
             lingering_time=_LINGER,
             access_log=None,

@@ -85,10 +85,10 @@ class Client:
         one machine or one customer is given: its addresses are one client)."""
         if self.scope.name:
             return f"scope {self.scope.name}"
-        return _network(self.peer)
+        return network_of(self.peer)
 
 
-def _network(host: str) -> str:
+def network_of(host: str) -> str:
     """An IPv6 address's /64 (an IPv4 one, or one mapped into IPv6, as it is; a name as it is)."""
     try:
         address = ipaddress.ip_address(host)

@@ -4,19 +4,22 @@ A run's views write files (a report page is ~5 MB: plotly.js is inlined so that 
 offline); a client opening runs could fill the disk. Two bounds (``DiskLimits``):
 
 - per client (``per_client_bytes``; its token's scope, else its address, as the run quotas
-  count): the bytes its runs' views wrote, measured at each view's location (its file, or its
-  directory, walked up to ``WALK`` entries) when the run's views closed, plus a reservation for
-  each of its runs still open (the most a run of it wrote so far, and at least what its views say
-  a run costs: ``LoggerBackend.run_bytes``). A new run of a client past it is refused with the
-  reason; its open runs go on (at most one page each past the budget).
+  count): what its runs' views hold on disk, measured at each view's location (its file, or its
+  directory, walked up to ``WALK`` entries) when the run's views close, plus a reservation for
+  each of its runs still open (the most one of its runs held so far, and at least what its views
+  say a run costs: ``LoggerBackend.run_bytes``, a report page's 5 MiB). A new run of a client past
+  it is refused with the reason; its open runs go on, what they write counted when they close.
+  A client at its budget has its locations measured again (at most every ``REFRESH`` seconds),
+  so files deleted meanwhile give their bytes back.
 - sink-wide (``min_free_bytes``): the free space of the file system the views write to, read at
   most once a second (``statvfs``); under the floor every new run is refused with the reason
   until space is freed (open runs go on: a write-ahead log that cannot write acknowledges
   nothing, and says so).
 
-Measured locations are remembered (``MAX_LOCATIONS``, the oldest forgotten) so a file written by
-two runs is counted once, for the client that wrote it first. What is charged is kept in memory:
-a restarted sink starts from nothing (what it measures again as runs close).
+A location is counted once, for the client whose run last grew it (a file two runs write is one
+file). Measured locations are remembered (``MAX_LOCATIONS``; the oldest are forgotten, still
+counted). What is counted is kept in memory: a restarted sink starts from nothing and measures
+again as runs close.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from .runbook import RunKey
 WALK = 10_000
 """Entries of a view's directory walked at most when it is measured."""
 MAX_LOCATIONS = 100_000
-"""Locations remembered (so a shared file is charged once)."""
+"""Locations remembered (so a shared file is counted once); the oldest are forgotten, still counted."""
+REFRESH = 10.0
+"""Seconds between two measurements of a client's locations when it is at its budget."""
 
 
 def size_of(location: str | os.PathLike[str]) -> int:
@@ -61,68 +66,98 @@ def size_of(location: str | os.PathLike[str]) -> int:
 
 
 class DiskBudget:
-    """Per client: bytes its closed runs' views wrote, and reservations for its open runs."""
+    """Per client: what its runs' views hold on disk, and reservations for its open runs."""
 
     def __init__(self, limits: DiskLimits, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits.resolved()
         self._clock = clock
         self._lock = threading.Lock()
         self._used: dict[str, int] = {}
-        """Client -> bytes its closed runs' views wrote."""
+        """Client -> bytes of the locations it last grew (and of those forgotten since)."""
         self._reserved: dict[RunKey, tuple[str, int]] = {}
         """Open run -> (its client, bytes reserved for it)."""
         self._reserved_by: dict[str, int] = {}
         """Client -> bytes reserved for its open runs."""
         self._per_run: dict[str, int] = {}
-        """Client -> the most one of its runs wrote."""
+        """Client -> the most one of its runs' locations held."""
         self._locations: OrderedDict[str, tuple[str, int]] = OrderedDict()
-        """Location measured -> (the client it is charged to, its bytes when last measured)."""
+        """Location measured -> (the client whose run last grew it, its bytes when last measured)."""
+        self._refreshed: dict[str, float] = {}
+        """Client -> clock time its locations were last measured again (``REFRESH``)."""
         self._free: tuple[float, int] | None = None
         """(clock time, free bytes) of the last ``statvfs``."""
         self.refused = {"client": 0, "floor": 0}
 
     def admit(self, key: RunKey, client: str, estimate: int) -> str | None:
-        """Reserve a new run's bytes (at least ``estimate``), or why it may not open."""
+        """Reserve a new run's bytes (at least ``estimate``), or why it may not open. A client at
+        its budget has its locations measured again first (at most every ``REFRESH`` seconds):
+        what was deleted since is given back."""
         below = self.below_floor()
         if below is not None:
             with self._lock:
                 self.refused["floor"] += 1
             return below
+        refused = self._reserve(key, client, estimate)
+        if refused is not None and self._clock() - self._refreshed.get(client, -REFRESH) >= REFRESH:
+            self._refresh(client)
+            refused = self._reserve(key, client, estimate)
+        if refused is not None:
+            with self._lock:
+                self.refused["client"] += 1
+        return refused
+
+    def _reserve(self, key: RunKey, client: str, estimate: int) -> str | None:
         limit = self.limits.per_client_bytes
         with self._lock:
-            reserve = max(estimate, self._per_run.get(client, 0))
             if key in self._reserved:
                 return None
+            reserve = max(estimate, self._per_run.get(client, 0))
             held = self._used.get(client, 0) + self._reserved_by.get(client, 0)
             if held + reserve > limit:
-                self.refused["client"] += 1
                 return (
-                    f"this client's runs wrote {held >> 20} MiB of views (with those still open), and a run "
+                    f"this client's runs' views hold {held >> 20} MiB (with those still open), and a run "
                     f"needs {reserve >> 20} MiB more: past its disk budget of {limit >> 20} MiB (limit per client)"
                 )
             self._reserved[key] = (client, reserve)
             self._reserved_by[client] = self._reserved_by.get(client, 0) + reserve
         return None
 
-    def settle(self, key: RunKey, client: str, locations: Iterable[str]) -> int:
-        """A run's views closed: its reservation is replaced by what its locations hold now (a
-        location charged once, to the first client measured there, by what it grew since it was
-        last measured); returns the bytes charged."""
+    def _refresh(self, client: str) -> None:
+        """Measure the locations ``client`` last grew again (outside the lock: it reads the disk)."""
         with self._lock:
-            self._unreserve(key)
-            known = {where: self._locations.get(where) for where in locations if where}
-        sizes = {w: size_of(w) for w, k in known.items() if k is None or k[0] == client}  # no lock: it reads the disk
-        charged = 0
+            self._refreshed[client] = self._clock()
+            mine = [where for where, (owner, _) in self._locations.items() if owner == client]
+        sizes = {where: size_of(where) for where in mine}
         with self._lock:
             for where, size in sizes.items():
-                before = self._locations.pop(where, (client, 0))[1]
-                self._locations[where] = (client, size)
-                charged += size - before
-            while len(self._locations) > MAX_LOCATIONS:
+                found = self._locations.get(where)
+                if found is not None and found[0] == client:
+                    self._measured(where, client, size)
+
+    def settle(self, key: RunKey, client: str, locations: Iterable[str]) -> int:
+        """A run's views closed: its reservation is replaced by what its locations hold now, each
+        location counted once, for the client whose run last grew it; returns what it grew."""
+        with self._lock:
+            self._unreserve(key)
+        sizes = {where: size_of(where) for where in locations if where}  # no lock: it reads the disk
+        grew = 0
+        with self._lock:
+            for where, size in sizes.items():
+                grew += size - self._measured(where, client, size)
+            while len(self._locations) > MAX_LOCATIONS:  # forgotten, still counted
                 self._locations.popitem(last=False)
             self._per_run[client] = max(self._per_run.get(client, 0), sum(sizes.values()))
-            self._used[client] = self._used.get(client, 0) + charged
-        return charged
+        return grew
+
+    def _measured(self, where: str, client: str, size: int) -> int:
+        """``where`` holds ``size`` bytes, counted for ``client``; returns what it held before."""
+        owner, before = self._locations.pop(where, (client, 0))
+        if size == before:  # not grown: still the last grower's
+            client = owner
+        self._used[owner] = self._used.get(owner, 0) - before
+        self._used[client] = self._used.get(client, 0) + size
+        self._locations[where] = (client, size)
+        return before
 
     def forget(self, key: RunKey) -> None:
         """A run closed without views (nothing written): its reservation goes back."""

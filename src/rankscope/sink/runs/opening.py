@@ -65,7 +65,7 @@ class Openings:
         elif self.kind is None:
             self.kind = Kind.OPENING
             self.reason = f"request opening more than {self.limit} runs (limit max_new_runs); " + (
-                "nothing taken yet: retry, the runs opened wait for it"
+                "nothing taken yet, retry (the runs opened wait for it)"
                 if self.whole
                 else "those opened took their data, retry for the rest"
             )
