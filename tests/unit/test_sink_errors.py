@@ -91,7 +91,7 @@ class _Context:
 def test_the_grpc_transport_answers_a_kind_from_its_row(kind: Kind) -> None:
     answer, context = ANSWERS[kind], _Context()
     with pytest.raises(grpc.RpcError):
-        abort(context, kind, MESSAGE)
+        asyncio.run(abort(context, kind, MESSAGE))  # grpcio's asyncio context awaits its abort
     assert context.aborted == (answer.grpc, MESSAGE)
     if answer.retry_after is None:
         assert context.trailers == {}
