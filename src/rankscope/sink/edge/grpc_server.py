@@ -18,6 +18,7 @@ by ``edge.auth``, as the HTTP side does, and its scope travels with the request'
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any, NoReturn
@@ -82,8 +83,13 @@ def _handler(
         scope = keys.scope_of_headers([v for k, v in context.invocation_metadata() if k == "authorization"])
         if scope is None:
             await abort(context, Kind.UNAUTHORIZED, UNAUTHORIZED)
-        client = Client(peer=peer_of(context.peer()), scope=scope, alive=lambda: not context.done())
-        answer = await asyncio.get_running_loop().run_in_executor(pool, take, body, client)
+        gone = threading.Event()  # the call was cancelled (the client went away): stop opening runs
+        client = Client(peer=peer_of(context.peer()), scope=scope, alive=lambda: not gone.is_set())
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(pool, take, body, client)
+        except asyncio.CancelledError:
+            gone.set()  # the taking goes on on its thread, and sees it
+            raise
         if isinstance(answer, tuple):
             await abort(context, *answer)
         return answer
