@@ -73,7 +73,10 @@ def test_every_config_loads_in_the_built_collector(binaries, tmp_path: Path) -> 
 def test_end_to_end_collector_sink_wandb_and_jaeger(binaries, tmp_path: Path) -> None:
     grpc, http = free_port(), free_port()
     backends = {"wandb": {"logging_mode": "global_reduce", "dir": str(tmp_path), "project": "rankscope-tests"}}
-    sink = start_sink(tmp_path, "sink", backends, grpc, http)
+    # the generator (plain python) can finish and say goodbye before torchrun's ranks have imported
+    # torch: on a busy box, more than the default 3 s grace later, and its goodbye alone ended the
+    # run (every process the sink knew had said goodbye); a grace longer than torchrun's start
+    sink = start_sink(tmp_path, "sink", backends, grpc, http, grace=30.0)
     try:
         with (
             jaeger(binaries["jaeger"], tmp_path) as j,
