@@ -118,6 +118,22 @@ def ask(port: int, method: str, path: str, body: bytes | None = None) -> int:
         conn.close()
 
 
+def made_room(rules: dict[str, Any], closed_as: str, cap: int) -> None:
+    """The rules made room from the flood (its connections closed as ``closed_as``, or while they
+    still waited), never turned a newcomer away, and held the cap."""
+    closed = rules["closed_to_make_room"]
+    assert closed[closed_as] + closed["waiting"] >= LEGIT // 2, rules
+    assert rules["turned_away"] == {"full": 0, "per_peer": 0}, rules
+    assert rules["open"] <= cap + 1, rules
+
+
+def quiet_log(sink: Any) -> None:
+    """No traceback for a client's doing, and a bounded log."""
+    log = sink.text()
+    assert "Traceback" not in log, log[-3000:]
+    assert sink.log.stat().st_size < 200_000, sink.log.stat().st_size
+
+
 def status(port: int) -> dict[str, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -160,10 +176,7 @@ def test_a_connection_flood_at_ulimit_1024_leaves_a_new_connection_per_request_c
         victim.check(min_steps=10, within=3.0)
         served = sum(code == 200 for code in codes)
         assert served >= 0.95 * len(codes), (served, len(codes), sorted(set(codes)))
-        closed = during["closed_to_make_room"]
-        assert closed[closed_as] + closed["waiting"] >= LEGIT // 2, during  # room was made from the flood
-        assert during["turned_away"] == {"full": 0, "per_peer": 0}, during  # never the newcomer
-        assert during["open"] <= cap + 1, during
+        made_room(during, closed_as, cap)
         print(
             f"\n{flood} flood: {held} of {cap} slots held ({attacker.opened} opened, {per_peer} per address); "
             f"{served}/{len(codes)} new-connection requests answered; rules: {during}; "
@@ -172,9 +185,7 @@ def test_a_connection_flood_at_ulimit_1024_leaves_a_new_connection_per_request_c
     finally:
         attacker.stop()
         sink.stop()
-    log = sink.text()
-    assert "Traceback" not in log, log[-3000:]
-    assert sink.log.stat().st_size < 200_000, sink.log.stat().st_size
+    quiet_log(sink)
 
 
 def export_on_a_new_channel(port: int) -> int:
@@ -219,10 +230,7 @@ def test_a_grpc_connection_flood_at_ulimit_1024_leaves_a_new_channel_per_request
         victim.check(min_steps=10, within=3.0)
         served = codes.count(0)
         assert served >= 0.95 * len(codes), (served, len(codes), sorted(set(codes)))
-        closed = during["closed_to_make_room"]
-        assert closed[closed_as] + closed["waiting"] >= LEGIT // 2, during  # room was made from the flood
-        assert during["turned_away"] == {"full": 0, "per_peer": 0}, during
-        assert during["open"] <= cap + 1, during
+        made_room(during, closed_as, cap)
         print(
             f"\n{flood} gRPC flood: {held} of {cap} slots held ({attacker.opened} opened); "
             f"{served}/{len(codes)} new channels served; rules: {during}; "
@@ -231,9 +239,7 @@ def test_a_grpc_connection_flood_at_ulimit_1024_leaves_a_new_channel_per_request
     finally:
         attacker.stop()
         sink.stop()
-    log = sink.text()
-    assert "Traceback" not in log, log[-3000:]
-    assert sink.log.stat().st_size < 200_000, sink.log.stat().st_size
+    quiet_log(sink)
 
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:

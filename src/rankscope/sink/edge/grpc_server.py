@@ -175,13 +175,10 @@ def _options(config: Transport, relayed: int) -> list[tuple[str, int]]:
         # the relay holds its own to ``relayed`` (making room as the HTTP side does); this bounds
         # what reaches grpcio's loopback port besides
         ("grpc.max_allowed_incoming_connections", relayed + 8),
-        # calls in progress on one connection (each may buffer a request up to max_body_bytes)
-        ("grpc.max_concurrent_streams", MAX_STREAMS),
+        # no bound on the calls one connection carries at once (HTTP/2's concurrent streams): a
+        # client multiplexing its exports (a gateway, a sender of many ranks) would be refused
+        # streams (REFUSED_STREAM, which clients do not retry); a stalled one costs no thread
     ]
-
-
-MAX_STREAMS = 16
-"""Calls one gRPC connection may have in progress at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)."""
 
 
 def relayed_peer_of(fronts: list[Front]) -> Callable[[str], str]:
