@@ -52,6 +52,7 @@ from rankscope.sink import Limits
 from ..conftest import free_port
 from ..pipeline import Process, clean_env, wait_http
 from ..victim import Victim
+from ..wire import field as _field
 
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 ROUTES = {
@@ -60,19 +61,6 @@ ROUTES = {
     "logs": ("/v1/logs", "/opentelemetry.proto.collector.logs.v1.LogsService/Export"),
 }
 MB = 1 << 20
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes([*out, n])
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (requests of millions of parts are built as bytes: fast)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def empty_points(n: int) -> bytes:

@@ -49,19 +49,7 @@ from rankscope.sink.testing import (
     metrics_batches,
     traces_parts,
 )
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes([*out, n])
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+from tests.wire import field as _field
 
 
 def empty_points(n: int, experiment: str = "x") -> bytes:
