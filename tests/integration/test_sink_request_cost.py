@@ -119,7 +119,7 @@ def start_sink(tmp: Path) -> tuple[Process, int, int]:
     grpc_port, http_port = free_port(), free_port()
     views = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp / "views" / "{experiment}.jsonl")}}
     command = [sys.executable, "-m", "rankscope.cli", "sink", "--grpc-port", str(grpc_port)]
-    command += ["--http-port", str(http_port), "--backends", json.dumps(views), "--grace", "1"]
+    command += ["--http-port", str(http_port), "--backends", json.dumps(views), "--grace", "5"]
     command += ["--state-dir", str(tmp / "state")]
     process = Process(command, clean_env(), tmp / "sink.log")
     wait_http(f"http://127.0.0.1:{http_port}/healthz", proc=process)

@@ -42,6 +42,7 @@ from .commands import Commands
 from .config import SinkConfig
 from .durable.descriptors import Descriptors, Plan, nofile_limit, open_descriptors, out_of_descriptors
 from .durable.wal import ExperimentLog, WriteAheadLog, encode_record
+from .edge.backlog import Backlog
 from .edge.connections import Counts
 from .edge.errors import Kind, OverloadedError
 from .edge.gate import Gate
@@ -88,6 +89,7 @@ class Sink:
         self._stop = threading.Event()
         self.supervisor = Supervisor(self._internal_error, self._stop)
         self.gate = Gate(self.config.max_in_flight, self._stop, self.config.max_points_in_flight)
+        self.backlog = Backlog(clock)
         self.wal = WriteAheadLog(self.config.state_dir) if self.config.state_dir is not None else None
         self.tenants = Tenants(self.config, Descriptors(self.plan))
         """The open runs (``runs.registry``)."""
@@ -152,6 +154,7 @@ class Sink:
                 spawn,
                 counts=self.grpc_connections,
                 on_exhausted=self.tenants.descriptors.exhausted,
+                backlog=self.backlog,
             )
             self._servers.append(server)
         if c.http_port is not None:
@@ -165,6 +168,7 @@ class Sink:
                 exhausted,
                 max_id_chars=c.limits.max_id_chars,
                 counts=self.connections,
+                backlog=self.backlog,
             )
             self._servers.append(server)
         spawn("finalizer", self._run_finalizer)
@@ -394,7 +398,7 @@ class Sink:
                 if tenant.closed:
                     return
                 book = tenant.book
-                finished = book.finished(force=force) + book.late(force=force)
+                finished = book.finished(force=force, until=self.backlog.heard_until()) + book.late(force=force)
                 tenant.dirty = False
                 for done in finished:
                     try:

@@ -315,10 +315,12 @@ class StepBook:
 
         return view_of(done, traces=self.traces, watch=self.watch, on_error=failed, order=self.key_order)
 
-    def finished(self, *, force: bool = False) -> list[Finished]:
-        """Close every step that is complete, or past its grace period (all when ``force``), in order."""
+    def finished(self, *, force: bool = False, until: float | None = None) -> list[Finished]:
+        """Close every step that is complete, or past its grace period (all when ``force``), in order;
+        a grace passes by ``until`` at the latest (the sink's ``edge.backlog``: a request received in
+        time and not yet taken holds it)."""
         out: list[Finished] = []
-        now = self.clock()
+        now = self.clock() if until is None else min(self.clock(), until)
         steps, readiness, roster = self.steps, self.readiness, self.roster
         held = readiness.held(now)
         for step in sorted(steps.open):  # in order; nothing opens meanwhile (the tenant's lock)

@@ -35,6 +35,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from ...otlp.raw import parse_logs, parse_metrics, parse_traces
 from .auth import UNAUTHORIZED, Keys
+from .backlog import Backlog
 from .connections import Counts
 from .errors import ANSWERS, Kind, RefusedError
 from .front import Front
@@ -53,6 +54,7 @@ _SERVICES = (
 
 def _handler(
     ingest: Ingest,
+    backlog: Backlog,
     keys: Keys,
     peer_of: Callable[[str], str],
     pool: futures.Executor,
@@ -86,7 +88,8 @@ def _handler(
         gone = threading.Event()  # the call was cancelled (the client went away): stop opening runs
         client = Client(peer=peer_of(context.peer()), scope=scope, alive=lambda: not gone.is_set())
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(pool, take, body, client)
+            with backlog.held():  # received whole: a step's grace waits for it (edge.backlog)
+                answer = await asyncio.get_running_loop().run_in_executor(pool, take, body, client)
         except asyncio.CancelledError:
             gone.set()  # the taking goes on on its thread, and sees it
             raise
@@ -125,12 +128,15 @@ def start_grpc(
     *,
     counts: Counts | None = None,
     on_exhausted: OnExhausted | None = None,
+    backlog: Backlog | None = None,
 ) -> tuple[Any, int]:
     """Listen on ``config.host:port`` (0: any free port) through the relay (``edge.front``: the
     connection rules), grpcio's asyncio server on a loopback port behind it, both on the relay's
     event loop (a call waiting for its request holds no thread; decoding and taking it run on a
     pool of ``grpc_workers`` threads); ``counts``: where the rules count what they did (the status
-    route's ``connections.grpc``)."""
+    route's ``connections.grpc``); ``backlog``: where a call is held until it is answered
+    (``edge.backlog``)."""
+    held = backlog or Backlog()
     relayed = max(1, config.max_connections // 3)  # a relayed connection holds three descriptors
     front = Front(
         config.host,
@@ -149,7 +155,7 @@ def start_grpc(
     async def serve() -> Any:
         server = grpc.aio.server(options=_options(config, relayed))
         for service, parse, response_class, export_name, rejected_field in _SERVICES:
-            handler = _handler(ingest, keys, peer_of, pool, parse, response_class, export_name, rejected_field)
+            handler = _handler(ingest, held, keys, peer_of, pool, parse, response_class, export_name, rejected_field)
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": handler}),))
         front.upstream_port = server.add_insecure_port("127.0.0.1:0")
         if front.upstream_port == 0:

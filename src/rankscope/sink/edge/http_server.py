@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from .auth import UNAUTHORIZED, Keys
+from .backlog import Backlog
 from .bodies import decode_body, encode_response, encode_status, media_type
 from .connections import MIN_BODY_RATE, Connection, ConnectionServer, Counts
 from .control import ControlRoutes
@@ -45,9 +46,16 @@ class _Routes:
     """OTLP ingest, and the control routes handed to ``edge.control``."""
 
     def __init__(
-        self, ingest: Ingest, control: Control, config: Transport, pool: ThreadPoolExecutor, max_id_chars: int
+        self,
+        ingest: Ingest,
+        control: Control,
+        config: Transport,
+        pool: ThreadPoolExecutor,
+        max_id_chars: int,
+        backlog: Backlog,
     ) -> None:
         self.ingest = ingest
+        self.backlog = backlog
         self.config = config
         self.pool = pool
         self.keys = Keys(config.token, config.tokens)
@@ -78,24 +86,25 @@ class _Routes:
         if scope is None:
             raise HttpError(Kind.UNAUTHORIZED, UNAUTHORIZED)
         body = await self._body(request)
-        decoded = await self._call(
-            decode_body,
-            request.path,
-            request.headers.get("Content-Type"),
-            request.headers.get("Content-Encoding"),
-            body,
-            self.config.max_body_bytes,
-        )
-        export = {
-            "metrics": self.ingest.export_metrics,
-            "traces": self.ingest.export_traces,
-            "logs": self.ingest.export_logs,
-        }[decoded.signal]
-        try:
-            client = Client(peer=request.remote or "", scope=scope, alive=lambda: _connected(request))
-            result = await self._call(export, decoded.request, client)
-        except RefusedError as exc:
-            raise HttpError(exc.kind, str(exc)) from None
+        with self.backlog.held():  # received whole: a step's grace waits for it (edge.backlog)
+            decoded = await self._call(
+                decode_body,
+                request.path,
+                request.headers.get("Content-Type"),
+                request.headers.get("Content-Encoding"),
+                body,
+                self.config.max_body_bytes,
+            )
+            export = {
+                "metrics": self.ingest.export_metrics,
+                "traces": self.ingest.export_traces,
+                "logs": self.ingest.export_logs,
+            }[decoded.signal]
+            try:
+                client = Client(peer=request.remote or "", scope=scope, alive=lambda: _connected(request))
+                result = await self._call(export, decoded.request, client)
+            except RefusedError as exc:
+                raise HttpError(exc.kind, str(exc)) from None
         response = decoded.response_class()
         if result.rejected:
             setattr(response.partial_success, _REJECTED_FIELD[decoded.signal], result.rejected)
@@ -175,10 +184,11 @@ class HttpServer:
         on_exhausted: OnExhausted | None = None,
         max_id_chars: int = 256,
         counts: Counts | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rankscope-sink-http")
-        routes = _Routes(ingest, control, config, self.pool, max_id_chars)
+        routes = _Routes(ingest, control, config, self.pool, max_id_chars, backlog or Backlog())
         server = ConnectionServer(
             routes.handle,
             loop=self.loop,
@@ -224,11 +234,13 @@ def start_http(
     on_exhausted: OnExhausted | None = None,
     max_id_chars: int = 256,
     counts: Counts | None = None,
+    backlog: Backlog | None = None,
 ) -> tuple[HttpServer, int]:
     """Listen on ``config.host:port`` (0: any free port) and serve on a thread from ``spawn``;
     ``on_exhausted`` counts connections refused for want of a descriptor; ``max_id_chars``: an
     experiment id the control routes take (``checked.Limits.max_id_chars``, as the OTLP edge);
-    ``counts``: where the connection rules count what they did (the status route's)."""
-    server = HttpServer(ingest, control, config, port, on_exhausted, max_id_chars, counts)
+    ``counts``: where the connection rules count what they did (the status route's); ``backlog``:
+    where a request is held from its body's end until it is answered (``edge.backlog``)."""
+    server = HttpServer(ingest, control, config, port, on_exhausted, max_id_chars, counts, backlog)
     spawn("http", server.serve)
     return server, server.port
