@@ -15,9 +15,11 @@ from rankscope.core.anomalies import (
     KINDS,
     Anomaly,
     Capture,
+    Corrected,
     Interrupted,
     Missing,
     NonFinite,
+    Partial,
     SlowStep,
     Straggler,
     from_json,
@@ -32,6 +34,8 @@ SAMPLES: list[Anomaly] = [
     SlowStep(step=5, seconds=2.0, median_s=0.5, factor=4.0),
     Missing(step=6, processes=("trainer_r3",), count=1),
     Interrupted(step=7, processes=("trainer_r0", "trainer_r1"), count=2),
+    Corrected(step=8, processes=("trainer_r4",), count=1, missing=1),
+    Partial(step=9, processes=("trainer_r5",), count=1, points=12),
     Capture(capture="c1", process="trainer_r2", path="/tmp/x.json", bytes=10, steps=2, reason="asked"),
 ]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rankscope.sink.edge.backlog import Backlog
+from rankscope.sink.testing import Backlog
 
 
 class Clock:

@@ -312,7 +312,7 @@ def loss_rows(views: Path) -> list[tuple[str, int, float]]:
     if not views.exists():
         return []
     rows = map(json.loads, views.read_text().splitlines())
-    return sorted((r["run"], r["step"], r["value"]) for r in rows if r["key"] == "loss")
+    return sorted((r["run"], r["step"], r["value"]) for r in rows if r.get("key") == "loss")
 
 
 def test_a_run_that_ended_is_retired_when_it_closes_and_a_restart_reads_only_the_store(tmp_path: Path) -> None:

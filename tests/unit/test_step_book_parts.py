@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from rankscope.core import names as attr
-from rankscope.core.anomalies import NonFinite
+from rankscope.core.anomalies import Corrected, NonFinite, Partial
 from rankscope.sink import BookConfig
 from rankscope.sink.testing import (
+    HOT,
     MAX_CLOCK_SKEW_NS,
     Admission,
     Counts,
@@ -21,8 +22,11 @@ from rankscope.sink.testing import (
     LateSteps,
     Refusals,
     ResourceBatch,
+    Retained,
+    Retention,
     Roster,
     StateRows,
+    Step,
     StepTable,
     StepWindows,
     Thresholds,
@@ -55,7 +59,8 @@ def resource(pid: str, rank: int = 0, world: int = 1, attempt: int = 0, role: st
         ("late_interval", "1"),
         ("time_bucket", 0),
         ("time_bucket_lag", True),
-        ("retain_steps", -1),
+        ("retain_seconds", math.nan),
+        ("retain_bytes", -1),
         ("step_window", 1.5),
         ("limits", None),
         ("detectors", {}),
@@ -67,7 +72,7 @@ def test_a_book_config_refuses_a_bad_value_and_names_its_field(name: str, value:
 
 
 def test_a_book_config_is_frozen_and_keyword_only() -> None:
-    config = BookConfig(grace=2.0, step_window=0, retain_steps=0)
+    config = BookConfig(grace=2.0, step_window=0, retain_seconds=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.grace = 3.0  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -201,42 +206,85 @@ def test_admission_counts_log_records_per_step_and_forgets_the_lowest_steps_firs
 def test_late_updates_are_taken_in_order_at_most_once_per_interval() -> None:
     late = LateSteps(interval=1.0, now=0.0)
     assert late.deadline() is None and late.take(5.0) == []
-    late.bucket(7, None, now=0.5)
-    retained = late.bucket(3, None, now=0.5)
-    assert late.bucket(3, None, now=0.6) is retained  # one pending update per step
+    late.bucket(7, kept_nothing, now=0.5)
+    retained = late.bucket(3, kept_nothing, now=0.5)
+    assert late.bucket(3, kept_nothing, now=0.6) is retained  # one pending update per step
     assert late.take(0.9) == [] and late.deadline() == 1.0
     assert [bucket.step for bucket in late.take(1.0)] == [3, 7] and late.deadline() is None
-    late.bucket(3, None, now=1.2)
+    late.bucket(3, kept_nothing, now=1.2)
     assert late.take(1.5) == [] and [bucket.step for bucket in late.take(1.5, force=True)] == [3]
 
 
-def test_the_step_table_retains_finalized_steps_merges_late_data_into_them_and_drops_all_on_restart() -> None:
+def kept_nothing(step: int) -> None:
+    return None
+
+
+def test_the_step_table_keeps_finalized_steps_merges_late_data_into_them_and_drops_all_on_restart() -> None:
     counts = Counts()
     admission = Admission(ExperimentLimits())
-    steps = StepTable(retain_steps=1, step_window=10, late_interval=1.0, admission=admission, counts=counts, now=0.0)
+    retained = Retained(max_bytes=1 << 20, max_seconds=60.0)
+    steps = StepTable(retained=retained, step_window=40, late_interval=1.0, admission=admission, counts=counts, now=0.0)
     p0 = Roster().process_for(resource("a"))
     assert p0 is not None
     refused = Refusals()
+    last = HOT + 1
 
     def part(step: int) -> ResourceBatch:
         return ResourceBatch("x", {}, states=[rows("sum", step, "n")])
 
-    for step in (0, 1):
+    for step in range(last + 1):
         parts, settled = steps.place(part(step), part(step).states, refused, lambda t: 0)
         assert list(parts) == [step] and settled == []
         assert steps.merge(p0, step, parts[step], seq=step + 1, now=0.0, refused=refused) == 1
-    assert steps.place(part(11), part(11).states, refused, lambda t: 0) == ({}, [])
-    assert "more than 10 ahead of 0" in refused.reasons[0]
-    assert [steps.close(0)[1], steps.close(1)[1]] == [False, False] and list(steps.done) == [1]  # retains 1
-    steps.merge(p0, 1, part(1), seq=3, now=2.0, refused=refused)
-    steps.merge(p0, 0, part(0), seq=4, now=2.0, refused=refused)
-    assert steps.late.pending[1] is steps.done[1]  # late data merges into the whole retained step
-    assert steps.late.pending[0].opened == 2.0  # past retain_steps: a step of its own
-    assert counts.late_points == 2 and steps.room(1) == (steps.done[1].merged, 1) and not steps.settled
-    steps.merge(p0, 2, part(2), seq=5, now=2.0, refused=refused)
-    assert steps.restart() == 1 and steps.settled and steps.last_finalized == -1 and steps.frontier == 1
-    steps.merge(p0, 1, part(1), seq=6, now=3.0, refused=refused)
-    assert steps.close(1) == (steps.done[1], True)  # at or below a step finalized before: a rewind
+    assert steps.place(part(41), part(41).states, refused, lambda t: 0) == ({}, [])
+    assert "more than 40 ahead of 0" in refused.reasons[0]
+    assert not any(steps.close(step, [p0.label] * (step == 1), now=float(step))[1] for step in range(last + 1))
+    assert list(retained.hot) == list(range(2, last + 1)) and list(retained.packed) == [0, 1]  # the oldest packed
+    steps.merge(p0, 1, part(1), seq=30, now=20.0, refused=refused)
+    steps.merge(p0, last, part(last), seq=31, now=20.0, refused=refused)
+    one, newest = steps.late.pending[1], steps.late.pending[last]
+    assert one.whole and one.merged["n"][1] == 2.0  # a packed step read back: what came in time and late
+    assert newest.whole and newest.merged["n"][1] == 2.0 and last not in retained  # out while pending
+    assert one.missing == [] and one.arrived == [p0.label]  # finalized without it, it came late
+    assert counts.late_points == 2 and steps.room(1) == (one.merged, 1) and not steps.settled
+    retained.expire(now=61.0)  # step 0, finalized at 0, is past the window
+    steps.merge(p0, 0, part(0), seq=32, now=61.0, refused=refused)
+    assert not steps.late.pending[0].whole and steps.late.pending[0].opened == 61.0  # partial: late data alone
+    steps.merge(p0, last + 1, part(last + 1), seq=33, now=61.0, refused=refused)
+    assert steps.restart() == 1 and steps.settled and steps.last_finalized == -1 and steps.frontier == last
+    assert retained.bytes == 0 and not retained.hot
+    steps.merge(p0, 1, part(1), seq=34, now=62.0, refused=refused)
+    assert steps.close(1, [], now=62.0) == (retained.hot[1], True)  # at or below a step finalized before: a rewind
+
+
+def test_the_window_lets_go_of_the_oldest_packed_steps_past_its_bytes_and_the_sinks() -> None:
+    """Past its bytes a run lets go of its oldest packed steps; past the bytes all runs share, of
+    its own oldest, and a step that still finds no room is not kept: each counted in ``unkept``."""
+    sink_wide = Retention(max_bytes=1 << 20)
+
+    def step(n: int, keys: int = 50) -> Step:
+        merged = {f"key/{k}": ["sum", float(n * 1000 + k) / 7.0] for k in range(keys)}
+        return Step(n, 0.0, merged=merged)
+
+    one = Retained(max_bytes=4000, max_seconds=600.0, retention=sink_wide)
+    for n in range(HOT + 10):
+        one.keep(step(n), now=float(n))
+    size = len(next(iter(one.packed.values()))[1])
+    assert one.bytes <= 4000 and len(one.packed) == 4000 // size and one.unkept == 10 - 4000 // size
+    assert sink_wide.held == one.bytes
+    assert list(one.packed) == list(range(10 - len(one.packed), 10))  # the newest packed ones kept
+    other = Retained(max_bytes=1 << 20, max_seconds=600.0, retention=Retention(max_bytes=size * 2 + 64))
+    for n in range(HOT + 3):
+        other.keep(step(n), now=float(n))
+    assert list(other.packed) == [1, 2] and other.unkept == 1  # the sink's bytes: two steps
+    thawed = one.take(9)
+    assert thawed is not None and thawed.merged == step(9).merged and 9 not in one
+    assert sink_wide.held == one.bytes
+    one.clear()
+    assert sink_wide.held == 0 and one.bytes == 0
+    none = Retained(max_bytes=1 << 20, max_seconds=0.0)
+    none.keep(step(1), now=0.0)
+    assert 1 not in none  # a window of 0 s keeps nothing: every late update is partial
 
 
 # -- finalize -------------------------------------------------------------------------------
@@ -271,7 +319,15 @@ def test_view_of_reduces_names_the_extremes_holder_and_flags_nonfinite_values_wi
         "trainer_r1": [5.0],
     }
     late = view_of(Finished(**{**_fields(done), "late": True}), traces=TraceStore(), watch=watch)
-    assert attr.MISSING_PROCESSES not in {m.key for m in late.global_metrics} and late.anomalies == []
+    values = {m.key: m.value for m in late.global_metrics}  # still lacking trainer_r2: counted, no record
+    assert values[attr.MISSING_PROCESSES] == 1.0 and values["peak"] == 5.0 and late.anomalies == []
+    arrived = {**_fields(done), "late": True, "arrived": ["trainer_r2"], "missing": []}
+    corrected = view_of(Finished(**arrived), traces=TraceStore(), watch=watch)
+    assert {m.key: m.value for m in corrected.global_metrics}[attr.MISSING_PROCESSES] == 0.0
+    assert corrected.anomalies == [Corrected(step=4, processes=("trainer_r2",), count=1, missing=0)]
+    partial = view_of(Finished(**{**arrived, "partial": True}), traces=TraceStore(), watch=watch)
+    assert partial.global_metrics == [] and len(partial.per_process) == 2  # each process's own values still
+    assert partial.anomalies == [Partial(step=4, processes=("trainer_r2",), count=1, points=4)]
 
 
 def _fields(done: Finished) -> dict[str, Any]:

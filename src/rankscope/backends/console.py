@@ -35,7 +35,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from ..core import names as attr
-from ..core.anomalies import Anomaly, Capture, Interrupted, Missing, NonFinite, SlowStep, Straggler
+from ..core.anomalies import Anomaly, Capture, Corrected, Interrupted, Missing, NonFinite, Partial, SlowStep, Straggler
 from ..core.settings import resolve
 from ..metrics.catalog import EXTREME_SUFFIXES, key_kind
 from ..metrics.reduce import Reduce
@@ -407,9 +407,21 @@ def describe(record: Anomaly) -> str:
         case Interrupted():
             waiting = f" ({', '.join(record.processes)} had not)" if record.processes else ""
             return f"interrupted: the job ended before every process closed it{waiting}"
+        case Corrected():
+            still = f"; {record.missing} still missing" if record.missing else ""
+            return f"corrected: {_named(record.processes, record.count)} arrived late, merged: the exact total{still}"
+        case Partial():
+            who = _named(record.processes, record.count)
+            return f"partial: {who} arrived after the step was let go; its values lack their {record.points} points"
         case Capture():
             return f"capture {record.capture}: {record.process or '?'}: {record.path}"
     return str(record.to_json())
+
+
+def _named(processes: tuple[str, ...], count: int) -> str:
+    """The processes a record names (the first of them, and how many more)."""
+    more = count - len(processes)
+    return ", ".join(processes) + (f" and {more} more" if more > 0 else "")
 
 
 def straggler_where(phase: object) -> str:

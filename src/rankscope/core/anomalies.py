@@ -142,6 +142,37 @@ class Interrupted(Anomaly):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Corrected(Anomaly):
+    """A finalized step's late update: the processes whose part arrived since (the first 64, and how
+    many), merged with what came in time: the step's values are its exact total again, lacking only
+    the ``missing`` processes still absent."""
+
+    KIND: ClassVar[str] = "corrected"
+    processes: tuple[str, ...] = ()
+    count: int = 0
+    missing: int = 0
+
+    @property
+    def streak(self) -> Hashable:
+        return (self.KIND, self.processes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partial(Anomaly):
+    """Late data of a step whose states were no longer kept (``retain_seconds``, ``retain_bytes``):
+    the step's values stay as written and lack these processes' ``points``."""
+
+    KIND: ClassVar[str] = "partial"
+    processes: tuple[str, ...] = ()
+    count: int = 0
+    points: int = 0
+
+    @property
+    def streak(self) -> Hashable:
+        return (self.KIND, self.processes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Capture(Located):
     """A profiler trace a process uploaded: where it lies and why it was asked."""
 
@@ -157,7 +188,9 @@ class Capture(Located):
         return (self.KIND, self.capture, self.process)
 
 
-KINDS: dict[str, type[Anomaly]] = {k.KIND: k for k in (NonFinite, Straggler, SlowStep, Missing, Interrupted, Capture)}
+KINDS: dict[str, type[Anomaly]] = {
+    k.KIND: k for k in (NonFinite, Straggler, SlowStep, Missing, Interrupted, Corrected, Partial, Capture)
+}
 """Every kind by its serialized ``"type"``."""
 
 

@@ -115,6 +115,9 @@ class SinkConfig:
     ``max_in_flight``: 32,768) always passes; larger ones share it, and one that does not fit is
     answered retry-later (one larger than all of it passes alone). Twice ``Limits.max_points``: four
     of a Collector gateway's largest requests (about 4 s of work on one core) fit at once. 0: unbounded."""
+    retained_bytes: int = 1 << 30
+    """Bytes all runs' finalized steps kept for late data may hold packed together
+    (``book.retained``; each run's own bound: ``book.retain_bytes``)."""
     trace_retain_steps: int = 64
     """Steps whose spans an experiment keeps (``rankscope gantt``, straggler views)."""
     max_spans: int = 200_000
@@ -154,3 +157,5 @@ class SinkConfig:
             raise ValueError("view_workers must be >= 1, max_in_flight and max_points_in_flight >= 0")
         if not (self.tick > 0 and self.stop_timeout >= 0):
             raise ValueError("tick must be > 0 and stop_timeout >= 0")
+        if isinstance(self.retained_bytes, bool) or not isinstance(self.retained_bytes, int) or self.retained_bytes < 0:
+            raise ValueError(f"retained_bytes must be an int >= 0, got {self.retained_bytes!r}")

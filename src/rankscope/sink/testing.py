@@ -10,7 +10,9 @@ from .book.counts import Counts
 from .book.finalize import Finished, view_of
 from .book.late import LateSteps
 from .book.merge import holder, merge_rows, reduced
+from .book.retained import HOT, Retained, Retention
 from .book.roster import Roster
+from .book.step import Step
 from .book.step_book import StepBook
 from .book.steps import StepTable
 from .book.stragglers import judge, record_of, straggler_metrics, stragglers
@@ -34,6 +36,7 @@ from .durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
 from .durable.retired import RetiredStore
 from .durable.wal import HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, atomic_write, encode_record
 from .edge.auth import Keys, authorized, load_tokens
+from .edge.backlog import Backlog
 from .edge.bodies import decode_body, hex_ids_to_base64
 from .edge.connections import ConnectionServer, QuietLog
 from .edge.control import ControlRoutes, scoped
@@ -65,6 +68,7 @@ __all__ = [
     "DETECTORS",
     "ENDED_MARGIN",
     "HEADER",
+    "HOT",
     "JOURNAL",
     "MAX_CLOCK_SKEW_NS",
     "MAX_QUERY_RANKS",
@@ -72,6 +76,7 @@ __all__ = [
     "SPARE",
     "Admission",
     "Agenda",
+    "Backlog",
     "Client",
     "ConnectionServer",
     "Control",
@@ -103,6 +108,8 @@ __all__ = [
     "RefusedError",
     "Resolved",
     "ResourceBatch",
+    "Retained",
+    "Retention",
     "RetiredStore",
     "Retried",
     "Roster",
@@ -115,6 +122,7 @@ __all__ = [
     "SpanQuery",
     "StateDirBusyError",
     "StateRows",
+    "Step",
     "StepBook",
     "StepFacts",
     "StepTable",

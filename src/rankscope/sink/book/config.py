@@ -24,8 +24,11 @@ class BookConfig:
     """Seconds after a step's first data it is final whoever is missing."""
     start_hold: float = 0.0
     """Seconds from a run's first data in which a step is final only by ``grace`` (at most ``grace``)."""
-    retain_steps: int = 16
-    """Finalized steps kept, so late data merges into the whole step (0: a late update holds only late data)."""
+    retain_seconds: float = 900.0
+    """Seconds a finalized step's states are kept for its late data, so its late update is the
+    step's exact total (``book.retained``; 0: none kept, a late update is partial and said so)."""
+    retain_bytes: int = 64 << 20
+    """Bytes one run's kept steps may hold packed (the 16 newest are kept live besides)."""
     late_interval: float = 1.0
     """Late updates of a step are written at most this often."""
     step_window: int = 1_000_000
@@ -40,12 +43,12 @@ class BookConfig:
     """Per-step anomaly detectors' thresholds (``views.anomalies``)."""
 
     def __post_init__(self) -> None:
-        for name in ("grace", "start_hold", "late_interval", "time_bucket_lag"):
+        for name in ("grace", "start_hold", "late_interval", "time_bucket_lag", "retain_seconds"):
             _seconds(name, getattr(self, name))
         _seconds("time_bucket", self.time_bucket)
         if self.time_bucket == 0:
             raise ValueError("book config: time_bucket must be > 0 seconds, got 0")
-        for name in ("retain_steps", "step_window"):
+        for name in ("retain_bytes", "step_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"book config: {name} must be an int >= 0, got {value!r}")

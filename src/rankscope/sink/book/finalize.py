@@ -19,7 +19,7 @@ from typing import Any
 
 from ...backends.base import Metric
 from ...core import names as attr
-from ...core.anomalies import Straggler
+from ...core.anomalies import Corrected, Partial, Straggler
 from ...metrics.reduce import Reduce, reduced_items
 from ..checked import OnError, Process, StateRows
 from ..views.anomalies import Watch
@@ -55,6 +55,11 @@ class Finished:
     """Processes named missing at an earlier step and absent from this one too: not waited for,
     not named again, but counted (the step's values lack them)."""
     late: bool = False
+    arrived: list[str] = field(default_factory=list)
+    """A late update's processes whose part came since the step's last view (``missing`` then
+    lists those still absent)."""
+    partial: bool = False
+    """Late data of a step no longer kept (``book.retained``): said, never written as the step's values."""
     attempt: int = 0
     rewound: bool = False
     duration: float | None = None
@@ -139,7 +144,7 @@ def view_of(
             on_error(where, exc)
 
     merged: Iterable[tuple[str, Any]] = done.merged.items() if order is None else order.arrange(done.merged.items())
-    for key, state in merged:
+    for key, state in () if done.partial else merged:  # a partial step's values are not the step's
         reduce = reduce_of(state[0])
         values = reduced_values(key, state, failed)
         global_metrics.extend(Metric(n, v, reduce, stamp) for n, v in values)
@@ -159,7 +164,25 @@ def view_of(
     view.duration = None if done.interrupted else done.duration
     if not done.late:
         _judge(view, done, bad, traces, watch, stamp, done.internal_errors + errors)
+    else:
+        _corrected(view, done, stamp)
     return view
+
+
+def _corrected(view: StepView, done: Finished, stamp: float) -> None:
+    """A late update's record: the step corrected (who arrived, how many still missing, in
+    ``rankscope/missing_processes`` too), or the late data of a step no longer kept (``partial``)."""
+    arrived, n = tuple(done.arrived[:64]), len(done.arrived)
+    if done.partial:
+        view.anomalies = [Partial(step=done.step, processes=arrived, count=n, points=_points(done.parts))]
+        return
+    if arrived:
+        view.anomalies = [Corrected(step=done.step, processes=arrived, count=n, missing=len(done.missing))]
+    view.global_metrics.append(Metric(attr.MISSING_PROCESSES, float(len(done.missing)), Reduce.MAX, stamp))
+
+
+def _points(parts: list[tuple[Process, StateRows]]) -> int:
+    return sum(len(rows.keys) for _, rows in parts)
 
 
 def _judge(

@@ -1,12 +1,14 @@
 """Late updates: finalized steps that took late data, and when they are written again.
 
-Points for a finalized step are merged into the step's retained running states (or, past
-``retain_steps``, into a step of their own) and written again as a late update of that step, at
+Points for a finalized step are merged into the step's kept running states (``retained``; past
+its window, into a partial step of their own) and written again as a late update of that step, at
 most once per step per ``late_interval``: a straggler sending point by point must not make the
-views rewrite a step per request.
+views rewrite a step per request. A written step goes back to the window (``StepBook.late``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from .step import Step
 
@@ -21,12 +23,12 @@ class LateSteps:
         self.written = now
         """When the last late updates were taken (``take``)."""
 
-    def bucket(self, step: int, retained: Step | None, now: float) -> Step:
-        """Where late data of ``step`` merges: its pending update, else the retained step (so the
-        update is the whole step's), else a step of its own (opened ``now``)."""
+    def bucket(self, step: int, kept: Callable[[int], Step | None], now: float) -> Step:
+        """Where late data of ``step`` merges: its pending update, else the step taken out of the
+        window (``kept``: so the update is the whole step's), else a partial step of its own (opened ``now``)."""
         bucket = self.pending.get(step)
         if bucket is None:
-            bucket = self.pending[step] = retained or Step(step, now)
+            bucket = self.pending[step] = kept(step) or Step(step, now, whole=False)
         return bucket
 
     def take(self, now: float, *, force: bool = False) -> list[Step]:

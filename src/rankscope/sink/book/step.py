@@ -29,6 +29,15 @@ class Step:
     seq: int = 0
     """Newest write-ahead-log record merged into this step (what a written view covers)."""
     late_points: int = 0
+    missing: list[str] = field(default_factory=list)
+    """Processes the step was finalized without and that have not sent it since, by label."""
+    arrived: list[str] = field(default_factory=list)
+    """Processes whose part came late since the step's last view, by label (its next late update names them)."""
+    finalized: float = 0.0
+    """When the step was first finalized (its late data is kept for ``retain_seconds`` from then)."""
+    whole: bool = True
+    """False: late data of a step no longer kept, alone (``book.retained``): a partial value, never
+    written as the step's."""
     samples: dict[str, SampleTable] = field(default_factory=dict)
     """Sample tables (``record_sample``): every process's rows merged into one selection each."""
 

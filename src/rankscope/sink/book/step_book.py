@@ -19,9 +19,12 @@ The rules (``docs/sink.md``):
 * A step's part without a step attribute gets one from ``windows`` before it is logged, so a
   write-ahead-log record always names its step. No request ever becomes a step by itself.
 * Points for a finalized step are late: counted (``rankscope/late_points``), merged into the
-  step's retained running states, and written again as a late update of that step, at most once
-  per step per ``late_interval`` (``late``). A late update's per-process values are those of the
-  processes whose data all came late (one that sent part of the step in time keeps its in-time value).
+  step's kept running states (``retained``: a window in seconds and bytes), and written again as a
+  late update of that step, its exact total, at most once per step per ``late_interval`` (``late``);
+  it names the processes that arrived (``corrected``) and counts those still missing. Past the
+  window the late data is said as a ``partial`` record, never written as the step's value. A late
+  update's per-process values are those of the processes whose data all came late (one that sent
+  part of the step in time keeps its in-time value).
 * A higher attempt (a restart, a resume) drops what the earlier attempt left open
   (``abandoned_steps``) and refuses the earlier attempt's processes (``superseded_points``); its
   steps open afresh, and the first one finalized at or below an earlier step is a rewind.
@@ -53,6 +56,7 @@ from .counts import Counts
 from .finalize import Finished, view_of
 from .order import KeyOrder
 from .readiness import Readiness
+from .retained import Retained, Retention
 from .roster import Roster
 from .step import Step
 from .steps import StepTable
@@ -91,6 +95,7 @@ class StepBook:
         on_error: OnError | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        retention: Retention | None = None,
     ) -> None:
         self.id = experiment_id
         self.run = run
@@ -110,7 +115,7 @@ class StepBook:
         """Per-step anomaly detectors and what they found (``sink.views.anomalies``)."""
         self.counts = Counts()
         self.steps = StepTable(
-            retain_steps=config.retain_steps,
+            retained=Retained(max_bytes=config.retain_bytes, max_seconds=config.retain_seconds, retention=retention),
             step_window=config.step_window,
             late_interval=config.late_interval,
             admission=self.admission,
@@ -329,16 +334,23 @@ class StepBook:
                 break
             away = roster.away(step)  # named at an earlier step: counted again, not named again
             roster.give_up(absent)
-            bucket, rewound = steps.close(step)
-            done = self._finished(bucket, [label for label, _ in absent], rewound=rewound)
+            labels = [label for label, _ in absent]
+            bucket, rewound = steps.close(step, labels + away, now)
+            done = self._finished(bucket, labels, rewound=rewound)
             done.away = away
             done.interrupted = force and bool(absent)  # the job ended while these had not closed it
             out.append(done)
         return out
 
     def late(self, *, force: bool = False) -> list[Finished]:
-        """Late updates due: each step with late data once per ``late_interval`` (all when ``force``)."""
-        return [self._finished(bucket, [], late=True) for bucket in self.steps.late.take(self.clock(), force=force)]
+        """Late updates due: each step with late data once per ``late_interval`` (all when ``force``),
+        its exact total when the window kept its states; back to the window then."""
+        now, out = self.clock(), []
+        for bucket in self.steps.late.take(now, force=force):
+            out.append(self._finished(bucket, list(bucket.missing), late=True))
+            if bucket.whole:
+                self.steps.retained.keep(bucket, now)
+        return out
 
     def next_deadline(self) -> float | None:
         """When ``finished`` or ``late`` next has something to give (a step's grace, the start hold's
@@ -357,6 +369,8 @@ class StepBook:
             samples=entries(bucket.samples, bucket.step, changed_only=late),
             missing=missing,
             late=late,
+            arrived=self._arrived(bucket) if late else [],
+            partial=not bucket.whole,
             attempt=self.attempt,
             rewound=rewound,
             duration=None if late else self.windows.duration(bucket.step),
@@ -365,3 +379,9 @@ class StepBook:
             internal_errors=self.counts.internal_errors,
             keep_spans=self.keep_spans,
         )
+
+    @staticmethod
+    def _arrived(bucket: Step) -> list[str]:
+        """The processes a late update names as arrived (they start anew for the next one)."""
+        arrived, bucket.arrived = bucket.arrived, []
+        return arrived

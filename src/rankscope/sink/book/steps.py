@@ -2,7 +2,8 @@
 
 * A step opens with its first data and takes what comes until it is finalized (``close``).
 * Data of a finalized step is late: it merges into the step's pending late update (``late``),
-  built on the retained step while it is one of the last ``retain_steps``.
+  built on the step's kept states while the window keeps them (``retained``), so the update is
+  the step's exact total; past it, on the late data alone (a partial step, said as such).
 * A part is placed (``place``) only within ``step_window`` of the frontier, and opens a step only
   within ``max_open_steps``; what it holds is then admitted against its step (``admission``).
 * A restart drops every step (``restart``); a resumed run goes on after the step an earlier
@@ -14,7 +15,6 @@ The step table decides nothing about when a step is final (``readiness``) or who
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -25,6 +25,7 @@ from .admission import Admission
 from .counts import Counts
 from .late import LateSteps
 from .merge import Running, merge_rows
+from .retained import Retained
 from .step import Step
 from .tables import take
 
@@ -35,21 +36,19 @@ class StepTable:
     def __init__(
         self,
         *,
-        retain_steps: int,
+        retained: Retained,
         step_window: int,
         late_interval: float,
         admission: Admission,
         counts: Counts,
         now: float,
     ) -> None:
-        self.retain_steps = retain_steps
+        self.retained = retained
         self.step_window = step_window
         self.admission = admission
         self.counts = counts
         self.open: dict[int, Step] = {}
         """Steps taking data, by number. Cleared in place, never replaced (``readiness`` reads it)."""
-        self.done: OrderedDict[int, Step] = OrderedDict()
-        """The last ``retain_steps`` steps finalized: late data merges into the whole step."""
         self.late = LateSteps(late_interval, now)
         self.last_finalized = -1
         self.last_viewed = -1
@@ -74,7 +73,7 @@ class StepTable:
         """What admission weighs a part of ``step`` against: its keys so far, and its late points
         when it is finalized (None: it is not)."""
         if step <= self.last_finalized:
-            bucket = self.late.pending.get(step) or self.done.get(step)
+            bucket = self.late.pending.get(step) or self.retained.peek(step)
             return (bucket.merged, bucket.late_points) if bucket is not None else ({}, 0)
         bucket = self.open.get(step)
         return (bucket.merged if bucket is not None else {}), None
@@ -154,8 +153,12 @@ class StepTable:
                 bucket.seq = max(bucket.seq, seq)
             return 0
         late = step <= self.last_finalized
-        if late:  # merged into the retained step, or written on its own past the window
-            bucket = self.late.bucket(step, self.done.get(step), now)
+        if late:  # merged into the step's kept states, or alone past the window (partial)
+            bucket = self.late.bucket(step, self.retained.take, now)
+            if process.label in bucket.missing:
+                bucket.missing.remove(process.label)
+            if process.label not in bucket.arrived:
+                bucket.arrived.append(process.label)
         else:
             bucket = self.open.get(step) or self.open.setdefault(step, Step(step, now))
         bucket.seq = max(bucket.seq, seq)
@@ -178,7 +181,7 @@ class StepTable:
         points, and go only into a step still retained: a table rebuilt from late rows alone
         would be written as if it were that step's selection."""
         if late:
-            if bucket.step not in self.done:
+            if not bucket.whole:
                 refused.add(len(rows), f"sample rows: step {bucket.step} is no longer retained")
                 return
             rows = rows[: self.admission.late_rows(bucket.step, len(rows), bucket.late_points, refused)]
@@ -200,14 +203,13 @@ class StepTable:
         bucket.expected = max(bucket.expected, marker.expected)
         bucket.driven = bucket.driven or marker.driven
 
-    def close(self, step: int) -> tuple[Step, bool]:
-        """Finalize open ``step`` (the lowest): it is retained for late data; and whether it is a
-        rewind (a step at or below one finalized before: a restart, a resume)."""
+    def close(self, step: int, missing: list[str], now: float) -> tuple[Step, bool]:
+        """Finalize open ``step`` (the lowest) without ``missing`` (labels): it is kept for late
+        data; and whether it is a rewind (a step at or below one finalized before: a restart, a resume)."""
         bucket = self.open.pop(step)
         self.last_finalized = step
-        self.done[step] = bucket
-        while len(self.done) > self.retain_steps:
-            self.done.popitem(last=False)
+        bucket.missing, bucket.finalized = list(missing), now
+        self.retained.keep(bucket, now)
         rewound = step <= self.last_viewed
         self.last_viewed = step
         return bucket, rewound
@@ -217,7 +219,7 @@ class StepTable:
         (``abandoned_steps``)."""
         abandoned = len(self.open)
         self.open.clear()
-        self.done.clear()
+        self.retained.clear()
         self.late.clear()
         self.last_finalized = -1
         return abandoned

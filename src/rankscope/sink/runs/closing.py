@@ -194,6 +194,7 @@ class Closer:
                 tenant.writer.request_close(self._stop_timeout)
             tenant.closing_deadline = time.monotonic() + self._stop_timeout
             with tenant.lock:
+                tenant.book.steps.retained.clear()  # its kept steps' bytes go back to the sink's
                 if tenant.book.traces.file is not None:
                     tenant.book.traces.file.close()
                 if tenant.log is not None:

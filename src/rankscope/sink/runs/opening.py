@@ -12,6 +12,7 @@ from typing import Any
 
 from ...core import names as attr
 from ...core.paths import safe_component
+from ..book.retained import Retention
 from ..book.step_book import StepBook
 from ..book.traces import SpanFile, TraceStore
 from ..checked import OnError, Refusals, ResourceBatch
@@ -100,6 +101,8 @@ class Opener:
         self.wal = wal
         self.clock = clock
         self.on_error = on_error
+        self.retention = Retention(config.retained_bytes)
+        """The bytes every run's kept steps share (``book.retained``)."""
 
     def resolve(
         self,
@@ -286,6 +289,7 @@ class Opener:
             traces=TraceStore(retain_steps=c.trace_retain_steps, max_spans=c.max_spans, file=self._span_file(key)),
             on_error=self.on_error,
             clock=self.clock,
+            retention=self.retention,
         )
         book.keep_spans = self._view_configs.draws_gantt(experiment_id)
         known = self._registry.runs.get(key)

@@ -1,0 +1,148 @@
+"""Finalized steps kept for their late data: a window in bytes and seconds, not in steps.
+
+A node cut off for two minutes sends its steps when it is back; each must merge into what came in
+time, so the step's correction is its exact total. Keeping every step's running states live costs
+an object per key per step; so only the last ``HOT`` finalized steps stay live, and older ones are
+packed (pickled, zlib: about 14 bytes a key, 0.8 ms a step of 1,000 keys) and kept while they are
+younger than ``retain_seconds`` and the run's packed steps fit in ``retain_bytes``. The default
+(900 s, 64 MiB) keeps a 10-minute outage at 1 step/s of 1,000 keys (8.6 MB) with room to spare, and
+at 4 steps/s (34 MB). All runs' packed steps share one ``Retention`` (``SinkConfig.retained_bytes``):
+a run that finds it spent lets go of its own oldest steps first, and a step that still finds no
+room is not kept (counted). A late part of a step no longer kept is partial: the book writes it as
+a ``partial`` record, never as the step's value (``docs/sink.md``, "Late data").
+
+The packed bytes are the sink's own (never a client's, never on disk): ``pickle`` reads back what
+this process wrote.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import zlib
+from collections import OrderedDict
+
+from .step import Step
+
+HOT = 16
+"""Finalized steps kept live (the late data of a straggler a few steps behind merges at no cost)."""
+
+
+class Retention:
+    """The bytes all runs' packed steps may hold together (``SinkConfig.retained_bytes``)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        """Hold ``n`` bytes, or False when they do not fit."""
+        with self._lock:
+            if self.held + n > self.max_bytes:
+                return False
+            self.held += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.held -= n
+
+
+class Retained:
+    """One run's finalized steps: the last ``HOT`` live, older ones packed within the window.
+    A step is taken out for its late data (``take``) and kept again once its update is written."""
+
+    def __init__(self, *, max_bytes: int, max_seconds: float, retention: Retention | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+        self.retention = retention
+        self.hot: OrderedDict[int, Step] = OrderedDict()
+        self.packed: OrderedDict[int, tuple[float, bytes]] = OrderedDict()
+        """Step -> (when it was finalized, its packed state), oldest first."""
+        self.bytes = 0
+        self.unkept = 0
+        """Steps let go before their window ended: the sink-wide bytes were spent."""
+
+    def keep(self, step: Step, now: float) -> None:
+        """``step`` is finalized (or its late update written): kept for later late data."""
+        if self.max_seconds <= 0 or self.max_bytes <= 0:
+            return
+        self.hot[step.step] = step
+        self.hot.move_to_end(step.step)
+        while len(self.hot) > HOT:
+            _, oldest = self.hot.popitem(last=False)
+            self._pack(oldest)
+        self.expire(now)
+
+    def take(self, step: int) -> Step | None:
+        """Finalized ``step`` out of the window for its late data (None: not kept, or never finalized)."""
+        found = self.hot.pop(step, None)
+        if found is not None:
+            return found
+        packed = self.packed.pop(step, None)
+        if packed is None:
+            return None
+        self._release(len(packed[1]))
+        thawed: Step = pickle.loads(zlib.decompress(packed[1]))
+        thawed.finalized = packed[0]
+        return thawed
+
+    def peek(self, step: int) -> Step | None:
+        """A kept step, left in place (a packed one read back): what admission weighs late data against."""
+        found = self.hot.get(step)
+        if found is not None:
+            return found
+        packed = self.packed.get(step)
+        return None if packed is None else pickle.loads(zlib.decompress(packed[1]))
+
+    def expire(self, now: float) -> None:
+        """Let go of packed steps older than the window."""
+        while self.packed:
+            step, (finalized, blob) = next(iter(self.packed.items()))
+            if now - finalized <= self.max_seconds:
+                return
+            del self.packed[step]
+            self._release(len(blob))
+
+    def clear(self) -> None:
+        """A restarted run: its steps are executed again."""
+        self.hot.clear()
+        for _, blob in self.packed.values():
+            self._release(len(blob))
+        self.packed.clear()
+
+    def __contains__(self, step: int) -> bool:
+        return step in self.hot or step in self.packed
+
+    def _pack(self, step: Step) -> None:
+        state = Step(step.step, step.opened, merged=step.merged, viewed=step.viewed, late_points=step.late_points)
+        state.missing, state.finalized = step.missing, step.finalized
+        blob = zlib.compress(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        n = len(blob)
+        if n > self.max_bytes:
+            self.unkept += 1
+            return
+        while self.bytes + n > self.max_bytes:
+            self._drop_oldest()
+        while not self._hold(n):
+            if not self.packed:
+                self.unkept += 1
+                return
+            self._drop_oldest()
+        self.packed[step.step] = (step.finalized, blob)
+        self.bytes += n
+
+    def _drop_oldest(self) -> None:
+        _, (_, oldest) = self.packed.popitem(last=False)
+        self._release(len(oldest))
+        self.unkept += 1
+
+    def _hold(self, n: int) -> bool:
+        return self.retention is None or self.retention.take(n)
+
+    def _release(self, n: int) -> None:
+        """``n`` bytes of packed steps gone (``self.bytes`` counts only what is packed)."""
+        self.bytes -= n
+        if self.retention is not None:
+            self.retention.give(n)
