@@ -131,6 +131,11 @@ class Cluster:
         """Set ``node``'s veth down (cut off from every other host) or up again."""
         _ip("-n", node.name, "link", "set", "eth0", "down" if down else "up")
 
+    def blackhole(self, node: Host, ip: str, on: bool) -> None:
+        """Drop everything ``node`` sends to ``ip`` (a route to nowhere), or route it again: a
+        partition of one path (a node's telemetry to the service host) while the others work."""
+        _ip("-n", node.name, "route", "add" if on else "del", "blackhole", f"{ip}/32")
+
     def close(self) -> None:
         for host in [*self.nodes, self.service]:
             host.kill_all()

@@ -94,12 +94,14 @@ def history(path: Path) -> list[dict[str, Any]]:
 
 
 def by_step(paths: list[Path]) -> dict[int, dict[str, Any]]:
-    """Rows keyed by rankscope's ``step`` metric, later rows (late updates) merged on top."""
+    """Rows keyed by rankscope's ``step`` metric, as docs/sink.md says to read them: later rows
+    merged on top, a late update's ``late/`` values in place of the step's on-time ones."""
     found: dict[int, dict[str, Any]] = {}
     for path in paths:
         for row in history(path):
             if "step" in row:
-                found.setdefault(int(row["step"]), {}).update(row)
+                late = {k[len("late/") :]: v for k, v in row.items() if k.startswith("late/")}
+                found.setdefault(int(row["step"]), {}).update(row, **late)
     return found
 
 

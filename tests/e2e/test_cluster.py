@@ -56,6 +56,8 @@ class Job:
     tmp: Path
     binaries: dict[str, str]
     grace: float
+    extra_views: dict[str, Any]
+    """Views beside the two JSONL views (the late-data tests' report, TensorBoard and W&B)."""
 
     def collector(self, host: Host, config: str, name: str, **env: str) -> Process:
         process = host.start(
@@ -103,6 +105,7 @@ class Job:
         return {
             "global": {"backend": "jsonl", "logging_mode": "global_reduce", "path": str(self.tmp / "global.jsonl")},
             "ranks": {"backend": "jsonl", "logging_mode": "per_rank_reduce", "path": str(self.tmp / "ranks.jsonl")},
+            **self.extra_views,
         }
 
     def ranks(self, index: int, steps: int, pause: float, nnodes: str, restarts: int) -> Process:
@@ -134,11 +137,11 @@ class Job:
 
 
 @contextmanager
-def job(binaries: dict[str, str], tmp: Path, grace: float = 10.0) -> Iterator[Job]:
+def job(binaries: dict[str, str], tmp: Path, grace: float = 10.0, views: dict[str, Any] | None = None) -> Iterator[Job]:
     """The cluster with the sink, the gateway and an agent per node running; no ranks yet."""
     (tmp / "ranks").mkdir()
     with cluster(NODES) as net:
-        made = Job(net, tmp, binaries, grace)
+        made = Job(net, tmp, binaries, grace, views or {})
         made.sink()
         made.gateway()
         for i in range(NODES):

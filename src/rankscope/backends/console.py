@@ -114,6 +114,8 @@ class ConsoleBackend(LoggerBackend):
         """The values each of the last steps' lines showed: a late update that shows the same is not printed."""
         self._cut_short: int | None = None
         """The step the job ended in (``interrupted``): its phases are partial, so no time is shown."""
+        self._corrected: int | None = None
+        """The step whose late update a ``corrected`` record just said (its value line is left out)."""
         # Highlights in color on a terminal (or with FORCE_COLOR), never with NO_COLOR (no-color.org).
         self._color = (sys.stdout.isatty() or bool(os.environ.get("FORCE_COLOR"))) and "NO_COLOR" not in os.environ
         self.rank, self.world_size, self.role = 0, 1, "main"
@@ -157,6 +159,8 @@ class ConsoleBackend(LoggerBackend):
             self._order[key] = len(self._order)
         items = [_item(key, values[key], parts.get(key), labels) for key in sorted(values, key=self._order.__getitem__)]
         shown = (who, step)
+        if kwargs.get("late") and step is not None and step == self._corrected:
+            return []  # late parts arrived: the ``corrected`` record says so, once per streak of steps
         if kwargs.get("late") and self._shown.get(shown) == items:
             return []  # a late update that changes nothing on the line (a final barrier's time)
         self._shown[shown] = list(items)
@@ -226,6 +230,8 @@ class ConsoleBackend(LoggerBackend):
             self._said_nonfinite = global_step
         if isinstance(record, Interrupted):
             self._cut_short = global_step
+        if isinstance(record, Corrected):
+            self._corrected = global_step  # its late update's line is this record's, once per streak
         since = record.first_step if isinstance(record, Straggler) else global_step  # a sink's: said once
         if isinstance(record, Capture) or self._new_streak(record.streak, since):
             text = printable(f"!!! step {global_step} {describe(record)}")

@@ -7,9 +7,12 @@ one. Its name is the experiment plus a short run suffix (``grpo-qwen · 3f2a9c1d
 run (a restart or resume that executes steps again) cannot drop the rows W&B already holds
 (offline, or without W&B's run forking): the steps are logged again, the first of them with
 ``rankscope/rewound_to``, and a warning says so; plot against ``step`` and the later row of a
-step is the one to read. Values are plotted against a ``step`` metric declared with ``define_metric``, not
-W&B's internal ``_step``: steps of different roles share one axis, and a late update of
-an earlier step is a valid log call (W&B's own step only ever increases).
+step is the one to read. A late update (a step's exact total once a late node's data came) cannot
+rewrite its step either: its values go under ``late/`` at that step (``late/loss``), with
+``rankscope/late_update``; the run summary counts the corrected steps (``rankscope/corrected_steps``).
+Values are plotted against a ``step`` metric declared with ``define_metric``, not W&B's internal
+``_step``: steps of different roles share one axis, and a late update of an earlier step is a valid
+log call (W&B's own step only ever increases).
 
 Config keys: ``project`` (``WANDB_PROJECT``), ``entity`` (``WANDB_ENTITY``), ``group``
 (``WANDB_RUN_GROUP``), ``mode`` (``WANDB_MODE``: online/offline/disabled), ``dir``,
@@ -45,6 +48,11 @@ from ..core.anomalies import Anomaly, Capture, Located
 from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric
 
 STEP_METRIC = "step"
+LATE_PREFIX = "late/"
+"""A late update's keys (``late/loss`` at its step): W&B cannot rewrite a step it has, so the
+step's exact total is logged beside the on-time value, plotted against ``step`` like it."""
+CORRECTED_STEPS = "rankscope/corrected_steps"
+"""The run summary's count of steps a late update corrected."""
 _LOG_COLUMNS: list[str | int] = ["step", "time", "severity", "process", "body", "trace_id"]
 _ANOMALY_COLUMNS: list[str | int] = ["step", "type", "process", "what"]
 
@@ -90,6 +98,7 @@ class WandbBackend(LoggerBackend):
         run_name = str(kwargs.get("run") or "")
         self._rewound_warned = False
         self._rewound_to: int | None = None
+        self._corrected: set[int | None] = set()
         mode = c.get("per_rank_series", "auto")
         if mode not in (True, False, "auto"):
             raise ValueError(f'wandb backend: per_rank_series must be true, false or "auto", got {mode!r}')
@@ -143,10 +152,13 @@ class WandbBackend(LoggerBackend):
             row = self._row(metrics)
             for process, values in self._per_rank(kwargs.get("per_process", {})).items():
                 row.update(self._row(values, series_prefix(process) + "/"))
+        if kwargs.get("late"):  # W&B cannot rewrite a past step: the correction goes beside it
+            row = {LATE_PREFIX + key: value for key, value in row.items()}
+            row[attr.LATE_UPDATE] = 1.0
+            self._corrected.add(global_step)
+            self.run.summary[CORRECTED_STEPS] = len(self._corrected)
         if global_step is not None:
             row[STEP_METRIC] = global_step
-        if kwargs.get("late"):
-            row[attr.LATE_UPDATE] = 1.0
         if self._rewound_to is not None:
             row[attr.REWOUND_TO] = float(self._rewound_to)
             self._rewound_to = None

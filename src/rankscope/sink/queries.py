@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,14 @@ def recent_of(view: StepView) -> dict[str, Any]:
         "anomalies": [a.to_json() for a in view.anomalies[:16]],
         "phases": view.heat,
     }
+
+
+def corrected(recent: Iterable[dict[str, Any]], view: StepView) -> None:
+    """A late update of a step the recent route still shows: its values are the step's exact total now."""
+    for row in recent:
+        if row["step"] == view.step:
+            row["values"].update(recent_of(view)["values"])
+            row["missing"], row["late"] = view.missing[:64], True
 
 
 class Queries:

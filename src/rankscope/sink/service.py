@@ -50,7 +50,7 @@ from .edge.grpc_server import start_grpc
 from .edge.http_server import start_http
 from .edge.ports import LOCAL, Client, Control, Result
 from .edge.validate import logs_batches, metrics_batches, traces_parts
-from .queries import Queries, recent_of
+from .queries import Queries, corrected, recent_of
 from .runs.closed import ClosedRuns
 from .runs.closing import Closer
 from .runs.opening import Opener
@@ -412,6 +412,8 @@ class Sink:
                         if tenant.recent:  # the rank x phase map of the last step only
                             tenant.recent[-1].pop("phases", None)
                         tenant.recent.append(recent_of(view))
+                    elif view.global_metrics:  # a correction: the recent route shows the exact total
+                        corrected(tenant.recent, view)
         except Exception as exc:  # a bug: logged once, counted, this experiment only
             tenant.failed("finalizing", exc)
 
