@@ -19,6 +19,7 @@ import signal
 import struct
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 
 from ..cluster import SERVICE_IP
 from ..wandb_file import by_step, history, run_files
-from .test_cluster import NODES, PER_NODE, REFUSAL, finish, job, rank_logs, run_ranks, view_rows, wait_for_step
+from .test_cluster import NODES, PER_NODE, REFUSAL, Job, finish, job, rank_logs, run_ranks, view_rows, wait_for_step
 
 pytestmark = pytest.mark.skipif(REFUSAL is not None, reason=f"the cluster tests build network namespaces: {REFUSAL}")
 KEYS = ("v/sum", "v/mean", "v/max", "v/min", "samples")
@@ -113,15 +114,29 @@ def report_points(tmp: Path) -> dict[int, dict[str, float]]:
     return points
 
 
-def partitioned(binaries: dict[str, str], tmp: Path, *, steps: int, pause: float, cut_at: int, cut_s: float) -> None:
-    """The job with node 2's telemetry cut for ``cut_s`` seconds from step ``cut_at``; the sink
-    stopped at the end (its views finish: W&B's file, the report's page)."""
+def partitioned(
+    binaries: dict[str, str],
+    tmp: Path,
+    *,
+    steps: int,
+    pause: float,
+    cut_at: int,
+    cut_s: float,
+    during: Callable[[Job], None] | None = None,
+) -> None:
+    """The job with node 2's telemetry cut for ``cut_s`` seconds from step ``cut_at`` (``during``
+    done a third of the way in); the sink stopped at the end (its views finish: W&B's file, the
+    report's page)."""
     with job(binaries, tmp, views=views(tmp)) as made:
         procs = run_ranks(made, steps, pause)
         wait_for_step(made, cut_at)
         node = made.net.nodes[2]
         made.net.blackhole(node, SERVICE_IP, on=True)
-        time.sleep(cut_s)
+        cut_until = time.monotonic() + cut_s
+        if during is not None:
+            time.sleep(cut_s / 3)
+            during(made)
+        time.sleep(max(0.0, cut_until - time.monotonic()))
         made.net.blackhole(node, SERVICE_IP, on=False)
         finish(made, procs, steps - 1, timeout=cut_s + steps * pause + 240)
         made.net.service.processes[0].stop(signal.SIGTERM, timeout=60)
@@ -157,3 +172,19 @@ def test_a_nodes_telemetry_cut_for_30_s_at_1_step_per_s_is_exact_in_every_view_a
 def test_a_nodes_telemetry_cut_for_120_s_at_4_steps_per_s_is_exact_in_every_view_at_the_end(binaries, tmp_path) -> None:
     partitioned(binaries, tmp_path, steps=560, pause=0.25, cut_at=20, cut_s=120.0)
     judge_views(tmp_path, cut_steps=400)
+
+
+def agent_and_gateway_killed(made: Job) -> None:
+    """Node 2's agent SIGKILLed with its queue of the cut's steps, the gateway SIGKILLed: each
+    restarted 2 s later on its own persistent queue."""
+    made.net.nodes[2].processes[0].stop(signal.SIGKILL)  # the agent: the node's first process
+    made.net.service.processes[1].stop(signal.SIGKILL)  # the sink is the first, the gateway the second
+    time.sleep(2.0)
+    made.agent(2)
+    made.gateway()
+
+
+@pytest.mark.timeout(420)
+def test_an_agent_and_the_gateway_killed_during_a_30_s_cut_leave_every_view_exact(binaries, tmp_path) -> None:
+    partitioned(binaries, tmp_path, steps=60, pause=1.0, cut_at=10, cut_s=30.0, during=agent_and_gateway_killed)
+    judge_views(tmp_path, cut_steps=20)

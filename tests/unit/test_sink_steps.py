@@ -9,6 +9,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.core import names as attr
+from rankscope.core.anomalies import Corrected, Partial
 from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
@@ -130,6 +131,35 @@ def test_late_point_is_counted_merged_and_written_as_late_update() -> None:
     assert e.counts.late_points == 1
     (update,) = late
     assert update.late and update.step == 0 and values_of(update)["n"] == 3.0  # corrected, nothing lost
+
+
+def test_a_step_corrected_far_past_16_steps_is_its_exact_total_and_past_the_window_said_partial() -> None:
+    """A rank cut off for 40 steps while its peer goes on: each of its late steps is corrected to
+    the exact total (its states kept packed past the 16 live), names it arrived, counts nobody
+    missing. Past ``retain_seconds`` its late data is a ``partial`` record, no value, counted."""
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=1, retain_seconds=100), clock=clock)
+    for step in range(40):
+        clock.now = float(step)
+        ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [1.0])}, step=step))
+        clock.now += 0.5 if step else 1.5
+        (view,) = e.ready()
+        assert view.step == step and values_of(view)[attr.MISSING_PROCESSES] == 1.0
+    assert e.steps.retained.status() == {
+        "live": 16,
+        "packed": 24,
+        "bytes": e.steps.retained.bytes,
+        "unkept_steps": 0,
+    }
+    updates = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=3))
+    (update,) = updates
+    assert values_of(update) == {"n": 3.0, attr.MISSING_PROCESSES: 0.0}  # a packed step, read back whole
+    assert update.anomalies == [Corrected(step=3, processes=("trainer_r1",), count=1, missing=0)]
+    clock.now = 103.5  # step 2 was finalized at 2.5: past the window
+    (partial,) = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=2))
+    assert partial.global_metrics == [] and [m.value for ms in partial.per_process.values() for m in ms] == [2.0]
+    assert partial.anomalies == [Partial(step=2, processes=("trainer_r1",), count=1, points=1)]
+    assert e.counts.partial_points == 1 and e.counts.late_points == 2
 
 
 def test_a_point_without_a_step_joins_the_step_whose_window_holds_its_time() -> None:

@@ -215,7 +215,7 @@ def test_late_updates_are_taken_in_order_at_most_once_per_interval() -> None:
     assert late.take(1.5) == [] and [bucket.step for bucket in late.take(1.5, force=True)] == [3]
 
 
-def kept_nothing(step: int) -> None:
+def kept_nothing(step: int, now: float) -> None:
     return None
 
 
@@ -277,7 +277,7 @@ def test_the_window_lets_go_of_the_oldest_packed_steps_past_its_bytes_and_the_si
     for n in range(HOT + 3):
         other.keep(step(n), now=float(n))
     assert list(other.packed) == [1, 2] and other.unkept == 1  # the sink's bytes: two steps
-    thawed = one.take(9)
+    thawed = one.take(9, now=30.0)
     assert thawed is not None and thawed.merged == step(9).merged and 9 not in one
     assert sink_wide.held == one.bytes
     one.clear()

@@ -26,6 +26,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from . import names as attr
 from . import torchrun
+from .errors import warn_once
 from .settings import resolve
 
 
@@ -231,7 +232,16 @@ def build_resource(
         found[attr.RANK] = local
     found.update(_detect_monarch())
     found.update(_detect_torch_distributed())
-    attempt = attempt_of(env, torchrun.rendezvous_round(env))
+    try:
+        attempt = attempt_of(env, torchrun.rendezvous_round(env))
+    except torchrun.RoundUnreadError as unread:  # said at once, and carried: the sink names the rank
+        attempt = attempt_of(env)
+        found[attr.ATTEMPT_FALLBACK] = str(unread)
+        warn_once(
+            f"rankscope: {unread}; this rank's attempt is its node's restart count ({attempt}), which can "
+            "differ between nodes after a node is lost: the sink may refuse its data as an earlier "
+            "attempt's (its status lists it under attempt_fallbacks)"
+        )
     found.setdefault(attr.RANK, 0)
     found.setdefault(attr.WORLD_SIZE, 1)
     found.setdefault(attr.LOCAL_RANK, found[attr.RANK] if found[attr.WORLD_SIZE] == 1 else None)

@@ -13,6 +13,7 @@ NAMESPACE = "rankscope."  # every rankscope attribute name starts with it
 # Resource attributes (strings unless noted).
 EXPERIMENT_ID = "rankscope.experiment.id"
 EXPERIMENT_ATTEMPT = "rankscope.experiment.attempt"  # int
+ATTEMPT_FALLBACK = "rankscope.experiment.attempt_fallback"  # why the rendezvous round was not read (absent: it was)
 RUN_ID = "rankscope.run.id"  # one launch of the experiment: an experiment groups runs
 RUN_RESUME = "rankscope.run.resume"  # "latest" or a run id: this launch continues that run
 ROLE = "rankscope.role"

@@ -9,15 +9,12 @@ same on every node of a world and grows with every re-rendezvous, so the attempt
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
-
-_log = logging.getLogger(__name__)
 
 _COMMANDS = ("torch.distributed.run", "torch/distributed/run.py", "torchrun")
 _STORE_TIMEOUT = timedelta(seconds=5)
@@ -59,11 +56,16 @@ def find_agent(proc: Path = Path("/proc")) -> Agent | None:
     return None
 
 
+class RoundUnreadError(Exception):
+    """The rendezvous store was out of reach (or held no round): the attempt falls back to this
+    node's restart count, which can differ between nodes after a node is lost (``core.identity``
+    says so on the rank's console and in its Resource)."""
+
+
 def rendezvous_round(env: Mapping[str, str], proc: Path = Path("/proc")) -> int | None:
     """The round of the c10d rendezvous this rank's world was formed in. None where there is none to
     read: not torchrun, one node at most (``--standalone``, ``--nnodes=1``, a static rendezvous: one
-    agent's restart count is the world's), or the store out of reach (a warning: the attempt then
-    falls back to this node's restart count).
+    agent's restart count is the world's). Raises ``RoundUnreadError`` when the store is out of reach.
 
     Each round, every agent writes its role info under the round's prefix of the rendezvous store
     (``torch.rendezvous.{run id}.{round}/torchelastic/role_info/{group rank}``) before it starts its
@@ -99,14 +101,7 @@ def rendezvous_round(env: Mapping[str, str], proc: Path = Path("/proc")) -> int 
             low, high = (middle, high) if formed(middle) else (low, middle)
         return low
     except Exception as error:  # any failure: the attempt falls back, the job goes on
-        _log.warning(
-            "rankscope: could not read the rendezvous round at %s:%d (%s); the attempt is this node's "
-            "restart count, which can differ between nodes after a node is lost",
-            host,
-            port,
-            error,
-        )
-        return None
+        raise RoundUnreadError(f"could not read the rendezvous round at {host}:{port} ({error})"[:300]) from None
 
 
 def _rendezvous_of(arguments: list[str], env: Mapping[str, str]) -> tuple[str, int] | None:

@@ -18,6 +18,8 @@ class Counts:
     """States taken (markers not counted); ``merged_points`` of them came merged by a Collector."""
     merged_points: int = 0
     late_points: int = 0
+    partial_points: int = 0
+    """Late points of steps no longer kept (``book.retained``): said in a ``partial`` record, not as values."""
     refused: int = 0
     foreign_points: int = 0
     internal_errors: int = 0

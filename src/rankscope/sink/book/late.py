@@ -23,12 +23,12 @@ class LateSteps:
         self.written = now
         """When the last late updates were taken (``take``)."""
 
-    def bucket(self, step: int, kept: Callable[[int], Step | None], now: float) -> Step:
+    def bucket(self, step: int, kept: Callable[[int, float], Step | None], now: float) -> Step:
         """Where late data of ``step`` merges: its pending update, else the step taken out of the
         window (``kept``: so the update is the whole step's), else a partial step of its own (opened ``now``)."""
         bucket = self.pending.get(step)
         if bucket is None:
-            bucket = self.pending[step] = kept(step) or Step(step, now, whole=False)
+            bucket = self.pending[step] = kept(step, now) or Step(step, now, whole=False)
         return bucket
 
     def take(self, now: float, *, force: bool = False) -> list[Step]:

@@ -75,8 +75,10 @@ class Retained:
             self._pack(oldest)
         self.expire(now)
 
-    def take(self, step: int) -> Step | None:
-        """Finalized ``step`` out of the window for its late data (None: not kept, or never finalized)."""
+    def take(self, step: int, now: float) -> Step | None:
+        """Finalized ``step`` out of the window for its late data (None: not kept, past the window
+        at ``now``, or never finalized)."""
+        self.expire(now)
         found = self.hot.pop(step, None)
         if found is not None:
             return found
@@ -111,6 +113,11 @@ class Retained:
         for _, blob in self.packed.values():
             self._release(len(blob))
         self.packed.clear()
+
+    def status(self) -> dict[str, int]:
+        """What the status route says of the window: steps live and packed, their bytes, and the
+        steps let go before their time (``unkept_steps``)."""
+        return {"live": len(self.hot), "packed": len(self.packed), "bytes": self.bytes, "unkept_steps": self.unkept}
 
     def __contains__(self, step: int) -> bool:
         return step in self.hot or step in self.packed

@@ -54,6 +54,9 @@ class Roster:
         """Processes per attempt, and those of them that have not said goodbye (``attempt_ended``)."""
         self._filled: tuple[tuple[int, int], bool] = ((-1, -1), False)
         """((version, processes), every declared rank slot of the attempt held) as ``finished`` last found it."""
+        self.fallbacks: list[str] = []
+        """Processes whose attempt fell back to their node's restart count (``ATTEMPT_FALLBACK``): the first 64."""
+        self.fallback_count = 0
 
     def process_for(self, resource: Mapping[str, Any]) -> Process | None:
         """The sending process (created on first sight), or None past ``max_processes``. A process
@@ -104,6 +107,10 @@ class Roster:
             and not any((p.host, p.pid) == (process.host, process.pid) for p in others)  # not a re-init
         )
         self.processes[pid] = process
+        if resource.get(attr.ATTEMPT_FALLBACK):  # its rendezvous round unread: its attempt may be wrong
+            self.fallback_count += 1
+            if len(self.fallbacks) < 64:
+                self.fallbacks.append(label)
         self._seen[attempt] = self._seen.get(attempt, 0) + 1
         self._open[attempt] = self._open.get(attempt, 0) + 1
         if not process.merged:

@@ -221,7 +221,10 @@ class StepBook:
             return None
         if process.attempt < self.attempt:  # a process of an earlier attempt, still sending: the run restarted
             self.counts.superseded_points += n
-            refused.add(n, f"from attempt {process.attempt}; the run restarted as attempt {self.attempt}")
+            why = f"from attempt {process.attempt}; the run restarted as attempt {self.attempt}"
+            if process.resource.get(attr.ATTEMPT_FALLBACK):
+                why += " (its attempt is its node's restart count: it could not read the rendezvous round)"
+            refused.add(n, why)
             return None
         self.roster.came_back(process)
         self.key_order.place(process.role, batch.order)

@@ -174,6 +174,8 @@ class StepTable:
         if late:
             bucket.late_points += taken
             self.counts.late_points += taken
+            if not bucket.whole:
+                self.counts.partial_points += taken
         return taken
 
     def _samples(self, process: Process, bucket: Step, rows: list[SampleRow], late: bool, refused: Refusals) -> None:
