@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from ..cluster import SERVICE_IP
-from ..wandb_file import by_step, history, run_files
+from ..wandb_file import by_step, history, run_files, run_id
 from .test_cluster import NODES, PER_NODE, REFUSAL, Job, finish, job, rank_logs, run_ranks, view_rows, wait_for_step
 
 pytestmark = pytest.mark.skipif(REFUSAL is not None, reason=f"the cluster tests build network namespaces: {REFUSAL}")
@@ -95,9 +95,10 @@ def tensorboard_last(logdir: Path) -> dict[int, dict[str, float]]:
 def wandb_values(root: Path) -> dict[int, dict[str, float]]:
     """W&B's history read back from the offline run: a step's ``late/`` values where a late update
     logged them, else its on-time values (docs/sink.md; ``by_step``)."""
-    (path,) = run_files(root, timeout=60)
-    assert any("late/v/sum" in row for row in history(path))  # corrections went beside the step
-    return {step: {k: row[k] for k in KEYS} for step, row in by_step([path]).items()}
+    paths = run_files(root, timeout=60)  # a restarted sink resumes the run: a file of its own
+    assert len({run_id(p) for p in paths}) == 1, paths
+    assert any("late/v/sum" in row for p in paths for row in history(p))  # corrections went beside the step
+    return {step: {k: row[k] for k in KEYS} for step, row in by_step(paths).items()}
 
 
 def report_points(tmp: Path) -> dict[int, dict[str, float]]:
@@ -139,7 +140,8 @@ def partitioned(
         time.sleep(max(0.0, cut_until - time.monotonic()))
         made.net.blackhole(node, SERVICE_IP, on=False)
         finish(made, procs, steps - 1, timeout=cut_s + steps * pause + 240)
-        made.net.service.processes[0].stop(signal.SIGTERM, timeout=60)
+        sinks = [p for p in made.net.service.processes if "rankscope.cli" in map(str, p.proc.args)]
+        sinks[-1].stop(signal.SIGTERM, timeout=60)  # the one running (a test may have restarted it)
 
 
 def judge_views(tmp: Path, cut_steps: int) -> None:
@@ -174,17 +176,20 @@ def test_a_nodes_telemetry_cut_for_120_s_at_4_steps_per_s_is_exact_in_every_view
     judge_views(tmp_path, cut_steps=400)
 
 
-def agent_and_gateway_killed(made: Job) -> None:
-    """Node 2's agent SIGKILLed with its queue of the cut's steps, the gateway SIGKILLed: each
-    restarted 2 s later on its own persistent queue."""
+def agent_gateway_and_sink_killed(made: Job) -> None:
+    """Node 2's agent SIGKILLed with its queue of the cut's steps, the gateway and the sink
+    SIGKILLed: each restarted 2 s later on its own persistent queue (the sink: its state directory,
+    where the steps it kept for late data are)."""
     made.net.nodes[2].processes[0].stop(signal.SIGKILL)  # the agent: the node's first process
     made.net.service.processes[1].stop(signal.SIGKILL)  # the sink is the first, the gateway the second
+    made.net.service.processes[0].stop(signal.SIGKILL)
     time.sleep(2.0)
+    made.sink()
     made.agent(2)
     made.gateway()
 
 
 @pytest.mark.timeout(420)
-def test_an_agent_and_the_gateway_killed_during_a_30_s_cut_leave_every_view_exact(binaries, tmp_path) -> None:
-    partitioned(binaries, tmp_path, steps=60, pause=1.0, cut_at=10, cut_s=30.0, during=agent_and_gateway_killed)
+def test_an_agent_the_gateway_and_the_sink_killed_during_a_30_s_cut_leave_every_view_exact(binaries, tmp_path) -> None:
+    partitioned(binaries, tmp_path, steps=60, pause=1.0, cut_at=10, cut_s=30.0, during=agent_gateway_and_sink_killed)
     judge_views(tmp_path, cut_steps=20)

@@ -150,16 +150,20 @@ def test_a_step_corrected_far_past_16_steps_is_its_exact_total_and_past_the_wind
         "packed": 24,
         "bytes": e.steps.retained.bytes,
         "unkept_steps": 0,
+        "file_failures": 0,
     }
     updates = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=3))
     (update,) = updates
     assert values_of(update) == {"n": 3.0, attr.MISSING_PROCESSES: 0.0}  # a packed step, read back whole
     assert update.anomalies == [Corrected(step=3, processes=("trainer_r1",), count=1, missing=0)]
+    (more,) = ingest(e, resource("p0", 0, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=5))  # in time, and late
+    assert values_of(more)["n"] == 3.0 and more.anomalies == []  # nobody arrived: it was there
+    assert list(more.per_process) == []  # its in-time value stands in its own view: no partial one
     clock.now = 103.5  # step 2 was finalized at 2.5: past the window
     (partial,) = ingest(e, resource("p1", 1, 2), metrics({"n": (Reduce.SUM, [2.0])}, step=2))
     assert partial.global_metrics == [] and [m.value for ms in partial.per_process.values() for m in ms] == [2.0]
     assert partial.anomalies == [Partial(step=2, processes=("trainer_r1",), count=1, points=1)]
-    assert e.counts.partial_points == 1 and e.counts.late_points == 2
+    assert e.counts.partial_points == 1 and e.counts.late_points == 3
 
 
 def test_a_point_without_a_step_joins_the_step_whose_window_holds_its_time() -> None:

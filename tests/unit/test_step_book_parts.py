@@ -19,6 +19,7 @@ from rankscope.sink.testing import (
     Counts,
     ExperimentLimits,
     Finished,
+    KeptFile,
     LateSteps,
     Refusals,
     ResourceBatch,
@@ -332,3 +333,52 @@ def test_view_of_reduces_names_the_extremes_holder_and_flags_nonfinite_values_wi
 
 def _fields(done: Finished) -> dict[str, Any]:
     return {name: getattr(done, name) for name in Finished.__slots__}  # type: ignore[attr-defined]
+
+
+def test_kept_steps_on_disk_are_read_back_whole_by_a_restarted_sink(tmp_path) -> None:
+    """Each step kept goes to the run's ``kept.log``; a new ``Retained`` (a restarted sink) reads
+    back those within the window, the last record of a step winning, and stops at a torn record."""
+    file = KeptFile(tmp_path / "kept.log")
+    wall = Wall(1000.0)
+    first = Retained(max_bytes=1 << 20, max_seconds=100.0)
+    first.attach(file, now=0.0, wall=wall)
+
+    def step(n: int, value: float, now: float) -> Step:
+        made = Step(n, now, merged={"n": ["sum", value]}, seq=n + 1)
+        made.finalized, made.missing = now, ["trainer_r1"]
+        return made
+
+    for n in range(HOT + 4):
+        wall.now = 1000.0 + n
+        first.keep(step(n, float(n), now=float(n)), now=float(n))
+    wall.now = 1030.0
+    first.keep(step(2, 102.0, now=2.0), now=30.0)  # step 2 again, after a late update: the later record wins
+    wall.now = 1000.0 + 50.0
+    again = Retained(max_bytes=1 << 20, max_seconds=100.0)
+    again.attach(KeptFile(tmp_path / "kept.log"), now=7.0, wall=wall)  # another process's monotonic clock
+    assert sorted(again.packed) == list(range(HOT + 4)) and not again.hot
+    two = again.take(2, now=7.0)
+    assert two is not None and two.merged == {"n": ["sum", 102.0]} and two.seq == 3 and two.missing == ["trainer_r1"]
+    assert not two.tables  # its sample tables were not kept
+    wall.now = 1000.0 + 104.5  # steps 0 to 4, finalized at 0 to 4 (Unix 1000 to 1004), are past the window
+    later = Retained(max_bytes=1 << 20, max_seconds=100.0)
+    later.attach(KeptFile(tmp_path / "kept.log"), now=0.0, wall=wall)
+    assert min(later.packed) == 5
+    with open(tmp_path / "kept.log", "ab") as out:  # a SIGKILL mid-append
+        out.write(b"\x40\x00\x00\x00torn")
+    assert sorted(KeptFile(tmp_path / "kept.log").read()) == list(range(HOT + 4))
+    later.clear()
+    assert not (tmp_path / "kept.log").exists()
+
+
+def test_a_kept_file_is_rewritten_once_it_holds_twice_what_is_kept(tmp_path) -> None:
+    file = KeptFile(tmp_path / "kept.log")
+    kept = Retained(max_bytes=1 << 30, max_seconds=1e9)
+    kept.attach(file, now=0.0)
+    big = {f"k{k}": ["sum", float(k) * 1.37] for k in range(5000)}
+    for n in range(40):  # the same step kept again and again: the file grows, what is kept does not
+        made = Step(0, 0.0, merged=dict(big), seq=n + 1)
+        kept.keep(made, now=float(n))
+        assert kept.take(0, now=float(n)) is made
+    kept.keep(made, now=40.0)
+    assert file.size <= 2 * len(kept._blobs[0]) + (1 << 20) + file.size // 40 and len(file.read()) == 1

@@ -9,7 +9,7 @@ run (a restart or resume that executes steps again) cannot drop the rows W&B alr
 ``rankscope/rewound_to``, and a warning says so; plot against ``step`` and the later row of a
 step is the one to read. A late update (a step's exact total once a late node's data came) cannot
 rewrite its step either: its values go under ``late/`` at that step (``late/loss``), with
-``rankscope/late_update``; the run summary counts the corrected steps (``rankscope/corrected_steps``).
+``rankscope/late_update``; the run summary counts the late updates (``rankscope/corrections``).
 Values are plotted against a ``step`` metric declared with ``define_metric``, not W&B's internal
 ``_step``: steps of different roles share one axis, and a late update of an earlier step is a valid
 log call (W&B's own step only ever increases).
@@ -51,8 +51,6 @@ STEP_METRIC = "step"
 LATE_PREFIX = "late/"
 """A late update's keys (``late/loss`` at its step): W&B cannot rewrite a step it has, so the
 step's exact total is logged beside the on-time value, plotted against ``step`` like it."""
-CORRECTED_STEPS = "rankscope/corrected_steps"
-"""The run summary's count of steps a late update corrected."""
 _LOG_COLUMNS: list[str | int] = ["step", "time", "severity", "process", "body", "trace_id"]
 _ANOMALY_COLUMNS: list[str | int] = ["step", "type", "process", "what"]
 
@@ -98,7 +96,7 @@ class WandbBackend(LoggerBackend):
         run_name = str(kwargs.get("run") or "")
         self._rewound_warned = False
         self._rewound_to: int | None = None
-        self._corrected: set[int | None] = set()
+        self._corrections = 0
         mode = c.get("per_rank_series", "auto")
         if mode not in (True, False, "auto"):
             raise ValueError(f'wandb backend: per_rank_series must be true, false or "auto", got {mode!r}')
@@ -155,8 +153,8 @@ class WandbBackend(LoggerBackend):
         if kwargs.get("late"):  # W&B cannot rewrite a past step: the correction goes beside it
             row = {LATE_PREFIX + key: value for key, value in row.items()}
             row[attr.LATE_UPDATE] = 1.0
-            self._corrected.add(global_step)
-            self.run.summary[CORRECTED_STEPS] = len(self._corrected)
+            self._corrections += 1
+            self.run.summary[attr.CORRECTIONS] = self._corrections
         if global_step is not None:
             row[STEP_METRIC] = global_step
         if self._rewound_to is not None:

@@ -106,6 +106,7 @@ BUCKET_TIME = "rankscope/time"
 
 # Keys the W&B backend adds to its rows.
 LATE_UPDATE = "rankscope/late_update"  # 1.0 on a row that updates an already logged step
+CORRECTIONS = "rankscope/corrections"  # W&B run summary: the late updates logged (a step's correction each)
 REWOUND_TO = "rankscope/rewound_to"  # on a rewound run's first row again: the step it went back to
 LOG_ROWS_DROPPED = "rankscope/log_rows_dropped"  # log rows beyond max_log_rows, not in the logs Table
 

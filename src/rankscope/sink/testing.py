@@ -33,6 +33,7 @@ from .checked import (
 )
 from .config import RunLimits
 from .durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
+from .durable.kept import KeptFile
 from .durable.retired import RetiredStore
 from .durable.wal import HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, atomic_write, encode_record
 from .edge.auth import Keys, authorized, load_tokens
@@ -90,6 +91,7 @@ __all__ = [
     "Finished",
     "Gate",
     "HttpError",
+    "KeptFile",
     "Keys",
     "Kind",
     "LateSteps",

@@ -21,8 +21,8 @@ class Step:
     """Each key's running state (``sink.book.merge``): the global view reduces these."""
     parts: list[tuple[Process, StateRows]] = field(default_factory=list)
     """The rows taken since the step's last view, by process: per-process values on demand."""
-    viewed: set[Process] = field(default_factory=set)
-    """Processes whose rows went into a view of this step already."""
+    viewed: set[str] = field(default_factory=set)
+    """Processes (by id) whose rows went into a view of this step already."""
     expected: int = 0
     driven: bool = False
     reporters: set[str] = field(default_factory=set)
@@ -35,6 +35,9 @@ class Step:
     """Processes whose part came late since the step's last view, by label (its next late update names them)."""
     finalized: float = 0.0
     """When the step was first finalized (its late data is kept for ``retain_seconds`` from then)."""
+    tables: bool = True
+    """False: a step read back packed (``book.retained``), its sample tables not kept: late sample
+    rows are refused, never written as the step's selection."""
     whole: bool = True
     """False: late data of a step no longer kept, alone (``book.retained``): a partial value, never
     written as the step's."""
@@ -46,8 +49,8 @@ class Step:
         A late update leaves out a process seen in an earlier view of the step: it would get a
         partial value (one that sent part of the step in time keeps its in-time value)."""
         parts, self.parts = self.parts, []
-        senders = {process for process, _ in parts}
+        senders = {process.id for process, _ in parts}
         if late:
-            parts = [(process, rows) for process, rows in parts if process not in self.viewed]
+            parts = [(process, rows) for process, rows in parts if process.id not in self.viewed]
         self.viewed |= senders
         return parts

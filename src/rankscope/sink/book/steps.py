@@ -154,10 +154,14 @@ class StepTable:
             return 0
         late = step <= self.last_finalized
         if late:  # merged into the step's kept states, or alone past the window (partial)
+            kept = self.late.pending.get(step) or self.retained.peek(step)
+            if kept is not None and 0 < seq <= kept.seq:  # a replayed record the kept state holds already
+                return 0
             bucket = self.late.bucket(step, self.retained.take, now)
-            if process.label in bucket.missing:
+            named = process.label in bucket.missing  # it arrived: the step was finalized without it
+            if named:
                 bucket.missing.remove(process.label)
-            if process.label not in bucket.arrived:
+            if (named or not bucket.whole) and process.label not in bucket.arrived:
                 bucket.arrived.append(process.label)
         else:
             bucket = self.open.get(step) or self.open.setdefault(step, Step(step, now))
@@ -183,8 +187,8 @@ class StepTable:
         points, and go only into a step still retained: a table rebuilt from late rows alone
         would be written as if it were that step's selection."""
         if late:
-            if not bucket.whole:
-                refused.add(len(rows), f"sample rows: step {bucket.step} is no longer retained")
+            if not (bucket.whole and bucket.tables):
+                refused.add(len(rows), f"sample rows: step {bucket.step}'s tables are no longer kept")
                 return
             rows = rows[: self.admission.late_rows(bucket.step, len(rows), bucket.late_points, refused)]
             bucket.late_points += len(rows)

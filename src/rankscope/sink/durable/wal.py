@@ -55,6 +55,7 @@ from typing import Any
 
 from ...core.paths import safe_component
 from ...otlp.metrics import FIELDS, row_of
+from .kept import KEPT, KEPT_TMP
 
 log = logging.getLogger("rankscope.sink")
 
@@ -65,7 +66,7 @@ _MAX_RECORD = 64 * 1024 * 1024
 JOURNAL = "written.log"
 """Per run: one line per step its views wrote since the last checkpoint."""
 META = "meta.json"
-_RUN_FILES = (META, "checkpoint.json", JOURNAL, "meta.tmp", "checkpoint.tmp")
+_RUN_FILES = (META, "checkpoint.json", JOURNAL, "meta.tmp", "checkpoint.tmp", KEPT, KEPT_TMP)
 """A run's files besides its segments (``seg-*.log``); a segment set aside (``*.corrupt``) is the operator's."""
 
 

@@ -194,7 +194,6 @@ class Closer:
                 tenant.writer.request_close(self._stop_timeout)
             tenant.closing_deadline = time.monotonic() + self._stop_timeout
             with tenant.lock:
-                tenant.book.steps.retained.clear()  # its kept steps' bytes go back to the sink's
                 if tenant.book.traces.file is not None:
                     tenant.book.traces.file.close()
                 if tenant.log is not None:
@@ -203,6 +202,8 @@ class Closer:
             tenant.failed("closing its views", exc)
         finally:
             self._registry.descriptors.forget(tenant)
+            with tenant.lock:
+                tenant.book.steps.retained.let_go()  # its kept steps' bytes go back to the sink's
 
     @staticmethod
     def _close_log(tenant: Tenant) -> bool:

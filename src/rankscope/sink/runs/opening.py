@@ -18,6 +18,7 @@ from ..book.traces import SpanFile, TraceStore
 from ..checked import OnError, Refusals, ResourceBatch
 from ..config import SinkConfig
 from ..durable.descriptors import out_of_descriptors
+from ..durable.kept import KEPT, KeptFile
 from ..durable.replay import replay
 from ..durable.wal import WriteAheadLog
 from ..edge.errors import Kind, OverloadedError
@@ -301,6 +302,8 @@ class Opener:
         if where:
             attempt, last_finalized = max(where)
             book.restore(last_finalized, attempt)
+        if run_log is not None:  # its kept steps on disk: a restarted sink corrects them whole
+            book.steps.retained.attach(KeptFile(run_log.directory / KEPT), self.clock())
         for digest in known.goodbyes if known is not None else ():  # their retries, taken once (a restart)
             book.remember(bytes.fromhex(digest))
         captures = CaptureBook(self.clock, auto_interval=c.capture_interval)
@@ -318,7 +321,7 @@ class Opener:
     def replay(self) -> None:
         """On start: what retired runs left back (``ClosedRuns.restore``), then every record the views
         had not written when the last sink stopped or died merged again; a run found with nothing
-        to replay is closed and retired at once (``Closer.close_found``)."""
+        to replay and no kept steps (``durable.kept``) is closed and retired at once (``Closer.close_found``)."""
         assert self.wal is not None
         retired = self._closed.restore()
         back, quiet = replay(self.wal, self._reopen, self._registry.note)
@@ -327,7 +330,15 @@ class Opener:
         for tenant in back:
             tenant.dirty = True
             self._registry.add(tenant)
-        self._closer.close_found(quiet)
+        waiting = [t for t in quiet if t.book.steps.retained.packed and not self._ended(t)]
+        for tenant in waiting:  # its kept steps wait for late data, until it idles (``RunLimits.idle_timeout``)
+            self._registry.add(tenant)
+        self._closer.close_found([t for t in quiet if t not in waiting])
+
+    def _ended(self, tenant: Tenant) -> bool:
+        """Whether the run book says every process of the run said goodbye (no late data can come)."""
+        run = self._registry.runs.get(tenant.key)
+        return run is not None and run.ended is not None
 
     def _span_file(self, key: RunKey) -> SpanFile | None:
         if self.config.spans_dir is None:
