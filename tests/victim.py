@@ -87,6 +87,8 @@ class Victim(threading.Thread):
         """Per finalized step: seconds from its last rank's report to its view at the sink."""
         self.wrong: list[str] = []
         self.errors: list[str] = []
+        self.retries = 0
+        """Exports retried (a connection lost or refused, UNAVAILABLE): an OTLP exporter's retries."""
         self._halt = threading.Event()
 
     def __enter__(self) -> Victim:
@@ -104,6 +106,23 @@ class Victim(threading.Thread):
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def _send(self, conn: http.client.HTTPConnection, stub: Any, r: mpb.ExportMetricsServiceRequest) -> None:
+        """One export, retried as OTLP exporters retry: a connection lost or refused, a gRPC
+        UNAVAILABLE (the sink deduplicates a retry, so the step stays exact), within ``patience``;
+        each retry counted (``retries``), the step's latency bound still asserted."""
+        deadline, pause = time.monotonic() + self.patience, 0.05
+        while True:
+            try:
+                return self._send_once(conn, stub, r)
+            except (OSError, http.client.HTTPException, grpc.RpcError) as exc:
+                retryable = not isinstance(exc, grpc.RpcError) or exc.code() == grpc.StatusCode.UNAVAILABLE
+                if not retryable or time.monotonic() + pause > deadline:
+                    raise
+                self.retries += 1
+                conn.close()
+                time.sleep(pause)
+                pause = min(2 * pause, 0.5)
+
+    def _send_once(self, conn: http.client.HTTPConnection, stub: Any, r: mpb.ExportMetricsServiceRequest) -> None:
         if stub is not None:
             metadata = [("authorization", f"Bearer {self.token}")] if self.token else None
             answer = stub.Export(r, timeout=self.patience, metadata=metadata)

@@ -146,7 +146,7 @@ def test_idle_http2_connections_are_closed_and_a_new_channel_is_served(make_sink
         finally:
             for s in flood:
                 s.close()
-        victim.check(min_steps=10, within=2.0)
+        victim.check(min_steps=5, within=2.0)
         print(f"{FLOOD} idle HTTP/2 connections closed {closed - sent:.2f} s after they were opened")
 
 
@@ -204,7 +204,7 @@ def test_a_half_open_flood_neither_locks_out_a_legitimate_client_nor_holds_its_c
         finally:
             for s in flood + grpc_flood:
                 s.close()
-        victim.check(min_steps=10, within=2.0)
+        victim.check(min_steps=5, within=2.0)
         print(
             f"flood held {held}/{FLOOD}; legit answered {answered - sent:.2f} s (gRPC {grpc_answered - sent:.2f} s), "
             f"flood closed {closed - sent:.2f} s"

@@ -62,7 +62,7 @@ class Counts:
     """What the connection rules did, both transports' HTTP side (the status route's ``connections``).
     Written on the server's loop, read by the status route: plain integers, no lock."""
 
-    __slots__ = ("closed", "open", "per_peer", "timed_out", "turned_away")
+    __slots__ = ("closed", "open", "per_peer", "relay_failed", "timed_out", "turned_away")
 
     def __init__(self) -> None:
         self.open = 0
@@ -75,6 +75,9 @@ class Counts:
         """Newcomers closed at once: every connection (of their peer) was being served."""
         self.timed_out = 0
         """gRPC connections closed by the relay for going quiet both ways (``front``)."""
+        self.relay_failed = 0
+        """gRPC connections closed because the relay could not reach grpcio's end (``front``: out of
+        descriptors, grpcio stopping): the client reconnects."""
 
     def status(self) -> dict[str, object]:
         return {
@@ -83,6 +86,7 @@ class Counts:
             "closed_to_make_room": dict(self.closed),
             "turned_away": dict(self.turned_away),
             "timed_out": self.timed_out,
+            "relay_failed": self.relay_failed,
         }
 
 

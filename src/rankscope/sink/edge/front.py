@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -231,6 +232,7 @@ class Front:
         self._peers: dict[int, str] = {}
         """The relay's local port of each connection to grpcio -> its client's host."""
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.on_exhausted = on_exhausted
         self.listener = Listener(self.loop, lambda: Relay(self), host, port, backlog=1024, on_exhausted=on_exhausted)
         self.listener.start()
         self.port = self.listener.port
@@ -284,7 +286,10 @@ class Front:
     async def _connect(self, relay: Relay) -> None:
         try:
             await self.loop.create_connection(lambda: _Upstream(relay), "127.0.0.1", self.upstream_port)
-        except OSError as exc:  # out of descriptors, or grpcio stopping: the client is closed
+        except OSError as exc:  # out of descriptors, or grpcio stopping: the client is closed, counted
+            self.counts.relay_failed += 1
+            if self.on_exhausted is not None and exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.on_exhausted("relay", exc)
             log.debug("rankscope sink: relaying a gRPC connection failed: %r", exc)
             relay.close()
 
