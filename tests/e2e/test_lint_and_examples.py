@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from ..conftest import ROOT
 
 
@@ -69,6 +71,7 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
     assert data["steps"] == 6 and data["stragglers"][0]["process"] == "trainer_r3"
 
 
+@pytest.mark.timeout(480)  # torch and TRL start slowly on a loaded 2-core box (Ray too, below)
 def test_trl_example_under_torchrun() -> None:
     """A GRPOTrainer in 2 processes: each step's global view and its completions table ranked by reward."""
     import os
@@ -76,7 +79,7 @@ def test_trl_example_under_torchrun() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
     env["RANKSCOPE_CONSOLE"] = "full"  # every key, Forge's blocks: what the checks below read
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "examples/trl_grpo.py"]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=450, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     for step in (1, 2, 3):
         view = result.stdout.split(f"=== [GlobalReduce] - METRICS STEP {step} ===", 1)[1].split("=== [", 1)[0]
@@ -86,6 +89,7 @@ def test_trl_example_under_torchrun() -> None:
         assert len(rewards) == 4 and min(rewards[:2]) >= max(rewards[2:])  # the top two, then the bottom two
 
 
+@pytest.mark.timeout(480)
 def test_torchtitan_example_under_torchrun() -> None:
     """torchtitan's step in 2 processes: each step's global view holds its reduced metrics and phases."""
     import os
@@ -95,7 +99,7 @@ def test_torchtitan_example_under_torchrun() -> None:
     env["TITAN_STRUCT_LOGGER_HANDLERS"] = "rankscope.torchtitan.register_handler"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     result = subprocess.run(
-        [*cmd, "examples/torchtitan_metrics.py"], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env
+        [*cmd, "examples/torchtitan_metrics.py"], cwd=ROOT, capture_output=True, text=True, timeout=450, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for step in (1, 2, 3):
@@ -104,6 +108,7 @@ def test_torchtitan_example_under_torchrun() -> None:
         assert "fwd_bwd/total_duration_avg_s" in view and "\nlocal_valid_tokens: 96.0" in view
 
 
+@pytest.mark.timeout(480)
 def test_verl_example_under_rankscope_run() -> None:
     """verl's Tracking and worker groups in Ray actors: each step's global view holds the trainer's
     numbers and the workers' phases, by role and rank."""
@@ -112,7 +117,7 @@ def test_verl_example_under_rankscope_run() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
     env["RANKSCOPE_CONSOLE"] = "full"  # every key, Forge's blocks: what the checks below read
     cmd = [sys.executable, "-m", "rankscope.cli", "run", "--", sys.executable, "examples/verl_tracking.py"]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=450, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "val-core/toy/reward/mean_at4: 0.12" in result.stdout.split("=== [GlobalReduce] - METRICS STEP 0 ===")[1]
     for step in (1, 2, 3):
