@@ -10,7 +10,7 @@ import pytest
 
 import rankscope as rs
 from rankscope.backends.console import ConsoleBackend, short_value
-from rankscope.core.anomalies import Interrupted, NonFinite, Straggler
+from rankscope.core.anomalies import Corrected, Interrupted, NonFinite, Straggler
 from rankscope.metrics.reduce import Reduce
 from rankscope.sink.testing import Process
 
@@ -192,6 +192,25 @@ def test_an_interrupted_step_is_said_with_no_time(capsys, monkeypatch) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "!!! step 9 interrupted: the job ended before every process closed it (trainer_r1 had not)"
     assert len(lines) == 2 and "trainer/loss 0.1871" in lines[1] and "| time" not in lines[1]
+
+
+def test_a_streak_of_corrected_steps_is_one_line_not_a_line_per_step(capsys, monkeypatch) -> None:
+    """A node back after an outage: each of its steps' late updates comes with a ``corrected``
+    record; the console says the streak once, and prints none of the steps' corrected lines."""
+    monkeypatch.setenv("COLUMNS", "400")
+    backend = ConsoleBackend({"logging_mode": "global_reduce"})
+    for step in range(4):
+        sink_view(backend, step)
+    capsys.readouterr()
+    arrived = ("trainer_r4", "trainer_r5")
+    for step in range(4):
+        backend.log_anomaly(Corrected(step=step, processes=arrived, count=2, missing=0), step)
+        backend.log_batch(global_step(step, 0.5), step, late=True, labels={}, missing=[], phase_times={})
+    assert capsys.readouterr().out.splitlines() == [
+        "!!! step 0 corrected: trainer_r4, trainer_r5 arrived late, merged: the exact total"
+    ]
+    backend.log_batch(global_step(3, 0.25), 3, late=True, labels={}, missing=[], phase_times={})  # no arrival
+    assert "step 3 (late update)" in capsys.readouterr().out  # a late part of a process that was there
 
 
 def test_full_is_forges_block_and_the_format_comes_from_the_option_or_the_variable(capsys, monkeypatch) -> None:

@@ -159,7 +159,8 @@ class ConsoleBackend(LoggerBackend):
             self._order[key] = len(self._order)
         items = [_item(key, values[key], parts.get(key), labels) for key in sorted(values, key=self._order.__getitem__)]
         shown = (who, step)
-        if kwargs.get("late") and step is not None and step == self._corrected:
+        corrected, self._corrected = self._corrected, None  # the record said just before this step's values
+        if kwargs.get("late") and step is not None and step == corrected:
             return []  # late parts arrived: the ``corrected`` record says so, once per streak of steps
         if kwargs.get("late") and self._shown.get(shown) == items:
             return []  # a late update that changes nothing on the line (a final barrier's time)
