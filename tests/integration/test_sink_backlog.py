@@ -41,3 +41,21 @@ def test_without_a_backlog_the_grace_passes_as_before(make_sink) -> None:
         time.sleep(0.02)
     (found,) = _recent(sink, "quiet")
     assert found["values"]["loss"] == 0.0 and found["missing"] == ["trainer_r1"]
+
+
+def test_the_recent_route_shows_a_corrected_step_as_its_exact_total(make_sink) -> None:
+    """``rankscope top`` reads the recent route: a step finalized without rank 1 shows rank 0's
+    values, then, once rank 1's part came late, the step's exact total, marked late."""
+    sink = make_sink(http_port=None, book=BookConfig(grace=0.3))
+    sink.export_metrics(step_request("top", "r", 0, 0))
+    deadline = time.monotonic() + 10
+    while not _recent(sink, "top") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (first,) = _recent(sink, "top")
+    assert first["values"]["loss"] == 0.0 and first["missing"] == ["trainer_r1"]
+    sink.export_metrics(step_request("top", "r", 1, 0))
+    while _recent(sink, "top")[0].get("late") is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (corrected,) = _recent(sink, "top")
+    assert corrected["values"]["loss"] == 0.5 and corrected["values"]["top"] == 1.0
+    assert corrected["missing"] == [] and corrected["late"] is True
