@@ -5,7 +5,10 @@ comes (issue 50): the steps it kept for late data are on disk beside the run's w
 from __future__ import annotations
 
 import http.client
+import json
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,8 +16,9 @@ from typing import Any
 import pytest
 
 from ..conftest import free_port
-from ..pipeline import jsonl_rows, sink_status, start_sink
+from ..pipeline import Process, clean_env, jsonl_rows, sink_status, start_sink, wait_http
 from ..victim import step_request
+from ..wandb_file import by_step, run_files
 
 STEPS = 40
 """Far past the 16 steps a run keeps live: most are read back packed."""
@@ -74,3 +78,27 @@ def test_a_sink_killed_during_an_outage_corrects_every_step_whole_after_its_rest
     assert all(last[s]["rankscope/missing_processes"] == 0 for s in range(STEPS))
     assert corrected == set(range(STEPS)) and partial == set(), (sorted(corrected), sorted(partial))
     assert (tmp_path / "sink.log").read_text().count("finalized without") == 1  # said once, at step 0
+
+
+@pytest.mark.timeout(120)
+def test_a_sink_keeps_its_w_and_b_runs_to_itself_whatever_service_its_parent_had(tmp_path: Path) -> None:
+    """A sink started by a process that used W&B inherits ``WANDB_SERVICE``: sharing that service,
+    a SIGKILLed sink's W&B run stayed open there, and the restarted sink's W&B view was off ("run
+    ID is in use"). The sink runs its own service: here the inherited one does not even answer."""
+    from wandb.sdk.lib.service.service_token import TCPServiceToken
+
+    grpc, http_port = free_port(), free_port()
+    gone = TCPServiceToken(parent_pid=os.getpid(), port=free_port())._as_env_string()
+    command = [sys.executable, "-m", "rankscope.cli", "sink", "--grpc-port", str(grpc), "--http-port", str(http_port)]
+    views = {"wandb": {"mode": "offline", "dir": str(tmp_path / "wandb"), "logging_mode": "global_reduce"}}
+    command += ["--backends", json.dumps(views), "--grace", "0.5"]
+    sink = Process(command, clean_env(WANDB_SERVICE=gone, WANDB_SILENT="true"), tmp_path / "sink.log")
+    try:
+        wait_http(f"http://127.0.0.1:{http_port}/healthz", proc=sink)
+        for rank in (0, 1):
+            send(http_port, rank, 0)
+        wait_for("the step written", lambda: sink_status(http_port, "outage").get("last_written_step") == 0)
+    finally:
+        sink.stop()
+    assert "wandb backend is off" not in sink.text(), sink.text()[-2000:]
+    assert by_step(run_files(tmp_path / "wandb"))[0]["loss"] == 0.5

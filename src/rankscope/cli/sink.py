@@ -152,6 +152,10 @@ def command(args: argparse.Namespace) -> int:
     from ..sink.durable.wal import StateDirBusyError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # The W&B runs of a sink are its own: a parent's W&B service (inherited through WANDB_SERVICE)
+    # would outlive this process if it were killed and hold its runs open ("run ID is in use"), and
+    # the restarted sink's W&B view would be off.
+    os.environ.pop("WANDB_SERVICE", None)
     try:
         config = sink_config(args)
         sink = Sink(config).start()
