@@ -102,7 +102,8 @@ def run(processes: int, keys: int, steps: int, retain: int) -> dict[str, float]:
         check=True,
         env={**os.environ, "PYTHONPATH": "src"},
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    found: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return found
 
 
 def spread(values: list[float]) -> str:
