@@ -91,7 +91,7 @@ def test_a_sink_keeps_its_w_and_b_runs_to_itself_whatever_service_its_parent_had
     gone = TCPServiceToken(parent_pid=os.getpid(), port=free_port())._as_env_string()
     command = [sys.executable, "-m", "rankscope.cli", "sink", "--grpc-port", str(grpc), "--http-port", str(http_port)]
     views = {"wandb": {"mode": "offline", "dir": str(tmp_path / "wandb"), "logging_mode": "global_reduce"}}
-    command += ["--backends", json.dumps(views), "--grace", "0.5"]
+    command += ["--backends", json.dumps(views), "--grace", "0.5", "--state-dir", str(tmp_path / "state")]
     sink = Process(command, clean_env(WANDB_SERVICE=gone, WANDB_SILENT="true"), tmp_path / "sink.log")
     try:
         wait_http(f"http://127.0.0.1:{http_port}/healthz", proc=sink)
