@@ -137,19 +137,18 @@ class Retained:
 
     def clear(self) -> None:
         """A restarted run: its steps are executed again (the file too)."""
+        self.let_go()
+        if self.file is not None:
+            self.file.clear()
+
+    def let_go(self) -> None:
+        """A closed run (and ``clear``): its bytes go back to the sink's; its file stays (it goes with
+        its log's directory)."""
         self.hot.clear()
         self._blobs.clear()
         for _, blob in self.packed.values():
             self._release(len(blob))
         self.packed.clear()
-        if self.file is not None:
-            self.file.clear()
-
-    def let_go(self) -> None:
-        """A closed run: its bytes go back to the sink's (its file goes with its log's directory)."""
-        file, self.file = self.file, None
-        self.clear()
-        self.file = file
 
     def status(self) -> dict[str, int]:
         """What the status route says of the window: steps live and packed, their bytes, the steps
