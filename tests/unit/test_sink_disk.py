@@ -116,3 +116,16 @@ def test_runs_that_reserve_nothing_close_in_any_order(tmp_path: Path) -> None:
     for run in ("b", "a", "c"):
         assert disk.settle(("e", run), "c", []) == 0
     assert disk.status()["reserved_bytes"] == 0
+
+
+def test_runs_appending_to_one_file_each_reserve_their_part_not_the_file(tmp_path: Path) -> None:
+    """10,000 runs of one client wrote into one JSONL file: each new run had reserved the whole
+    file (6 MiB near the end), and 580 runs open at once filled a 3.4 GiB budget."""
+    disk = budget(tmp_path)
+    shared = tmp_path / "views" / "e.jsonl"
+    for i in range(8):
+        assert disk.admit(("e", f"r{i}"), "c", estimate=0) is None
+        page(tmp_path, "views/e.jsonl", (i + 1) * MiB)  # each run appends 1 MiB
+        assert disk.settle(("e", f"r{i}"), "c", [str(shared)]) == MiB
+    assert disk.admit(("e", "r8"), "c", estimate=0) is None  # 8 on disk + 1 reserved, not 8
+    assert disk.status()["reserved_bytes"] == MiB

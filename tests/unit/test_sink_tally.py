@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from rankscope.sink.checked import Refusals
 from rankscope.sink.testing import Notes, kind_of
 
 
@@ -49,3 +50,12 @@ def test_notes_log_each_kind_once_per_interval_with_the_count_left_unsaid(caplog
         notes.add(f"replaying run {kind}: 1 points refused")
         notes.add(f"{kind}: something else {kind}")
     assert len(notes.listed()) == 3 and notes.listed()[-1] == "c: something else c"
+
+
+def test_a_request_says_each_distinct_reason_once() -> None:
+    refused = Refusals()
+    for _ in range(16):
+        refused.add(1, "past its disk budget")
+    refused.add(2, "another launch reuses its id")
+    assert refused.count == 18
+    assert refused.message == "past its disk budget; another launch reuses its id"

@@ -158,7 +158,7 @@ class SpanQuery:
 
 @dataclass(slots=True)
 class Refusals:
-    """What one request refused: a count and the first few reasons (for ``partial_success``)."""
+    """What one request refused: a count and the first few distinct reasons (for ``partial_success``)."""
 
     count: int = 0
     reasons: list[str] = field(default_factory=list)
@@ -169,7 +169,7 @@ class Refusals:
         if n <= 0:
             return
         self.count += n
-        if len(self.reasons) < 8:
+        if len(self.reasons) < 8 and reason not in self.reasons:  # 16 runs refused alike: said once
             self.reasons.append(reason)
 
     @property

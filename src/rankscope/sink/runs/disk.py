@@ -6,7 +6,7 @@ offline); a client opening runs could fill the disk. Two bounds (``DiskLimits``)
 - per client (``per_client_bytes``; its token's scope, else its address, as the run quotas
   count): what its runs' views hold on disk, measured at each view's location (its file, or its
   directory, walked up to ``WALK`` entries) when the run's views close, plus a reservation for
-  each of its runs still open (the most one of its runs held so far, and at least what its views
+  each of its runs still open (the most one of its runs wrote so far, and at least what its views
   say a run costs: ``LoggerBackend.run_bytes``, a report page's 5 MiB). A new run of a client past
   it is refused with the reason; its open runs go on, what they write counted when they close.
   A client at its budget has its locations measured again (at most every ``REFRESH`` seconds),
@@ -79,7 +79,7 @@ class DiskBudget:
         self._reserved_by: dict[str, int] = {}
         """Client -> bytes reserved for its open runs."""
         self._per_run: dict[str, int] = {}
-        """Client -> the most one of its runs' locations held."""
+        """Client -> the most one of its runs wrote (what its locations grew when it closed)."""
         self._locations: OrderedDict[str, tuple[str, int]] = OrderedDict()
         """Location measured -> (the client whose run last grew it, its bytes when last measured)."""
         self._refreshed: dict[str, float] = {}
@@ -146,7 +146,9 @@ class DiskBudget:
                 grew += size - self._measured(where, client, size)
             while len(self._locations) > MAX_LOCATIONS:  # forgotten, still counted
                 self._locations.popitem(last=False)
-            self._per_run[client] = max(self._per_run.get(client, 0), sum(sizes.values()))
+            # what one run wrote, not what its locations hold: runs appending to one file each reserve
+            # their part, not the file (10,000 runs into one JSONL file had reserved 6 MiB each)
+            self._per_run[client] = max(self._per_run.get(client, 0), grew)
         return grew
 
     def _measured(self, where: str, client: str, size: int) -> int:
