@@ -37,45 +37,62 @@ def span(p: Process, name: str, start: float, end: float, parent: str = "", **at
     return StoredSpan("t", f"{next(_IDS):016x}", parent, name, ns(start), ns(end), 0, p, dict(attributes), None)
 
 
-def step_spans(world: int, slow: dict[tuple[int, str], float], *, skew: float = 0.0, jitter: float = 0.0) -> list[Any]:
+def step_spans(
+    world: int,
+    slow: dict[tuple[int, str], float],
+    *,
+    skew: float = 0.0,
+    jitter: float = 0.0,
+    buckets: int = 1,
+    visible: bool = True,
+) -> list[Any]:
     """One DDP-like step on ``world`` ranks: ``train`` with data, forward, backward (which ends in
     an all-reduce every rank leaves together, once the last arrived) and optimizer. ``slow``:
-    (rank, phase) -> extra seconds. Each rank's clock is off by ``rank * skew`` seconds."""
+    (rank, phase) -> extra seconds. Each rank's clock is off by ``rank * skew`` seconds.
+    ``buckets`` > 1: DDP's bucketed all-reduces, launched through backward as each bucket's
+    gradients are ready, in flight together (async), each released once every rank launched it
+    and the bucket before it is done. ``visible=False``: no collective span (they ran in C++)."""
     processes = [process(r, world) for r in range(world)]
-    arrive, starts = [], []
+    arrive = []
     for r in range(world):
         extra = {ph: slow.get((r, ph), 0.0) + jitter * ((r * 7 + i) % 3) for i, ph in enumerate(PHASES)}
-        t = 0.0
-        starts.append(t)
-        t += BASE["data"] + extra["data"] + BASE["forward"] + extra["forward"]
-        arrive.append((t, t + BASE["backward"] + extra["backward"], extra))
-    released = max(a for _, a, _ in arrive) + TRANSFER
+        t = BASE["data"] + extra["data"] + BASE["forward"] + extra["forward"]
+        compute = BASE["backward"] + extra["backward"]
+        launches = [t + compute * (k + 1) / buckets for k in range(buckets)]
+        arrive.append((t, launches, extra))
+    releases: list[float] = []
+    for k in range(buckets):
+        ready = max(launches[k] for _, launches, _ in arrive)
+        releases.append(max(ready, releases[-1] if releases else 0.0) + TRANSFER)
+    released = releases[-1]
     out: list[Any] = []
     for r, p in enumerate(processes):
         off = r * skew
-        backward_start, reaches, extra = arrive[r]
+        backward_start, launches, extra = arrive[r]
         data_end = BASE["data"] + extra["data"]
         end = released + BASE["optimizer"] + extra["optimizer"]
         root = span(p, "step", off, off + end)
         train = span(p, "train", off, off + end, root.span_id)
-        backward = span(p, "train/backward", off + backward_start, off + released, train.span_id)
-        comm = span(
-            p,
-            "comm/all_reduce",
-            off + reaches,
-            off + released,
-            train.span_id,  # as the SDK parents it: the phase's own span is made when it closes
-            **{attr.COMM_OP: "all_reduce", attr.COMM_GROUP: "0", attr.COMM_GROUP_SIZE: world},
-        )
         out += [
             root,
             train,
             span(p, "train/data", off, off + data_end, train.span_id),
             span(p, "train/forward", off + data_end, off + backward_start, train.span_id),
-            backward,
-            comm,
+            span(p, "train/backward", off + backward_start, off + released, train.span_id),
             span(p, "train/optimizer", off + released, off + end, train.span_id),
         ]
+        if visible:
+            out += [
+                span(
+                    p,
+                    "comm/all_reduce",
+                    off + launch,
+                    off + release,
+                    train.span_id,  # as the SDK parents it: the phase's own span is made when it closes
+                    **{attr.COMM_OP: "all_reduce", attr.COMM_GROUP: "0", attr.COMM_GROUP_SIZE: world},
+                )
+                for launch, release in zip(launches, releases, strict=True)
+            ]
     return out
 
 
@@ -273,3 +290,83 @@ def test_a_restart_starts_the_warm_up_again_and_ends_the_streak() -> None:
     watch.restart()
     said = watch_steps(watch, {s: 1 for s in range(8)})
     assert [(r["first_step"], r["steps"]) for r in said] == [(3, 2)]  # a new streak, after a new warm-up
+
+
+def test_ddp_buckets_in_flight_together_are_one_wait_not_their_sum() -> None:
+    """DDP's bucket all-reduces overlap on the waiting rank: their waits summed had exceeded its
+    backward (clamped to 0 net), and with more buckets the waiter's other phases had lost time."""
+    for world, slow in ((2, (1, "data")), (4, (2, "forward"))):
+        spans = step_spans(world, {slow: 0.15}, buckets=4)
+        found = named(spans)
+        assert list(found) == [f"trainer_r{slow[0]}"], found
+        record = found[f"trainer_r{slow[0]}"]
+        assert record["phase"] == f"train/{slow[1]}" and record["collective"] == "all_reduce"
+        assert record["rule"] == "arrival" and "sync_phase" not in record
+        keys = {m.key: m.value for m in straggler_metrics(judge(spans), 0.0)[0]}
+        assert keys["straggler/train/backward/late_s"] < 0.01  # net of one wait, no backward is slow
+        assert 0.14 <= keys["straggler/train/backward/waited_s_max"] <= 0.16
+
+
+def test_a_slow_rank_whose_collectives_no_span_shows_is_named_by_the_shortest_sync_rule() -> None:
+    """No collective span (DDP's C++ reducer, NCCL, the wrappers off): the waiters' backward holds
+    their wait. The rank that spent least in backward is over the others elsewhere by the gap:
+    it is named there, by ``shortest_sync`` with ``train/backward`` where a waiter would have been
+    named (with 4 ranks, 3 waited: none is 1.5x the others' mean); no waiter is named."""
+    cases = [
+        (2, {(1, "data"): 0.15}, 1, "train/data", "shortest_sync"),
+        (2, {(0, "forward"): 0.15}, 0, "train/forward", "shortest_sync"),
+        (3, {(2, "data"): 0.3}, 2, "train/data", "shortest_sync"),
+        (4, {(1, "data"): 0.15}, 1, "train/data", "phase"),
+        (4, {(3, "forward"): 0.2}, 3, "train/forward", "phase"),
+    ]
+    for world, slow, rank, phase, rule in cases:
+        spans = step_spans(world, slow, skew=0.001, visible=False)
+        found = named(spans)
+        assert list(found) == [f"trainer_r{rank}"], (world, slow, found)
+        record = found[f"trainer_r{rank}"]
+        assert (record["phase"], record["rule"], record["collective"]) == (phase, rule, None), record
+        assert record.get("sync_phase", "") == ("train/backward" if rule == "shortest_sync" else "")
+        judgement = judge(spans)
+        assert list(judgement.waiters) == [("trainer", "train/backward")]
+        keys = {m.key: m.value for m in straggler_metrics(judgement, 0.0)[0]}
+        assert "straggler/train/backward/late_rank" not in keys  # a wait, not a late rank
+        assert keys["straggler/train/backward/waited_s_max"] >= 0.14
+        assert keys[f"straggler/{phase}/late_rank"] == rank
+
+
+def test_a_slow_optimizer_whose_wait_no_span_shows_is_named_in_its_phase_not_the_waiters_next_backward() -> None:
+    """Slow after the step's last collective: rank 1 waits in the next step's backward, whose end
+    it shares with rank 0. In steady state that step's own slow optimizer is the excess found."""
+    r0, r1 = process(0, 2), process(1, 2)
+    spans = []
+    for p, start, backward_start, optimizer in ((r0, 0.15, 0.156, 0.152), (r1, 0.0, 0.006, 0.002)):
+        released = 0.165
+        spans += [
+            span(p, "train/data", start, start + 0.002),
+            span(p, "train/forward", start + 0.002, backward_start),
+            span(p, "train/backward", backward_start, released),
+            span(p, "train/optimizer", released, released + optimizer),
+        ]
+    found = named(spans)
+    assert list(found) == ["trainer_r0"], found
+    record = found["trainer_r0"]
+    assert (record["phase"], record["rule"]) == ("train/optimizer", "shortest_sync")
+    assert record["sync_phase"] == "train/backward"
+
+
+def test_clocks_that_disagree_dismiss_no_one() -> None:
+    """Hosts whose clocks are seconds apart show no shared release: nothing is dismissed (the slow
+    rank and its waiter are both named, as without the rule)."""
+    found = named(step_spans(2, {(1, "data"): 0.15}, skew=2.0, visible=False))
+    assert sorted(found) == ["trainer_r0", "trainer_r1"] and found["trainer_r0"]["rule"] == "phase", found
+
+
+def test_a_rank_slow_in_the_phase_that_holds_no_collective_is_not_dismissed() -> None:
+    """Rank 1's optimizer is slow and nobody's data is: nothing explains its excess as a wait."""
+    found = named(step_spans(2, {(1, "optimizer"): 0.15}, visible=False))
+    assert list(found) == ["trainer_r1"] and found["trainer_r1"]["rule"] == "phase", found
+
+
+def test_jitter_alone_names_nobody_whatever_the_collectives_show() -> None:
+    for visible in (True, False):
+        assert named(step_spans(8, {}, jitter=0.004, skew=0.01, buckets=3, visible=visible)) == {}

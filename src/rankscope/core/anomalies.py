@@ -97,6 +97,12 @@ class Straggler(Located):
     waited_s_max: float | None = None
     """The longest another process waited for it at the collective."""
     waiting: int | None = None
+    rule: str = dataclasses.field(default="", metadata=_OMIT_WHEN_EMPTY)
+    """What named it (``sink.book.stragglers``): ``arrival`` (last at a collective its spans
+    show), ``shortest_sync`` (the others waited for it in ``sync_phase``, a collective no span
+    shows) or ``phase`` (its phase time, net of the waits the spans show)."""
+    sync_phase: str = dataclasses.field(default="", metadata=_OMIT_WHEN_EMPTY)
+    """The phase the others waited for it in, by the shortest-sync rule."""
     capture: str | None = dataclasses.field(default=None, metadata=_OMIT_WHEN_EMPTY)
     """The profiler capture asked of its process, if any."""
 

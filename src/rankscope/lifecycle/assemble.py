@@ -38,7 +38,7 @@ from ..metrics.recorder import Recorder
 from ..metrics.recording import bind_compile_check
 from ..metrics.samples import Provenance
 from ..steps.clock import StepClock
-from ..tracing import collectives
+from ..tracing import collectives, ddp
 from ..tracing.provider import install_tracer_provider
 from ..tracing.tracer import TracingState, record_event
 from .driving import Runtime, installed, started
@@ -343,7 +343,8 @@ def _is_trace_root(resource: Resource, monarch_controller: bool, explicit: bool 
 
 
 def _instrument_collectives() -> None:
-    """torch.distributed's collectives as spans (``tracing.collectives``: the ``torch_distributed``
+    """torch.distributed's collectives as spans, DDP's bucket all-reduces among them
+    (``tracing.collectives`` and ``tracing.ddp``: the ``torch_distributed``
     instrumentor's wrappers, imported, so a process run from a source tree without installed entry
     points is instrumented too): the sink tells the rank that arrived last at each from the ranks
     that waited for it (``sink.book.stragglers``). Once per process, whichever of this and
@@ -353,6 +354,7 @@ def _instrument_collectives() -> None:
         return
     try:
         collectives.install(sys.modules["torch.distributed"])
+        ddp.install(sys.modules["torch.distributed"])
     except Exception as exc:
         report_internal_error("instrumenting torch.distributed's collectives", exc)
 

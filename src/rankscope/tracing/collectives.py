@@ -7,8 +7,10 @@ CUDA tensors the duration comes from CUDA events recorded on the caller's stream
 second one from the work's future callback, which runs ordered after the collective), so
 nothing waits on the host.
 
-Covers the Python API (user code, FSDP2, torchtitan's loss averaging). DDP's gradient
-all-reduce runs inside its C++ reducer and is not seen here.
+Covers the Python API (user code, FSDP2's ``all_gather_single`` and ``reduce_scatter_single``,
+torchtitan's loss averaging) and DDP's gradient all-reduces, which ``tracing.ddp`` routes through
+``dist.all_reduce``. A collective that calls another (``all_gather_into_tensor`` is
+``all_gather_single`` in torch 2.15) is one span: the inner call runs unwrapped.
 
 Two paths install the wrappers, one set per process whichever comes first: ``rs.init``
 (``lifecycle.assemble``, an import the layering contracts check) and the ``torch_distributed``
@@ -40,8 +42,10 @@ OPS: dict[str, int | None] = {
     "reduce": 0,
     "all_gather": 1,
     "all_gather_into_tensor": 1,
+    "all_gather_single": 1,
     "reduce_scatter": 1,
     "reduce_scatter_tensor": 1,
+    "reduce_scatter_single": 1,
     "all_to_all": 1,
     "all_to_all_single": 1,
     "gather": 0,
@@ -57,6 +61,14 @@ _MARK = "_rankscope_collective"
 _saved: dict[tuple[Any, str], Any] = {}
 """The originals the installed wrappers replaced (empty: not installed)."""
 _lock = threading.Lock()
+
+
+class _Inside(threading.local):
+    depth = 0
+    """Wrapped collectives running on this thread (a nested one is not a span of its own)."""
+
+
+_inside = _Inside()
 
 
 def install(dist: ModuleType) -> bool:
@@ -133,7 +145,7 @@ def _wrap(op: str, position: int | None, group_at: int | None, original: Any, di
     span_name = f"comm/{op}"
 
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if runtime.ended:  # after rs.shutdown(): a final barrier is not a step of its own
+        if runtime.ended or _inside.depth:  # after rs.shutdown(); or inside another
             return original(*args, **kwargs)
         try:
             tensors = None
@@ -160,7 +172,11 @@ def _wrap(op: str, position: int | None, group_at: int | None, original: Any, di
         except Exception as exc:
             report_internal_error(f"collective {op} instrumentation", exc)
             return original(*args, **kwargs)
-        work = original(*args, **kwargs)
+        _inside.depth = 1
+        try:
+            work = original(*args, **kwargs)
+        finally:
+            _inside.depth = 0
         done = _Done(keys, nbytes, span, start, gpu, start_mark)
         if work is not None and kwargs.get("async_op", False):
             try:

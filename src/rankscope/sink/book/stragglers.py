@@ -22,6 +22,18 @@ both are "2x the median"). So, from one step's spans (of the run's latest attemp
   collective to the block around it; an async wait may straddle two phases; a collective that
   matched nothing counts whole), against the mean of the role's other processes that traced
   it: right with two ranks (the other one) and with 10,000.
+* **Waits no span shows.** A collective run where Python never sees it (NCCL from C++, a
+  framework's own reducer, a job with the collectives' wrappers off) leaves its wait inside a
+  phase: the ranks that waited for a late one spend longer in the phase that holds the
+  collective, and leave it with the late one. Such a phase's furthest process is dismissed as
+  a waiter (the shortest-sync rule) when the process that spent *least* in that phase (it
+  arrived last, so it waited least) left it at the same moment (the two ends within a quarter
+  of the gap between their times in it: a release they shared) and is over the others in
+  another phase by at least half that gap: the excess that made the others wait. Where a
+  waiter so dismissed would have been named, the late process is named by the rule
+  ``shortest_sync``, with the phase the others waited in (``sync_phase``). This compares two
+  hosts' clocks: hosts whose clocks disagree by more than a quarter of the gap (not NTP-synced)
+  dismiss no one, and both are named, as without the rule.
 * **Causes.** The process furthest over the others in a phase, and the last to arrive at a
   collective, with how much its time to get there (since its previous collective, or its step's
   start) exceeds the others'. ``stragglers`` keeps those over the detectors' thresholds.
@@ -55,6 +67,13 @@ MAX_NAMED = 64
 MAX_OPEN_PHASES = 64
 """Phases of one process open at one wait that it is subtracted from (deeper nesting is not judged)."""
 
+SHARED_RELEASE = 0.25
+"""Two processes left a phase together when their ends differ by at most this share of the gap
+between their times in it (the shortest-sync rule)."""
+
+SAME_LATENESS = 0.8
+"""A process as late at a collective as at its latest when its lateness is this share of it."""
+
 World = tuple[str, str | None, int]
 """A torch world: (role, replica, attempt), ``checked.Process.group``."""
 
@@ -73,6 +92,18 @@ class Lateness:
     late_s: float | None = None
     waited_s_max: float | None = None
     waiting: int = 0
+    sync_phase: str = ""
+    """The phase the others waited for it in, where no collective span shows the wait
+    (the shortest-sync rule); "" otherwise."""
+
+    @property
+    def rule(self) -> str:
+        """What named it: ``arrival`` (last at a collective its spans show), ``shortest_sync``
+        (the others' wait in ``sync_phase``, a collective no span shows) or ``phase`` (its phase
+        time net of the waits the spans show)."""
+        if self.collective is not None:
+            return "arrival"
+        return "shortest_sync" if self.sync_phase else "phase"
 
     @property
     def excess_s(self) -> float:
@@ -94,11 +125,15 @@ class PhaseTimes:
     seconds: dict[Any, float] = field(default_factory=dict)
     waited: dict[Any, float] = field(default_factory=dict)
     """Seconds each process waited in collectives during the phase."""
+    ends: dict[Any, int] = field(default_factory=dict)
+    """When each process last left the phase (ns, its own clock)."""
     total: float = 0.0
 
-    def add(self, process: Process, net: float, waited: float) -> None:
+    def add(self, process: Process, net: float, waited: float, end_ns: int) -> None:
         self.seconds[process] = self.seconds.get(process, 0.0) + net
         self.total += net
+        if end_ns > self.ends.get(process, end_ns - 1):
+            self.ends[process] = end_ns
         if waited:
             self.waited[process] = self.waited.get(process, 0.0) + waited
 
@@ -124,6 +159,11 @@ class Judgement:
     causes: list[Lateness] = field(default_factory=list)
     """Per phase its furthest process; per op, each process that arrived last at one of its
     collectives, at the latest of them (named by the phase where its time went)."""
+    waiters: dict[tuple[str, str], Lateness] = field(default_factory=dict)
+    """Per (role, phase): its furthest process, dismissed as waiting there for another (the
+    shortest-sync rule); its excess is a wait."""
+    waited_for: dict[Any, list[Lateness]] = field(default_factory=dict)
+    """Per process: the waiters dismissed as waiting for it (the shortest-sync rule)."""
 
 
 def judge(spans: Iterable[StoredSpan]) -> Judgement:
@@ -154,8 +194,46 @@ def judge(spans: Iterable[StoredSpan]) -> Judgement:
         furthest = times.furthest()
         if furthest is not None:
             judgement.causes.append(furthest)
+    _dismiss_waiters(judgement)
     judgement.causes = [c if c.collective is None else _with_phase(c, judgement.phases) for c in judgement.causes]
     return judgement
+
+
+def _dismiss_waiters(judgement: Judgement) -> None:
+    """The shortest-sync rule (the module docstring): a phase's furthest process is a waiter when
+    the process that spent least in the phase left it at the same moment and is over the others
+    elsewhere by at least half the gap between them."""
+    phases = judgement.phases
+    for cause in judgement.causes:
+        if cause.collective is not None:
+            continue
+        role, name = cause.process.role, cause.phase
+        times = phases[(role, name)]
+        least, shortest = min(times.seconds.items(), key=lambda kv: kv[1])
+        gap = cause.seconds - shortest
+        if least == cause.process or gap <= 0:
+            continue
+        if abs(times.ends[least] - times.ends[cause.process]) / 1e9 > SHARED_RELEASE * gap:
+            continue  # they did not leave it together: no collective released them
+        elsewhere = max(
+            (
+                mine.seconds[least] - mine.others_mean(least)
+                for (of, other), mine in phases.items()
+                if of == role and least in mine.seconds and len(mine.seconds) > 1 and not _nested(name, other)
+            ),
+            default=0.0,
+        )
+        if elsewhere >= 0.5 * gap:
+            judgement.waiters[(role, name)] = cause
+            judgement.waited_for.setdefault(least, []).append(cause)
+    judgement.causes = [
+        c for c in judgement.causes if c.collective is not None or (c.process.role, c.phase) not in judgement.waiters
+    ]
+
+
+def _nested(a: str, b: str) -> bool:
+    """Whether phase ``a`` holds ``b``, ``b`` holds ``a``, or they are one (``train``, ``train/forward``)."""
+    return a == b or b.startswith(a + "/") or a.startswith(b + "/")
 
 
 def _waited_in(
@@ -163,13 +241,15 @@ def _waited_in(
 ) -> dict[int, float]:
     """Per phase span (by ``id``): seconds of its process's collective waits that overlap it. A
     wait is the end of its collective (``[end - wait, end]``: a rank that waited arrived first and
-    left with the others); a collective that matched nothing counts whole. One sweep per process."""
+    left with the others); a collective that matched nothing counts whole. Waits that overlap (a
+    DDP step's bucket all-reduces, in flight together) count once: their union. One sweep per
+    process."""
     by_process: dict[Any, list[StoredSpan]] = defaultdict(list)
     for span in phases:
         by_process[span.process].append(span)
     waited_in: dict[int, float] = defaultdict(float)
     for process, made in comms.items():
-        windows = sorted(
+        windows = _union(
             (comm.end_ns - int(waits.get(id(comm), (comm.end_ns - comm.start_ns) / 1e9) * 1e9), comm.end_ns)
             for comm in made
         )
@@ -177,8 +257,6 @@ def _waited_in(
         open_: list[StoredSpan] = []
         i = 0
         for low, high in windows:
-            if high <= low:
-                continue
             while i < len(mine) and mine[i].start_ns < high:
                 open_.append(mine[i])
                 i += 1
@@ -188,6 +266,17 @@ def _waited_in(
                 if overlap > 0:
                     waited_in[id(span)] += overlap / 1e9
     return waited_in
+
+
+def _union(windows: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The sorted, disjoint union of ``[low, high)`` windows (empty ones dropped)."""
+    out: list[tuple[int, int]] = []
+    for low, high in sorted(w for w in windows if w[1] > w[0]):
+        if out and low <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], high))
+        else:
+            out.append((low, high))
+    return out
 
 
 def _net_phases(phases: list[StoredSpan], waited_in: Mapping[int, float], judgement: Judgement) -> None:
@@ -201,7 +290,7 @@ def _net_phases(phases: list[StoredSpan], waited_in: Mapping[int, float], judgem
             names[role] += 1
             times = judgement.phases[(role, span.name)] = PhaseTimes(span.name)
         waited = waited_in.get(id(span), 0.0)
-        times.add(span.process, max(0.0, (span.end_ns - span.start_ns) / 1e9 - waited), waited)
+        times.add(span.process, max(0.0, (span.end_ns - span.start_ns) / 1e9 - waited), waited, span.end_ns)
 
 
 def _collectives(
@@ -224,8 +313,8 @@ def _collectives(
             matched[(process.group, group, k, op)].append((process, span, to_arrive))
             previous_end = max(previous_end, span.end_ns)
     waits: dict[int, float] = {}
-    worst: dict[tuple[int, str], Lateness] = {}
-    """Per (process, op): the collective it arrived latest at."""
+    last_at: dict[tuple[int, str], list[tuple[int, Lateness]]] = defaultdict(list)
+    """Per (process, op): (when it arrived, its lateness) at each collective it was the last at."""
     for (_, _, _, op), members in matched.items():
         size = members[0][1].attributes.get(attr.COMM_GROUP_SIZE)
         if len(members) < 2 or (isinstance(size, int) and len(members) < size):
@@ -236,11 +325,19 @@ def _collectives(
         kept = judgement.collectives.get(op)
         if kept is None or late.excess_s > kept.excess_s:
             judgement.collectives[op] = late
-        mine = worst.get((id(late.process), op))
-        if mine is None or late.excess_s > mine.excess_s:
-            worst[(id(late.process), op)] = late
-    judgement.causes.extend(worst.values())
+        arrived = next(s.start_ns for p, s, _ in members if p is late.process)
+        last_at[(id(late.process), op)].append((arrived, late))
+    judgement.causes.extend(_first_behind(found) for found in last_at.values())
     return waits
+
+
+def _first_behind(found: list[tuple[int, Lateness]]) -> Lateness:
+    """Of the collectives a process was last at, the first where it was about as late as at the
+    latest (within ``SAME_LATENESS``): where it fell behind. DDP's bucket all-reduces are in flight
+    together, and a rank late at the first is as late at the rest, which it reached straight
+    from the one before (no time of its own to get there)."""
+    most = max(late.excess_s for _, late in found)
+    return min((f for f in found if f[1].excess_s >= SAME_LATENESS * most), key=lambda f: f[0])[1]
 
 
 def _arrivals(op: str, members: list[tuple[Any, StoredSpan, float]], waits: dict[int, float]) -> Lateness | None:
@@ -304,7 +401,7 @@ def stragglers(judgement: Judgement, *, ratio: float, min_s: float) -> list[Late
     it arrived latest at, if it was the last at one."""
     over: dict[Any, list[Lateness]] = defaultdict(list)
     for cause in judgement.causes:
-        if cause.ratio >= ratio and cause.excess_s >= min_s:
+        if _over(cause, ratio, min_s):
             over[cause.process].append(cause)
     out: list[Lateness] = []
     for found in over.values():
@@ -324,15 +421,23 @@ def stragglers(judgement: Judgement, *, ratio: float, min_s: float) -> list[Late
                 waited_s_max=collective.waited_s_max,
                 waiting=collective.waiting,
             )
+        waiter = next((w for w in judgement.waited_for.get(chosen.process, ()) if _over(w, ratio, min_s)), None)
+        if waiter is not None and chosen.collective is None:  # the rule named it: a waiter would have been
+            chosen = replace(chosen, sync_phase=waiter.phase)
         out.append(chosen)
     return out
+
+
+def _over(cause: Lateness, ratio: float, min_s: float) -> bool:
+    return cause.ratio >= ratio and cause.excess_s >= min_s
 
 
 def straggler_metrics(judgement: Judgement, stamp: float) -> tuple[list[Metric], dict[str, str]]:
     """The step's ``straggler/*`` keys: per traced phase its furthest process (``late_rank``; of
     the role where it is furthest over the others, when several roles trace the name), how far
     over the others (``late_s``, ``over_others``) and the longest collective wait in it
-    (``waited_s_max``); per collective op its latest last arrival (``comm/{op}/late_rank``,
+    (``waited_s_max``; a phase whose furthest process only waited there, by the shortest-sync
+    rule, has that wait and no ``late_rank``); per collective op its latest last arrival (``comm/{op}/late_rank``,
     ``late_s`` after the others' mean arrival, ``waited_s_max`` of the first to arrive); and the
     label of the process each ``late_rank`` names (ranks of different roles share the numbering)."""
     out: list[Metric] = []
@@ -341,17 +446,27 @@ def straggler_metrics(judgement: Judgement, stamp: float) -> tuple[list[Metric],
     def add(prefix: str, name: str, value: float) -> None:
         out.append(Metric(f"{attr.STRAGGLER_PREFIX}{prefix}/{name}", value, Reduce.MAX, stamp))
 
-    by_name: dict[str, tuple[Lateness, float]] = {}
-    for times in judgement.phases.values():
+    by_name: dict[str, tuple[Lateness | None, float]] = {}
+    for key, times in judgement.phases.items():
         furthest = times.furthest()
         if furthest is None:
             continue
         waited = max(times.waited.values(), default=0.0)
+        waiter = judgement.waiters.get(key)
+        if waiter is not None:  # its furthest only waited (the shortest-sync rule): a wait, no late rank
+            waited, furthest = max(waited, waiter.seconds - min(times.seconds.values())), None
         held = by_name.get(times.name)
-        if held is None or furthest.excess_s > held[0].excess_s:
-            by_name[times.name] = (furthest, max(waited, held[1] if held else 0.0))
+        if held is None:
+            by_name[times.name] = (furthest, waited)
+            continue
+        if furthest is None or (held[0] is not None and held[0].excess_s >= furthest.excess_s):
+            furthest = held[0]
+        by_name[times.name] = (furthest, max(waited, held[1]))
     for name in sorted(by_name)[:MAX_NAMED]:
         furthest, waited = by_name[name]
+        if furthest is None:
+            add(name, "waited_s_max", waited)
+            continue
         add(name, "late_rank", float(furthest.process.rank))
         labels[out[-1].key] = furthest.process.label
         add(name, "late_s", furthest.excess_s)
@@ -385,4 +500,6 @@ def record_of(late: Lateness) -> Straggler:
         late_s=None if late.late_s is None else round(late.late_s, 6),
         waited_s_max=None if late.waited_s_max is None else round(late.waited_s_max, 6),
         waiting=late.waiting,
+        rule=late.rule,
+        sync_phase=late.sync_phase,
     )
