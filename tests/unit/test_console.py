@@ -161,6 +161,32 @@ def test_the_step_names_who_held_it_up_net_of_waits_from_the_sinks_straggler_key
     ]
 
 
+def test_a_step_without_phases_names_the_last_to_arrive_never_the_rank_that_waited_longest(capsys, monkeypatch) -> None:
+    """examples/spmd_torchrun.py traces no phase: its step held only all-reduces, where trainer_r0
+    waited 19.66 ms for trainer_r2. The line had said ``slowest trainer_r0 in comm/all_reduce``
+    (the longest time in the collective: a wait); it names the rank that arrived last."""
+    monkeypatch.setenv("COLUMNS", "400")
+    backend = ConsoleBackend({"logging_mode": "global_reduce"})
+    r0, r2 = (
+        Process("t-0", "trainer_r0", "trainer", None, 0, 4, 0, "h", 1, {}),
+        Process("t-2", "trainer_r2", "trainer", None, 2, 4, 0, "h", 2, {}),
+    )
+    phase_times = {"comm/all_reduce": {r0: 0.0201, r2: 0.0004}}
+    metrics = [
+        M("loss", 1.0, Reduce.MEAN),
+        M("straggler/comm/all_reduce/late_rank", 2.0, Reduce.MAX),
+        M("straggler/comm/all_reduce/late_s", 0.0131, Reduce.MAX),
+        M("straggler/comm/all_reduce/waited_s_max", 0.0197, Reduce.MAX),
+    ]
+    labels = {"straggler/comm/all_reduce/late_rank": "trainer_r2"}
+    backend.log_batch(metrics, 3, phase_times=phase_times, step_seconds=0.03, labels=labels)
+    backend.log_batch(metrics[:1], 4, phase_times=phase_times, step_seconds=0.03)  # no judgement: no wait named
+    assert capsys.readouterr().out.splitlines() == [
+        "step 3  loss 1  | time 30ms, slowest trainer_r2 late at comm/all_reduce +13.1ms",
+        "step 4  loss 1  | time 30ms",
+    ]
+
+
 def test_a_lone_views_nan_is_said_once_per_streak_and_a_sinks_detector_is_not_repeated(capsys) -> None:
     backend = ConsoleBackend({"logging_mode": "global_reduce"})
     backend.init("main_r0")

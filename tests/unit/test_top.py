@@ -49,3 +49,38 @@ def test_without_the_status_routes_records_the_last_steps_own_are_shown() -> Non
         "straggler: trainer_r3 in train/forward since step 14 (1 step), +150.1ms (352.6x the others); "
         "others waited up to 1.2ms"
     ]
+
+
+def test_the_phase_map_marks_the_late_process_net_of_waits_not_the_rank_that_waited() -> None:
+    """trainer_r0 waited 150 ms in backward for trainer_r1's forward: its backward is the slowest
+    cell, but the sink's marks name trainer_r1 in forward and nobody in backward; the streak line
+    says the others waited in backward when no collective span showed it."""
+    recent = [
+        {
+            "step": 9,
+            "time": 109.0,
+            "values": {"loss": 1.0},
+            "missing": [],
+            "phases": {
+                "train/forward": {"trainer_r0": 0.003, "trainer_r1": 0.153},
+                "train/backward": {"trainer_r0": 0.155, "trainer_r1": 0.005},
+            },
+            "late": {"train/forward": "trainer_r1"},
+            "anomalies": [],
+        }
+    ]
+    record = streak(8, 9, "trainer_r1", collective=None, waited_s_max=None, waiting=0, rule="shortest_sync")
+    record["sync_phase"] = "train/backward"
+    status = {"processes": 2, "anomaly_counts": {"straggler": 1}, "anomalies": [record]}
+    snap = {"experiments": [{"id": "exp", "run": "r", "processes": 2, "last_finalized_step": 9}], "experiment": "exp"}
+    snap |= {"run": "r", "status": status, "recent": recent}
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render(snap, None, now=110.0))
+    text = console.export_text()
+    assert "seconds per phase, step 9 (* late)" in text
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│ trainer_r")}
+    assert "0.153*" in rows["trainer_r1"] and "*" not in rows["trainer_r0"], text
+    assert (
+        "straggler: trainer_r1 in train/forward since step 8 (2 steps), +150.1ms (352.6x the others); "
+        "the others waited for it in train/backward (collectives unseen)" in text
+    ), text

@@ -148,7 +148,9 @@ class ConsoleBackend(LoggerBackend):
         seconds = kwargs.get("step_seconds")
         if step_time is None and isinstance(seconds, (int, float)):
             step_time = (float(seconds), None)
-        held_up = _late(metrics, labels, kwargs.get("phase_times")) or _holdup(kwargs.get("phase_times"))
+        judged = any(m.key.startswith(attr.STRAGGLER_PREFIX) for m in metrics)  # the sink's judgement, net of waits
+        phase_times = kwargs.get("phase_times")
+        held_up = _late(metrics, labels, phase_times) if judged else _holdup(phase_times)
         if step_time is not None and held_up is not None:
             step_time = (step_time[0], held_up)
         if step is not None and step == self._cut_short:
@@ -300,15 +302,19 @@ def _late(metrics: list[Metric], labels: Mapping[str, str], phase_times: object)
     label is the sink's (``labels``), else the process of that rank in the phase; None: no such key."""
     ranks: dict[str, float] = {}
     late: dict[str, float] = {}
+    arrivals: dict[str, float] = {}
+    """Per ``comm/{op}``: the last arrival's rank, for a step without traced phases."""
     for m in metrics:
-        if m.key.startswith(attr.STRAGGLER_PREFIX) and not m.key.startswith(_COMM):
-            if m.key.endswith(_LATE_RANK):
-                ranks[m.key[len(attr.STRAGGLER_PREFIX) : -len(_LATE_RANK)]] = m.value
-            elif m.key.endswith(_LATE_S) and math.isfinite(m.value):
-                late[m.key[len(attr.STRAGGLER_PREFIX) : -len(_LATE_S)]] = m.value
+        if not m.key.startswith(attr.STRAGGLER_PREFIX):
+            continue
+        name = m.key[len(attr.STRAGGLER_PREFIX) :]
+        if name.endswith(_LATE_RANK):
+            (arrivals if m.key.startswith(_COMM) else ranks)[name[: -len(_LATE_RANK)]] = m.value
+        elif name.endswith(_LATE_S) and math.isfinite(m.value):
+            late[name[: -len(_LATE_S)]] = m.value
     phase = max((p for p in late if p in ranks), key=late.__getitem__, default=None)
     if phase is None or late[phase] <= 0:
-        return None
+        return _arrived_last(arrivals, late, labels)
     while True:  # the phase inside it that holds most of it: train/forward rather than train
         inside = [p for p in late if p in ranks and p.startswith(phase + "/") and late[p] >= 0.8 * late[phase]]
         if not inside:
@@ -323,15 +329,27 @@ def _late(metrics: list[Metric], labels: Mapping[str, str], phase_times: object)
     return f"{who} in {printable(phase)} +{duration(late[phase])}"
 
 
+def _arrived_last(arrivals: Mapping[str, float], late: Mapping[str, float], labels: Mapping[str, str]) -> str | None:
+    """Without traced phases: the rank that arrived last at the collective it was latest at
+    (``trainer_r2 late at comm/all_reduce +19.7ms``); the others only waited for it."""
+    op = max((o for o in arrivals if late.get(o, 0.0) > 0), key=late.__getitem__, default=None)
+    if op is None:
+        return None
+    label = labels.get(f"{attr.STRAGGLER_PREFIX}{op}{_LATE_RANK}")
+    who = printable(label) if label is not None else f"rank {short_value(arrivals[op])}"
+    return f"{who} late at {printable(op)} +{duration(late[op])}"
+
+
 def _holdup(phase_times: object) -> str | None:
     """Who held the step up without the sink's straggler keys, from its seconds per phase per
     process: the process furthest over the others' mean in its phase (``trainer_r2 in
-    train/forward +150.2ms``); None without two processes."""
+    train/forward +150.2ms``); None without two processes. A collective's time is a wait, not a
+    phase: the rank that waited longest in it held nobody up."""
     if not isinstance(phase_times, Mapping):
         return None
     found: tuple[float, str] | None = None
     for phase, by_process in phase_times.items():
-        if not isinstance(by_process, Mapping) or len(by_process) < 2:
+        if not isinstance(by_process, Mapping) or len(by_process) < 2 or str(phase).startswith("comm/"):
             continue
         total = sum(by_process.values())
         process, high = max(by_process.items(), key=lambda kv: kv[1])
@@ -440,7 +458,8 @@ def straggler_where(phase: object) -> str:
 def straggler_details(record: Straggler) -> str:
     """What a straggler record says after who and where (``straggler: trainer_r2 in train/forward``):
     by how much, then its victims (``, +150.1ms (352.6x the others); arrived last at all_reduce, 3
-    others waited up to 150ms``). Also ``rankscope top``'s words for a streak going on."""
+    others waited up to 150ms``; where no collective span showed the wait, the phase the others
+    waited in). Also ``rankscope top``'s words for a streak going on."""
     line = ""
     excess, waited, waiting = _seconds(record.excess_s), _seconds(record.waited_s_max), record.waiting
     if excess is not None:
@@ -452,6 +471,8 @@ def straggler_details(record: Straggler) -> str:
         victims = f"{others} waited up to {duration(waited)}"
     if record.collective:
         return f"{line}; arrived last at {record.collective}" + (f", {victims}" * bool(victims))
+    if record.sync_phase:  # no collective span: the shortest-sync rule found the others' wait
+        return f"{line}; the others waited for it in {record.sync_phase} (collectives unseen)"
     return f"{line}; {victims}" if victims else line
 
 

@@ -8,7 +8,7 @@ an embedded one, which announce themselves: ``sink.embedded.discover``).
 Every ``--interval`` seconds (default 1, at most 1) it reads ``/rankscope/v1/status`` and
 ``/rankscope/v1/recent`` and redraws: the experiments and their runs, the chosen run's last finalized step, its
 lag and step rate, chosen keys with sparklines over the last steps, a rank x phase map of the
-last step's span seconds (the slowest cell of each phase marked), the straggler streaks going on
+last step's span seconds (in each phase the process late net of its waits marked), the straggler streaks going on
 (who held the others up, in which phase, since which step, by how much, and who waited for it at
 which collective), missing processes, refused points, anomalies and captures. Plain text in any
 terminal (rich), so it works over SSH; ``q`` quits (so does Ctrl-C).
@@ -168,19 +168,27 @@ def _values(last: dict[str, Any], recent: list[dict[str, Any]], keys: list[str] 
 
 
 def _phase_map(last: dict[str, Any]) -> Table | None:
-    """The last step's rank x phase seconds, the slowest cell of each phase marked; None without phases."""
+    """The last step's rank x phase seconds; None without phases. Marked in each phase: the
+    process the sink judged furthest over the others net of its waits (in a collective's column,
+    the last to arrive), never a rank that only waited; a sink before that judgement sent its
+    marks: the slowest cell."""
     from rich.table import Table
     from rich.text import Text
 
     phases = [name for name, cells in (last.get("phases") or {}).items() if cells][:MAX_PHASES]
     if not phases:
         return None
-    heat = Table(title=f"seconds per phase, step {last['step']} (* slowest)", expand=False)
+    late = last.get("late")
+    if isinstance(late, dict):
+        title, slowest = "* late", {phase: late.get(phase) for phase in phases}
+    else:
+        title = "* slowest"
+        slowest = {phase: max(last["phases"][phase].items(), key=lambda kv: kv[1])[0] for phase in phases}
+    heat = Table(title=f"seconds per phase, step {last['step']} ({title})", expand=False)
     heat.add_column("process")
     for phase in phases:
         heat.add_column(phase[-24:])
     labels = sorted({p for phase in phases for p in last["phases"][phase]})
-    slowest = {phase: max(last["phases"][phase].items(), key=lambda kv: kv[1])[0] for phase in phases}
     for label in labels[:MAX_ROWS]:
         cells = []
         for phase in phases:

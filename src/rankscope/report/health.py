@@ -88,7 +88,8 @@ class Health:
     def stragglers(self) -> list[dict[str, Any]]:
         """Each straggler streak: who, in which phase, its first and last step and how many steps,
         its seconds over the others' mean and its ratio, the collective it arrived last at, how
-        many waited and the longest wait; the longest streaks first, then the earliest."""
+        many waited and the longest wait (or the phase they waited in, where no collective span
+        showed it); the longest streaks first, then the earliest."""
         found: list[dict[str, Any]] = []
         going: dict[tuple[str, str], dict[str, Any]] = {}
         for record in self.anomalies():
@@ -109,6 +110,8 @@ class Health:
             streak.update({k: number(record.get(k)) for k in ("ratio", "excess_s", "late_s", "waited_s_max")})
             collective = record.get("collective")
             streak.update(collective=collective if isinstance(collective, str) else None)
+            sync_phase = record.get("sync_phase")  # the shortest-sync rule: the phase the others waited in
+            streak.update(sync_phase=sync_phase if isinstance(sync_phase, str) else "")
             streak.update(waiting=integer(record.get("waiting")) or 0)
             found.append(streak)
             if step is not None:

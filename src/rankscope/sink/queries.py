@@ -22,6 +22,7 @@ from .runs.closing import Closer
 from .runs.registry import Tenants
 from .runs.status import RunStatus
 from .tally import Tally
+from ..core import names as attr
 from .views.step import StepView
 
 RECENT_KEYS = 256
@@ -42,6 +43,19 @@ def recent_of(view: StepView) -> dict[str, Any]:
         "missing": view.missing[:64],
         "anomalies": [a.to_json() for a in view.anomalies[:16]],
         "phases": view.heat,
+        "late": _late_in(view),
+    }
+
+
+def _late_in(view: StepView) -> dict[str, str]:
+    """Per phase of the step's map, the process the sink judged furthest over the others net of
+    its waits (``straggler/{phase}/late_rank``), and per collective the last to arrive: what
+    ``rankscope top`` marks. A phase whose furthest process only waited has none."""
+    prefix, suffix = attr.STRAGGLER_PREFIX, "/late_rank"
+    return {
+        key[len(prefix) : -len(suffix)]: label
+        for key, label in view.labels.items()
+        if key.startswith(prefix) and key.endswith(suffix) and key[len(prefix) : -len(suffix)] in view.heat
     }
 
 

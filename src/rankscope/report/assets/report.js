@@ -60,6 +60,7 @@
     const waited = s.waited_s_max !== null && s.waited_s_max > 0
       ? `${s.waiting > 0 ? `${s.waiting} other${s.waiting === 1 ? "" : "s"}` : "others"} waited up to ${ms(s.waited_s_max)}` : "";
     if (s.collective) return `arrived last at ${s.collective}` + (waited ? `, ${waited}` : "");
+    if (s.sync_phase) return `the others waited for it in ${s.sync_phase} (collectives unseen)`;
     return waited;
   }
   function cause(s) {
@@ -305,7 +306,8 @@
       "however many steps it lasts (the first 3 steps are warm-up, not judged)."));
     health.append(table(["process", "phase", "steps", "over the others", "× the others", "arrived last at", "others waited"],
       D.stragglers.map((s) => [s.process, s.phase, streakSteps(s), s.excess_s === null ? null : ms(s.excess_s), s.ratio === null ? null : sig(s.ratio),
-        s.collective || "", s.waited_s_max === null ? "" : `${s.waiting > 0 ? `${s.waiting}, ` : ""}up to ${ms(s.waited_s_max)}`]),
+        s.collective || "", s.sync_phase ? `in ${s.sync_phase} (collectives unseen)`
+          : s.waited_s_max === null ? "" : `${s.waiting > 0 ? `${s.waiting}, ` : ""}up to ${ms(s.waited_s_max)}`]),
       "stragglers"));
   }
   const others = anomalies.filter((a) => a.type !== "straggler"); // each streak is a row above
