@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -18,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from rankscope.cli.top import render, snapshot
 from rankscope.sink import BookConfig
 
 from ..conftest import ROOT
@@ -72,10 +76,13 @@ def _torchrun(
             job.communicate()
 
 
-def _sink(make_sink: Any, tmp_path: Path) -> Any:
+def _sink(make_sink: Any, tmp_path: Path, console: bool = False) -> Any:
     path = tmp_path / "global.jsonl"
+    backends: dict[str, Any] = {"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}
+    if console:  # the compact line, on this process's stdout
+        backends["console"] = {"logging_mode": "global_reduce"}
     return make_sink(
-        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}},
+        backends=backends,
         artifacts_dir=tmp_path / "artifacts",
         book=BookConfig(grace=30),
     )
@@ -261,7 +268,7 @@ def _three_stretches(records: list[dict[str, Any]], plan: list[tuple[int, str, i
     ],
 )
 def test_ddp_each_slow_phase_names_only_its_rank(
-    make_sink, tmp_path: Path, ranks: int, plan: list[tuple[int, str, int, int]]
+    make_sink, tmp_path: Path, capsys: pytest.CaptureFixture[str], ranks: int, plan: list[tuple[int, str, int, int]]
 ) -> None:
     """``DistributedDataParallel`` (its reducer's bucket all-reduces, ~5 a step, in flight together
     during backward): a slow data loader, a slow forward, a slow optimizer step, each on one rank
@@ -271,10 +278,27 @@ def test_ddp_each_slow_phase_names_only_its_rank(
     (after the step's last collective, the others wait in the next step's backward) by its phase
     net of those waits. Every capture is on a rank the test made slow, the first on the first."""
     steps = 31
-    sink = _sink(make_sink, tmp_path)
+    sink = _sink(make_sink, tmp_path, console=True)
     slow = [f"{rank}:{phase}:{first}-{last}:0.2" for rank, phase, first, last in plan]
     _torchrun(sink, f"ddp{ranks}", tmp_path, ranks, steps, *slow, mode="ddp")
     rows, status = _finish(sink, f"ddp{ranks}", tmp_path)
+
+    # the compact line's ``slowest`` and ``rankscope top``'s marks and streaks: the slow rank, never a waiter
+    said = {
+        int(m[1]): (m[2], m[3])
+        for m in re.finditer(r"^step (\d+) .*\| time \S+, slowest (\S+) in (\S+) \+", capsys.readouterr().out, re.M)
+    }
+    snap = snapshot(f"http://127.0.0.1:{sink.http_port}", f"ddp{ranks}")
+    marks = {row["step"]: row.get("late", {}) for row in snap["recent"]}
+    for rank, phase, first, last in plan:
+        for step in range(first, last + 1):
+            assert said.get(step) == (f"trainer_r{rank}", f"train/{phase}"), (step, said.get(step))
+            if step in marks:
+                assert marks[step].get(f"train/{phase}") == f"trainer_r{rank}", (step, marks[step])
+    screen = Console(width=240, record=True, file=io.StringIO())
+    screen.print(render(snap, None))
+    named = re.findall(r"^straggler: (\S+) in (\S+) since", screen.export_text(), re.M)
+    assert set(named) <= {(f"trainer_r{rank}", f"train/{phase}") for rank, phase, *_ in plan}, named
     records = _records(rows, "straggler")
     _three_stretches(records, plan)
     by_phase = {r["phase"]: r for r in records}
