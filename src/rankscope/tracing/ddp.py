@@ -18,16 +18,20 @@ waits from the phases alone.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from types import ModuleType
 from typing import Any
+
+import wrapt
 
 from ..core.errors import report_internal_error
 from ..core.patching import restore, swap
 
 _saved: dict[tuple[Any, str], Any] = {}
 _lock = threading.Lock()
+_DDP_MODULE = "torch.nn.parallel.distributed"
 _routes: dict[int, tuple[weakref.ref[Any], _Route]] = {}
 """``id`` of a DDP module's reducer -> (the module, its route)."""
 
@@ -48,26 +52,13 @@ def _run(route: _Route, bucket: Any) -> Any:
 
 def install(dist: ModuleType) -> bool:
     """Give every DDP module made from now on the routed hook; False if already installed or
-    this torch has no DDP."""
+    this torch has no distributed support. Called while torch itself may still be importing
+    (``opentelemetry-instrument`` wraps ``torch.distributed`` as it loads): DDP's class is patched
+    once ``torch.nn.parallel.distributed`` is loaded, its hooks imported when a module is made."""
     with _lock:
         if _saved or not dist.is_available():
             return False
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        from torch.nn.parallel import DistributedDataParallel
-
-        made = DistributedDataParallel.__init__
         register, register_builtin = dist._register_comm_hook, dist._register_builtin_comm_hook
-        builtin = {
-            dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
-            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
-        }
-
-        def init(self: Any, *args: Any, **kwargs: Any) -> None:
-            made(self, *args, **kwargs)
-            try:
-                _route(self, register, default_hooks.allreduce_hook)
-            except Exception as exc:  # DDP keeps its built-in hook: judged from its phases
-                report_internal_error("DDP communication hook", exc)
 
         def _register_comm_hook(reducer: Any, state: Any, hook: Any) -> None:
             route = _route_of(reducer)
@@ -77,20 +68,53 @@ def install(dist: ModuleType) -> bool:
                 route.hook, route.state = hook, state
 
         def _register_builtin_comm_hook(reducer: Any, kind: Any) -> None:
-            found = _routes.get(id(reducer))
             route = _route_of(reducer)
-            if route is None or found is None or kind not in builtin:
+            python = _builtin(dist).get(kind) if route is not None else None
+            if route is None or python is None:
                 register_builtin(reducer, kind)
                 return
-            module = found[0]()
-            route.hook, route.state = builtin[kind], getattr(module, "process_group", None)
+            found = _routes.get(id(reducer))
+            module = found[0]() if found is not None else None
+            route.hook, route.state = python, getattr(module, "process_group", None)
+
+        swap(dist, "_register_comm_hook", _register_comm_hook, _saved)
+        swap(dist, "_register_builtin_comm_hook", _register_builtin_comm_hook, _saved)
+    loaded = sys.modules.get(_DDP_MODULE)
+    if loaded is not None:
+        _patch(loaded, register)
+    else:
+        wrapt.register_post_import_hook(lambda module: _patch(module, register), _DDP_MODULE)
+    return True
+
+
+def _patch(module: ModuleType, register: Any) -> None:
+    """DDP's ``__init__`` then registers the route (still installed: not undone meanwhile)."""
+    with _lock:
+        ddp_class = getattr(module, "DistributedDataParallel", None)
+        if not _saved or ddp_class is None or (ddp_class, "__init__") in _saved:
+            return
+        made = ddp_class.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            made(self, *args, **kwargs)
+            try:
+                _route(self, register)
+            except Exception as exc:  # DDP keeps its built-in hook: judged from its phases
+                report_internal_error("DDP communication hook", exc)
 
         init.__name__, init.__qualname__, init.__doc__ = "__init__", made.__qualname__, made.__doc__
         init.__wrapped__ = made  # type: ignore[attr-defined]
-        swap(DistributedDataParallel, "__init__", init, _saved)
-        swap(dist, "_register_comm_hook", _register_comm_hook, _saved)
-        swap(dist, "_register_builtin_comm_hook", _register_builtin_comm_hook, _saved)
-        return True
+        swap(ddp_class, "__init__", init, _saved)
+
+
+def _builtin(dist: Any) -> dict[Any, Any]:
+    """DDP's built-in hooks by kind, as their Python forms."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return {
+        dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+        dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+    }
 
 
 def uninstall() -> None:
@@ -99,13 +123,15 @@ def uninstall() -> None:
         restore(_saved)
 
 
-def _route(module: Any, register: Any, default: Any) -> None:
+def _route(module: Any, register: Any) -> None:
     """Register ``module``'s route (DDP's ``allreduce_hook`` on its group), unless DDP registered a
     hook while it was made or has no reducer (its Python reducer under compiled autograd)."""
     reducer = getattr(module, "reducer", None)
     if reducer is None or getattr(module, "_comm_hooks", None) or _route_of(reducer) is not None:
         return
-    route = _Route(default, getattr(module, "process_group", None))
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    route = _Route(default_hooks.allreduce_hook, getattr(module, "process_group", None))
     register(reducer, route, _run)
     key = id(reducer)
 
