@@ -7,8 +7,7 @@ import logging
 
 import pytest
 
-from rankscope.sink.checked import Refusals
-from rankscope.sink.testing import Notes, kind_of
+from rankscope.sink.testing import Notes, Refusals, kind_of
 
 
 def test_a_kind_is_a_reason_without_its_names_and_numbers_whatever_the_names_hold() -> None:
