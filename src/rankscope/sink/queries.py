@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..core import names as attr
 from .book.traces import StoredSpan
 from .checked import ALL, Scope, SpanQuery
 from .config import SinkConfig
@@ -22,7 +23,6 @@ from .runs.closing import Closer
 from .runs.registry import Tenants
 from .runs.status import RunStatus
 from .tally import Tally
-from ..core import names as attr
 from .views.step import StepView
 
 RECENT_KEYS = 256
