@@ -62,6 +62,12 @@ before = calls()
 out["user_equal"] = bool(torch.allclose(grads(user), expected))
 out["user_buckets"], out["user_calls"] = len(mine), calls() - before
 
+try:
+    user.register_comm_hook(None, my_hook)  # a second hook: refused, as torch refuses it
+    out["second"] = "taken"
+except RuntimeError as exc:
+    out["second"] = str(exc)
+
 builtin = model()
 builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
 before = calls()
@@ -90,6 +96,7 @@ def test_each_bucket_is_seen_and_a_later_hook_takes_the_routes_place(tmp_path: P
     assert found["routed_equal"] is True and found["routed_calls"] >= 3, found  # ~4 buckets of 16 KiB
     assert found["user_equal"] is True and found["user_buckets"] == found["user_calls"] >= 3, found
     assert found["fp16_close"] is True and found["fp16_calls"] == found["routed_calls"], found
+    assert "only be called once" in str(found["second"]), found
 
 
 @pytest.mark.timeout(150)
@@ -98,3 +105,4 @@ def test_with_the_collectives_off_ddp_keeps_its_own_hook_and_registers_as_before
     assert found["routed_equal"] is True and found["routed_calls"] == 0, found
     assert found["user_equal"] is True and found["user_buckets"] >= 3 and found["user_calls"] == 0, found
     assert found["fp16_close"] is True and found["fp16_calls"] == 0, found
+    assert "only be called once" in str(found["second"]), found  # the same refusal without rankscope

@@ -45,6 +45,7 @@ def step_spans(
     jitter: float = 0.0,
     buckets: int = 1,
     visible: bool = True,
+    backward: float = BASE["backward"],
 ) -> list[Any]:
     """One DDP-like step on ``world`` ranks: ``train`` with data, forward, backward (which ends in
     an all-reduce every rank leaves together, once the last arrived) and optimizer. ``slow``:
@@ -57,7 +58,7 @@ def step_spans(
     for r in range(world):
         extra = {ph: slow.get((r, ph), 0.0) + jitter * ((r * 7 + i) % 3) for i, ph in enumerate(PHASES)}
         t = BASE["data"] + extra["data"] + BASE["forward"] + extra["forward"]
-        compute = BASE["backward"] + extra["backward"]
+        compute = backward + extra["backward"]
         launches = [t + compute * (k + 1) / buckets for k in range(buckets)]
         arrive.append((t, launches, extra))
     releases: list[float] = []
@@ -90,6 +91,7 @@ def step_spans(
                     off + release,
                     train.span_id,  # as the SDK parents it: the phase's own span is made when it closes
                     **{attr.COMM_OP: "all_reduce", attr.COMM_GROUP: "0", attr.COMM_GROUP_SIZE: world},
+                    **({attr.COMM_SOURCE: "ddp", attr.COMM_ASYNC: True} if buckets > 1 else {}),
                 )
                 for launch, release in zip(launches, releases, strict=True)
             ]
@@ -370,3 +372,38 @@ def test_a_rank_slow_in_the_phase_that_holds_no_collective_is_not_dismissed() ->
 def test_jitter_alone_names_nobody_whatever_the_collectives_show() -> None:
     for visible in (True, False):
         assert named(step_spans(8, {}, jitter=0.004, skew=0.01, buckets=3, visible=visible)) == {}
+
+
+def test_a_waiter_computing_its_next_buckets_is_not_waiting() -> None:
+    """A long backward (0.2 s) launching 25 or 10 buckets: the rank that arrived first at bucket k
+    kept computing the later buckets while k was in flight; only after its last launch is it
+    waiting: DDP blocks only at the end of backward. Counted from each window's start, 5 ms of
+    lateness had named the late rank in backward (+120 ms, 2.48x), and 50 ms had named it in
+    ``train`` (+230 ms)."""
+    for world in (2, 8):
+        assert named(step_spans(world, {(1, "forward"): 0.005}, buckets=25, backward=0.2)) == {}
+    late = step_spans(4, {(1, "forward"): 0.06}, buckets=10, backward=0.2)
+    found = named(late)
+    assert list(found) == ["trainer_r1"] and found["trainer_r1"]["phase"] == "train/forward", found
+    assert abs(found["trainer_r1"]["excess_s"] - 0.06) < 0.005, found
+    keys = {m.key: m.value for m in straggler_metrics(judge(late), 0.0)[0]}
+    assert keys["straggler/train/backward/over_others"] < 1.1, keys
+    assert 0.055 < keys["straggler/train/backward/waited_s_max"] < 0.07, keys  # the wait, not the buckets' sum
+
+
+def test_a_late_starter_that_left_a_phase_with_one_slow_rank_does_not_dismiss_it() -> None:
+    """3 ranks, collectives unseen: rank 1 is 100 ms slow loading data; rank 2 started the step
+    100 ms late (its own slow optimizer the step before) and its data phase is a little shorter,
+    so it left data with rank 1 while rank 0 left 100 ms before: no shared release, rank 1 stays."""
+    spans = []
+    for rank, start, data, optimizer in ((0, 0.0, 0.010, 0.002), (1, 0.0, 0.110, 0.002), (2, 0.1005, 0.0095, 0.102)):
+        p = process(rank, 3)
+        spans += [
+            span(p, "train/data", start, start + data),
+            span(p, "train/forward", start + data, 0.13),
+            span(p, "train/backward", 0.13, 0.2),
+            span(p, "train/optimizer", 0.2, 0.2 + optimizer),
+        ]
+    found = named(spans)
+    assert "trainer_r1" in found and found["trainer_r1"]["phase"] == "train/data", found
+    assert judge(spans).waiters.get(("trainer", "train/data")) is None

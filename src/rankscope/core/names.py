@@ -74,6 +74,7 @@ COMM_OP = "rankscope.comm.op"  # on a collective's span: the torch.distributed f
 COMM_BYTES = "rankscope.comm.bytes"  # int: the bytes of its input tensors
 COMM_GROUP_SIZE = "rankscope.comm.group_size"  # int: processes in its group
 COMM_ASYNC = "rankscope.comm.async"  # bool: called with async_op=True
+COMM_SOURCE = "rankscope.comm.source"  # str: "ddp" for a DDP bucket's (its reducer's hook, tracing.ddp)
 COMM_GROUP = "rankscope.comm.group"  # str: its process group's name (the same on every member)
 COMM_WAIT = "rankscope.comm.wait_s"  # float, set by the sink: seconds this rank waited for the last one
 COMM_LAST = "rankscope.comm.arrived_last"  # bool, set by the sink: this rank arrived last

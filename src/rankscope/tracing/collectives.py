@@ -19,8 +19,10 @@ instrumentor that ``opentelemetry-instrument`` loads (``instrumentation.distribu
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -66,6 +68,8 @@ _lock = threading.Lock()
 class _Inside(threading.local):
     depth = 0
     """Wrapped collectives running on this thread (a nested one is not a span of its own)."""
+    source = ""
+    """Who calls the collectives on this thread now ("ddp": a DDP bucket's hook, ``tracing.ddp``)."""
 
 
 _inside = _Inside()
@@ -88,6 +92,16 @@ def install(dist: ModuleType) -> bool:
                 if getattr(owner, op, None) is original:
                     swap(owner, op, wrapped, _saved)
         return bool(_saved)
+
+
+@contextlib.contextmanager
+def called_by(source: str) -> Iterator[None]:
+    """The collectives called on this thread meanwhile are ``source``'s (their spans say so)."""
+    before, _inside.source = _inside.source, source
+    try:
+        yield
+    finally:
+        _inside.source = before
 
 
 def uninstall() -> None:
@@ -167,6 +181,8 @@ def _wrap(op: str, position: int | None, group_at: int | None, original: Any, di
                 attr.COMM_GROUP: group,
                 attr.COMM_ASYNC: bool(kwargs.get("async_op", False)),
             }
+            if _inside.source:
+                attributes[attr.COMM_SOURCE] = _inside.source
             span = open_span(span_name, attributes)
             start = now_ns()
         except Exception as exc:

@@ -3,17 +3,22 @@
 DDP's reducer all-reduces each gradient bucket with its built-in C++ hook, which the collectives'
 wrappers (``tracing.collectives``) never see: the ranks that waited for a late one would hold
 that wait inside their backward, and look slow there. So each DDP module gets, when it is made,
-DDP's own ``allreduce_hook`` (the built-in hook's Python form, documented to give the same
-result: divide by the group's size, all-reduce): its ``dist.all_reduce(async_op=True)`` goes
-through the wrappers, so each bucket is a ``comm/all_reduce`` span from its launch to its
-completion, matched across ranks like any collective (``sink.book.stragglers``).
+DDP's own ``allreduce_hook`` (the built-in hook's Python form: divide by the group's size,
+all-reduce): its ``dist.all_reduce(async_op=True)`` goes through the wrappers, so each bucket is
+a ``comm/all_reduce`` span from its launch to its completion (``rankscope.comm.source`` "ddp"),
+matched across ranks like any collective (``sink.book.stragglers``).
 
 A reducer takes one hook, once. So what is registered is a route to the hook that runs; a hook
 registered later (the user's, ``register_comm_hook``; a built-in one, as its Python form)
-replaces the route's, through ``dist._register_comm_hook`` swapped. A hook DDP registers while it
-is made (``mixed_precision``) is left as it is. Installed and removed with the collectives'
-wrappers (``RANKSCOPE_COLLECTIVES``): off, DDP keeps its C++ hook, and the sink judges its
-waits from the phases alone.
+replaces the route's, through ``dist._register_comm_hook`` swapped; a second one is refused as
+torch refuses it. A hook DDP registers while it is made (``mixed_precision``) is left as it is.
+The default hook reads the module's process group when it runs (``_update_process_group``).
+
+Not the same as DDP's C++ hook: ``join(divide_by_initial_world_size=False)`` is not honoured (a
+communication hook always divides by the group's size, as torch documents for hooks). Not
+routed: a module rebuilt by unpickling or ``deepcopy`` (no ``__init__``), and DDP's Python reducer
+under compiled autograd (functional collectives): judged from the phases alone. Installed and
+removed with the collectives' wrappers (``RANKSCOPE_COLLECTIVES``): off, DDP keeps its C++ hook.
 """
 
 from __future__ import annotations
@@ -28,26 +33,39 @@ import wrapt
 
 from ..core.errors import report_internal_error
 from ..core.patching import restore, swap
+from . import collectives
 
+_DDP_MODULE = "torch.nn.parallel.distributed"
 _saved: dict[tuple[Any, str], Any] = {}
 _lock = threading.Lock()
-_DDP_MODULE = "torch.nn.parallel.distributed"
-_routes: dict[int, tuple[weakref.ref[Any], _Route]] = {}
-"""``id`` of a DDP module's reducer -> (the module, its route)."""
+_routes: dict[int, _Route] = {}
+"""``id`` of a DDP module's reducer -> its route."""
 
 
 class _Route:
-    """The hook a reducer runs: DDP's ``allreduce_hook`` on its process group until another is registered."""
+    """The hook a DDP module's reducer runs: DDP's ``allreduce_hook`` on the module's process group
+    (read when it runs), until a hook is registered (``state``: its own)."""
 
-    __slots__ = ("hook", "state")
+    __slots__ = ("hook", "module", "registered", "state")
 
-    def __init__(self, hook: Any, state: Any) -> None:
-        self.hook, self.state = hook, state
+    def __init__(self, module: Any, hook: Any) -> None:
+        self.module = weakref.ref(module)
+        self.hook = hook
+        self.state: Any = None
+        self.registered = False
+        """Whether a hook was registered on it (a second is refused, as torch refuses it)."""
+
+    def run(self, bucket: Any) -> Any:
+        if self.registered:
+            return self.hook(self.state, bucket)
+        return self.hook(getattr(self.module(), "process_group", None), bucket)
 
 
 def _run(route: _Route, bucket: Any) -> Any:
-    """The reducer's hook: the route's, with its state (DDP calls it once per bucket)."""
-    return route.hook(route.state, bucket)
+    """The reducer's hook (DDP calls it once per bucket): the route's; the collectives it calls
+    are DDP's (the sink reads a bucket's wait as starting after the rank's last bucket launch)."""
+    with collectives.called_by("ddp"):
+        return route.run(bucket)
 
 
 def install(dist: ModuleType) -> bool:
@@ -62,20 +80,23 @@ def install(dist: ModuleType) -> bool:
 
         def _register_comm_hook(reducer: Any, state: Any, hook: Any) -> None:
             route = _route_of(reducer)
-            if route is None:
+            if route is None or route.registered:  # not routed; or a second hook: torch refuses it
                 register(reducer, state, hook)
-            else:
-                route.hook, route.state = hook, state
+                return
+            route.hook, route.state, route.registered = hook, state, True
 
         def _register_builtin_comm_hook(reducer: Any, kind: Any) -> None:
             route = _route_of(reducer)
-            python = _builtin(dist).get(kind) if route is not None else None
-            if route is None or python is None:
+            if route is None or route.registered:
                 register_builtin(reducer, kind)
                 return
-            found = _routes.get(id(reducer))
-            module = found[0]() if found is not None else None
-            route.hook, route.state = python, getattr(module, "process_group", None)
+            python = _builtin(dist).get(kind)
+            if python is None:
+                raise RuntimeError(
+                    f"rankscope routes this DDP module's buckets to see them and has no Python form of {kind}; "
+                    "set RANKSCOPE_COLLECTIVES=0 to register it"
+                )
+            route.hook, route.state, route.registered = python, getattr(route.module(), "process_group", None), True
 
         swap(dist, "_register_comm_hook", _register_comm_hook, _saved)
         swap(dist, "_register_builtin_comm_hook", _register_builtin_comm_hook, _saved)
@@ -85,6 +106,12 @@ def install(dist: ModuleType) -> bool:
     else:
         wrapt.register_post_import_hook(lambda module: _patch(module, register), _DDP_MODULE)
     return True
+
+
+def uninstall() -> None:
+    """Put back what ``install`` replaced; modules already made keep their route (their hooks run)."""
+    with _lock:
+        restore(_saved)
 
 
 def _patch(module: ModuleType, register: Any) -> None:
@@ -117,34 +144,29 @@ def _builtin(dist: Any) -> dict[Any, Any]:
     }
 
 
-def uninstall() -> None:
-    """Put back what ``install`` replaced; modules already made keep their route (their hooks run)."""
-    with _lock:
-        restore(_saved)
-
-
 def _route(module: Any, register: Any) -> None:
-    """Register ``module``'s route (DDP's ``allreduce_hook`` on its group), unless DDP registered a
-    hook while it was made or has no reducer (its Python reducer under compiled autograd)."""
+    """Register ``module``'s route, unless DDP registered a hook while it was made."""
     reducer = getattr(module, "reducer", None)
     if reducer is None or getattr(module, "_comm_hooks", None) or _route_of(reducer) is not None:
         return
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    route = _Route(default_hooks.allreduce_hook, getattr(module, "process_group", None))
+    route = _Route(module, default_hooks.allreduce_hook)
     register(reducer, route, _run)
     key = id(reducer)
+    _routes[key] = route
+    weakref.finalize(module, _forget, key, route)
 
-    def gone(ref: weakref.ref[Any]) -> None:  # the module was collected: forget its route (not a newer one's)
-        if _routes.get(key, (None,))[0] is ref:
-            del _routes[key]
 
-    _routes[key] = (weakref.ref(module, gone), route)
+def _forget(key: int, route: _Route) -> None:
+    """The module was collected: forget its route (not a newer one under a reused id)."""
+    if _routes.get(key) is route:
+        _routes.pop(key, None)
 
 
 def _route_of(reducer: Any) -> _Route | None:
-    found = _routes.get(id(reducer))
-    if found is None:
+    route = _routes.get(id(reducer))
+    if route is None:
         return None
-    module = found[0]()
-    return found[1] if module is not None and getattr(module, "reducer", None) is reducer else None
+    module = route.module()
+    return route if module is not None and getattr(module, "reducer", None) is reducer else None

@@ -27,9 +27,11 @@ both are "2x the median"). So, from one step's spans (of the run's latest attemp
   phase: the ranks that waited for a late one spend longer in the phase that holds the
   collective, and leave it with the late one. Such a phase's furthest process is dismissed as
   a waiter (the shortest-sync rule) when the process that spent *least* in that phase (it
-  arrived last, so it waited least) left it at the same moment (the two ends within a quarter
-  of the gap between their times in it: a release they shared) and is over the others in
-  another phase by at least half that gap: the excess that made the others wait. Where a
+  arrived last, so it waited least) left it at the same moment as the furthest and as most
+  processes (within a quarter of the gap between their times in it: a release they shared),
+  most of the others spent at least half that gap longer in it than it did (they waited), and
+  it is over the others in another phase by at least half that gap: the excess that made the
+  others wait. Where a
   waiter so dismissed would have been named, the late process is named by the rule
   ``shortest_sync``, with the phase the others waited in (``sync_phase``). This compares two
   hosts' clocks: hosts whose clocks disagree by more than a quarter of the gap (not NTP-synced)
@@ -46,9 +48,11 @@ judged): a client's spans cannot make the shared finalizer quadratic.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from statistics import median_low
 from typing import Any
 
 from ...backends.base import Metric
@@ -201,25 +205,33 @@ def judge(spans: Iterable[StoredSpan]) -> Judgement:
 
 def _dismiss_waiters(judgement: Judgement) -> None:
     """The shortest-sync rule (the module docstring): a phase's furthest process is a waiter when
-    the process that spent least in the phase left it at the same moment and is over the others
-    elsewhere by at least half the gap between them."""
-    phases = judgement.phases
+    the process that spent least in the phase left it with the furthest and most processes (a
+    release they shared), most others spent far longer in it (they waited) and it is over the
+    others elsewhere by at least half the gap. Each cause looks at its own role's phases only."""
+    by_role: dict[str, list[tuple[str, PhaseTimes]]] = defaultdict(list)
+    for (role, name), times in judgement.phases.items():
+        if len(times.seconds) > 1:
+            by_role[role].append((name, times))
     for cause in judgement.causes:
         if cause.collective is not None:
             continue
         role, name = cause.process.role, cause.phase
-        times = phases[(role, name)]
+        times = judgement.phases[(role, name)]
         least, shortest = min(times.seconds.items(), key=lambda kv: kv[1])
         gap = cause.seconds - shortest
         if least == cause.process or gap <= 0:
             continue
-        if abs(times.ends[least] - times.ends[cause.process]) / 1e9 > SHARED_RELEASE * gap:
+        left = times.ends[least]
+        together = SHARED_RELEASE * gap * 1e9
+        if abs(left - times.ends[cause.process]) > together or abs(left - median_low(times.ends.values())) > together:
             continue  # they did not leave it together: no collective released them
+        if median_low(v for p, v in times.seconds.items() if p != least) < shortest + 0.5 * gap:
+            continue  # most of the others were as quick as the least: nobody waited for it there
         elsewhere = max(
             (
                 mine.seconds[least] - mine.others_mean(least)
-                for (of, other), mine in phases.items()
-                if of == role and least in mine.seconds and len(mine.seconds) > 1 and not _nested(name, other)
+                for other, mine in by_role[role]
+                if least in mine.seconds and not _nested(name, other)
             ),
             default=0.0,
         )
@@ -241,16 +253,28 @@ def _waited_in(
 ) -> dict[int, float]:
     """Per phase span (by ``id``): seconds of its process's collective waits that overlap it. A
     wait is the end of its collective (``[end - wait, end]``: a rank that waited arrived first and
-    left with the others); a collective that matched nothing counts whole. Waits that overlap (a
-    DDP step's bucket all-reduces, in flight together) count once: their union. One sweep per
-    process."""
+    left with the others); a collective that matched nothing counts whole. Waits overlapping in
+    time count once (the union of their windows). An async wait starts no earlier than the
+    process's latest launch by its end (until then the process went on: it launched more); a DDP
+    bucket's (``rankscope.comm.source`` "ddp") no earlier than the process's last bucket launch of
+    the step: DDP blocks only at the end of backward, and a rank computing its later buckets is
+    not waiting for the earlier ones. One sweep per process (its collectives sorted by launch)."""
     by_process: dict[Any, list[StoredSpan]] = defaultdict(list)
     for span in phases:
         by_process[span.process].append(span)
     waited_in: dict[int, float] = defaultdict(float)
     for process, made in comms.items():
+        launches = [comm.start_ns for comm in made]
+        buckets = max((c.start_ns for c in made if c.attributes.get(attr.COMM_SOURCE) == "ddp"), default=0)
         windows = _union(
-            (comm.end_ns - int(waits.get(id(comm), (comm.end_ns - comm.start_ns) / 1e9) * 1e9), comm.end_ns)
+            (
+                max(
+                    comm.end_ns - int(waits.get(id(comm), (comm.end_ns - comm.start_ns) / 1e9) * 1e9),
+                    launches[bisect_right(launches, comm.end_ns) - 1],  # its latest launch by then
+                    buckets if comm.attributes.get(attr.COMM_SOURCE) == "ddp" else 0,
+                ),
+                comm.end_ns,
+            )
             for comm in made
         )
         mine = sorted(by_process.get(process, ()), key=lambda s: s.start_ns)
