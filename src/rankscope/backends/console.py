@@ -35,7 +35,18 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from ..core import names as attr
-from ..core.anomalies import Anomaly, Capture, Corrected, Interrupted, Missing, NonFinite, Partial, SlowStep, Straggler
+from ..core.anomalies import (
+    Anomaly,
+    Capture,
+    Corrected,
+    Interrupted,
+    Missing,
+    NonFinite,
+    Outlier,
+    Partial,
+    SlowStep,
+    Straggler,
+)
 from ..core.settings import resolve
 from ..metrics.catalog import EXTREME_SUFFIXES, key_kind
 from ..metrics.reduce import Reduce
@@ -235,7 +246,7 @@ class ConsoleBackend(LoggerBackend):
             self._cut_short = global_step
         if isinstance(record, Corrected):
             self._corrected = global_step  # its late update's line is this record's, once per streak
-        since = record.first_step if isinstance(record, Straggler) else global_step  # a sink's: said once
+        since = record.first_step if isinstance(record, Straggler | Outlier) else global_step  # a sink's: said once
         if isinstance(record, Capture) or self._new_streak(record.streak, since):
             text = printable(f"!!! step {global_step} {describe(record)}")
             lines = textwrap.wrap(text, _width(), subsequent_indent="    ", break_on_hyphens=False) or [text]
@@ -425,6 +436,8 @@ def describe(record: Anomaly) -> str:
             since = f" since step {record.first_step}" if record.last_step > record.first_step else ""
             where = straggler_where(record.phase)
             return f"straggler: {record.process or '?'}{where}{since}{straggler_details(record)}"
+        case Outlier():
+            return f"outlier: {record.process or '?'} {outlier_details(record)} since step {record.first_step}"
         case SlowStep():
             return f"slow step: {record.seconds:.3f}s ({_ratio(record.factor)}x the median)"
         case Missing():
@@ -441,6 +454,15 @@ def describe(record: Anomaly) -> str:
         case Capture():
             return f"capture {record.capture}: {record.process or '?'}: {record.path}"
     return str(record.to_json())
+
+
+def outlier_details(record: Outlier) -> str:
+    """``loss 1.8 vs the others 1 ± 0.01 (+80σ)``: an outlier's key, its value and the others'
+    (``rankscope top``'s words for a streak going on too)."""
+    sigmas = record.sigmas
+    far = "others all equal" if abs(sigmas) >= 1e9 else f"{'+' if sigmas >= 0 else '-'}{short_value(abs(sigmas))}σ"
+    others = f"{short_value(record.others_mean)} ± {short_value(record.others_std)}"
+    return f"{record.key} {short_value(record.value)} vs the others {others} ({far})"
 
 
 def _named(processes: tuple[str, ...], count: int) -> str:

@@ -112,6 +112,31 @@ class Straggler(Located):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Outlier(Located):
+    """One process's value of a key far from the other processes' (``sink.book.outliers``): one
+    record per streak, with the latest step's figures and the streak's extent so far."""
+
+    KIND: ClassVar[str] = "outlier"
+    key: str = ""
+    value: float = 0.0
+    """The process's own value (its mean, sum or standard deviation of the step)."""
+    others_mean: float = 0.0
+    others_std: float = 0.0
+    """The other processes' mean and standard deviation (of the same role)."""
+    sigmas: float = 0.0
+    """(value - others_mean) / others_std, signed (a large number when the others agree exactly)."""
+    others: int = 0
+    first_step: int = 0
+    last_step: int = 0
+    steps: int = 0
+    """Judged steps in a row it was named."""
+
+    @property
+    def streak(self) -> Hashable:
+        return (self.KIND, self.process, self.key, self.first_step)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SlowStep(Anomaly):
     """A step's wall-clock window far over the median of the last ones."""
 
@@ -195,7 +220,7 @@ class Capture(Located):
 
 
 KINDS: dict[str, type[Anomaly]] = {
-    k.KIND: k for k in (NonFinite, Straggler, SlowStep, Missing, Interrupted, Corrected, Partial, Capture)
+    k.KIND: k for k in (NonFinite, Straggler, Outlier, SlowStep, Missing, Interrupted, Corrected, Partial, Capture)
 }
 """Every kind by its serialized ``"type"``."""
 

@@ -10,8 +10,10 @@ from .book.counts import Counts
 from .book.finalize import Finished, view_of
 from .book.late import LateSteps
 from .book.merge import holder, merge_rows, reduced
+from .book.outliers import judged_by, outliers
 from .book.retained import HOT, Retained, Retention
 from .book.roster import Roster
+from .book.spread import Spread, spreads
 from .book.step import Step
 from .book.step_book import StepBook
 from .book.steps import StepTable
@@ -122,6 +124,7 @@ __all__ = [
     "Scope",
     "SpanFile",
     "SpanQuery",
+    "Spread",
     "StateDirBusyError",
     "StateRows",
     "Step",
@@ -149,12 +152,14 @@ __all__ = [
     "hex_ids_to_base64",
     "holder",
     "judge",
+    "judged_by",
     "kind_of",
     "load_tokens",
     "logs_batches",
     "merge_rows",
     "metrics_batches",
     "out_of_descriptors",
+    "outliers",
     "parse_ranks",
     "record_of",
     "reduced",
@@ -163,6 +168,7 @@ __all__ = [
     "size_of",
     "span_attributes",
     "span_text",
+    "spreads",
     "straggler_metrics",
     "stragglers",
     "traces_parts",

@@ -27,6 +27,8 @@ from ..views.detectors.base import StepFacts
 from ..views.step import StepView
 from .merge import Running, holder, items, merge_rows, reduce_of, reduced
 from .order import KeyOrder
+from .outliers import judged_by, outliers
+from .spread import spreads
 from .stragglers import judge, record_of, straggler_metrics, stragglers
 from .traces import TraceStore
 
@@ -206,8 +208,14 @@ def _judge(
         nonfinite = _nonfinite(done.parts, bad) if bad else []
         metrics.append(Metric(attr.NONFINITE_VALUES, float(len(nonfinite)), Reduce.SUM, stamp))
         candidates = [(record_of(c), c.process) for c in late]
+        far = outliers(spreads(done.parts, judged_by(d)), d) if d.outlier_sigmas > 0 else []
         facts = StepFacts(
-            done.step, nonfinite=nonfinite, stragglers=candidates, duration=done.duration, missing=done.missing
+            done.step,
+            nonfinite=nonfinite,
+            stragglers=candidates,
+            outliers=far,
+            duration=done.duration,
+            missing=done.missing,
         )
         view.anomalies = watch.step(facts)
         processes = {record.process: process for record, process in candidates}

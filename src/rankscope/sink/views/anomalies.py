@@ -1,9 +1,10 @@
 """Per-step anomaly detection: the registered detectors over each finished step, and what they found.
 
 Each finished step is judged once (``book.finalize``) by every detector of ``DETECTORS``, in
-order: stragglers (``detectors.stragglers``), non-finite values (``detectors.nonfinite``), slow
-steps (``detectors.slow_step``) and missing processes (``detectors.missing``). A run's first
-``warmup_steps`` judged steps are not judged for stragglers or slow steps (compiling, caches,
+order: stragglers (``detectors.stragglers``), outliers (``detectors.outliers``), non-finite
+values (``detectors.nonfinite``), slow steps (``detectors.slow_step``) and missing processes
+(``detectors.missing``). A run's first ``warmup_steps`` judged steps are not judged for
+stragglers, outliers or slow steps (compiling, caches,
 the first all-reduce's rendezvous). A step the job ended in is not judged, only named
 (``Interrupted``).
 
@@ -25,11 +26,13 @@ from ...core.anomalies import Anomaly, Interrupted
 from .detectors.base import Detector, StepFacts, Thresholds
 from .detectors.missing import MissingDetector
 from .detectors.nonfinite import NonFiniteDetector
+from .detectors.outliers import OutlierDetector
 from .detectors.slow_step import SlowStepDetector
 from .detectors.stragglers import StragglerDetector
 
 DETECTORS: tuple[Callable[[Thresholds], Detector], ...] = (
     StragglerDetector,
+    OutlierDetector,
     NonFiniteDetector,
     SlowStepDetector,
     MissingDetector,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ....core.anomalies import Anomaly, Straggler
+from ....core.anomalies import Anomaly, Outlier, Straggler
 from ...checked import Process
 
 
@@ -36,12 +36,37 @@ class Thresholds:
     """...and at least this many seconds over that median (a 50 ms step's jitter is not news)."""
     nonfinite: bool = True
     missing: bool = True
+    outlier_sigmas: float = 6.0
+    """A process whose value of a key is this many of the other processes' standard deviations
+    from their mean (``book.outliers``; 0: off)..."""
+    outlier_min_rel: float = 0.05
+    """...and at least this share of their mean's magnitude away..."""
+    outlier_min_abs: float = 0.0
+    """...and at least this far (keys whose mean is near 0)..."""
+    outlier_steps: int = 3
+    """...for this many judged steps in a row (its record says its first)."""
+    outlier_keys: tuple[str, ...] = ()
+    """Keys judged whatever their reduce type (fnmatch patterns): a SUM key is judged only here."""
+    outlier_skip: tuple[str, ...] = ()
+    """Keys never judged (fnmatch patterns): keys whose processes differ by design (ids, per-rank counts)."""
 
     def __post_init__(self) -> None:
-        for name in ("straggler_ratio", "straggler_min_s", "slow_step_factor", "slow_step_min_s"):
+        for name in (
+            "straggler_ratio",
+            "straggler_min_s",
+            "slow_step_factor",
+            "slow_step_min_s",
+            "outlier_sigmas",
+            "outlier_min_rel",
+            "outlier_min_abs",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"detectors: {name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("straggler_steps", "warmup_steps", "slow_step_history"):
+        for name in ("outlier_keys", "outlier_skip"):
+            patterns = getattr(self, name)
+            if not isinstance(patterns, tuple) or not all(isinstance(p, str) for p in patterns):
+                raise ValueError(f"detectors: {name} must be a tuple of fnmatch patterns, got {patterns!r}")
+        for name in ("straggler_steps", "warmup_steps", "slow_step_history", "outlier_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"detectors: {name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -57,6 +82,8 @@ class StepFacts:
     """(key, process) of each non-finite value, in the order they came (None: merged upstream)."""
     stragglers: list[tuple[Straggler, Process]] = field(default_factory=list)
     """This step's processes over the straggler thresholds (``book.stragglers``), each its record."""
+    outliers: list[tuple[Outlier, Process]] = field(default_factory=list)
+    """This step's processes whose value of a key is over the outlier thresholds (``book.outliers``)."""
     duration: float | None = None
     """The step's wall-clock window, if known."""
     missing: list[str] = field(default_factory=list)

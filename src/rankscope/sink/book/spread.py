@@ -1,0 +1,126 @@
+"""How far a key's extreme process is from the others, per step: the measure behind outliers.
+
+Per role and key of a MEAN, SUM or STD reduce: each process's own value of the step (its mean,
+its sum, its standard deviation) folded into a ``Spread``: the count, mean and sum of squared
+deviations (``m2``: Welford's update, Chan's merge for a spread merged upstream: exact up to
+float rounding, without the cancellation a sum of squares suffers for values like 2.31 ± 1e-4),
+and the lowest and highest value with the process that holds it (the lowest rank on a tie, as
+MAX and MIN do). Taking the extreme back out of the moments gives the others' mean and spread
+in O(1) per key, whatever the number of processes (``Spread.others``).
+
+Only what a process sent on its own counts (``Finished.parts``); a NaN or infinite value is the
+non-finite detector's, not a spread's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ...metrics.reduce import Reduce
+from ..checked import Process, StateRows
+
+JUDGED = frozenset({Reduce.MEAN.value, Reduce.SUM.value, Reduce.STD.value})
+"""Reduce types whose processes' values have a spread (MAX and MIN name their holder already)."""
+
+
+@dataclass(slots=True)
+class Spread:
+    """The processes' values of one key in one step: moments and both extremes with their holders."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    low: float = math.inf
+    low_by: Process | None = None
+    high: float = -math.inf
+    high_by: Process | None = None
+
+    def add(self, value: float, process: Process) -> None:
+        """One process's value (Welford's update)."""
+        self.n += 1
+        delta = value - self.mean
+        self.mean += delta / self.n
+        self.m2 += delta * (value - self.mean)
+        if value < self.low or (value == self.low and self.low_by is not None and process.rank < self.low_by.rank):
+            self.low, self.low_by = value, process
+        if value > self.high or (value == self.high and self.high_by is not None and process.rank < self.high_by.rank):
+            self.high, self.high_by = value, process
+
+    def others(self, high: bool) -> Extreme | None:
+        """The highest (``high``) or lowest process against the others' mean and standard
+        deviation (the extreme taken back out of the moments); None with fewer than 3 processes
+        (one other has no spread, and which of two is off cannot be told)."""
+        value, process = (self.high, self.high_by) if high else (self.low, self.low_by)
+        if self.n < 3 or process is None:
+            return None
+        rest = self.n - 1
+        mean = (self.n * self.mean - value) / rest
+        m2 = max(0.0, self.m2 - (value - self.mean) * (value - mean))
+        return Extreme(process, value, mean, math.sqrt(m2 / (rest - 1)), rest)
+
+
+@dataclass(frozen=True, slots=True)
+class Extreme:
+    """One key's extreme process of a step against the others (``Spread.others``)."""
+
+    process: Process
+    value: float
+    others_mean: float
+    others_std: float
+    others: int
+
+    @property
+    def deviation(self) -> float:
+        return self.value - self.others_mean
+
+
+def value_of(reduce: str, row: tuple[Any, ...]) -> float | None:
+    """A process's own value of a row (``otlp.metrics.FIELDS`` order): its mean, sum or standard
+    deviation; None when it has none (no samples) or it is not finite."""
+    if reduce == "sum":
+        value = float(row[0])
+    elif reduce == "mean":
+        count, total = row[0], row[1]
+        if not count:
+            return None
+        value = total / count
+    elif reduce == "std":
+        count, total, squares = row[0], row[1], row[2]
+        if not count:
+            return None
+        mean = total / count
+        value = math.sqrt(max(0.0, squares / count - mean * mean))
+    else:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def spreads(
+    parts: Iterable[tuple[Process, StateRows]], judged: Callable[[str, str], bool]
+) -> dict[tuple[str, str], Spread]:
+    """Per (role, key) of a judged reduce type, the spread of its processes' values; ``judged(key,
+    reduce)`` says which keys count (asked once per key). One pass over the step's rows."""
+    found: dict[tuple[str, str], Spread] = {}
+    asked: dict[str, bool] = {}
+    for process, rows in parts:
+        reduce = rows.reduce
+        if reduce not in JUDGED:
+            continue
+        role = process.role
+        for key, row in zip(rows.keys, rows.rows, strict=True):
+            counts = asked.get(key)
+            if counts is None:
+                counts = asked[key] = judged(key, reduce)
+            if not counts:
+                continue
+            value = value_of(reduce, row)
+            if value is None:
+                continue
+            spread = found.get((role, key))
+            if spread is None:
+                spread = found[(role, key)] = Spread()
+            spread.add(value, process)
+    return found
