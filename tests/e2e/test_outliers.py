@@ -1,0 +1,88 @@
+"""The rank whose values diverge (issue 52), as a user meets it: real torchrun ranks on gloo training
+one model data-parallel, one rank's recorded loss made to diverge from a known step, into a real
+sink; read back from its JSONL view and status route."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankscope.sink import BookConfig
+
+from ..conftest import ROOT
+from ..pipeline import clean_env
+
+WORKER = str(ROOT / "tests" / "workers" / "outlier_worker.py")
+
+
+def _job(
+    make_sink: Any, tmp_path: Path, experiment: str, steps: int, *more: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    path = tmp_path / "global.jsonl"
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, book=BookConfig(grace=30)
+    )
+    env = clean_env(RANKSCOPE_EXPERIMENT=experiment, RANKSCOPE_ENDPOINT=sink.endpoint)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=4",
+        WORKER,
+        "--steps",
+        str(steps),
+        *more,
+    ]
+    job = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, stderr = job.communicate(timeout=150)
+        assert job.returncode == 0, stderr[-4000:]
+    finally:
+        if job.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    sink.finalize(experiment)
+    assert sink.wait_written(experiment)
+    status = sink.status(experiment)
+    assert status is not None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return rows, status
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_whose_loss_diverges_is_named_by_its_third_step_and_only_it(make_sink, tmp_path: Path) -> None:
+    """4 ranks; rank 1's loss is +5 from step 10: named once, by step 12 (3 judged steps in a
+    row), with its value against the others' mean and spread; no other rank, no other key."""
+    rows, status = _job(make_sink, tmp_path, "diverge", 20, "--diverge", "1:10:5.0")
+    said = [r for r in rows if r["kind"] == "anomaly" and r["type"] == "outlier"]
+    assert [(r["process"], r["key"], r["first_step"]) for r in said] == [("trainer_r1", "loss", 10)], said
+    (record,) = said
+    assert record["steps"] == 3 and record["value"] - record["others_mean"] > 4.5 and record["sigmas"] > 6, record
+    at = rows.index(record)  # said with its third step's view: written among that step's rows
+    before = max(r["step"] for r in rows[:at] if r["kind"] == "global_reduce")
+    assert before in (11, 12), before
+    live = status["outlier_streaks"]
+    assert [(r["process"], r["key"], r["first_step"], r["last_step"]) for r in live] == [("trainer_r1", "loss", 10, 19)]
+    assert status["anomaly_counts"].get("outlier") == 1
+
+
+@pytest.mark.timeout(240)
+def test_no_rank_diverging_names_no_one_in_a_hundred_steps(make_sink, tmp_path: Path) -> None:
+    """Each rank's own batches make its loss differ from the others' every step: in 100 steps the
+    default thresholds (6 sigmas of the others, 5 % of their mean, 3 steps in a row) name no one."""
+    rows, status = _job(make_sink, tmp_path, "even", 100)
+    assert [r for r in rows if r["kind"] == "anomaly" and r["type"] == "outlier"] == []
+    assert status["outlier_streaks"] == [] and "outlier" not in status["anomaly_counts"]
+    assert {r["step"] for r in rows if r["kind"] == "global_reduce" and r["key"] == "loss"} == set(range(100))
