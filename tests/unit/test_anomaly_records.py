@@ -19,6 +19,7 @@ from rankscope.core.anomalies import (
     Interrupted,
     Missing,
     NonFinite,
+    Outlier,
     Partial,
     SlowStep,
     Straggler,
@@ -31,6 +32,7 @@ SAMPLES: list[Anomaly] = [
         step=3, key="loss", process="trainer_r1", role="trainer", rank=1, count=2, keys=("loss", "x"), first=True
     ),
     Straggler(step=4, first_step=4, last_step=6, steps=3, process="trainer_r2", phase="train/forward", ratio=3.5),
+    Outlier(step=5, first_step=5, last_step=7, steps=3, process="trainer_r13", key="loss", value=1.8, others_mean=1.0),
     SlowStep(step=5, seconds=2.0, median_s=0.5, factor=4.0),
     Missing(step=6, processes=("trainer_r3",), count=1),
     Interrupted(step=7, processes=("trainer_r0", "trainer_r1"), count=2),

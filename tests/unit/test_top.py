@@ -84,3 +84,12 @@ def test_the_phase_map_marks_the_late_process_net_of_waits_not_the_rank_that_wai
         "straggler: trainer_r1 in train/forward since step 8 (2 steps), +150.1ms (352.6x the others); "
         "the others waited for it in train/backward (collectives unseen)" in text
     ), text
+
+
+def test_top_lists_an_outlier_going_on_with_its_key_against_the_others() -> None:
+    record = {"type": "outlier", "step": 10, "first_step": 10, "last_step": 14, "steps": 5, "process": "trainer_r1"}
+    record |= {"role": "trainer", "rank": 1, "key": "loss", "value": 6.02, "others_mean": 1.01, "others_std": 0.02}
+    record |= {"sigmas": 250.5, "others": 3}
+    status = {"processes": 4, "anomaly_counts": {"outlier": 1}, "anomalies": [], "outlier_streaks": [record]}
+    lines = [line.strip() for line in screen(status).splitlines() if line.startswith("outlier")]
+    assert lines == ["outlier: trainer_r1 loss 6.02 vs the others 1.01 ± 0.02 (+250.5σ) since step 10 (5 steps)"]

@@ -29,16 +29,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # rich loads when the view draws: every other command starts without it
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-from ..backends.console import printable, straggler_details, straggler_where
+from ..backends.console import outlier_details, printable, straggler_details, straggler_where
 from ..core import names as attr
-from ..core.anomalies import Straggler, from_json
+from ..core.anomalies import Anomaly, Outlier, Straggler, from_json
 from .sink import find_sink
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -226,7 +226,7 @@ def streaks(last: dict[str, Any], status: dict[str, Any]) -> list[str]:
     train/forward since step 3 (12 steps), +150.1ms (352.6x the others); arrived last at
     all_reduce, 3 others waited up to 150ms``. From the status route's records (the sink keeps
     each streak's record up to date: its ``last_step`` and ``steps``), else the last step's own."""
-    records = _stragglers(status.get("anomalies")) or _stragglers(last.get("anomalies"))
+    records = _read(status.get("anomalies"), Straggler) or _read(last.get("anomalies"), Straggler)
     lines: dict[tuple[Any, ...], str] = {}
     for a in records:
         if a.last_step < last["step"] - 1:  # it ended (one step behind: the status was read
@@ -234,13 +234,20 @@ def streaks(last: dict[str, Any], status: dict[str, Any]) -> list[str]:
         since = f" since step {a.first_step} ({a.steps} step{'s' * (a.steps != 1)})"
         where = f"straggler: {a.process}{straggler_where(a.phase)}{since}"
         lines[(a.process, a.first_step)] = printable(where + straggler_details(a))
+    for o in _read(status.get("outlier_streaks"), Outlier) or _read(last.get("anomalies"), Outlier):
+        if o.last_step >= last["step"] - 1:  # going on: the process, its key against the others
+            since = f" since step {o.first_step} ({o.steps} step{'s' * (o.steps != 1)})"
+            lines[(o.process, o.key, o.first_step)] = printable(f"outlier: {o.process} {outlier_details(o)}{since}")
     return list(lines.values())
 
 
-def _stragglers(records: Any) -> list[Straggler]:
-    """The straggler records among a status's serialized ones (anything else is skipped)."""
+R = TypeVar("R", bound=Anomaly)
+
+
+def _read(records: Any, kind: type[R]) -> list[R]:
+    """The records of ``kind`` among a status's serialized ones (anything else is skipped)."""
     read = (from_json(r) for r in records or () if isinstance(r, dict))
-    return [r for r in read if isinstance(r, Straggler)]
+    return [r for r in read if isinstance(r, kind)]
 
 
 @contextlib.contextmanager

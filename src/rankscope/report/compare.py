@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..core.anomalies import NonFinite
+from ..core.anomalies import NonFinite, Outlier
 from . import page
 from .series import Series, kind_of, meta_charted
 from .summary import Summary, read
@@ -99,6 +99,11 @@ def _status(summary: Summary) -> str:
     parts = []
     if stragglers:
         parts.append("straggler " + ", ".join(sorted(stragglers)[:3]) + (" …" if len(stragglers) > 3 else ""))
+    outliers = sorted(
+        {f"{a.get('process')} {a.get('key')}" for a in summary.health.anomalies() if a.get("type") == Outlier.KIND}
+    )
+    if outliers:
+        parts.append("outlier " + ", ".join(outliers[:3]) + (" …" if len(outliers) > 3 else ""))
     if counts.get(NonFinite.KIND):
         parts.append(f"non-finite values at {counts['nonfinite']} step{'' if counts['nonfinite'] == 1 else 's'}")
     if summary.health.missing:
