@@ -324,7 +324,9 @@ func (p *mergeProcessor) groupOf(w *window, res pcommon.Map) (*group, holder, bo
 		w.order = append(w.order, key)
 	}
 	rank, _ := nonNegativeInt(res, attrRank)
-	return g, holder{rank: rank, label: label(res, rank)}, true
+	merged, found := res.Get(attrMerged)
+	isMerged := found && merged.Type() == pcommon.ValueTypeBool && merged.Bool()
+	return g, holder{rank: rank, label: label(res, rank), merged: isMerged}, true
 }
 
 // label is the process label the sink gives a process (rankscope.core.identity.label_of).
@@ -374,7 +376,7 @@ func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetr
 				return m.Gauge().DataPoints().Len() == 0
 			case pmetric.MetricTypeHistogram:
 				m.Histogram().DataPoints().RemoveIf(func(dp pmetric.HistogramDataPoint) bool {
-					return take(dp.Attributes(), func(k reduceKind) (*state, bool) { return decodeHistogram(k, dp) })
+					return take(dp.Attributes(), func(k reduceKind) (*state, bool) { return decodeHistogram(k, dp, from) })
 				})
 				return m.Histogram().DataPoints().Len() == 0
 			case pmetric.MetricTypeExponentialHistogram:

@@ -334,6 +334,49 @@ func TestEveryBuiltInReduceMergesExactlyInAnyGrouping(t *testing.T) {
 			std := at("std")
 			sqv, _ := std.attrs.Get(attrSumSq)
 			check("std.sum_sq", sqv.Double(), sq)
+			// the spread of the processes' own means: their count, mean and extremes with holders
+			var means []float64
+			for _, in := range inputs[step] {
+				total := 0.0
+				for _, v := range in.values {
+					total += v
+				}
+				means = append(means, total/float64(len(in.values)))
+			}
+			n, _ := mean.attrs.Get(attrSpreadN)
+			check("spread.n", float64(n.Int()), procs)
+			lo, hi, loRank, hiRank, avg := math.Inf(1), math.Inf(-1), -1, -1, 0.0
+			for r, v := range means {
+				avg += v / procs
+				if v < lo {
+					lo, loRank = v, r
+				}
+				if v > hi {
+					hi, hiRank = v, r
+				}
+			}
+			m2 := 0.0
+			for _, v := range means {
+				m2 += (v - avg) * (v - avg)
+			}
+			for key, want := range map[string]float64{attrSpreadLow: lo, attrSpreadHigh: hi} {
+				v, _ := mean.attrs.Get(key)
+				check(key, v.Double(), want)
+			}
+			for key, want := range map[string]int{attrSpreadLowRank: loRank, attrSpreadHighRank: hiRank} {
+				v, _ := mean.attrs.Get(key)
+				check(key, float64(v.Int()), float64(want))
+			}
+			for key, want := range map[string]float64{attrSpreadMean: avg, attrSpreadM2: m2} {
+				v, _ := mean.attrs.Get(key)
+				if math.Abs(v.Double()-want) > 1e-9*math.Max(1, math.Abs(want)) {
+					t.Errorf("%s step %d %s: got %v, want %v", name, step, key, v.Double(), want)
+				}
+			}
+			label, _ = mean.attrs.Get(attrSpreadHighLabel)
+			if want := "trainer_r" + itoa(hiRank); label.Str() != want {
+				t.Errorf("%s step %d: spread high label %q, want %q", name, step, label.Str(), want)
+			}
 		}
 	}
 	// 16 processes x 7 keys x 3 steps came in; 7 x 3 states (and the 48 markers) leave.
@@ -628,5 +671,50 @@ func TestRunsOfOneExperimentMergeApart(t *testing.T) {
 	}
 	if resumes["second"] != "latest" || resumes["first"] != "" {
 		t.Fatalf("resume carried as %v", resumes)
+	}
+}
+
+// A part merged upstream without a spread (an older Collector) makes the key's spread unknown: no
+// spread leaves rather than one that counts that part as a single process; a malformed one likewise.
+func TestASpreadWithAnUnknownPartIsNotSent(t *testing.T) {
+	for _, carried := range []string{"none", "malformed"} {
+		md, ms := request(proc{"trainer", 0}, "exp")
+		addMoments(ms, "loss", "mean", 0, []float64{1, 2})
+		upstream, ums := request(proc{"trainer", 1}, "exp")
+		upstream.ResourceMetrics().At(0).Resource().Attributes().PutBool(attrMerged, true)
+		addMoments(ums, "loss", "mean", 0, []float64{3, 4, 5})
+		if carried == "malformed" {
+			dp := ums.At(0).Histogram().DataPoints().At(0)
+			dp.Attributes().PutInt(attrSpreadN, 3)
+			dp.Attributes().PutStr(attrSpreadMean, "not a number")
+		}
+		out := new(consumertest.MetricsSink)
+		consume(t, start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, out), md, upstream)
+		got := mergedPoints(out)["loss"]
+		if len(got) != 1 {
+			t.Fatalf("%s: %d merged loss points, want 1", carried, len(got))
+		}
+		if _, ok := got[0].attrs.Get(attrSpreadN); ok {
+			t.Errorf("%s: a spread was sent though a part of it is not known", carried)
+		}
+		if h := got[0].metric.Histogram().DataPoints().At(got[0].index); h.Count() != 5 || h.Sum() != 15 {
+			t.Errorf("%s: the mean itself must still merge: count %d sum %v", carried, h.Count(), h.Sum())
+		}
+	}
+}
+
+// A process without samples, or whose value is not finite, is not in the spread.
+func TestASpreadLeavesOutProcessesWithoutAFiniteValue(t *testing.T) {
+	var mds []pmetric.Metrics
+	for r, values := range [][]float64{{1}, {2}, {}, {math.NaN()}} {
+		md, ms := request(proc{"trainer", r}, "exp")
+		addMoments(ms, "loss", "mean", 0, values)
+		mds = append(mds, md)
+	}
+	out := new(consumertest.MetricsSink)
+	consume(t, start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, out), mds...)
+	got := mergedPoints(out)["loss"][0]
+	if n, _ := got.attrs.Get(attrSpreadN); n.Int() != 2 {
+		t.Errorf("spread.n %d, want 2", n.Int())
 	}
 }

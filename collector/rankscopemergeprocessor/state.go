@@ -15,29 +15,38 @@ import (
 // numbers: rankscope/otlp/metrics.py). A rename there is a wire-format change here too, and
 // tests/unit/test_wire_names.py reads both files and holds them equal.
 const (
-	attrExperiment    = "rankscope.experiment.id"
-	attrAttempt       = "rankscope.experiment.attempt"
-	attrRun           = "rankscope.run.id"
-	attrResume        = "rankscope.run.resume"
-	attrRole          = "rankscope.role"
-	attrReplica       = "rankscope.replica"
-	attrRank          = "rankscope.rank"
-	attrReduce        = "rankscope.reduce"
-	attrStep          = "rankscope.step"
-	attrStateField    = "rankscope.state"
-	attrSumSq         = "rankscope.sum_sq"
-	attrExtremeRank   = "rankscope.extreme.rank"
-	attrExtremeLabel  = "rankscope.extreme.label"
-	attrMerged        = "rankscope.merged"
-	attrWindow        = "rankscope.merge.window"
-	attrServiceName   = "service.name"
-	attrInstanceID    = "service.instance.id"
-	attrHostName      = "host.name"
-	distributionScale = 6  // the scale rankscope's SDK encodes distributions at
-	maxScale          = 20 // as the sink: finer scales are refused there
-	maxBuckets        = 16_384
-	maxNameBytes      = 255
-	maxLabelBytes     = 512
+	attrExperiment      = "rankscope.experiment.id"
+	attrAttempt         = "rankscope.experiment.attempt"
+	attrRun             = "rankscope.run.id"
+	attrResume          = "rankscope.run.resume"
+	attrRole            = "rankscope.role"
+	attrReplica         = "rankscope.replica"
+	attrRank            = "rankscope.rank"
+	attrReduce          = "rankscope.reduce"
+	attrStep            = "rankscope.step"
+	attrStateField      = "rankscope.state"
+	attrSumSq           = "rankscope.sum_sq"
+	attrExtremeRank     = "rankscope.extreme.rank"
+	attrExtremeLabel    = "rankscope.extreme.label"
+	attrSpreadN         = "rankscope.spread.n" // the spread of the processes' own values (spread.go)
+	attrSpreadMean      = "rankscope.spread.mean"
+	attrSpreadM2        = "rankscope.spread.m2"
+	attrSpreadLow       = "rankscope.spread.low"
+	attrSpreadLowRank   = "rankscope.spread.low.rank"
+	attrSpreadLowLabel  = "rankscope.spread.low.label"
+	attrSpreadHigh      = "rankscope.spread.high"
+	attrSpreadHighRank  = "rankscope.spread.high.rank"
+	attrSpreadHighLabel = "rankscope.spread.high.label"
+	attrMerged          = "rankscope.merged"
+	attrWindow          = "rankscope.merge.window"
+	attrServiceName     = "service.name"
+	attrInstanceID      = "service.instance.id"
+	attrHostName        = "host.name"
+	distributionScale   = 6  // the scale rankscope's SDK encodes distributions at
+	maxScale            = 20 // as the sink: finer scales are refused there
+	maxBuckets          = 16_384
+	maxNameBytes        = 255
+	maxLabelBytes       = 512
 )
 
 type reduceKind uint8
@@ -105,6 +114,8 @@ type state struct {
 	holderRank  int64 // max, min: who holds the extreme
 	holderLabel string
 
+	spread spread // sum, mean, std: the processes' own values (spread.go)
+
 	scale          int32 // distribution
 	zeroCount      uint64
 	min, max       float64
@@ -113,10 +124,12 @@ type state struct {
 	hasMin, hasMax bool
 }
 
-// holder is the process a state came from, for the extreme's rank and label.
+// holder is the process a state came from, for the extreme's rank and label; merged: a
+// Collector's merged resource (its states hold many processes).
 type holder struct {
-	rank  int64
-	label string
+	rank   int64
+	label  string
+	merged bool
 }
 
 // decodeNumber, decodeHistogram and decodeExponential return the state a rankscope point
@@ -138,6 +151,9 @@ func decodeNumber(kind reduceKind, dp pmetric.NumberDataPoint, from holder) (*st
 	if kind == reduceCount && !(s.value.isInt && s.value.i >= 0) {
 		return nil, false
 	}
+	if kind == reduceSum {
+		s.spreadFrom(dp.Attributes(), from)
+	}
 	if kind == reduceMax || kind == reduceMin {
 		s.holderRank, s.holderLabel = from.rank, from.label
 		if r, ok := nonNegativeInt(dp.Attributes(), attrExtremeRank); ok { // merged upstream
@@ -150,7 +166,17 @@ func decodeNumber(kind reduceKind, dp pmetric.NumberDataPoint, from holder) (*st
 	return s, true
 }
 
-func decodeHistogram(kind reduceKind, dp pmetric.HistogramDataPoint) (*state, bool) {
+// spreadFrom sets the state's spread: the one a merged point carries, else the process's own value.
+func (s *state) spreadFrom(attrs pcommon.Map, from holder) {
+	if _, carried := attrs.Get(attrSpreadN); carried {
+		s.spread, _ = decodeSpread(attrs) // malformed: not known
+		return
+	}
+	v, ok := s.processValue()
+	s.spread = own(v, ok, from)
+}
+
+func decodeHistogram(kind reduceKind, dp pmetric.HistogramDataPoint, from holder) (*state, bool) {
 	if !dp.HasSum() && dp.Count() > 0 {
 		return nil, false
 	}
@@ -166,6 +192,7 @@ func decodeHistogram(kind reduceKind, dp pmetric.HistogramDataPoint) (*state, bo
 			return nil, false
 		}
 	}
+	s.spreadFrom(dp.Attributes(), from)
 	return s, true
 }
 
@@ -218,6 +245,9 @@ func (s *state) merge(o *state) {
 	switch s.kind {
 	case reduceSum, reduceCount:
 		s.value = s.value.add(o.value)
+		if s.kind == reduceSum {
+			s.spread.merge(o.spread)
+		}
 	case reduceMax, reduceMin:
 		a, b := s.value.float(), o.value.float()
 		better := b > a || (b == a && o.holderRank < s.holderRank) // the lowest rank on a tie
@@ -241,6 +271,7 @@ func (s *state) merge(o *state) {
 		s.count += o.count
 		s.sum += o.sum
 		s.sumSq += o.sumSq
+		s.spread.merge(o.spread)
 	case reduceDistribution:
 		s.mergeDistribution(o)
 	}
@@ -336,6 +367,9 @@ func (s *state) encode(m pmetric.Metric, reduce string, step int64) {
 	attrs.PutInt(attrStep, step)
 	if s.kind == reduceStd {
 		attrs.PutDouble(attrSumSq, s.sumSq)
+	}
+	if s.kind == reduceSum || s.kind == reduceMean || s.kind == reduceStd {
+		s.spread.encode(attrs)
 	}
 	if s.kind == reduceMax || s.kind == reduceMin {
 		attrs.PutInt(attrExtremeRank, s.holderRank)

@@ -37,6 +37,15 @@ STATE_FIELD = "rankscope.state"  # for custom reduce types: which state field th
 EXTREME_RANK = "rankscope.extreme.rank"  # int, on a merged MAX/MIN state: the rank holding the extreme
 EXTREME_LABEL = "rankscope.extreme.label"  # on a merged MAX/MIN state: that process's label
 SUM_SQ = "rankscope.sum_sq"  # double, on a STD state's histogram point: the sum of squares
+SPREAD_N = "rankscope.spread.n"  # int: processes in a merged MEAN/SUM/STD point's spread of their own values
+SPREAD_MEAN = "rankscope.spread.mean"  # float: their mean
+SPREAD_M2 = "rankscope.spread.m2"  # float: their sum of squared deviations from it
+SPREAD_LOW = "rankscope.spread.low"  # float: the lowest process's value ...
+SPREAD_LOW_RANK = "rankscope.spread.low.rank"  # int: ... its rank ...
+SPREAD_LOW_LABEL = "rankscope.spread.low.label"  # str: ... and label
+SPREAD_HIGH = "rankscope.spread.high"  # float: the highest's likewise
+SPREAD_HIGH_RANK = "rankscope.spread.high.rank"
+SPREAD_HIGH_LABEL = "rankscope.spread.high.label"
 
 # On the resource of states merged by the Collector's rankscopemerge processor (bool): the
 # resource is the merge, not a process; its contributors are named by their own flush markers.
