@@ -312,6 +312,35 @@ def exponential_state(point: Any, min_scale: int, max_buckets: int, absent: floa
     }
 
 
+def read_spread(extra: Mapping[str, Any]) -> Row | None:
+    """A merged MEAN/SUM/STD point's spread of the processes' own values (``rankscope.spread.*``,
+    the Go merge processor's): ``(n, mean, m2, low, low_rank, low_label, high, high_rank,
+    high_label)``; ``(0,)`` for no process; None when it carries none or a malformed one (the
+    point itself is taken: only the key's spread is not known)."""
+    n = extra.get(attr.SPREAD_N)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**31:
+        return None
+    if n == 0:
+        return (0,)
+    numbers: list[float] = []
+    for key in (attr.SPREAD_MEAN, attr.SPREAD_M2, attr.SPREAD_LOW, attr.SPREAD_HIGH):
+        value = extra.get(key)
+        if not isinstance(value, float) or not math.isfinite(value):
+            return None
+        numbers.append(value)
+    mean, m2, low, high = numbers
+    if m2 < 0 or low > high:
+        return None
+    ranks = [extra.get(attr.SPREAD_LOW_RANK), extra.get(attr.SPREAD_HIGH_RANK)]
+    labels = [extra.get(attr.SPREAD_LOW_LABEL, ""), extra.get(attr.SPREAD_HIGH_LABEL, "")]
+    for rank, label in zip(ranks, labels, strict=True):
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
+            return None
+        if not isinstance(label, str) or not label.isprintable() or len(label) > _MAX_LABEL:
+            return None
+    return (n, mean, m2, low, ranks[0], labels[0], high, ranks[1], labels[1])
+
+
 READERS: dict[str, Reader] = {
     "sum": _sum,
     "count": _count,

@@ -191,6 +191,9 @@ class StateRows:
     rows: list[Row] = field(default_factory=list)
     time_unix_nano: int = 0
     """Without a step: when the first point was taken (the step whose window holds it is chosen)."""
+    spreads: dict[int, Row] | None = None
+    """A merged process's rows: ``rows[i]``'s spread of the processes' own values, where its point
+    carried a well-formed one (``otlp.metrics.read_spread``; ``book.spread``)."""
 
 
 class PlainPoint(NamedTuple):

@@ -82,7 +82,7 @@ class PerProcess(Mapping[Process, list[Metric]]):
     processes there are (W&B past ``per_rank_max_processes``) pays nothing."""
 
     def __init__(self, parts: list[tuple[Process, StateRows]], on_error: OnError | None):
-        self._parts = parts
+        self._parts = [(process, rows) for process, rows in parts if not process.merged]  # many processes: none's own
         self._on_error = on_error
         self._values: dict[Process, list[Metric]] | None = None
 
@@ -254,6 +254,8 @@ def _nonfinite(parts: list[tuple[Process, StateRows]], keys: set[str]) -> list[t
     found: list[tuple[str, Process | None]] = []
     named: set[str] = set()
     for process, rows in parts:
+        if process.merged:  # a merge is many processes: it names none
+            continue
         for i, key in enumerate(rows.keys):
             if key not in keys:
                 continue

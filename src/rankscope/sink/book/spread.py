@@ -8,8 +8,10 @@ and the lowest and highest value with the process that holds it (the lowest rank
 MAX and MIN do). Taking the extreme back out of the moments gives the others' mean and spread
 in O(1) per key, whatever the number of processes (``Spread.others``).
 
-Only what a process sent on its own counts (``Finished.parts``); a NaN or infinite value is the
-non-finite detector's, not a spread's.
+What a process sent on its own counts as its value (``Finished.parts``); a Collector's merged
+rows carry their processes' spread (``StateRows.spreads``, the Go merge processor's), merged in;
+a merged row without one (an older Collector) leaves the key's spread unknown for the step. A
+NaN or infinite value is the non-finite detector's, not a spread's.
 """
 
 from __future__ import annotations
@@ -49,6 +51,23 @@ class Spread:
         if value > self.high or (value == self.high and self.high_by is not None and process.rank < self.high_by.rank):
             self.high, self.high_by = value, process
 
+    def merge(self, carried: tuple[Any, ...], role: str) -> None:
+        """A spread merged upstream (``otlp.metrics.read_spread``; Chan's parallel update), its
+        holders named by their rank and label."""
+        n = carried[0]
+        if n == 0:
+            return
+        _, mean, m2, low, low_rank, low_label, high, high_rank, high_label = carried
+        total = self.n + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.n * n / total
+        self.n = total
+        if low < self.low or (low == self.low and self.low_by is not None and low_rank < self.low_by.rank):
+            self.low, self.low_by = low, _holder(low_rank, low_label, role)
+        if high > self.high or (high == self.high and self.high_by is not None and high_rank < self.high_by.rank):
+            self.high, self.high_by = high, _holder(high_rank, high_label, role)
+
     def others(self, high: bool) -> Extreme | None:
         """The highest (``high``) or lowest process against the others' mean and standard
         deviation (the extreme taken back out of the moments); None with fewer than 3 processes
@@ -75,6 +94,13 @@ class Extreme:
     @property
     def deviation(self) -> float:
         return self.value - self.others_mean
+
+
+def _holder(rank: int, label: str, role: str) -> Process:
+    """The process a Collector named as holding an extreme (its rank and label; its role is the
+    label's, ``trainer`` of ``trainer_r13``)."""
+    named = label or f"{role}_r{rank}"
+    return Process(named, named, named.rsplit("_r", 1)[0] if "_r" in named else role, None, rank, 0, 0, "", 0, {})
 
 
 def value_of(reduce: str, row: tuple[Any, ...]) -> float | None:
@@ -105,16 +131,28 @@ def spreads(
     reduce)`` says which keys count (asked once per key). One pass over the step's rows."""
     found: dict[tuple[str, str], Spread] = {}
     asked: dict[str, bool] = {}
+    unknown: set[tuple[str, str]] = set()
     for process, rows in parts:
         reduce = rows.reduce
         if reduce not in JUDGED:
             continue
         role = process.role
-        for key, row in zip(rows.keys, rows.rows, strict=True):
+        carried = rows.spreads if process.merged else None
+        for i, (key, row) in enumerate(zip(rows.keys, rows.rows, strict=True)):
             counts = asked.get(key)
             if counts is None:
                 counts = asked[key] = judged(key, reduce)
             if not counts:
+                continue
+            if process.merged:  # many processes: the spread its Collector carried, else none known
+                spread_of = carried.get(i) if carried is not None else None
+                if spread_of is None:
+                    unknown.add((role, key))
+                    continue
+                spread = found.get((role, key))
+                if spread is None:
+                    spread = found[(role, key)] = Spread()
+                spread.merge(spread_of, role)
                 continue
             value = value_of(reduce, row)
             if value is None:
@@ -123,4 +161,6 @@ def spreads(
             if spread is None:
                 spread = found[(role, key)] = Spread()
             spread.add(value, process)
+    for which in unknown:  # a part of it is not known: no spread rather than a wrong one
+        found.pop(which, None)
     return found

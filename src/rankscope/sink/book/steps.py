@@ -26,6 +26,7 @@ from .counts import Counts
 from .late import LateSteps
 from .merge import Running, merge_rows
 from .retained import Retained
+from .spread import JUDGED
 from .step import Step
 from .tables import take
 
@@ -172,7 +173,7 @@ class StepTable:
         merged, parts, rank, label = bucket.merged, bucket.parts, process.rank, process.label
         for rows in part.states:
             merge_rows(merged, rows.reduce, rows.keys, rows.rows, rank, label)
-            if not process.merged:  # a merge is many processes: no per-process value
+            if not process.merged or rows.reduce in JUDGED:  # a merge's rows: for their spreads only
                 parts.append((process, rows))
             taken += len(rows.keys)
         if late:

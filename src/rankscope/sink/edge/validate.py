@@ -47,7 +47,7 @@ from ...otlp import foreign
 from ...otlp.common import attributes, decode_step
 from ...otlp.logs import decode_record, decode_stream, is_stream
 from ...otlp.markers import decode_marker
-from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field
+from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field, read_spread
 from ...otlp.raw import ParsedMetrics, decode_attribute, decode_attributes
 from ...otlp.samples import decode_row, is_sample
 from ..checked import (
@@ -317,6 +317,12 @@ def _points(
         if isinstance(row, str):
             refused.add(1, f"{name}: {row}")
             continue
+        if extra and attr.SPREAD_N in extra:  # a Collector's merged point: its processes' spread
+            spread = read_spread(extra)
+            if spread is not None:
+                if target.spreads is None:
+                    target.spreads = {}
+                target.spreads[len(target.rows)] = spread
         target.keys.append(name)
         target.rows.append(row)
         batch.order.append(name)
