@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from rankscope.sink import BookConfig
 
-from ..conftest import ROOT
+from ..conftest import ROOT, free_port
 from ..pipeline import clean_env
 
 WORKER = str(ROOT / "tests" / "workers" / "outlier_worker.py")
@@ -86,3 +87,47 @@ def test_no_rank_diverging_names_no_one_in_a_hundred_steps(make_sink, tmp_path: 
     assert [r for r in rows if r["kind"] == "anomaly" and r["type"] == "outlier"] == []
     assert status["outlier_streaks"] == [] and "outlier" not in status["anomaly_counts"]
     assert {r["step"] for r in rows if r["kind"] == "global_reduce" and r["key"] == "loss"} == set(range(100))
+
+
+OUTLIER_VALUES = str(ROOT / "tests" / "workers" / "outlier_values_worker.py")
+
+
+@pytest.mark.timeout(300)
+def test_32_processes_straight_and_through_agents_and_a_gateway_name_exactly_the_two_outliers(
+    binaries, tmp_path: Path
+) -> None:
+    """32 processes (no torch) with noisy values: rank 13's loss +0.8 from step 5, rank 27's grad
+    norm 3x from step 8. Straight to a ``rankscope sink`` and through two agents and a gateway
+    (the Go merge processor carries each key's spread of the processes' values): exactly those
+    two named, with their first steps, in both."""
+    from ..pipeline import run_workers, start_sink, wait_until_settled
+    from .test_tree import rows, tree, views
+
+    steps, grpc, http = 12, free_port(), free_port()
+    sink = start_sink(tmp_path, "sink", views(tmp_path), grpc, http, grace=20.0)
+    try:
+        with tree(binaries, tmp_path, grpc, agents=2) as agents:
+            for experiment in ("direct", "tree"):
+                at = {"TREE_START_AT": str(time.time() + 6)}
+                commands = []
+                for rank in range(32):
+                    endpoint = f"127.0.0.1:{grpc}" if experiment == "direct" else agents[rank // 16]["endpoint"]
+                    env = clean_env(
+                        RANKSCOPE_EXPERIMENT=experiment,
+                        RANKSCOPE_ENDPOINT=endpoint,
+                        RANK=str(rank),
+                        WORLD_SIZE="32",
+                        **at,
+                    )
+                    commands.append(([sys.executable, OUTLIER_VALUES, str(steps), "0.4"], env))
+                outputs = run_workers(commands)
+                assert all("dropped=0" in out for out in outputs), outputs
+                wait_until_settled(http, experiment, last_step=steps - 1, quiet=2.0)
+    finally:
+        sink.stop()
+    for experiment in ("direct", "tree"):
+        said = [r for r in rows(tmp_path, "global", experiment) if r["kind"] == "anomaly" and r["type"] == "outlier"]
+        named = sorted((r["process"], r["key"], r["first_step"]) for r in said)
+        assert named == [("trainer_r13", "loss", 5), ("trainer_r27", "grad_norm", 8)], (experiment, said)
+        loss = next(r for r in said if r["key"] == "loss")
+        assert loss["others"] == 31 and abs(loss["others_mean"] - 1.0) < 0.01 and loss["sigmas"] > 50, loss
