@@ -18,6 +18,7 @@ import pytest
 
 from rankscope.sink import BookConfig
 
+from .. import browser
 from ..conftest import ROOT, free_port
 from ..pipeline import clean_env
 
@@ -28,9 +29,11 @@ def _job(
     make_sink: Any, tmp_path: Path, experiment: str, steps: int, *more: str
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     path = tmp_path / "global.jsonl"
-    sink = make_sink(
-        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}, book=BookConfig(grace=30)
-    )
+    backends = {
+        "jsonl": {"logging_mode": "global_reduce", "path": str(path)},
+        "report": {"backend": "report", "path": str(tmp_path / "report.html")},
+    }
+    sink = make_sink(backends=backends, book=BookConfig(grace=30))
     env = clean_env(RANKSCOPE_EXPERIMENT=experiment, RANKSCOPE_ENDPOINT=sink.endpoint)
     cmd = [
         sys.executable,
@@ -58,14 +61,18 @@ def _job(
     assert sink.wait_written(experiment)
     status = sink.status(experiment)
     assert status is not None
+    sink.stop()  # the run closes: the report page is written whole
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return rows, status
 
 
 @pytest.mark.timeout(180)
-def test_a_rank_whose_loss_diverges_is_named_by_its_third_step_and_only_it(make_sink, tmp_path: Path) -> None:
+def test_a_rank_whose_loss_diverges_is_named_by_its_third_step_and_only_it(
+    make_sink, tmp_path: Path, browser_ready: None
+) -> None:
     """4 ranks; rank 1's loss is +5 from step 10: named once, by step 12 (3 judged steps in a
-    row), with its value against the others' mean and spread; no other rank, no other key."""
+    row), with its value against the others' mean and spread; no other rank, no other key. The
+    report says it on top and draws its own line on the loss chart."""
     rows, status = _job(make_sink, tmp_path, "diverge", 20, "--diverge", "1:10:5.0")
     said = [r for r in rows if r["kind"] == "anomaly" and r["type"] == "outlier"]
     assert [(r["process"], r["key"], r["first_step"]) for r in said] == [("trainer_r1", "loss", 10)], said
@@ -77,6 +84,13 @@ def test_a_rank_whose_loss_diverges_is_named_by_its_third_step_and_only_it(make_
     live = status["outlier_streaks"]
     assert [(r["process"], r["key"], r["first_step"], r["last_step"]) for r in live] == [("trainer_r1", "loss", 10, 19)]
     assert status["anomaly_counts"].get("outlier") == 1
+    with browser.chromium() as driver:
+        browser.open_report(driver, tmp_path / "report.html", timeout=60.0)
+        assert browser.errors(driver) == []
+        alerts = [a for a in browser.texts(driver, ".alert") if a.startswith("outlier:")]
+        drawn = browser.svg_text(driver)
+    assert len(alerts) == 1 and alerts[0].startswith("outlier: trainer_r1 loss "), alerts
+    assert "trainer_r1 (outlier)" in drawn, drawn
 
 
 @pytest.mark.timeout(240)

@@ -73,9 +73,29 @@
       `straggler: ${s.process}${s.phase ? ` in ${s.phase}` : ""} — ${streakSteps(s)}` + (how ? `: ${how}` : "")));
   }
 
+  // the processes whose values of a key diverged from the others' (the outlier detector): said on
+  // top, and drawn on their key's chart from their first step, where they hold the band's edge
+  const outliers = D.anomalies.filter((a) => a.type === "outlier");
+  for (const o of outliers.slice(0, 5)) {
+    app.append(el("div", { class: "alert straggler" },
+      `outlier: ${o.process} ${o.key} ${fmt(o.value)} vs the others ${fmt(o.others_mean)} ± ${fmt(o.others_std)} since step ${o.first_step}`));
+  }
+  function outlierTraces(key, x, points, holders) {
+    const traces = [];
+    for (const o of outliers.filter((a) => a.key === key)) {
+      const y = points.map((p, i) => p[0] < o.first_step ? null
+        : holders[i][1] === o.process ? p[4] : holders[i][0] === o.process ? p[3] : null);
+      if (y.some((v) => v !== null)) {
+        traces.push({ x, y, name: `${esc(o.process)} (outlier)`, mode: "lines+markers", connectgaps: false,
+          line: { color: "#e08a00", width: 2 }, hovertemplate: `${esc(o.process)} %{y:.4g}<extra></extra>` });
+      }
+    }
+    return traces;
+  }
+
   // -- metrics: the user's keys, one section per role, each key with its cross-process spread
   const TOP_RIGHT = { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom", font: { size: 11 } }; // beside the title
-  function seriesChart(node, title, points, holders, processes) {
+  function seriesChart(node, title, points, holders, processes, key) {
     const x = points.map((p) => p[0]);
     const traces = [];
     // a band (min–max, median) only says something across several processes
@@ -88,6 +108,7 @@
         fillcolor: "rgba(27,95,180,0.18)", customdata: minBy, hovertemplate: "min %{y:.4g} (%{customdata})<extra></extra>" });
       traces.push({ x, y: points.map((p) => p[2]), name: "median", mode: "lines", line: { dash: "dot", width: 1, color: "#1b5fb4" },
         hovertemplate: "median %{y:.4g}<extra></extra>" });
+      traces.push(...outlierTraces(key, x, points, holders));
     }
     traces.push({ x, y: points.map((p) => p[1]), name: "global", mode: points.length < 60 ? "lines+markers" : "lines",
       line: { color: "#d9482b", width: 2 }, hovertemplate: "global %{y:.4g}<extra></extra>" });
@@ -105,7 +126,7 @@
       if (k.constant) { flat.push([title, k]); continue; }
       const node = el("div", { class: "chart", "data-key": k.key, "data-role": k.role || role || "" });
       grid.append(node);
-      chart(node, () => seriesChart(node, title, k.points, k.holders, k.processes === undefined ? processes : k.processes));
+      chart(node, () => seriesChart(node, title, k.points, k.holders, k.processes === undefined ? processes : k.processes, k.key));
     }
     if (flat.length) {
       const rows = flat.map(([title, k]) => {
