@@ -12,7 +12,17 @@ from typing import Any
 from rankscope.core.anomalies import Outlier
 from rankscope.metrics.reduce import Reduce
 from rankscope.sink import BookConfig, StepBook
-from rankscope.sink.testing import Process, Spread, StateRows, Thresholds, judged_by, outliers, spreads
+from rankscope.sink.testing import (
+    CaptureBook,
+    Process,
+    Spread,
+    StateRows,
+    Thresholds,
+    ask_outliers,
+    judged_by,
+    outliers,
+    spreads,
+)
 
 from .test_sink_steps import Clock, ingest, metrics, resource
 
@@ -90,8 +100,10 @@ def test_of_32_processes_exactly_the_loss_and_the_grad_norm_outliers_are_candida
 
 def test_a_streak_is_named_once_after_its_steps_with_its_first_step() -> None:
     """Through a real step book and its detectors: rank 13's loss is +0.8 from step 5, rank 27's
-    grad norm 3x from step 8; each named once, when its streak has held 3 judged steps."""
-    book = StepBook("x", BookConfig(grace=5), clock=Clock())
+    grad norm 3x from step 8; each named once, when its streak has held 3 judged steps. With
+    ``outlier_capture`` each one's process is asked for a profile, as a straggler's is."""
+    book = StepBook("x", BookConfig(grace=5, detectors=Thresholds(outlier_capture=True)), clock=Clock())
+    captures = CaptureBook()
     rng = random.Random(11)
     said: list[Outlier] = []
     for step in range(14):
@@ -106,10 +118,14 @@ def test_a_streak_is_named_once_after_its_steps_with_its_first_step() -> None:
             ingest(book, resource(f"p{rank}", rank, 32), metrics(values, step=step))
         for view in book.ready():
             said += [a for a in view.anomalies if isinstance(a, Outlier)]
+            ask_outliers(captures, view, 2)
     assert [(a.process, a.key, a.first_step, a.step, a.steps) for a in said] == [
         ("trainer_r13", "loss", 5, 5, 3),
         ("trainer_r27", "grad_norm", 8, 8, 3),
     ], said
+    asked = [c.reason for c in captures.captures.values()]
+    assert [r.split(":")[0] for r in asked] == ["outlier from step 5", "outlier from step 8"], asked
+    assert "trainer_r13 loss" in asked[0] and "trainer_r27 grad_norm" in asked[1]
 
 
 def test_the_judgement_per_key_does_not_grow_with_ranks() -> None:

@@ -61,7 +61,7 @@ from .runs.upkeep import Upkeep
 from .runs.view_configs import ViewConfigs
 from .supervisor import Supervisor
 from .tally import Tally
-from .views.captures import ask_stragglers
+from .views.captures import ask_outliers, ask_stragglers
 from .views.step import StepView
 
 log = logging.getLogger("rankscope.sink")
@@ -461,9 +461,11 @@ def _check_open(tenant: Tenant) -> None:
 
 
 def _act(tenant: Tenant, view: StepView, auto_capture_steps: int) -> None:
-    """What a finished step calls for beyond its views: a straggler's process is asked to
-    profile its next steps (rate-limited), a run's first non-finite value is logged."""
+    """What a finished step calls for beyond its views: a straggler's process (and an outlier's,
+    where asked) is asked to profile its next steps (rate-limited), a run's first non-finite value
+    is logged."""
     ask_stragglers(tenant.captures, view, auto_capture_steps)
+    ask_outliers(tenant.captures, view, auto_capture_steps)
     for first in (a for a in view.anomalies if isinstance(a, NonFinite) and a.first):
         log.warning(
             "rankscope sink: %s: first non-finite value: %r at step %d from %r",

@@ -59,6 +59,7 @@ from .runs.runbook import Refused, Resolved, Retried, Run, RunBook
 from .runs.upkeep import ENDED_MARGIN, Agenda
 from .tally import Notes, kind_of
 from .views.anomalies import DETECTORS, Watch
+from .views.captures import CaptureBook, ask_outliers
 from .views.detectors.base import StepFacts, Thresholds
 from .views.fair import FairLine
 from .views.step import StepView
@@ -80,6 +81,7 @@ __all__ = [
     "Admission",
     "Agenda",
     "Backlog",
+    "CaptureBook",
     "Client",
     "ConnectionServer",
     "Control",
@@ -142,6 +144,7 @@ __all__ = [
     "WriteAheadLog",
     "abort",
     "announce",
+    "ask_outliers",
     "atomic_write",
     "authorized",
     "check_span",

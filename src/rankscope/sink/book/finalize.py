@@ -19,7 +19,7 @@ from typing import Any
 
 from ...backends.base import Metric
 from ...core import names as attr
-from ...core.anomalies import Corrected, Partial, Straggler
+from ...core.anomalies import Corrected, Outlier, Partial, Straggler
 from ...metrics.reduce import Reduce, reduced_items
 from ..checked import OnError, Process, StateRows
 from ..views.anomalies import Watch
@@ -220,6 +220,11 @@ def _judge(
         view.anomalies = watch.step(facts)
         processes = {record.process: process for record, process in candidates}
         view.stragglers = [(r, processes[r.process]) for r in view.anomalies if isinstance(r, Straggler)]
+        if d.outlier_capture:
+            whose = {record.process: process for record, process in far}
+            view.outliers = [
+                (r, whose[r.process]) for r in view.anomalies if isinstance(r, Outlier) and r.process in whose
+            ]
     metrics.append(Metric(attr.MISSING_PROCESSES, float(len(view.missing)), Reduce.MAX, stamp))
     if done.late_points:
         metrics.append(Metric(attr.LATE_POINTS, float(done.late_points), Reduce.MAX, stamp))

@@ -200,3 +200,14 @@ def ask_stragglers(book: CaptureBook, view: StepView, steps: int) -> None:
             dataclasses.replace(a, capture=ids[a.streak]) if isinstance(a, Straggler) and a.streak in ids else a
             for a in view.anomalies
         ]
+
+
+def ask_outliers(book: CaptureBook, view: StepView, steps: int) -> None:
+    """Ask each of the step's outliers' process to profile its next ``steps`` steps, where the
+    outlier detector asks for it (``Thresholds.outlier_capture``; rate-limited by the book)."""
+    if steps <= 0:
+        return
+    for record, process in view.outliers:
+        reason = f"outlier from step {record.first_step}: {process.label} {record.key} {record.value:.4g}"
+        reason += f" vs the others {record.others_mean:.4g} ± {record.others_std:.3g}"
+        book.ask(reason, steps, processes=frozenset({process.id}), auto=True)

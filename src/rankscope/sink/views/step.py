@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...backends.base import Metric, sample_entry
-from ...core.anomalies import Anomaly, Straggler
+from ...core.anomalies import Anomaly, Outlier, Straggler
 from ...otlp.samples import SampleRow
 from ..checked import Process
 
@@ -48,6 +48,9 @@ class StepView:
         """What the detectors found in this step (``sink.views.anomalies``)."""
         self.stragglers: list[tuple[Straggler, Process]] = []
         """Each straggler record with the process it names: whom the service may ask to profile."""
+        self.outliers: list[tuple[Outlier, Process]] = []
+        """Each outlier record with the process it names, when the detector asks for captures
+        (``Thresholds.outlier_capture``)."""
         self.samples = samples or {}
         """Each sample table's kept rows (``sample_entry`` dicts); a late update: tables that changed."""
         self.global_metrics = global_metrics

@@ -49,6 +49,9 @@ class Thresholds:
     """Keys judged whatever their reduce type (fnmatch patterns): a SUM key is judged only here."""
     outlier_skip: tuple[str, ...] = ()
     """Keys never judged (fnmatch patterns): keys whose processes differ by design (ids, per-rank counts)."""
+    outlier_capture: bool = False
+    """An outlier's process is also asked to profile its next steps, as a straggler's is
+    (``auto_capture_steps``; a profile shows time, so this is off unless asked)."""
 
     def __post_init__(self) -> None:
         for name in (
