@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ...metrics.reduce import Reduce
+from ...otlp.metrics import Row
 from ..checked import Process, StateRows
 
 JUDGED = frozenset({Reduce.MEAN.value, Reduce.SUM.value, Reduce.STD.value})
@@ -128,39 +131,91 @@ def spreads(
     parts: Iterable[tuple[Process, StateRows]], judged: Callable[[str, str], bool]
 ) -> dict[tuple[str, str], Spread]:
     """Per (role, key) of a judged reduce type, the spread of its processes' values; ``judged(key,
-    reduce)`` says which keys count (asked once per key). One pass over the step's rows."""
-    found: dict[tuple[str, str], Spread] = {}
-    asked: dict[str, bool] = {}
-    unknown: set[tuple[str, str]] = set()
+    reduce)`` says which keys count (asked once per key). One pass over the step's rows gathers
+    each key's values (a list append per row), then numpy folds each key's at once."""
+    gather = _Gather(judged)
     for process, rows in parts:
-        reduce = rows.reduce
-        if reduce not in JUDGED:
-            continue
-        role = process.role
-        carried = rows.spreads if process.merged else None
-        for i, (key, row) in enumerate(zip(rows.keys, rows.rows, strict=True)):
-            counts = asked.get(key)
-            if counts is None:
-                counts = asked[key] = judged(key, reduce)
-            if not counts:
+        if rows.reduce in JUDGED:
+            (gather.merged if process.merged else gather.own)(process, rows)
+    return gather.spreads()
+
+
+class _Gather:
+    """The step's values of each judged key, by role: its processes' own, and spreads carried."""
+
+    def __init__(self, judged: Callable[[str, str], bool]) -> None:
+        self.judged = judged
+        self.asked: dict[str, bool] = {}
+        self.values: dict[str, dict[str, tuple[list[float], list[Process]]]] = {}
+        self.carried: dict[tuple[str, str], list[Row]] = {}
+        self.unknown: set[tuple[str, str]] = set()
+
+    def counts(self, key: str, reduce: str) -> bool:
+        found = self.asked.get(key)
+        if found is None:
+            found = self.asked[key] = self.judged(key, reduce)
+        return found
+
+    def own(self, process: Process, rows: StateRows) -> None:
+        """A process's rows: each its own value (its mean, sum or standard deviation), if finite."""
+        reduce, by_key, isfinite, asked = (
+            rows.reduce,
+            self.values.setdefault(process.role, {}),
+            math.isfinite,
+            self.asked,
+        )
+        for key, row in zip(rows.keys, rows.rows, strict=True):
+            if not (asked.get(key) or (key not in asked and self.counts(key, reduce))):
                 continue
-            if process.merged:  # many processes: the spread its Collector carried, else none known
-                spread_of = carried.get(i) if carried is not None else None
-                if spread_of is None:
-                    unknown.add((role, key))
-                    continue
-                spread = found.get((role, key))
-                if spread is None:
-                    spread = found[(role, key)] = Spread()
-                spread.merge(spread_of, role)
+            if reduce == "mean":
+                value = row[1] / row[0] if row[0] else math.nan
+            else:
+                found = value_of(reduce, row)
+                value = math.nan if found is None else found
+            if not isfinite(value):
                 continue
-            value = value_of(reduce, row)
-            if value is None:
+            entry = by_key.get(key)
+            if entry is None:
+                entry = by_key[key] = ([], [])
+            entry[0].append(value)
+            entry[1].append(process)
+
+    def merged(self, process: Process, rows: StateRows) -> None:
+        """A Collector's merged rows: the spreads they carried; one without leaves its key unknown."""
+        carried = rows.spreads or {}
+        for i, key in enumerate(rows.keys):
+            if not self.counts(key, rows.reduce):
                 continue
-            spread = found.get((role, key))
-            if spread is None:
-                spread = found[(role, key)] = Spread()
-            spread.add(value, process)
-    for which in unknown:  # a part of it is not known: no spread rather than a wrong one
-        found.pop(which, None)
-    return found
+            found = carried.get(i)
+            if found is None:
+                self.unknown.add((process.role, key))
+            else:
+                self.carried.setdefault((process.role, key), []).append(found)
+
+    def spreads(self) -> dict[tuple[str, str], Spread]:
+        out = {
+            (role, key): _folded(values, processes)
+            for role, by_key in self.values.items()
+            for key, (values, processes) in by_key.items()
+        }
+        for which, rows in self.carried.items():
+            spread = out.setdefault(which, Spread())
+            for row in rows:
+                spread.merge(row, which[0])
+        for which in self.unknown:  # a part of it is not known: no spread rather than a wrong one
+            out.pop(which, None)
+        return out
+
+
+def _folded(values: list[float], processes: list[Process]) -> Spread:
+    """One key's processes' values as a spread (numpy: pairwise sums), the lowest rank on a tie."""
+    array = np.fromiter(values, float, len(values))
+    mean = float(array.mean())
+    m2 = float(np.square(array - mean).sum())
+    low, high = float(array.min()), float(array.max())
+    return Spread(len(values), mean, m2, low, _lowest(array, low, processes), high, _lowest(array, high, processes))
+
+
+def _lowest(array: np.ndarray, value: float, processes: list[Process]) -> Process:
+    """Of the processes holding ``value``, the lowest rank."""
+    return min((processes[int(i)] for i in np.flatnonzero(array == value)), key=lambda p: p.rank)
