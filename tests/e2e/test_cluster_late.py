@@ -140,8 +140,22 @@ def partitioned(
         time.sleep(max(0.0, cut_until - time.monotonic()))
         made.net.blackhole(node, SERVICE_IP, on=False)
         finish(made, procs, steps - 1, timeout=cut_s + steps * pause + 240)
+        caught_up(tmp, steps, timeout=120.0)
         sinks = [p for p in made.net.service.processes if "rankscope.cli" in map(str, p.proc.args)]
         sinks[-1].stop(signal.SIGTERM, timeout=60)  # the one running (a test may have restarted it)
+
+
+def caught_up(tmp: Path, steps: int, timeout: float) -> None:
+    """Wait until the JSONL view's last row of every step counts nobody missing: the cut node's
+    agent delivered its queue. A quiet sink is not enough: after a long cut the agent's gRPC
+    channel may still be backing off when the job's last step is written (one run under a loaded
+    box stopped the sink a second before the queue came)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last, _ = jsonl_last(tmp)
+        if len(last) >= steps and all(last[s].get("rankscope/missing_processes") == 0 for s in range(steps)):
+            return
+        time.sleep(1.0)
 
 
 def judge_views(tmp: Path, cut_steps: int) -> None:
