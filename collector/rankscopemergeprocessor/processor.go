@@ -287,7 +287,7 @@ func (p *mergeProcessor) add(w *window, md pmetric.Metrics) (t tally) {
 		}
 		g, from, ok := p.groupOf(w, res)
 		if ok {
-			t.merged += p.takeStates(w, g, rm, from)
+			t.merged += p.takeStates(w, g, rm, &from) // one holder per resource: its states point to it
 		}
 		if points := countPoints(rm); points > 0 {
 			w.points += points
@@ -348,7 +348,7 @@ func label(res pcommon.Map, rank int64) string {
 }
 
 // takeStates removes from rm every point it merges into g, and says how many.
-func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetrics, from holder) int {
+func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetrics, from *holder) int {
 	taken := 0
 	rm.ScopeMetrics().RemoveIf(func(sm pmetric.ScopeMetrics) bool {
 		sm.Metrics().RemoveIf(func(m pmetric.Metric) bool {

@@ -18,14 +18,11 @@ type spread struct {
 	n             int64
 	mean, m2      float64
 	low, high     float64
-	lowBy, highBy holder
+	lowBy, highBy *holder // shared: the resource's, or a merged point's own
 }
 
 // own is one process's value as its spread (an empty one when it has none: no samples, not finite).
-func own(v float64, ok bool, from holder) spread {
-	if from.merged { // a merged part without a spread: an older Collector's
-		return spread{}
-	}
+func own(v float64, ok bool, from *holder) spread {
 	if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
 		return spread{known: true}
 	}
@@ -73,16 +70,17 @@ func decodeSpread(attrs pcommon.Map) (spread, bool) {
 	}
 	for _, side := range [...]struct {
 		rank, label string
-		by          *holder
+		by          **holder
 	}{{attrSpreadLowRank, attrSpreadLowLabel, &out.lowBy}, {attrSpreadHighRank, attrSpreadHighLabel, &out.highBy}} {
 		r, ok := nonNegativeInt(attrs, side.rank)
 		if !ok {
 			return spread{}, false
 		}
-		side.by.rank = r
+		by := &holder{rank: r}
 		if l, ok := attrs.Get(side.label); ok && l.Type() == pcommon.ValueTypeStr {
-			side.by.label = truncate(l.Str(), maxLabelBytes)
+			by.label = truncate(l.Str(), maxLabelBytes)
 		}
+		*side.by = by
 	}
 	return out, true
 }

@@ -135,7 +135,7 @@ type holder struct {
 // decodeNumber, decodeHistogram and decodeExponential return the state a rankscope point
 // holds, or false when this processor does not merge it (it then travels on unmerged, and
 // the sink's edge judges it). They never panic on what a client sent.
-func decodeNumber(kind reduceKind, dp pmetric.NumberDataPoint, from holder) (*state, bool) {
+func decodeNumber(kind reduceKind, dp pmetric.NumberDataPoint, from *holder) (*state, bool) {
 	if _, custom := dp.Attributes().Get(attrStateField); custom {
 		return nil, false
 	}
@@ -166,17 +166,18 @@ func decodeNumber(kind reduceKind, dp pmetric.NumberDataPoint, from holder) (*st
 	return s, true
 }
 
-// spreadFrom sets the state's spread: the one a merged point carries, else the process's own value.
-func (s *state) spreadFrom(attrs pcommon.Map, from holder) {
-	if _, carried := attrs.Get(attrSpreadN); carried {
-		s.spread, _ = decodeSpread(attrs) // malformed: not known
+// spreadFrom sets the state's spread: the one a merged point carries, else the process's own
+// value (a process's point carries none: only a merged resource's attributes are read).
+func (s *state) spreadFrom(attrs pcommon.Map, from *holder) {
+	if from.merged {
+		s.spread, _ = decodeSpread(attrs) // none or malformed: not known
 		return
 	}
 	v, ok := s.processValue()
 	s.spread = own(v, ok, from)
 }
 
-func decodeHistogram(kind reduceKind, dp pmetric.HistogramDataPoint, from holder) (*state, bool) {
+func decodeHistogram(kind reduceKind, dp pmetric.HistogramDataPoint, from *holder) (*state, bool) {
 	if !dp.HasSum() && dp.Count() > 0 {
 		return nil, false
 	}
