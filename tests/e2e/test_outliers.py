@@ -40,7 +40,7 @@ def _job(
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc_per_node=4",
+        "--nproc_per_node=6",
         WORKER,
         "--steps",
         str(steps),
@@ -70,9 +70,10 @@ def _job(
 def test_a_rank_whose_loss_diverges_is_named_by_its_third_step_and_only_it(
     make_sink, tmp_path: Path, browser_ready: None
 ) -> None:
-    """4 ranks; rank 1's loss is +5 from step 10: named once, by step 12 (3 judged steps in a
-    row), with its value against the others' mean and spread; no other rank, no other key. The
-    report says it on top and draws its own line on the loss chart."""
+    """6 ranks (5 others: the fewest judged by default); rank 1's loss is +5 from step 10: named
+    once, by step 12 (3 judged steps in a row), with its value against the others' mean and
+    spread; no other rank, no other key. The report says it on top and draws its own line on the
+    loss chart."""
     rows, status = _job(make_sink, tmp_path, "diverge", 20, "--diverge", "1:10:5.0")
     said = [r for r in rows if r["kind"] == "anomaly" and r["type"] == "outlier"]
     assert [(r["process"], r["key"], r["first_step"]) for r in said] == [("trainer_r1", "loss", 10)], said

@@ -156,3 +156,24 @@ def test_non_finite_values_and_processes_without_samples_are_left_to_their_own_d
     parts += [(process(8), rows("loss", "mean", (1, float("nan")))), (process(9), rows("loss", "mean", (0, 0.0)))]
     found = spreads(parts, judged_by(Thresholds()))
     assert found[("trainer", "loss")].n == 8
+
+
+def test_too_few_others_are_not_judged_and_huge_values_leave_the_spread_unknown() -> None:
+    """With 4 others their spread is too noisy to judge by (``outlier_min_others``: 5); values
+    near the float max overflow the moments: no spread, rather than both extremes named."""
+    few = [(process(r), rows("loss", "mean", (1, 1.0 + r * 1e-3 + (5.0 if r == 4 else 0.0)))) for r in range(5)]
+    assert outliers(spreads(few, judged_by(Thresholds())), Thresholds()) == []
+    assert [r.rank for r, _ in outliers(spreads(few, judged_by(Thresholds())), Thresholds(outlier_min_others=4))] == [4]
+    huge = [(process(r), rows("loss", "mean", (1, 1e308 if r < 2 else 1.0 + r * 1e-3))) for r in range(8)]
+    assert spreads(huge, judged_by(Thresholds())) == {}
+
+
+def test_a_candidates_figures_are_computed_again_from_the_others_values() -> None:
+    """2.31 ± 8.5e-5 and one process at 1e6: taking 1e6 back out of the moments had left the
+    others' spread at 0.0 ("the others all equal"); from their values it is their own."""
+    rng = random.Random(5)
+    others = [rng.gauss(2.31, 8.5e-5) for _ in range(31)]
+    parts = [(process(r), rows("loss", "mean", (1, v))) for r, v in enumerate([*others, 1e6])]
+    (found,) = outliers(spreads(parts, judged_by(Thresholds())), Thresholds())
+    record, _ = found
+    assert record.rank == 31 and abs(record.others_std - statistics.stdev(others)) < 1e-12, record

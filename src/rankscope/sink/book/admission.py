@@ -95,7 +95,11 @@ class Admission:
                     dropped.add(i)
             if dropped:
                 keep = [i for i in range(len(rows.keys)) if i not in dropped]
-                rows = StateRows(reduce, rows.step, [rows.keys[i] for i in keep], [rows.rows[i] for i in keep])
+                carried = rows.spreads  # a merged row's spread stays with its row (re-indexed)
+                spreads = {j: carried[i] for j, i in enumerate(keep) if i in carried} if carried else None
+                rows = StateRows(
+                    reduce, rows.step, [rows.keys[i] for i in keep], [rows.rows[i] for i in keep], spreads=spreads
+                )
             if rows.keys:
                 kept.append(rows)
         return kept

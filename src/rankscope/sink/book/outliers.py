@@ -5,8 +5,10 @@ others' mean and standard deviation, named when the gap is at least ``outlier_si
 others' spread, ``outlier_min_rel`` of the others' mean (in magnitude) and ``outlier_min_abs``:
 a loss of 1.80 where the others hold 1.00 ± 0.01 is 80 sigmas and 80 % off. Robust to a quiet
 key whose processes agree exactly (spread 0: the relative and absolute margins decide). At
-most one process per side per key and step (a second outlier on the same side hides in the
-others' spread).
+least ``outlier_min_others`` other processes (5): fewer others' spread is too noisy to judge
+by. At most one process per side per key and step (a second outlier on the same side hides in
+the others' spread). A candidate's figures are computed again from the others' values where
+the sink has them (the moments lose digits when one value is far larger than the rest).
 
 Which keys: the program's own (``catalog.key_kind`` "user": not rankscope's, not a traced phase's
 durations) of MEAN and STD reduces, and a SUM key only when ``outlier_keys`` names it (per-rank
@@ -27,6 +29,8 @@ from .spread import Extreme, Spread
 
 MAX_SIGMAS = 1e9
 """What ``sigmas`` says when the others agree exactly (their spread is 0)."""
+RESOLUTION = 1e-9
+"""A gap smaller than this share of the others' mean is float rounding, never an outlier."""
 
 
 def judged_by(thresholds: Thresholds) -> Callable[[str, str], bool]:
@@ -46,11 +50,16 @@ def judged_by(thresholds: Thresholds) -> Callable[[str, str], bool]:
 def outliers(found: dict[tuple[str, str], Spread], thresholds: Thresholds) -> list[tuple[Outlier, Process]]:
     """The step's candidates over the thresholds, each its record (the detector makes streaks)."""
     out: list[tuple[Outlier, Process]] = []
+    least = max(2, thresholds.outlier_min_others)
     for (_role, key), spread in found.items():
+        if spread.n - 1 < least:
+            continue
         for high in (True, False):
             extreme = spread.others(high)
             if extreme is not None and _over(extreme, thresholds):
-                out.append((_record(key, extreme), extreme.process))
+                extreme = spread.exactly(extreme)  # the others' moments again, from their values
+                if _over(extreme, thresholds):
+                    out.append((_record(key, extreme), extreme.process))
     return out
 
 
@@ -60,7 +69,7 @@ def _over(extreme: Extreme, t: Thresholds) -> bool:
         gap >= t.outlier_sigmas * extreme.others_std
         and gap >= t.outlier_min_rel * abs(extreme.others_mean)
         and gap >= t.outlier_min_abs
-        and gap > 0
+        and gap > RESOLUTION * max(1.0, abs(extreme.others_mean))  # not a rounding's difference
     )
 
 

@@ -42,6 +42,10 @@ class Spread:
     low_by: Process | None = None
     high: float = -math.inf
     high_by: Process | None = None
+    values: Any = None
+    """The processes' values (a numpy array, in ``processes``' order) when none came merged:
+    a candidate's figures are computed again from them (``exactly``)."""
+    processes: list[Process] | None = None
 
     def add(self, value: float, process: Process) -> None:
         """One process's value (Welford's update)."""
@@ -83,6 +87,20 @@ class Spread:
         m2 = max(0.0, self.m2 - (value - self.mean) * (value - mean))
         return Extreme(process, value, mean, math.sqrt(m2 / (rest - 1)), rest)
 
+    def exactly(self, extreme: Extreme) -> Extreme:
+        """``extreme`` with the others' mean and standard deviation computed from their values
+        (two passes: exact where taking one value back out of the moments loses digits); as it
+        is when the values are not kept (a spread merged upstream)."""
+        if self.values is None or self.processes is None:
+            return extreme
+        at = next((i for i, p in enumerate(self.processes) if p is extreme.process), None)
+        if at is None:
+            return extreme
+        rest = np.delete(self.values, at)
+        mean = float(rest.mean())
+        std = float(rest.std(ddof=1)) if len(rest) > 1 else 0.0
+        return Extreme(extreme.process, extreme.value, mean, std, len(rest))
+
 
 @dataclass(frozen=True, slots=True)
 class Extreme:
@@ -103,7 +121,9 @@ def _holder(rank: int, label: str, role: str) -> Process:
     """The process a Collector named as holding an extreme (its rank and label; its role is the
     label's, ``trainer`` of ``trainer_r13``)."""
     named = label or f"{role}_r{rank}"
-    return Process(named, named, named.rsplit("_r", 1)[0] if "_r" in named else role, None, rank, 0, 0, "", 0, {})
+    holder = Process(named, named, named.rsplit("_r", 1)[0] if "_r" in named else role, None, rank, 0, 0, "", 0, {})
+    holder.merged = True  # known by its label only: no capture can be asked of it (``ask_outliers``)
+    return holder
 
 
 def value_of(reduce: str, row: tuple[Any, ...]) -> float | None:
@@ -193,27 +213,38 @@ class _Gather:
                 self.carried.setdefault((process.role, key), []).append(found)
 
     def spreads(self) -> dict[tuple[str, str], Spread]:
-        out = {
-            (role, key): _folded(values, processes)
-            for role, by_key in self.values.items()
-            for key, (values, processes) in by_key.items()
-        }
+        out: dict[tuple[str, str], Spread] = {}
+        for role, by_key in self.values.items():
+            for key, (values, processes) in by_key.items():
+                folded = _folded(values, processes)
+                if folded is None:
+                    self.unknown.add((role, key))
+                else:
+                    out[(role, key)] = folded
         for which, rows in self.carried.items():
             spread = out.setdefault(which, Spread())
+            spread.values = spread.processes = None  # merged parts' values are not here
             for row in rows:
                 spread.merge(row, which[0])
+            if not (math.isfinite(spread.mean) and math.isfinite(spread.m2)):
+                self.unknown.add(which)
         for which in self.unknown:  # a part of it is not known: no spread rather than a wrong one
             out.pop(which, None)
         return out
 
 
-def _folded(values: list[float], processes: list[Process]) -> Spread:
+def _folded(values: list[float], processes: list[Process]) -> Spread | None:
     """One key's processes' values as a spread (numpy: pairwise sums), the lowest rank on a tie."""
     array = np.fromiter(values, float, len(values))
-    mean = float(array.mean())
-    m2 = float(np.square(array - mean).sum())
+    with np.errstate(all="ignore"):  # values near the float max overflow: the spread is not known
+        mean = float(array.mean())
+        m2 = float(np.square(array - mean).sum())
+    if not (math.isfinite(mean) and math.isfinite(m2)):
+        return None
     low, high = float(array.min()), float(array.max())
-    return Spread(len(values), mean, m2, low, _lowest(array, low, processes), high, _lowest(array, high, processes))
+    found = Spread(len(values), mean, m2, low, _lowest(array, low, processes), high, _lowest(array, high, processes))
+    found.values, found.processes = array, processes
+    return found
 
 
 def _lowest(array: np.ndarray, value: float, processes: list[Process]) -> Process:

@@ -208,6 +208,8 @@ def ask_outliers(book: CaptureBook, view: StepView, steps: int) -> None:
     if steps <= 0:
         return
     for record, process in view.outliers:
+        if process.merged:  # named through a Collector, by its label only: no process to ask
+            continue
         reason = f"outlier from step {record.first_step}: {process.label} {record.key} {record.value:.4g}"
         reason += f" vs the others {record.others_mean:.4g} ± {record.others_std:.3g}"
         book.ask(reason, steps, processes=frozenset({process.id}), auto=True)

@@ -45,6 +45,9 @@ class Thresholds:
     """...and at least this far (keys whose mean is near 0)..."""
     outlier_steps: int = 3
     """...for this many judged steps in a row (its record says its first)."""
+    outlier_min_others: int = 5
+    """Other processes a key needs for its outliers to be judged: fewer others' spread is too
+    noisy (with 3 others and values spread 10 %, noise alone made a 3-step streak every ~250 steps)."""
     outlier_keys: tuple[str, ...] = ()
     """Keys judged whatever their reduce type (fnmatch patterns): a SUM key is judged only here."""
     outlier_skip: tuple[str, ...] = ()
@@ -69,7 +72,7 @@ class Thresholds:
             patterns = getattr(self, name)
             if not isinstance(patterns, tuple) or not all(isinstance(p, str) for p in patterns):
                 raise ValueError(f"detectors: {name} must be a tuple of fnmatch patterns, got {patterns!r}")
-        for name in ("straggler_steps", "warmup_steps", "slow_step_history", "outlier_steps"):
+        for name in ("straggler_steps", "warmup_steps", "slow_step_history", "outlier_steps", "outlier_min_others"):
             if getattr(self, name) < 0:
                 raise ValueError(f"detectors: {name} must be >= 0, got {getattr(self, name)!r}")
 
