@@ -11,8 +11,10 @@ the others' spread). A candidate's figures are computed again from the others' v
 the sink has them (the moments lose digits when one value is far larger than the rest).
 
 Which keys: the program's own (``catalog.key_kind`` "user": not rankscope's, not a traced phase's
-durations) of MEAN and STD reduces, and a SUM key only when ``outlier_keys`` names it (per-rank
-counters legitimately differ); never a key ``outlier_skip`` names (fnmatch patterns).
+durations; not a key rankscope's helpers record, ``rs.rl``'s and ``rs.throughput``'s in the
+catalog; not a duration, ``*_s``) of MEAN and STD reduces, and a SUM key only when
+``outlier_keys`` names it (per-rank counters legitimately differ); never a key ``outlier_skip``
+names (fnmatch patterns).
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from collections.abc import Callable
 from fnmatch import fnmatchcase
 
 from ...core.anomalies import Outlier
-from ...metrics.catalog import key_kind
+from ...metrics.catalog import BY_NAME, key_kind
 from ..checked import Process
 from ..views.detectors.base import Thresholds
 from .spread import Extreme, Spread
 
 MAX_SIGMAS = 1e9
 """What ``sigmas`` says when the others agree exactly (their spread is 0)."""
+SECONDS = ("_s",)
+"""Durations by rankscope's naming (``*_s``): time is the straggler judgement's, not a value's."""
 RESOLUTION = 1e-9
 """A gap smaller than this share of the others' mean is float rounding, never an outlier."""
 
@@ -42,7 +46,7 @@ def judged_by(thresholds: Thresholds) -> Callable[[str, str], bool]:
             return False
         if any(fnmatchcase(key, pattern) for pattern in keys):
             return True
-        return reduce != "sum" and key_kind(key) == "user"
+        return reduce != "sum" and key_kind(key) == "user" and key not in BY_NAME and not key.endswith(SECONDS)
 
     return judged
 
