@@ -47,7 +47,7 @@ class Thresholds:
     """...for this many judged steps in a row (its record says its first)."""
     outlier_min_others: int = 5
     """Other processes a key needs for its outliers to be judged: fewer others' spread is too
-    noisy (with 3 others and values spread 10 %, noise alone made a 3-step streak every ~250 steps)."""
+    noisy (3 processes whose values spread 10 %: noise alone made a 3-step streak every ~250 steps a key)."""
     outlier_keys: tuple[str, ...] = ()
     """Keys judged whatever their reduce type (fnmatch patterns): a SUM key is judged only here."""
     outlier_skip: tuple[str, ...] = ()
