@@ -213,9 +213,10 @@ def test_a_restart_after_ten_thousand_ended_runs_answers_within_seconds_and_know
     grpc_port, http_port = free_port(), free_port()
     backends = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "views" / "{experiment}.jsonl")}}
     runs_dir = tmp_path / "sink-state" / safe_component("flood") / "runs"
-    # Short: an ended run closes ``grace`` + 1 s after its goodbye, and until then holds its views'
-    # disk reserve against the flood's client budget (a 3 s grace kept too many of them open).
-    sink = start_sink(tmp_path, "sink", backends, grpc_port, http_port, grace=0.5)
+    # An ended run closes ``grace`` + 1 s after its goodbye; until then it holds a disk reserve of
+    # what one of its client's runs wrote (a few hundred bytes here: they share one JSONL file).
+    # The victim's steps need the grace on a busy box (0.5 s lost a rank's part twice under load).
+    sink = start_sink(tmp_path, "sink", backends, grpc_port, http_port, grace=3.0)
     names = [f"run-{i}" for i in range(RUNS)]
     requests = [ended_runs(names[i : i + PER_REQUEST]) for i in range(0, RUNS, PER_REQUEST)]
     last = requests.pop()  # runs 9984 to 9999, over gRPC: the request retried below, byte for byte
