@@ -177,3 +177,52 @@ def test_a_candidates_figures_are_computed_again_from_the_others_values() -> Non
     (found,) = outliers(spreads(parts, judged_by(Thresholds())), Thresholds())
     record, _ = found
     assert record.rank == 31 and abs(record.others_std - statistics.stdev(others)) < 1e-12, record
+
+
+def test_a_hostile_spread_attribute_set_is_not_known_and_never_raises() -> None:
+    """``otlp.metrics.read_spread`` at the sink's edge: every field of a merged point's spread
+    broken in turn (wrong types, bools for ints, NaN, negative M2, low over high, ranks out of
+    range, unprintable or huge labels) reads as no spread; a well-formed one reads back whole."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from rankscope.core import names as attr
+    from rankscope.otlp.metrics import read_spread
+
+    good: dict[str, Any] = {
+        attr.SPREAD_N: 4,
+        attr.SPREAD_MEAN: 1.0,
+        attr.SPREAD_M2: 0.5,
+        attr.SPREAD_LOW: 0.5,
+        attr.SPREAD_LOW_RANK: 2,
+        attr.SPREAD_LOW_LABEL: "trainer_r2",
+        attr.SPREAD_HIGH: 1.5,
+        attr.SPREAD_HIGH_RANK: 3,
+        attr.SPREAD_HIGH_LABEL: "trainer_r3",
+    }
+    assert read_spread(good) == (4, 1.0, 0.5, 0.5, 2, "trainer_r2", 1.5, 3, "trainer_r3")
+    assert read_spread({attr.SPREAD_N: 0}) == (0,)
+    broken = {
+        attr.SPREAD_N: [True, -1, 2**31, 1.5, "4", None],
+        attr.SPREAD_MEAN: [float("nan"), float("inf"), 1, "1.0", None],
+        attr.SPREAD_M2: [-0.1, float("nan")],
+        attr.SPREAD_LOW: [2.0],  # over high
+        attr.SPREAD_LOW_RANK: [-1, 2**31, True, 1.0, "2"],
+        attr.SPREAD_HIGH_LABEL: ["\x00evil", "x" * 10_000, 5],
+    }
+    for key, values in broken.items():
+        for value in values:
+            assert read_spread({**good, key: value}) is None, (key, value)
+    assert read_spread({k: v for k, v in good.items() if k != attr.SPREAD_HIGH_RANK}) is None
+
+    values = st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20), st.binary(max_size=8)
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.dictionaries(st.sampled_from(sorted(good)), values))
+    def fuzzed(extra: dict[str, Any]) -> None:
+        found = read_spread({**good, **extra})
+        assert found in (None, (0,)) or (len(found) == 9 and found[2] >= 0 and found[3] <= found[6])
+
+    fuzzed()
