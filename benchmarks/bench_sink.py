@@ -112,8 +112,9 @@ def measure(ranks: int, keys: int, state_dir: str | None) -> tuple[float, list[f
             text=True,
             cwd=ROOT,
             timeout=600,
-            check=True,
         )
+        if client.returncode:  # say why: the client's own error, not just its exit status
+            raise SystemExit(f"bench_sink: the client failed:\n{client.stderr[-3000:]}")
         report = json.loads(client.stdout.strip().splitlines()[-1])
         deadline = time.time() + 60
         while len(Timing.written) < STEPS and time.time() < deadline:
