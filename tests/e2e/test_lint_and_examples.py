@@ -63,8 +63,8 @@ def test_traced_example_under_rankscope_run_writes_a_gantt_and_a_report(tmp_path
     events = json.loads(gantt.read_text())["traceEvents"]
     names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
     assert names == [f"trainer_r{rank}" for rank in range(4)]
-    report = re.search(r"rankscope run: experiment 'traced_torchrun', run \S+: report -> (\S+)", result.stderr)
-    assert report, result.stderr[-2000:]
+    report = re.search(r"^report: (\S+)$", result.stdout, re.M)
+    assert report, result.stdout[-2000:]
     page = tmp_path / report.group(1)  # shown from the command's directory
     assert page.is_relative_to(tmp_path / "rankscope_logs") and page.with_suffix(".jsonl").is_file()
     data = json.loads(page.read_text().split('id="rankscope-data">', 1)[1].split("</script>", 1)[0])

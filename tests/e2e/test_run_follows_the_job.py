@@ -82,8 +82,8 @@ def test_run_follows_the_experiment_named_in_code_and_top_and_report_find_its_si
             [*cmd, "tiny.py", str(gate)],
             cwd=tmp_path,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
+            stdout=err,  # the step lines and `report: PATH`, with what `rankscope run` says
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # killed as a group if the test fails
         )
     try:
@@ -121,7 +121,7 @@ def test_run_follows_the_experiment_named_in_code_and_top_and_report_find_its_si
     events = json.loads((tmp_path / "steps.json").read_text())["traceEvents"]
     names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
     assert names == ["trainer_r0", "trainer_r1"]
-    assert f"experiment 'newcomer-tiny', run {run}: report -> rankscope_logs/newcomer-tiny/{run}/report.html" in said
+    assert f"\nreport: rankscope_logs/newcomer-tiny/{run}/report.html\n" in said
     assert "every run of 'newcomer-tiny': rankscope report rankscope_logs/newcomer-tiny/" in said
     assert "no report" not in said
     assert not list(runtime.glob("run-*.json"))  # the discovery file goes with the sink

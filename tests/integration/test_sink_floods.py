@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 
 from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
-from rankscope.sink import BookConfig, DiskLimits, RunLimits
+from rankscope.sink import REPORT_VIEW, BookConfig, DiskLimits, RunLimits
 
 from ..conftest import free_port
 from ..pipeline import Process, clean_env, wait_http
@@ -421,7 +421,7 @@ def test_a_flood_of_runs_with_the_report_view_on_is_held_to_its_disk_budget(
     monkeypatch.chdir(tmp_path)  # the report view writes under rankscope_logs/ of the working directory
     budget = 64 << 20
     sink = make_sink(
-        report=True,
+        added_views=REPORT_VIEW,
         disk=DiskLimits(per_client_bytes=budget, min_free_bytes=1, where=tmp_path),
         book=BookConfig(grace=0.5),
     )

@@ -10,6 +10,7 @@ point group, or call ``register_backend``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -146,6 +147,32 @@ def register_backend(name: str, backend_class: type[LoggerBackend]) -> None:
     if not (isinstance(backend_class, type) and issubclass(backend_class, LoggerBackend)):
         raise TypeError(f"register_backend({name!r}): {backend_class!r} is not a LoggerBackend subclass")
     _BACKENDS[name] = backend_class
+
+
+def make_view(name: str, options: Mapping[str, Any], *, mode: LoggingMode | None = None) -> LoggerBackend:
+    """The backend of view ``name`` (its ``backend`` option, else its name), made from its options;
+    ``mode``: the logging mode when the options name none. A bad configuration (an unknown backend,
+    a bad option) raises ``ValueError`` naming the view; a backend's missing package, ``ImportError``."""
+    config = dict(options)
+    if mode is not None:
+        config.setdefault("logging_mode", mode.value)
+    try:
+        return get_backend_class(str(config.get("backend", name)))(config)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"view {name!r}: {exc}") from None
+
+
+def check_views(views: Mapping[str, Mapping[str, Any]]) -> None:
+    """Make each view once, so that a misspelled backend or a bad option raises ``ValueError`` where
+    the views are configured (``init``, a sink's ``--backends``), not later in a sink where the job
+    cannot see it. A backend whose package is missing is left for the sink to say (it may differ)."""
+    for name, options in views.items():
+        if not isinstance(options, Mapping):
+            raise ValueError(f"view {name!r}: its options must be a JSON object, got {type(options).__name__}")
+        try:
+            make_view(name, options)
+        except ImportError:
+            continue
 
 
 def get_backend_class(name: str) -> type[LoggerBackend]:

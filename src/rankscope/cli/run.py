@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..core.paths import shown_path
 from ..core.settings import resolve
 from .sink import add_server_options, sink_config
 
@@ -20,6 +21,12 @@ def add_parser(commands: Any) -> None:
     p = commands.add_parser("run", help="run a command with its own sink: rankscope run -- python train.py")
     add_server_options(p, "run", None, None)
     p.add_argument("--gantt", help="after the command, write its spans as a Perfetto file here")
+    p.add_argument(
+        "--no-keep",
+        action="store_true",
+        help="do not keep the run on disk (its report and JSONL in rankscope_logs/EXPERIMENT/RUN/, "
+        "kept by default: RANKSCOPE_KEEP)",
+    )
     p.add_argument(
         "--instrument",
         action="store_true",
@@ -48,7 +55,12 @@ def command(args: argparse.Namespace) -> int:
     if args.gantt and not args.spans_dir:  # the whole run's spans, not only the last steps kept in memory
         spans_tmp = tempfile.TemporaryDirectory(prefix="rankscope-spans-")
         args.spans_dir = spans_tmp.name
-    sink = Sink(sink_config(args)).start()
+    try:
+        config = sink_config(args)
+    except ValueError as exc:
+        print(f"rankscope run: {exc}", file=sys.stderr)
+        return 2
+    sink = Sink(config).start()
     control = f"http://{_local(args.host)}:{sink.http_port}"
     announced = announce(sink.endpoint, control, command)  # `rankscope top` and `report` find it
     # The experiment unless the code names its own: the command's entry script (train for train.py).
@@ -65,7 +77,7 @@ def command(args: argparse.Namespace) -> int:
         env.update(auto_instrumentation_env(env))
     _say(f"sink on OTLP/gRPC {sink.endpoint} and HTTP {control} (OTLP/HTTP, status)")
     _say(f"watch it: rankscope top --sink {control}")
-    if args.report:
+    if config.added_views:
         _say(f"its report now: rankscope report --sink {control}")
     try:
         code = _run(command, env)
@@ -77,7 +89,7 @@ def command(args: argparse.Namespace) -> int:
             _say("the command reported no metrics to this sink (no rankscope calls, or RANKSCOPE_DISABLE)")
         if args.gantt:
             _write_gantts(sink, reported, args.gantt)
-        if args.report:
+        if config.added_views:
             _write_reports(sink, reported)
         return code if code >= 0 else 128 - code
     finally:
@@ -144,20 +156,11 @@ def _write_reports(sink: Any, reported: list[tuple[str, str]]) -> None:
         if isinstance(answer, str):
             _say(f"{_named(experiment, run)}: no report: {answer}")
             continue
-        for page in map(_shown, answer):
-            _say(f"{_named(experiment, run)}: report -> {page}")
+        for page in map(shown_path, answer):
+            print(f"report: {page}" + (f"  ({_named(experiment, run)})" if len(reported) > 1 else ""), flush=True)
             experiments.setdefault(experiment, page.parent.parent if run else page.parent)
     for experiment, directory in experiments.items():
         _say(f"every run of {experiment!r}: rankscope report {directory}/")
-
-
-def _shown(path: str) -> Path:
-    """A path as the sink wrote it, from the current directory when it is below it."""
-    found = Path(path)
-    try:
-        return found.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return found
 
 
 def _named(experiment: str, run: str) -> str:

@@ -110,10 +110,18 @@ def add_server_options(
 
 def sink_config(args: argparse.Namespace) -> Any:
     """The ``SinkConfig`` the options say; raises ``ValueError`` for a tokens file that does not load."""
+    from ..backends.base import check_views
     from ..sink import BookConfig, RunLimits, SinkConfig, Transport
     from ..sink.edge.auth import load_tokens
 
-    backends = json.loads(args.backends) if args.backends else None
+    try:
+        backends = json.loads(args.backends) if args.backends else None
+    except ValueError as exc:
+        raise ValueError(f"--backends is not JSON: {exc}") from None
+    if backends is not None:
+        if not isinstance(backends, dict):
+            raise ValueError("--backends must be a JSON object of views, e.g. '{\"console\": {}}'")
+        check_views(backends)
     tokens_file = getattr(args, "tokens", None)  # a shared sink's: `rankscope run` serves its own job
     if args.command == "sink":
         tokens_file = tokens_file or os.environ.get("RANKSCOPE_SINK_TOKENS")
@@ -141,10 +149,20 @@ def sink_config(args: argparse.Namespace) -> Any:
         max_span_file_bytes=args.max_span_file_bytes,
         view_workers=max(1, args.view_workers),
         resume_window=args.resume_window,
-        report=args.report,
+        added_views=_added_views(args),
         trust_posted_paths=args.command == "run" or args.trust_posted_paths,
         runs=RunLimits(close_ended=args.command != "run"),  # `rankscope run` reads its run at the end
     )
+
+
+def _added_views(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The views every run gets: a job's sink (``rankscope run``) keeps its run unless told not
+    to; ``--report`` adds the page."""
+    from ..sink.config import KEPT_BACKENDS, REPORT_VIEW
+
+    if args.command == "run" and resolve("keep") and not args.no_keep:
+        return KEPT_BACKENDS
+    return REPORT_VIEW if args.report else {}
 
 
 def command(args: argparse.Namespace) -> int:

@@ -166,6 +166,8 @@ class Interrupted(Anomaly):
     KIND: ClassVar[str] = "interrupted"
     processes: tuple[str, ...] = ()
     count: int = 0
+    failed: tuple[str, ...] = ()
+    """The processes an exception ended (``label: Type: message``): the job failed, not stopped."""
 
     @property
     def streak(self) -> Hashable:

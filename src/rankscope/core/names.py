@@ -56,6 +56,7 @@ MERGE_WINDOW = "rankscope.merge.window"  # int, on such a resource: which window
 FLUSH_MARKER = "rankscope.flush"  # one point per flush: "this process closed step N" (value: keys)
 DROPPED_POINTS = "rankscope.dropped_points"  # points lost to a full queue or failed exports
 GOODBYE = "rankscope.goodbye"  # sent once at shutdown: "stop waiting for my steps"
+EXIT_ERROR = "rankscope.exit.error"  # on the goodbye of a process that an exception ended: "Type: message"
 EXPECTED_PROCESSES = "rankscope.expected_processes"  # on a controller's flush marker: procs it flushed
 DRIVEN = "rankscope.driven"  # on an actor's flush marker: its controller closed this step
 STREAM_KEY = "rankscope.key"  # log-record attributes of streamed (per_rank_no_reduce) values

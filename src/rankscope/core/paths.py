@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from pathlib import Path
 
 _HASH_CHARS = 10
 _PLAIN = re.compile(r"[a-z0-9_](?:[a-z0-9_-]|\.(?!\.))*(?<!\.)")
@@ -57,3 +58,12 @@ def safe_component(name: str, max_len: int = 64) -> str:
     prefix = text[:room].rstrip("._-") or "_"
     digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=_HASH_CHARS // 2).hexdigest()
     return f"{prefix}-{digest}"
+
+
+def shown_path(path: str) -> Path:
+    """A path as a sink wrote it (absolute), shown from the current directory when it is below it."""
+    found = Path(path)
+    try:
+        return found.resolve().relative_to(Path.cwd().resolve())
+    except (OSError, ValueError):
+        return found

@@ -15,6 +15,7 @@ instead of reaching the export thread as a negative timeout.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -263,6 +264,15 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("disable", "RANKSCOPE_DISABLE", False, "true/1/yes: every rankscope call is a no-op.", parse=parse_bool),
     Setting(
+        "keep",
+        "RANKSCOPE_KEEP",
+        True,
+        "Whether a job's own sink (the embedded one, `rankscope run`) keeps every run on disk: its "
+        "report page and JSONL under rankscope_logs/EXPERIMENT/RUN/, beside whatever views it has, "
+        "and prints `report: PATH` at the end. false/0/off: only the views configured.",
+        parse=parse_bool,
+    ),
+    Setting(
         "export_interval",
         "RANKSCOPE_EXPORT_INTERVAL",
         1.0,
@@ -404,6 +414,7 @@ class Settings:
     sink_grace: float
     sink_control: str | None
     disable: bool
+    keep: bool
     export_interval: float
     max_queued_steps: int
     trace_sample: float
@@ -431,6 +442,38 @@ class Settings:
         if unknown:
             raise TypeError(f"unknown rankscope setting(s): {', '.join(sorted(unknown))}")
         return cls(**{s.name: resolve(s.name, given.get(s.name), environ) for s in SETTINGS})
+
+
+OTHER_VARIABLES: dict[str, str] = {
+    "RANKSCOPE_SINK_TOKEN": "a sink's bearer token, and what a process sends it",
+    "RANKSCOPE_SINK_TOKENS": "a shared sink's scoped tokens file",
+    "RANKSCOPE_RUNTIME_DIR": "where a machine's sinks announce themselves",
+    "RANKSCOPE_PARENT_RUN_ID": "the run a child launch belongs to",
+    "RANKSCOPE_MERGE_INTERVAL": "the Collector configs' merge window",
+    "RANKSCOPE_PER_RANK_KEYS": "the Collector configs' per-rank keys",
+    "RANKSCOPE_SCRAPE_TARGET": "the Prometheus scrape config's target",
+    "RANKSCOPE_SCRAPE_INTERVAL": "the Prometheus scrape config's interval",
+    "RANKSCOPE_SCRAPE_PATH": "the Prometheus scrape config's path",
+    "RANKSCOPE_EMPTY": "the Collector configs' empty string",
+    "RANKSCOPE_SINK_ENDPOINT": "the Collector configs' sink",
+}
+"""``RANKSCOPE_*`` variables that are not settings of a process and are read elsewhere: not unknown."""
+
+TEST_VARIABLES = ("RANKSCOPE_CHROMIUM", "RANKSCOPE_CHROMEDRIVER", "RANKSCOPE_BIN_CACHE", "RANKSCOPE_TEST_ARTIFACTS")
+"""Read by the test suite only."""
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Each ``RANKSCOPE_*`` variable rankscope does not read, with the nearest known name when one
+    is close (``RANKSCOPE_CONSOL`` -> ``RANKSCOPE_CONSOLE``): a typo is said, never ignored."""
+    env = os.environ if environ is None else environ
+    known = {s.env for s in SETTINGS} | OTHER_VARIABLES.keys() | set(TEST_VARIABLES)
+    out = []
+    for name in sorted(env):
+        if name.startswith("RANKSCOPE_") and name not in known:
+            near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+            out.append(f"{name} (did you mean {near[0]}?)" if near else name)
+    return out
 
 
 def settings_markdown() -> str:

@@ -67,7 +67,9 @@ class _PullReader(MetricReader):
 class Drops:
     """Counts, warns about and reports what was lost (any thread)."""
 
-    def __init__(self, resource: Resource, spans: SpanBuffer, target: Callable[[], str]) -> None:
+    def __init__(
+        self, resource: Resource, spans: SpanBuffer, target: Callable[[], str], who: str = "rankscope"
+    ) -> None:
         self._reader = _PullReader()
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], shutdown_on_exit=False)
         meter = self.meter_provider.get_meter(attr.INSTRUMENTATION_SCOPE, __version__)
@@ -76,6 +78,8 @@ class Drops:
         )
         self._spans = spans
         self._target = target
+        self._who = who
+        """How its warnings start: ``rankscope``, or ``rankscope [trainer_r1]`` in a multi-process job."""
         self._lock = threading.Lock()
         self.total = 0
         """Points and rows lost since init (``rankscope.dropped_points()``)."""
@@ -109,14 +113,14 @@ class Drops:
             self.total += n
             self._unreported += n
         if first:
-            warn(f"rankscope: dropping sample rows because {why}; the job is unaffected (counted as dropped points)")
+            warn(f"{self._who}: dropping sample rows because {why}; the job is unaffected (counted as dropped points)")
 
     def lose_spans(self, n: int, detail: str) -> None:
         """``n`` spans the endpoint refused for good (export thread)."""
         self._spans.dropped += n
         if not self._spans_warned:
             self._spans_warned = True
-            warn(f"rankscope: dropping spans: the OTLP endpoint refused them ({detail})")
+            warn(f"{self._who}: dropping spans: the OTLP endpoint refused them ({detail})")
 
     def spans_went_through(self) -> None:
         """A span request was taken: say how many were lost before it (export thread)."""
@@ -124,7 +128,7 @@ class Drops:
             n = self._spans.dropped - self._spans_reported
             self._spans_reported = self._spans.dropped
             self._spans_warned = False
-            warn(f"rankscope: {n} spans were dropped ({self._spans.dropped} in total)")
+            warn(f"{self._who}: {n} spans were dropped ({self._spans.dropped} in total)")
 
     def report(self, final: bool) -> None:
         """Export works again (or the process shuts down): count the losses on the metric, say so once."""
@@ -137,7 +141,7 @@ class Drops:
                 state = f"at shutdown: {self._target()} did not take them within RANKSCOPE_SHUTDOWN_TIMEOUT"
             else:
                 state = "before export recovered"
-            warn(f"rankscope: {n} metric points were dropped {state} ({self.total} in total)")
+            warn(f"{self._who}: {n} metric points were dropped {state} ({self.total} in total)")
 
     def sdk_request(self) -> bytes:
         """The MeterProvider's own instruments (the drop counter) since the last call, as a serialized request."""

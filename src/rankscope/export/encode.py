@@ -44,8 +44,10 @@ def encode_steps(
     before: bytes = b"",
     max_points: int = MAX_POINTS_PER_REQUEST,
     pause: Callable[[], None] | None = None,
+    exit_error: str | None = None,
 ) -> list[Encoded]:
-    """The steps (oldest first) as requests; ``goodbye``: "this process is done" after the last;
+    """The steps (oldest first) as requests; ``goodbye``: "this process is done" after the last
+    (``exit_error``: the exception that ended it);
     ``before``: a serialized request that leads the first one; ``pause`` runs between steps (the
     export thread hands the GIL back there). Raises on a state it cannot encode."""
     made: list[Encoded] = []
@@ -63,7 +65,7 @@ def encode_steps(
         if pause is not None:
             pause()
     if goodbye:
-        metrics.append(encoder.goodbye())
+        metrics.append(encoder.goodbye(exit_error))
     if metrics or before:
         made.append(Encoded(encoder.request(metrics, before), steps, points, held))
     return made

@@ -28,8 +28,12 @@ log = logging.getLogger("rankscope")
 class Endpoint:
     """One process's way out: attempts, the backoff between failed rounds, and what to say about it."""
 
-    def __init__(self, sender: Sender, max_queued_steps: int) -> None:
+    def __init__(self, sender: Sender, max_queued_steps: int, who: str = "rankscope", says_down: bool = True) -> None:
         self.sender = sender
+        self.who = who
+        """How its lines start: ``rankscope``, or ``rankscope [trainer_r1]`` in a multi-process job."""
+        self.says_down = says_down
+        """Whether it says the endpoint is down and back (each node's first rank: the others see the same)."""
         self.requests = 0
         """Attempts since ``start_round`` (the cadence's measure of a round)."""
         self.failures = 0
@@ -50,7 +54,7 @@ class Endpoint:
         except Exception as exc:  # e.g. the embedded sink could not start: counted, warned once
             if not self._warned_unreachable:
                 self._warned_unreachable = True
-                warn(f"rankscope: no sink could be reached ({exc}); metrics are counted as dropped")
+                warn(f"{self.who}: no sink could be reached ({exc}); metrics are counted as dropped")
             return Attempt(False, detail=repr(exc))
 
     def ready(self, now: float) -> bool:
@@ -68,11 +72,13 @@ class Endpoint:
             self._down_since = now
         if not self._warned_down:  # a log line, not a warning: nothing is lost (yet)
             self._warned_down = True
-            log.warning(
-                "rankscope: %s does not take exports now (%s); flushed steps wait for it (up to %d, "
-                "RANKSCOPE_MAX_QUEUED_STEPS) and go out when it answers; the job is unaffected",
+            log.log(
+                logging.WARNING if self.says_down else logging.DEBUG,
+                "%s: %s does not take exports (%s); steps wait for it (up to %d) and go out when it "
+                "answers; the job goes on",
+                self.who,
                 self.sender.target,
-                attempt.detail,
+                _short(attempt.detail),
                 self._max_queued_steps,
             )
 
@@ -80,8 +86,12 @@ class Endpoint:
         """A round went through: say so once if the endpoint was away, and reset the backoff."""
         if self.failures and self._warned_down:
             down = time.monotonic() - (self._down_since or time.monotonic())
-            log.warning(
-                "rankscope: %s answers again after %.1fs; the steps held meanwhile were sent", self.sender.target, down
+            log.log(
+                logging.WARNING if self.says_down else logging.DEBUG,
+                "%s: %s answers again after %.1fs; the steps held meanwhile were sent",
+                self.who,
+                self.sender.target,
+                down,
             )
             self._warned_down = False
         self.failures, self._down_since, self.next_attempt = 0, None, 0.0
@@ -89,3 +99,10 @@ class Endpoint:
     def after_bug(self) -> None:
         """A round raised (a bug, not the endpoint): never a busy loop over it."""
         self.next_attempt = time.monotonic() + RETRY_FIRST
+
+
+def _short(detail: str | None) -> str:
+    """An attempt's failure, without gRPC's repetition: its last clause (``Connection refused``)."""
+    text = " ".join(str(detail or "no answer").split())
+    last = text.rsplit(": ", 1)[-1].rstrip(")")
+    return last[:120] if len(text) > 120 else text

@@ -12,9 +12,11 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..backends.base import LoggerBackend, LoggingMode, Metric, sample_entry
+from ..core.paths import shown_path
 from ..metrics.recorder import StepBatch
 from ..metrics.reduce import reduced_items
 from ..metrics.samples import Kept, Provenance, Row
@@ -104,7 +106,12 @@ class BackendSet:
         )
 
     def finish(self) -> None:
+        """Finish every view; a page one wrote (the report view) is said on stdout, ``report: PATH``,
+        as a job's sink says its run's."""
         for backend in self.backends:
             self.call(backend.finish)
+            page = backend.location if type(backend).report is not LoggerBackend.report else None
+            if page and Path(page).is_file():
+                print(f"report: {shown_path(page)}", flush=True)
         if self._loop is not None:
             self._loop.close()

@@ -307,10 +307,14 @@ class MetricOutbox(Outbox):
         self._bound = bound
         self._encoder = encoder
         self._unsent: deque[Encoded] = deque()
+        self.exit_error: str | None = None
+        """The exception that ended the process, said with its goodbye (set before the shutdown)."""
 
     def add_steps(self, batches: list[StepBatch], goodbye: bool, pause: Callable[[], None] | None = None) -> None:
         """Encode the steps (all or none: a step that cannot be encoded raises, and nothing is added)."""
-        self._unsent.extend(encode_steps(self._encoder, batches, goodbye, self._drops.sdk_request(), pause=pause))
+        before = self._drops.sdk_request()
+        made = encode_steps(self._encoder, batches, goodbye, before, pause=pause, exit_error=self.exit_error)
+        self._unsent.extend(made)
 
     def relay(self, payload: bytes) -> None:
         """A forked child's request: held in the step bound like one of our steps, sent as it came."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
@@ -38,7 +38,9 @@ from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
 from ..backends.base import Metric
+from ..backends.console import printable
 from ..core import names as attr
+from ..core.identity import process_label
 from ..metrics.recorder import Recorder, StepBatch
 from ..metrics.reduce import Reduce
 from ..metrics.samples import Provenance, Row
@@ -69,6 +71,16 @@ _MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
 endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
 ask 0.8 s)."""
+
+
+def speaker(attributes: Mapping[str, Any]) -> tuple[str, bool]:
+    """How this process's export lines start, and whether it is the one of its node that says the
+    endpoint is down: a rank of a multi-process job names itself (``rankscope [trainer_r1]:``), and
+    only each node's first rank says what every rank of the node sees (the same endpoint down)."""
+    if str(attributes.get(attr.WORLD_SIZE, "1")) == "1":
+        return "rankscope", True
+    local = attributes.get(attr.LOCAL_RANK, attributes.get(attr.RANK, 0))
+    return f"rankscope [{printable(process_label(attributes))}]", str(local) == "0"
 
 
 class ExportThread:
@@ -107,8 +119,9 @@ class ExportThread:
         self._inbox: Inbox[Message] = Inbox(_INBOX_LIMIT)
         self.bound = StepBound(max_queued_steps)
         buffer = self.span_buffer = spans if spans is not None else SpanBuffer(1)
-        self.drops = Drops(resource, buffer, lambda: self.sender.target if self.sender else "the OTLP endpoint")
-        self.endpoint = Endpoint(sender, max_queued_steps) if sender is not None else None
+        who, first = speaker(resource.attributes)
+        self.drops = Drops(resource, buffer, lambda: self.sender.target if self.sender else "the OTLP endpoint", who)
+        self.endpoint = Endpoint(sender, max_queued_steps, who, says_down=first) if sender is not None else None
         resource_pb = encode_resource(resource.attributes)
         scope = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version=__version__)
         self.spans = SpanOutbox(buffer, self.drops, SpanEncoder(resource_pb, scope))
@@ -202,10 +215,12 @@ class ExportThread:
         self._inbox.put(Sync(done), urgent=True)
         return done.wait(timeout)
 
-    def shutdown(self, timeout: float) -> None:
+    def shutdown(self, timeout: float, exit_error: str | None = None) -> None:
         """Send what is held and stop, within ``timeout`` seconds of trying the endpoint; with a sink
         this job owns, also while it starts and, while it is alive, up to ``OWNED_SINK_DRAIN`` (the
-        drain moves ``Rounds.drain_until``)."""
+        drain moves ``Rounds.drain_until``). ``exit_error``: the exception that ended the process,
+        said with its goodbye."""
+        self.metrics.exit_error = exit_error
         stop = Stop(time.monotonic(), timeout)
         rounds = self._rounds
         rounds.expect_drain(stop.asked, timeout)

@@ -22,14 +22,15 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
-from ..backends.base import LoggerBackend, LoggingMode, get_backend_class
+from ..backends.base import LoggerBackend, LoggingMode, check_views, make_view
 from ..backends.console import printable
 from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn, warn_once
 from ..core.identity import build_resource, process_label
+from ..core.paths import safe_component as _component
 from ..core.policy_version import policy_version_in_effect
-from ..core.settings import Settings, resolve
+from ..core.settings import Settings, resolve, unknown_variables
 from ..export.captures import Captures
 from ..export.local_views import BackendSet
 from ..export.senders import EmbeddedSender, RelaySender, Sender, has_endpoint, make_sender, post_config
@@ -121,8 +122,12 @@ def init(
             resume=settings.resume,
         )
         label = process_label(resource.attributes)
+        unknown = unknown_variables()
+        if unknown and str(resource.attributes.get(attr.RANK, "0")) == "0":  # a typo said once, not per rank
+            warn_once(f"rankscope: ignored: {', '.join(unknown)} (not a rankscope variable; see docs/settings.md)")
         experiment_id = str(resource.attributes[attr.EXPERIMENT_ID])
         views: dict[str, Any] = {k: dict(v) for k, v in (settings.backends or {}).items()}
+        check_views(views)  # a misspelled view fails here, on every rank, not in the sink where no rank sees it
         stream = any(v.get("logging_mode") == LoggingMode.PER_RANK_NO_REDUCE.value for v in views.values())
         senders, views_in_sink = _make_senders(resource, settings, views)
         world = resource.attributes.get(attr.WORLD_SIZE)
@@ -184,6 +189,12 @@ def init(
         return resource
 
 
+_WANDB_TOO = json.dumps({"console": {}, "wandb": {}})
+"""The views the embedded sink's hint suggests: the console kept, W&B added."""
+_FILES_TOO = json.dumps({"console": {}, "report": {}, "jsonl": {}})
+"""The views a lone process's hint suggests: the console kept, the report and JSONL added."""
+
+
 def _say_where(
     resource: Resource, settings: Settings, senders: Sender | None, in_sink: bool, views: list[LoggerBackend]
 ) -> None:
@@ -194,16 +205,23 @@ def _say_where(
     embedded = in_sink and not settings.sink_control
     if str(a.get(attr.RANK, "0")) != "0" or (senders is not None and not embedded):
         return
-    more = ' (files too: RANKSCOPE_BACKENDS=\'{"report": {}, "jsonl": {}}\' or init(backends=...))'
     if embedded:
-        where = f"the experiment's embedded sink on this machine, which prints one line per step here{more}"
+        where = "the experiment's embedded sink on this machine, which prints one line per step here"
+        if settings.keep:  # the hint adds a view: the console stays, and the run is kept whatever the views
+            directory = f"rankscope_logs/{_component(str(a[attr.EXPERIMENT_ID]))}/"
+            where += f" and keeps the run in {directory} (W&B too: RANKSCOPE_BACKENDS='{_WANDB_TOO}')"
+        else:
+            where += " and keeps nothing on disk (RANKSCOPE_KEEP=0)"
     elif views:
-        where = f"this console, one line per step{more}"
+        where = f"this console, one line per step (files too: RANKSCOPE_BACKENDS='{_FILES_TOO}' or init(backends=...))"
     else:
         where = "nowhere: no view (RANKSCOPE_CONSOLE=off) and no endpoint"
     run = f" run {printable(a[attr.RUN_ID])}" if attr.RUN_ID in a else ""
     message = f"rankscope: experiment {printable(a[attr.EXPERIMENT_ID])}{run}: metrics -> {where}"
-    if message != process.said_where:
+    if process.auto_initializing:  # said at the first flush: an init before it may name the experiment
+        process.unsaid_where = message
+    elif message != process.said_where:
+        process.unsaid_where = None
         process.said_where = message
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
@@ -394,7 +412,8 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
         def connect() -> tuple[str, str]:
             from ..sink.embedded import connect as connect_embedded  # the sink's servers load only when used
 
-            found = connect_embedded(experiment, str(resource.attributes.get(attr.RUN_ID) or ""))
+            run = str(resource.attributes.get(attr.RUN_ID) or "")
+            found = connect_embedded(experiment, run, on_start=lambda: setattr(process, "sink_starter", os.getpid()))
             _post_views(found[1], experiment, views)
             return found
 
@@ -425,7 +444,7 @@ def _is_monarch_controller() -> bool:
 def _make_backends(config: Mapping[str, Mapping[str, Any]], alone: bool) -> list[LoggerBackend]:
     made: list[LoggerBackend] = []
     for name, options in config.items():
-        backend = get_backend_class(str(options.get("backend", name)))(dict(options))
+        backend = make_view(name, options)
         if backend.logging_mode is LoggingMode.GLOBAL_REDUCE and not alone:
             # Cross-process reduction belongs to the sink; a local copy would show one rank as "global".
             continue
@@ -453,7 +472,11 @@ def _auto_init() -> Runtime | None:
             return installed()
         if installed() is None and not _slot.disabled:
             try:
-                init()
+                process.auto_initializing = True
+                try:
+                    init()
+                finally:
+                    process.auto_initializing = False
                 runtime = installed()
                 if runtime is not None:  # first use, no init(): instrumentors may close steps
                     runtime.steps.auto = runtime.settings.auto_step and not runtime.steps.driven

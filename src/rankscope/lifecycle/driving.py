@@ -9,6 +9,7 @@ in the slot (auto-initializing where a first use may start rankscope).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import cast
@@ -59,8 +60,9 @@ class Runtime:
         steps = self.steps
         if not auto:
             steps.auto = steps.auto_pending = False
-        if not self.compile_checked:
+        if not self.compile_checked:  # the first close comes here
             self.compile_checked = bind_compile_check()
+            say_where_at_first_flush()
         if flush_hooks:
             run_flush_hooks()
         captures = self.thread.captures
@@ -212,3 +214,13 @@ def capture(reason: str, *, steps: int = 2, ranks: list[int] | None = None) -> N
     runtime = started()
     if runtime is not None and runtime.thread.captures is not None:
         runtime.thread.captures.ask(reason, steps, None if ranks is None else list(ranks))
+
+
+def say_where_at_first_flush() -> None:
+    """Say what auto-init found out about where the metrics go, at the first step's close rather
+    than at the first recorded value: an ``init`` in between (which names the experiment) replaced it."""
+    message, process.unsaid_where = process.unsaid_where, None
+    if message and message != process.said_where:
+        process.said_where = message
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()

@@ -11,15 +11,19 @@ child (which leaves through ``os._exit``), as a multiprocessing finalizer.
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import time
 
+from ..backends.console import printable
 from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn
+from ..core.paths import shown_path
 from ..export.senders import request_report, sink_status
 from ..metrics import rates
 from ..metrics.catalog import key_kind
-from .driving import Runtime, installed, started
+from .driving import Runtime, installed, say_where_at_first_flush, started
 from .fork import CHILD_SHUTDOWN_TIMEOUT
 from .state import process
 
@@ -37,6 +41,7 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
     replace a runtime (the recorder and step clock live on in the new one)."""
     runtime = installed()
     if runtime is not None and drain_unflushed:
+        say_where_at_first_flush()  # a process that never flushed hears it now
         try:
             _close_last_auto_step(runtime)
         except Exception as exc:
@@ -57,13 +62,26 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
         batch = runtime.recorder.take(_tail_step(runtime))
         if batch is not None:
             runtime.thread.submit(batch)
-    runtime.thread.shutdown(runtime.shutdown_timeout)
+    runtime.thread.shutdown(runtime.shutdown_timeout, _exit_error() if process.exited else None)
     if runtime.thread.captures is not None:
         runtime.thread.captures.finish(runtime.shutdown_timeout)  # the traces finished, sent
     if drain_unflushed:
         rates.reset_rates()
     process.dropped_before_shutdown = runtime.thread.dropped_total
     _wait_for_sink_views(runtime)
+    if drain_unflushed:
+        _say_report(runtime)
+
+
+def _exit_error() -> str | None:
+    """At exit, the exception that ended the program (``Type: message``; Python keeps the uncaught
+    one in ``sys.last_value`` before the exit handlers run), so the sink says which process failed
+    and why instead of only that the job ended. Ctrl-C is an interruption, not an error."""
+    exc = getattr(sys, "last_value", None)
+    if not isinstance(exc, Exception):  # none, KeyboardInterrupt, SystemExit
+        return None
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return " ".join(text.split())
 
 
 def _tail_step(runtime: Runtime) -> int | None:
@@ -101,6 +119,28 @@ def _wait_for_sink_views(runtime: Runtime) -> None:
         if status is None or status.get("last_written_step", -1) >= last:
             return
         time.sleep(0.05)
+
+
+def _say_report(runtime: Runtime) -> None:
+    """The process that started its launch's embedded sink says, once the sink wrote its last step,
+    where the run is kept (``RANKSCOPE_KEEP``): the sink writes the report page now (again at its
+    end, with the steps of processes still running). Said on stdout, where the steps' lines went.
+    Nothing when the run has no report view, nor when this process already asked (``write_report``)."""
+    control = getattr(runtime.thread.sender, "control_url", None)
+    if process.sink_starter != os.getpid() or control is None or process.reported is not None:
+        return
+    a = runtime.resource.attributes
+    experiment = str(a[attr.EXPERIMENT_ID])
+    try:
+        run = str(a.get(attr.RUN_ID) or "") or None
+        paths = request_report(control, experiment, runtime.shutdown_timeout + 30.0, run)
+    except (OSError, RuntimeError):  # no report view (RANKSCOPE_KEEP=0), or the sink is gone: nothing kept to say
+        return
+    if paths:
+        page = shown_path(paths[0])
+        process.reported = str(page)
+        compare = page.parent.parent if attr.RUN_ID in a else page.parent
+        print(f"report: {page}  (every run of {printable(experiment)}: rankscope report {compare}/)", flush=True)
 
 
 def shutdown_at_exit() -> None:
@@ -174,4 +214,6 @@ def write_report(timeout: float = 75.0) -> str | None:
     except (OSError, RuntimeError) as exc:
         warn(f"rankscope: no report: {exc}")
         return None
+    if paths:
+        process.reported = paths[0]
     return paths[0] if paths else None

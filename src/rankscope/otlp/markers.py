@@ -46,10 +46,17 @@ def add_flush_marker(
         point.attributes.append(key_value(attr.DRIVEN, True))
 
 
-def add_goodbye(scope: Any) -> None:
+EXIT_ERROR_CHARS = 200
+"""What a goodbye says of the exception that ended its process, at most."""
+
+
+def add_goodbye(scope: Any, exit_error: str | None = None) -> None:
+    """The process is done; ``exit_error``: the exception that ended it (``Type: message``)."""
     bye = scope.metrics.add(name=attr.GOODBYE)
     bye.sum.aggregation_temporality = _DELTA
-    bye.sum.data_points.add(time_unix_nano=time.time_ns(), as_int=1)
+    point = bye.sum.data_points.add(time_unix_nano=time.time_ns(), as_int=1)
+    if exit_error:
+        point.attributes.append(key_value(attr.EXIT_ERROR, exit_error[:EXIT_ERROR_CHARS]))
 
 
 @dataclass(frozen=True, slots=True)

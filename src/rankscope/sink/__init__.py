@@ -12,7 +12,7 @@ from .book.admission import ExperimentLimits
 from .book.config import BookConfig
 from .book.step_book import StepBook
 from .checked import Limits, Process
-from .config import DEFAULT_BACKENDS, DiskLimits, RunLimits, SinkConfig
+from .config import DEFAULT_BACKENDS, KEPT_BACKENDS, REPORT_VIEW, DiskLimits, RunLimits, SinkConfig
 from .edge.ports import Transport
 from .service import Sink
 from .views.detectors.base import Thresholds
@@ -20,6 +20,8 @@ from .views.step import StepView
 
 __all__ = [
     "DEFAULT_BACKENDS",
+    "KEPT_BACKENDS",
+    "REPORT_VIEW",
     "BookConfig",
     "DiskLimits",
     "ExperimentLimits",

@@ -232,6 +232,8 @@ class ResourceBatch:
     states: list[StateRows] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
     goodbye: bool = False
+    exit_error: str | None = None
+    """The goodbye's ``rankscope.exit.error``: printable, at most ``EXIT_ERROR_CHARS``."""
     streams: list[tuple[str, float, int | None]] = field(default_factory=list)
     foreign: int = 0
     """Points without ``rankscope.reduce``: plain OTel points (counted in the status route)."""
@@ -284,6 +286,8 @@ class Process:
     """States merged upstream by a Collector (``rankscope.merged``): in the global view only."""
     ended: bool = False
     """It said goodbye (``rankscope.goodbye``): it ended, and does not come back."""
+    exit_error: str | None = None
+    """What its goodbye said of the exception that ended it (``rankscope.exit.error``), checked."""
     suspect: bool = False
     """It took the slot of a process that ended, in a run whose processes had all ended, at the
     same attempt: its first data decides whether it is another launch (``reused``)."""

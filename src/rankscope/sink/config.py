@@ -22,6 +22,16 @@ from .edge.ports import Transport
 DEFAULT_BACKENDS: dict[str, dict[str, Any]] = {"console": {"logging_mode": "global_reduce"}}
 """The views of an experiment when neither the sink nor the experiment's processes chose any."""
 
+REPORT_VIEW: dict[str, dict[str, Any]] = {"report": {"logging_mode": "global_reduce"}}
+"""What ``rankscope sink --report`` adds to every run's views: its HTML page."""
+
+KEPT_BACKENDS: dict[str, dict[str, Any]] = {
+    **REPORT_VIEW,
+    "jsonl": {"logging_mode": "global_reduce", "path": "rankscope_logs/{experiment}/{run}/metrics.jsonl"},
+}
+"""What a job's sink adds to every run's views so that the run is kept on disk (``SinkConfig.added_views``):
+its report page and its global values as JSONL, in ``rankscope_logs/EXPERIMENT/RUN/``."""
+
 
 GiB = 1 << 30
 
@@ -96,8 +106,10 @@ class SinkConfig:
     """How the servers listen and whom they take (host, tokens, connection and body bounds)."""
     backends: Mapping[str, Mapping[str, Any]] | None = None
     """Views for every experiment; None: each experiment's posted config, else console."""
-    report: bool = False
-    """Every experiment also gets the ``report`` view (its HTML page), whatever its other views."""
+    added_views: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Views every run gets beside its own, each unless the run's views have one of its backend:
+    ``REPORT_VIEW`` (``--report``: the HTML page), ``KEPT_BACKENDS`` (a job's own sink, embedded
+    or ``rankscope run``, unless ``RANKSCOPE_KEEP=0``: the run kept on disk)."""
     trust_posted_paths: bool = False
     """Whether a posted view config's paths are used as given: the sink of one job (embedded,
     ``rankscope run``) takes its own job's. A shared sink holds them to relative paths without

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +91,11 @@ def _read_live(info: Path, experiment: str, run: str = "") -> dict[str, Any] | N
     return found
 
 
-def connect(experiment: str, run: str = "", timeout: float = _START_TIMEOUT) -> tuple[str, str]:
+def connect(
+    experiment: str, run: str = "", timeout: float = _START_TIMEOUT, on_start: Callable[[], object] | None = None
+) -> tuple[str, str]:
     """The (gRPC endpoint, control URL) of this launch's sink on this machine, started (and waited
-    for until it takes exports) if needed."""
+    for until it takes exports) if needed; ``on_start`` is called when this process started it."""
     directory = runtime_dir(experiment, run)
     directory.mkdir(parents=True, exist_ok=True)
     info = directory / "sink.json"
@@ -102,6 +105,8 @@ def connect(experiment: str, run: str = "", timeout: float = _START_TIMEOUT) -> 
             found = _read_live(info, experiment, run)
             if found is None:
                 found = _start(experiment, run, info, timeout)
+                if on_start is not None:
+                    on_start()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return str(found["endpoint"]), str(found["control"])
@@ -129,7 +134,7 @@ def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2, run:
     """Run the sink until every local client and the starter have exited."""
     from ..core.settings import resolve
     from .book.config import BookConfig
-    from .config import JOB_START_HOLD, RunLimits, SinkConfig
+    from .config import JOB_START_HOLD, KEPT_BACKENDS, RunLimits, SinkConfig
     from .service import Sink
 
     config = SinkConfig(
@@ -138,6 +143,7 @@ def serve(experiment: str, info: Path, starter_pid: int, poll: float = 0.2, run:
         book=BookConfig(grace=resolve("sink_grace"), start_hold=JOB_START_HOLD),
         trust_posted_paths=True,
         runs=RunLimits(close_ended=False),  # one job's sink: its runs stay until it exits
+        added_views=KEPT_BACKENDS if resolve("keep") else {},  # every run on disk, as W&B and TensorBoard keep theirs
     )
     sink = Sink(config).start()  # its receivers listen: what sink.json announces takes exports
     payload = {

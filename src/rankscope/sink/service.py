@@ -35,6 +35,7 @@ from typing import Any
 
 from ..backends.base import Metric
 from ..core.anomalies import NonFinite
+from ..core.identity import process_label
 from ..metrics.reduce import Reduce
 from .book.traces import StoredSpan
 from .checked import Refusals, ResourceBatch, SpanQuery
@@ -63,6 +64,7 @@ from .supervisor import Supervisor
 from .tally import Tally
 from .views.captures import ask_outliers, ask_stragglers
 from .views.step import StepView
+from .views.viewset import SaidLines
 
 log = logging.getLogger("rankscope.sink")
 
@@ -248,6 +250,8 @@ class Sink:
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
                     ended, attempt = tenant.book.roster.finished, tenant.book.attempt
+                if batch.exit_error is not None and (unsaid := _FAILURES.say()) is not None:
+                    _say_failed(tenant, batch, unsaid)
                 self.opener.settle(tenant, ended, attempt, batch)  # a last goodbye ends the run (``runs.runbook``)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
@@ -474,3 +478,14 @@ def _act(tenant: Tenant, view: StepView, auto_capture_steps: int) -> None:
             view.step,
             first.process,
         )
+
+
+_FAILURES = SaidLines()
+"""The sink-wide bound on "failed" lines (a run's status names each failed process)."""
+
+
+def _say_failed(tenant: Tenant, batch: ResourceBatch, unsaid: int) -> None:
+    """A process's goodbye said an exception ended it: one line at once, naming it and the error."""
+    who = "".join(c if c.isprintable() else "?" for c in process_label(batch.resource)[:96])
+    more = f" (and {unsaid} more failures not said)" if unsaid else ""
+    log.warning("rankscope sink: %s of %s failed: %s%s", who[:96], tenant.book.name[:96], batch.exit_error, more)

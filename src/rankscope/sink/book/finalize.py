@@ -75,6 +75,8 @@ class Finished:
     interrupted: bool = False
     """Finalized at the job's end while processes had not closed it (Ctrl-C, a crash): its view names
     it ``interrupted`` and no detector judges it (``views.anomalies.Watch.interrupted``)."""
+    failed: tuple[str, ...] = ()
+    """With ``interrupted``: the processes an exception ended, each ``label: Type: message``."""
 
 
 class PerProcess(Mapping[Process, list[Metric]]):
@@ -197,7 +199,7 @@ def _judge(
     view.heat = _heat(view.phase_times)
     metrics = view.global_metrics
     if done.interrupted:  # cut short by the job's end: nothing to judge (no straggler views either)
-        view.anomalies = watch.interrupted(done.step, done.missing)
+        view.anomalies = watch.interrupted(done.step, done.missing, done.failed)
     else:
         judgement = judge(traces.spans(done.step))
         keys, labels = straggler_metrics(judgement, stamp)

@@ -2,9 +2,9 @@
 
 * Step N is final when nothing is missing (``roster``; a controller's flushed count), or
   ``grace`` seconds after its first data.
-* In the run's first ``start_hold`` seconds (until ``HOLD_STEPS`` are open) only by grace (or the
-  end): a process is missing only once it has flushed a step, so one that starts a little after
-  the others (a generator spawned by rank 0) would find the first step final without it.
+* In the run's first ``start_hold`` seconds (until ``HOLD_STEPS`` are open, or every process said
+  goodbye) only by grace (or the end): a process is missing only once it has flushed a step, so
+  one that starts a little after the others (a generator spawned by rank 0) would find the first step final without it.
 * A time bucket is final once it is over plus ``time_bucket_lag`` (``windows``).
 
 It decides; the book closes (``steps.close``) and names the missing.
@@ -42,8 +42,11 @@ class Readiness:
 
     def held(self, now: float) -> bool:
         """Whether complete steps still wait for their grace (the start hold; time buckets wait for
-        their lag anyway). The hold ends at its time, or once ``HOLD_STEPS`` steps are open."""
-        if self.held_until is not None and (now >= self.held_until or len(self.steps.open) >= HOLD_STEPS):
+        their lag anyway). The hold ends at its time, once ``HOLD_STEPS`` steps are open, or once the
+        run's attempt is over (every process said goodbye and every declared rank reported: nobody
+        is left to wait for, and a short job's end is not held up)."""
+        held_until = self.held_until
+        if held_until is not None and (now >= held_until or len(self.steps.open) >= HOLD_STEPS or self.roster.finished):
             self.held_until = None
         return self.held_until is not None and not self.windows.bucketed
 

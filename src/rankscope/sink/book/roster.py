@@ -15,6 +15,7 @@ may have changed, so the step book re-asks only then.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -165,6 +166,11 @@ class Roster:
             self._open[process.attempt] -= 1
         process.ended = True
         self.version += 1
+
+    def failed(self, most: int = 8) -> tuple[str, ...]:
+        """The processes an exception ended (their goodbye said which), ``label: Type: message``."""
+        failed = (f"{p.label}: {p.exit_error}" for p in self.processes.values() if p.exit_error)
+        return tuple(itertools.islice(failed, most))
 
     @property
     def all_ended(self) -> bool:

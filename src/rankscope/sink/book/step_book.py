@@ -79,6 +79,7 @@ class Taken:
     parts: dict[int, ResourceBatch]
     goodbye: bool = False
     settled: list[Marker] = field(default_factory=list)
+    exit_error: str | None = None
     """Flush markers of steps finalized already: they say the process is live, nothing to log."""
 
 
@@ -232,7 +233,7 @@ class StepBook:
             batch.states if not batch.plain else batch.states + self.streams.rows(process.id, batch.plain, self.step_at)
         )
         parts, settled = self.steps.place(batch, states, refused, self.step_at, replayed=replayed)
-        return Taken(process, parts, batch.goodbye, settled)
+        return Taken(process, parts, batch.goodbye, settled, batch.exit_error)
 
     def merge(self, taken: Taken, refused: Refusals, seqs: Mapping[int, int] | None = None) -> int:
         """Merge what ``take`` admitted (``seqs``: each step's write-ahead-log record); returns the
@@ -248,6 +249,7 @@ class StepBook:
         self.counts.refused += refused.count - before
         if taken.goodbye:
             self.roster.ended(process)
+            process.exit_error = taken.exit_error or process.exit_error
         self.counts.points += points
         if process.merged:
             self.counts.merged_points += points
@@ -342,6 +344,8 @@ class StepBook:
             done = self._finished(bucket, labels, rewound=rewound)
             done.away = away
             done.interrupted = force and bool(absent)  # the job ended while these had not closed it
+            if done.interrupted:
+                done.failed = roster.failed()
             out.append(done)
         return out
 

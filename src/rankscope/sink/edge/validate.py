@@ -46,7 +46,7 @@ from ...metrics.reduce import BUILTIN_REDUCES, Reduce
 from ...otlp import foreign
 from ...otlp.common import attributes, decode_step
 from ...otlp.logs import decode_record, decode_stream, is_stream
-from ...otlp.markers import decode_marker
+from ...otlp.markers import EXIT_ERROR_CHARS, decode_marker
 from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field, read_spread
 from ...otlp.raw import ParsedMetrics, decode_attribute, decode_attributes
 from ...otlp.samples import decode_row, is_sample
@@ -254,6 +254,7 @@ def _scope(
             continue
         if name == attr.GOODBYE:
             batch.goodbye = True
+            batch.exit_error = _exit_error(points) or batch.exit_error
             continue
         if not clean or len(name) > limits.max_name_chars:
             why = f"metric name of {len(name)} characters is empty, too long or has control characters"
@@ -369,6 +370,16 @@ def _custom_field(
         custom = {} if custom is None else custom
         custom.setdefault((*group, p.time_unix_nano), state)[found[0]] = found[1]
     return custom
+
+
+def _exit_error(points: Any) -> str | None:
+    """A goodbye's ``rankscope.exit.error``: printable text, bounded; anything else is no error said."""
+    for p in points:
+        a = decode_attributes(p.attributes)
+        text = a.get(attr.EXIT_ERROR) if isinstance(a, dict) else None
+        if isinstance(text, str) and text:
+            return "".join(c if c.isprintable() else "?" for c in text[:EXIT_ERROR_CHARS])
+    return None
 
 
 def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:

@@ -64,14 +64,14 @@ class ViewConfigs:
     def draws_gantt(self, experiment_id: str) -> bool:
         """Whether the views this experiment will get include one that draws a Gantt (the report):
         then its step views carry their spans, from the first step."""
-        if self._config.report:
+        if any(self._gantt_backend(str(o.get("backend", name))) for name, o in self._config.added_views.items()):
             return True
         return any(self._gantt_backend(str(o.get("backend", name))) for name, o in self._of(experiment_id).items())
 
     def run_bytes(self, experiment_id: str) -> int:
         """Bytes a run of this experiment's views writes at least (``LoggerBackend.run_bytes``):
         what the disk budget reserves for it (``runs.disk``)."""
-        config = self._with_report(self._of(experiment_id))
+        config = self._with_kept(self._of(experiment_id))
         return sum(self._backend_bytes(str(o.get("backend", name))) for name, o in config.items())
 
     def writer(self, tenant: Tenant) -> ViewWriter:
@@ -82,7 +82,7 @@ class ViewConfigs:
             on_written = tenant.log.written_view if tenant.log is not None else None
             tenant.writer = ViewWriter(
                 experiment_id,
-                self._with_report(self._of(experiment_id)),
+                self._with_kept(self._of(experiment_id)),
                 self._on_error,
                 self._started_pool(),
                 on_written=on_written,
@@ -120,11 +120,13 @@ class ViewConfigs:
         """The views an experiment gets: the sink's, else the ones its processes posted, else the console."""
         return self._config.backends or self.posted_backends.get(experiment_id) or DEFAULT_BACKENDS
 
-    def _with_report(self, config: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
-        """With the report view when the sink adds it to every experiment."""
-        if self._config.report and not any(str(v.get("backend", k)) == "report" for k, v in config.items()):
-            return {**config, "report": {"logging_mode": "global_reduce"}}
-        return config
+    def _with_kept(self, config: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+        """With the views the sink adds to every run (``SinkConfig.added_views``), each unless the
+        run's views have one of its backend already."""
+        added = self._config.added_views
+        have = {str(v.get("backend", k)) for k, v in config.items()}
+        extra = {k: v for k, v in added.items() if k not in have and k not in config}
+        return {**config, **extra} if extra else config
 
     def _backend_bytes(self, name: str) -> int:
         """``run_bytes`` of backend ``name`` (0: unknown, named when its views open; cached as

@@ -69,11 +69,12 @@ class Watch:
         for detector in self.detectors:
             detector.restart()
 
-    def interrupted(self, step: int, waiting: list[str]) -> list[Anomaly]:
+    def interrupted(self, step: int, waiting: list[str], failed: tuple[str, ...] = ()) -> list[Anomaly]:
         """A step the job ended in (Ctrl-C, a crash: the sink finalized it at the job's end while
-        ``waiting`` had not closed it). Not judged: its phases were cut short and its absentees
-        are not late, so no detector runs on it; its one record says what happened."""
-        record = Interrupted(step=step, processes=tuple(waiting[:64]), count=len(waiting))
+        ``waiting`` had not closed it; ``failed``: the processes an exception ended, and which).
+        Not judged: its phases were cut short and its absentees are not late, so no detector runs
+        on it; its one record says what happened."""
+        record = Interrupted(step=step, processes=tuple(waiting[:64]), count=len(waiting), failed=failed)
         self.note(record)
         return [record]
 

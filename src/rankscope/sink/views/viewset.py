@@ -2,7 +2,10 @@
 need, finished and made fresh again on a release (they give their files back), finished for good
 on close.
 
-A view whose configuration is bad is left out with one error naming it; one whose ``init`` fails
+A view that names no logging mode is global here (what a sink is for: ``{"console": {}}`` prints what
+the default console prints). A view whose configuration is bad (an unknown backend, a bad option,
+its package missing) is off from the start, with one line naming it and why, in the log and the
+status route, while the run's other views go on; one whose ``init`` fails
 (W&B without an API key, say) or that turns itself off is disabled with one error naming it, and
 stays off through releases.
 """
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ...backends.base import get_backend_class
+from ...backends.base import LoggerBackend, LoggingMode, make_view
 from ..checked import OnError
 from .calls import BackendView, Calls
 
@@ -50,11 +53,17 @@ class ViewSet:
         self.views: list[BackendView] = []
         for name, options in config.items():
             try:
-                backend = get_backend_class(str(options.get("backend", name)))(dict(options))
+                backend = make_view(name, options, mode=LoggingMode.GLOBAL_REDUCE)
+            except (ValueError, ImportError) as exc:  # the config's fault: said in one line, the other views go on
+                view = BackendView(name, LoggerBackend())
+                view.disabled, view.last_error = True, str(exc)[:500]
+                log.error("rankscope sink: view %r of %s is off: %s", name, experiment[:64], view.last_error)
             except Exception as exc:
                 on_error(f"view {name!r} of {experiment[:64]!r}: bad configuration", exc)
                 continue
-            self.views.append(BackendView(name, backend))
+            else:
+                view = BackendView(name, backend)
+            self.views.append(view)
 
     @property
     def descriptors(self) -> int:
@@ -84,8 +93,7 @@ class ViewSet:
                 self._on_closed()
         for view in self.views:
             if not view.disabled:
-                options = self._config[view.name]
-                view.backend = get_backend_class(str(options.get("backend", view.name)))(dict(options))
+                view.backend = make_view(view.name, self._config[view.name], mode=LoggingMode.GLOBAL_REDUCE)
 
     def close(self) -> None:
         """Finish the backends, if open, for good."""
