@@ -3,6 +3,7 @@ the same W&B run, and per-rank series beyond 64 processes — read back from W&B
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -158,3 +159,37 @@ def test_a_steps_keys_reach_the_views_in_the_order_they_were_first_recorded(make
         users = [k for k in step["values"] if k.split("/")[0] in ("loss", "grad_norm", "accuracy", "tokens")]
         assert [k.split("/")[0] for k in users if "/" not in k] == ["loss", "grad_norm", "accuracy", "tokens"]
     assert len(sink.queries.recent("ordered") or []) == 2
+
+
+BAD_VIEW_PROCESS = """
+import rankscope as rs
+rs.init()
+for step in range(3):
+    rs.record_metric("loss", 1.0 + step)
+    rs.flush(step)
+rs.shutdown()
+"""
+
+
+def test_a_bad_view_is_off_in_one_line_and_the_runs_other_views_are_whole(make_sink, tmp_path: Path, caplog) -> None:
+    """A view the sink cannot make (a backend unknown to it: a client of a newer version, a typo in a
+    config the sink was given programmatically) is off from the start, said in one line naming it,
+    never as an internal error; the run's other views get every step."""
+    out = tmp_path / "global.jsonl"
+    views = {"consle": {}, "jsonl": {"logging_mode": "global_reduce", "path": str(out)}}
+    sink = make_sink(backends=views, book=BookConfig(grace=20))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    env.update(RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_EXPERIMENT="bad-view", RANKSCOPE_RUN_ID="job-1")
+    with caplog.at_level("INFO", logger="rankscope.sink"):
+        done = subprocess.run([sys.executable, "-c", BAD_VIEW_PROCESS], env=env, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (sink.status("bad-view") or {}).get("last_written_step") != 2:
+            time.sleep(0.1)
+        status = sink.status("bad-view") or {}
+    assert [json.loads(line)["value"] for line in out.read_text().splitlines() if '"loss"' in line] == [1.0, 2.0, 3.0]
+    off = status["views"]["consle"]
+    assert off["disabled"] and off["last_error"].startswith("view 'consle': unknown backend 'consle'"), off
+    said = [r.getMessage() for r in caplog.records if "consle" in r.getMessage()]
+    assert len(said) == 1 and "is off: view 'consle': unknown backend 'consle'" in said[0], said
+    assert "Traceback" not in caplog.text and "internal error" not in caplog.text

@@ -220,6 +220,17 @@ def test_an_interrupted_step_is_said_with_no_time(capsys, monkeypatch) -> None:
     assert len(lines) == 2 and "trainer/loss 0.1871" in lines[1] and "| time" not in lines[1]
 
 
+def test_a_step_a_process_failed_in_names_it_and_its_error_not_an_interruption(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    backend = ConsoleBackend({"logging_mode": "global_reduce"})
+    failed = ("trainer_r1: ZeroDivisionError: division by zero",)
+    backend.log_anomaly(Interrupted(step=3, processes=("trainer_r0",), count=1, failed=failed), 3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "!!! step 3 failed: trainer_r1 raised ZeroDivisionError: division by zero; trainer_r0 had not closed it"
+    ]
+
+
 def test_a_streak_of_corrected_steps_is_one_line_not_a_line_per_step(capsys, monkeypatch) -> None:
     """A node back after an outage: each of its steps' late updates comes with a ``corrected``
     record; the console says the streak once, and prints none of the steps' corrected lines."""
