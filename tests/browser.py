@@ -24,23 +24,26 @@ ARTIFACTS = Path(os.environ.get("RANKSCOPE_TEST_ARTIFACTS", Path(__file__).resol
 
 def ensure_browser() -> str | None:
     """None when Chromium and its driver are there (installing them with apt if need be), else why not."""
-    if os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER):
+    return apt_ensure([CHROMIUM, CHROMEDRIVER], ["chromium", "chromium-driver"])
+
+
+def apt_ensure(paths: list[str], packages: list[str]) -> str | None:
+    """None when every one of ``paths`` exists (installing Debian's ``packages`` if need be, as
+    root), else why not."""
+    if all(os.path.exists(p) for p in paths):
         return None
+    names = " ".join(packages)
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        return f"no {CHROMIUM} / {CHROMEDRIVER}, and no apt-get as root to install chromium chromium-driver"
+        return f"no {' / '.join(paths)}, and no apt-get as root to install {names}"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         subprocess.run(["apt-get", "update", "-q"], env=env, check=True, capture_output=True, timeout=600)
         subprocess.run(
-            ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=900,
+            ["apt-get", "install", "-y", "-q", *packages], env=env, check=True, capture_output=True, timeout=900
         )
     except (subprocess.SubprocessError, OSError) as exc:
-        return f"installing chromium chromium-driver failed: {exc}"
-    return None if os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER) else "chromium did not install"
+        return f"installing {names} failed: {exc}"
+    return None if all(os.path.exists(p) for p in paths) else f"{names} did not install"
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import pytest
 
 PIPELINE_BINARIES = pytest.StashKey[dict[str, str]]()
 BROWSER_MISSING = pytest.StashKey[str | None]()
+TMUX_MISSING = pytest.StashKey[str | None]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -25,6 +26,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from ..browser import ensure_browser  # apt-get install chromium chromium-driver, once per machine
 
         session.config.stash[BROWSER_MISSING] = ensure_browser()
+    if "tmux_ready" in wanted:
+        from ..browser import apt_ensure
+
+        session.config.stash[TMUX_MISSING] = apt_ensure(["/usr/bin/tmux"], ["tmux"])
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +38,14 @@ def browser_ready(request: pytest.FixtureRequest) -> None:
     missing = request.config.stash.get(BROWSER_MISSING, "the browser was not looked for")
     if missing:
         pytest.fail(f"headless Chromium is needed to look at the report: {missing}")
+
+
+@pytest.fixture(scope="session")
+def tmux_ready(request: pytest.FixtureRequest) -> None:
+    """tmux is there (installed by ``pytest_collection_finish``): ``rankscope top``'s screen is read from a pane."""
+    missing = request.config.stash.get(TMUX_MISSING, "tmux was not looked for")
+    if missing:
+        pytest.fail(f"tmux is needed to read rankscope top's screen: {missing}")
 
 
 @pytest.fixture(scope="session")

@@ -52,14 +52,14 @@ rs.shutdown()
 def test_a_lone_script_with_nothing_configured_says_where_and_prints_each_step_and_its_nan(tmp_path: Path) -> None:
     done = run_script(tmp_path, NEWCOMER)
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = re.findall(r"^step (\d)  accuracy (\S+)  loss (\S+)  \| time \S+$", done.stdout, re.M)
-    assert steps == [
-        ("0", "0", "1"),
-        ("1", "0.1", "0.5"),
-        ("2", "0.2", "nan"),
-        ("3", "0.3", "nan"),
-        ("4", "0.4", "0.2"),
-        ("5", "0.5", "0.1667"),
+    steps = re.findall(r"^step (\d)  loss (\S+)  accuracy (\S+)  \| time \S+$", done.stdout, re.M)
+    assert steps == [  # the keys in the order the script recorded them
+        ("0", "1", "0"),
+        ("1", "0.5", "0.1"),
+        ("2", "nan", "0.2"),
+        ("3", "nan", "0.3"),
+        ("4", "0.2", "0.4"),
+        ("5", "0.1667", "0.5"),
     ], done.stdout
     assert re.findall(r"^!!! .*$", done.stdout, re.M) == ["!!! step 2 non-finite value: loss (nan)"]  # once a streak
     said = [line for line in done.stderr.splitlines() if line.startswith("rankscope: experiment newcomer")]
@@ -96,7 +96,7 @@ def test_the_getting_started_snippet_runs_as_written(tmp_path: Path) -> None:
     done = run_script(tmp_path, snippet.group(1))
     assert done.returncode == 0, done.stderr[-3000:]
     losses = [
-        float(v) for v in re.findall(r"^step \d+  loss (\S+)  reward \S+  reward/max \S+  \| time", done.stdout, re.M)
+        float(v) for v in re.findall(r"^step \d+  reward \S+  reward/max \S+  loss (\S+)  \| time", done.stdout, re.M)
     ]
     assert len(losses) == 20 and losses[-1] < losses[0] / 4, done.stdout  # it trains, and says so per step
     assert "rankscope: experiment first-steps run " in done.stderr

@@ -1,6 +1,7 @@
 """PyTorch Lightning: a 2-process DDP run on CPU whose ``self.log`` values reach the experiment's
 W&B run (offline, read back from its file) through a real sink, reduced across ranks; and the same
-job under plain ``python`` with nothing configured, whose ranks share the embedded sink."""
+job under plain ``python`` with nothing configured, whose ranks share the embedded sink, which
+prints the keys in the order ``self.log`` logged them, a renamed key said once."""
 
 from __future__ import annotations
 
@@ -66,7 +67,70 @@ def test_a_ddp_job_under_plain_python_prints_both_ranks_steps(tmp_path: Path) ->
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = re.findall(r"^step (\d+)  .*train/rank (\S+)  train/rank_max 1 \(trainer_r1\)", done.stdout, re.M)
+    # the order the worker's training_step logged them in, not A-Z (train/loss first)
+    steps = re.findall(
+        r"^step (\d+)  train/rank (\S+)  train/rank_max 1 \(trainer_r1\)  train/loss ", done.stdout, re.M
+    )
     assert steps == [(str(step), "0.5") for step in range(STEPS)], done.stdout + done.stderr[-2000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("rankscope: experiment newcomer-lightning")]
     assert "metrics -> the experiment's embedded sink on this machine" in said[-1], said
+
+
+LOGGED_IN_ORDER = """
+import sys
+
+import lightning
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from rankscope.lightning import RankscopeLogger
+
+
+class Net(lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("loss", loss)
+        self.log("acc(%)", 50.0 + self.global_rank)  # recorded as acc_pct: the sink's MEAN is 50.5
+        self.log("zeta", 1.0)
+        self.log("beta", 2.0)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    trainer = lightning.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=int(sys.argv[1]), log_every_n_steps=1,
+        logger=RankscopeLogger(), enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Net(), DataLoader(data, batch_size=4))
+"""
+
+
+def test_the_console_shows_keys_in_logged_order_and_rank_0_says_a_rename_once(tmp_path: Path) -> None:
+    """A newcomer's DDP job under plain ``python`` (no ``rs.init``) logs ``loss``, ``acc(%)``,
+    ``zeta``, ``beta``: the embedded sink's console prints them in that order (Lightning's
+    ``epoch`` after them), and ``acc(%)``'s new name is said once, by rank 0, for all steps and both ranks."""
+    script = tmp_path / "train.py"
+    script.write_text(LOGGED_IN_ORDER)
+    env = {k: v for k, v in clean_env().items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
+    env["RANKSCOPE_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    done = subprocess.run(
+        [sys.executable, str(script), str(STEPS)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "Lightning key" in line]
+    assert said == ["rankscope: Lightning key 'acc(%)' is recorded as 'acc_pct'"], done.stderr[-3000:]
+    lines = re.findall(r"^step (\d+)  (\S+ \S+  \S+ \S+  \S+ \S+  \S+ \S+  \S+ \S+)(?:  |$)", done.stdout, re.M)
+    assert [step for step, _ in lines] == [str(step) for step in range(STEPS)], done.stdout + done.stderr[-2000:]
+    shown = [dict(pair.split(" ") for pair in line.split("  ")) for _, line in lines]
+    assert all(values["acc_pct"] == "50.5" for values in shown), shown  # both ranks' mean
+    assert all(list(values) == ["loss", "acc_pct", "zeta", "beta", "epoch"] for values in shown), done.stdout

@@ -65,8 +65,8 @@ def test_compact_is_one_line_per_step_users_keys_in_a_stable_order_four_digits(c
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3, lines  # one line per step
     expected = (
-        "step {}  generator/reward 0.4069  tokens 92.88 (p50 39.1 p90 182 p99 182)  trainer/grad_norm 2.378 "
-        "(trainer_r0)  trainer/loss 0.1871  trainer/samples 1024  | time 412.3ms, slowest trainer_r2"
+        "step {}  trainer/loss 0.1871  trainer/grad_norm 2.378 (trainer_r0)  generator/reward 0.4069  "
+        "tokens 92.88 (p50 39.1 p90 182 p99 182)  trainer/samples 1024  | time 412.3ms, slowest trainer_r2"
     )
     assert lines == [expected.format(step) for step in range(3)]
     for internal in ("straggler/", "rl/", "rankscope/", "optimizer/", "duration", "argmax_rank"):
@@ -80,7 +80,7 @@ def test_a_key_keeps_its_place_and_new_keys_go_last() -> None:
     for keys in (["b", "a"], ["zz", "a", "b"], ["c", "b"]):
         lines = backend._compact("", [M(k, 1.0, Reduce.MEAN) for k in keys], 0, {}, {})
         orders.append(re.findall(r"  (\w+) 1", lines[0]))
-    assert orders == [["a", "b"], ["a", "b", "zz"], ["b", "c"]]
+    assert orders == [["b", "a"], ["b", "a", "zz"], ["b", "c"]]  # the order they came in
 
 
 def test_a_long_step_wraps_to_the_terminals_width_under_its_first_key(monkeypatch) -> None:

@@ -7,7 +7,10 @@ across a snapshot; traced phases' seconds only as Phases charts; rankscope's own
 constant series flagged; each straggler streak once, with its cause and its victims' wait; the
 last arrival at a collective marked in the Gantts; a run's start and configuration kept; runs
 found on disk linked; the comparison's runs, differing configuration and one entry per key with
-a line per run.
+a line per run. A step chosen for several reasons is one Gantt, on the step's own time range
+where spans around it would squeeze it; a late update says whether it was merged into its step;
+a run's start is its ranks' first data; ``rankscope report`` refuses the Gantt options it would
+otherwise ignore.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from urllib.parse import quote
 
 from rankscope.backends.base import Metric
 from rankscope.backends.report import ReportBackend
+from rankscope.core.anomalies import Corrected, Partial
 from rankscope.metrics.reduce import Reduce
 from rankscope.report import compare, page, perfetto
+from rankscope.report.phases import focus_of
 from rankscope.report.series import kind_of
 from rankscope.report.summary import Summary, config_of, gantt_spans, read
 from rankscope.sink.testing import Process
@@ -288,3 +293,139 @@ def test_every_link_a_page_writes_is_a_relative_path_no_part_of_which_reads_as_a
     assert relative_link("javascript:alert(1)") == "javascript%3Aalert%281%29"
     for hostile in ("/etc/passwd", "//evil.example/x", "\\\\host\\x", "a//b", "", None, 7, "x" * 501):
         assert relative_link(hostile) is None, hostile
+
+
+# -- the Gantts: one per step, on the step's own time range ------------------------------------------
+
+
+def bar(process: str, role: str, name: str, start: float, end: float, parent: str = "") -> dict[str, Any]:
+    """A Gantt bar as ``gantt_spans`` makes it (ms)."""
+    return {
+        "p": process,
+        "r": 0,
+        "o": role,
+        "n": name,
+        "s": start,
+        "d": end - start,
+        "i": f"{process}/{name}",
+        "u": parent,
+    }
+
+
+def test_a_step_chosen_for_several_reasons_is_one_gantt_naming_them_all() -> None:
+    summary = Summary()
+    spans = [bar("trainer_r0", "trainer", "step", 0.0, 10.0)]
+    for why, step_ in (("last step", 5), ("step 3", 3), ("slowest step", 3), ("first straggler", 3)):
+        summary.add({"kind": "gantt", "why": why, "step": step_, "ms": 10.0, "spans": spans})
+    gantts = summary.data()["gantt"]
+    assert [(g["step"], g["why"], g["whys"]) for g in gantts] == [
+        (3, "first straggler, slowest step and step 3", ["first straggler", "slowest step", "step 3"]),
+        (5, "last step", ["last step"]),
+    ]  # the page's order: the first straggler, the slowest, the last, then those asked for
+    again = Summary()
+    again.add(json.loads(json.dumps(summary.snapshot())))
+    assert again.data()["gantt"] == gantts
+
+
+def test_a_gantts_axis_is_the_steps_own_range_where_spans_around_it_would_squeeze_it() -> None:
+    rollout = bar("generator_r0", "generator", "generate", 0.0, 3300.0)  # 3.5 s before the trainer's step
+    trainer = [
+        bar("trainer_r0", "trainer", "step", 3500.0, 4500.0),
+        bar("trainer_r1", "trainer", "train/forward", 3510.0, 4400.0, "root"),
+    ]
+    assert focus_of([rollout, *trainer]) == {"from": 3500.0, "to": 4500.0, "role": "trainer", "before": 1, "after": 0}
+    following = bar("generator_r0", "generator", "generate", 4000.0, 9000.0)  # the next rollout, on after the step
+    assert focus_of([*trainer, following]) == {"from": 3500.0, "to": 4500.0, "role": "trainer", "before": 0, "after": 1}
+    assert focus_of([bar("generator_r0", "generator", "generate", 3300.0, 3450.0), *trainer]) is None  # it fits
+    assert focus_of(trainer) is None
+    learner = [
+        bar("learner_0", "learner", "step", 3500.0, 4500.0),
+        bar("learner_0", "learner", "update", 3600.0, 4400.0, "x"),
+    ]
+    assert focus_of([rollout, *learner])["role"] == "learner"  # no trainer: the role holding the step's root span
+    assert (
+        focus_of([rollout, bar("worker_0", "worker", "work", 3500.0, 4500.0)]) is None
+    )  # nothing says whose step it is
+
+
+# -- late updates: merged into their step, or not ---------------------------------------------------
+
+
+def test_a_late_update_says_whether_it_was_merged_into_its_step() -> None:
+    """What the report view writes of a late update: the sink's record (``corrected``: merged into
+    the step, whose values are its exact total again; ``partial``: past the window, not merged),
+    then the step's late values. Only the unmerged ones are a run's trouble."""
+    summary = Summary()
+    for n in range(4):
+        summary.add(step(n, {"loss": 1.0}))
+    summary.add({"kind": "anomaly", **Corrected(step=1, processes=("trainer_r1",), count=1).to_json()})
+    summary.add({**step(1, {"loss": 0.5}), "late": True})
+    assert compare._status(summary) == "ok"  # merged: the step is exact again, nothing went wrong
+    partial = Partial(step=2, processes=("trainer_r0", "trainer_r1"), count=2, points=4)
+    summary.add({"kind": "anomaly", **partial.to_json()})
+    summary.add({"kind": "step", "step": 2, "values": {}, "late": True})
+    data = summary.data()
+    assert data["late"] == [
+        {"step": 1, "updates": 1, "processes": ["trainer_r1"], "merged": True},
+        {"step": 2, "updates": 1, "processes": ["trainer_r0", "trainer_r1"], "merged": False},
+    ]
+    assert (data["late_updates"], data["late_unmerged"]) == (2, 1)
+    assert data["roles"][0]["keys"][0]["points"][1][1] == 0.5  # the merged value replaced the step's
+    again = Summary()
+    again.add(json.loads(json.dumps(summary.snapshot())))
+    assert again.data() == data
+    assert compare._status(summary) == "1 late update not merged (its step's values lack it)"
+
+
+# -- rankscope report: what it would ignore, it refuses ----------------------------------------------
+
+
+def test_report_refuses_gantt_options_for_an_experiments_directory(tmp_path: Path, capsys: Any) -> None:
+    """``--spans``/``--steps`` add a Gantt to one run's page; the comparison of an experiment's runs
+    draws none: refused (exit 2), saying where they apply, and nothing written."""
+    from rankscope.cli import main as cli
+
+    run = run_dir(tmp_path, "run-a", [3.0, 2.0], "0.1", started=1_000.0)
+    run_dir(tmp_path, "run-b", [3.5], "0.2", started=2_000.0)
+    spans = tmp_path / "spans.jsonl"
+    row = {"name": "train", "start_ns": 10**12, "end_ns": 10**12 + 5 * 10**6, "step": 1, "process": "trainer_r0"}
+    spans.write_text(json.dumps(row | {"role": "trainer", "rank": 0, "span_id": "a"}) + "\n")
+    experiment = tmp_path / "exp"
+    for flags in (["--spans", str(spans), "--steps", "1"], ["--spans", str(spans)], ["--steps", "1"]):
+        assert cli(["report", str(experiment), *flags]) == 2, flags
+        said = capsys.readouterr().err
+        assert "--spans" in said and ("to one run's page" in said or "give --spans" in said), said
+        assert flags == ["--steps", "1"] or f"{experiment} is an experiment's directory" in said, said
+    assert not (experiment / "compare.html").exists()
+    assert cli(["report", "--sink", "http://127.0.0.1:9", "--spans", str(spans)]) == 2  # nor to a sink's page
+    assert "not to a sink's page" in capsys.readouterr().err
+    assert cli(["report", str(run), "--spans", str(spans), "--steps", "1"]) == 0  # one run's page: they apply
+    assert [g["step"] for g in read(run / "report.jsonl").data()["gantt"]] == []  # the file is the view's own
+    html = (run / "report.html").read_text()
+    assert '"why":"step 1"' in html
+    assert cli(["report", str(experiment)]) == 0 and (experiment / "compare.html").is_file()
+
+
+# -- when a run started ------------------------------------------------------------------------------
+
+
+def test_a_runs_start_is_its_ranks_first_data_not_the_sinks_first_word_of_the_launch(tmp_path: Path) -> None:
+    """The sink's record of the run says when it first heard of the run from any process carrying
+    its id: 150 s before the ranks' first step here (a process of the launch command reported
+    first). The comparison and the run's title say the ranks' first data; the sink's record only
+    for a run with no step yet."""
+    view = ReportBackend({"path": str(tmp_path / "{experiment}" / "{run}" / "report.html")})
+    view.init("global", experiment="exp", run="launch")
+    for n in range(3):
+        view.log_batch([Metric("loss", 1.0 / (n + 1), Reduce.MEAN, 1_000.0 + 10 * n)], n)
+    view.report({"runs": [{"run": "launch", "started": 850.0, "attempt": 0}]})
+    view.finish()
+    found = read(view.path.with_name("report.jsonl"))
+    assert found.started_at() == 1_000.0
+    (row,) = compare.comparison([(view.path.parent, found)], tmp_path / "exp" / "compare.html")["runs"]
+    assert row["started"] == page.when(1_000.0, precise=True) and row["label"].startswith(row["started"])
+    assert page.title_of(found) == f"exp · {page.when(1_000.0)}"
+    waiting = Summary()  # no step finalized yet: the sink's record is all there is
+    waiting.add({"kind": "experiment", "id": "exp", "run": "launch"})
+    waiting.add({"kind": "runs", "runs": [{"run": "launch", "started": 850.0, "attempt": 0}]})
+    assert waiting.started_at() == 850.0

@@ -168,8 +168,9 @@ class ConsoleBackend(LoggerBackend):
             step_time = None
         if not values and step_time is None:
             return []
-        for key in sorted(k for k in values if k not in self._order):  # new keys go last, A-Z among themselves
-            self._order[key] = len(self._order)
+        for key in values:  # new keys go last, in the order they came: the order they were first recorded in
+            if key not in self._order:
+                self._order[key] = len(self._order)
         items = [_item(key, values[key], parts.get(key), labels) for key in sorted(values, key=self._order.__getitem__)]
         shown = (who, step)
         corrected, self._corrected = self._corrected, None  # the record said just before this step's values

@@ -21,7 +21,12 @@ def add_parser(commands: Any) -> None:
         "(its runs' directories in it): a page comparing its runs, compare.html",
     )
     r.add_argument("-o", "--output", help="the page (default: report.html beside the data file)")
-    r.add_argument("--spans", nargs="+", help="JSONL span files: add the Gantt of --steps (default: the last 3)")
+    r.add_argument(
+        "--spans",
+        nargs="+",
+        help="JSONL span files: add the Gantt of --steps (default: the last 3) to one run's page (its "
+        "directory or report.jsonl; not an experiment's directory, whose runs are compared)",
+    )
     r.add_argument("--steps", help="steps for the Gantt from --spans: 5 or 3,7 or 2-4")
     r.add_argument(
         "--sink",
@@ -41,13 +46,36 @@ def command(args: argparse.Namespace) -> int:
     if args.data and args.sink:
         print("rankscope report: give the report data (a directory or report.jsonl), or --sink URL", file=sys.stderr)
         return 2
+    gantt = [flag for flag, given in (("--spans", args.spans), ("--steps", args.steps)) if given]
+    if args.steps and not args.spans:
+        print(
+            "rankscope report: --steps chooses the steps of the Gantt from --spans FILE...: give --spans",
+            file=sys.stderr,
+        )
+        return 2
+    flags, verb = " and ".join(gantt), "apply" if len(gantt) > 1 else "applies"
     if not args.data:  # a running sink: --sink, else the one on this machine
+        if gantt:
+            print(
+                f"rankscope report: {flags} {verb} to a page written here from one run's report.jsonl, not to a "
+                "sink's page: give the run's directory or its report.jsonl",
+                file=sys.stderr,
+            )
+            return 2
         return _report_from_sink(args)
     from ..report import page, summary
     from ..sink.book.traces import parse_ranks
 
     data = Path(args.data)
     if data.is_dir() and not (data / "report.jsonl").exists():
+        if gantt and page.run_dirs(data):  # the comparison draws no Gantt: said, never ignored
+            print(
+                f"rankscope report: {data} is an experiment's directory (its runs are compared, with no Gantt); "
+                f"{flags} {verb} to one run's page: give that run's directory or its report.jsonl, "
+                f"e.g. rankscope report {data / 'RUN'} {' '.join(gantt)} ...",
+                file=sys.stderr,
+            )
+            return 2
         return _compare_runs(data, args)
     data = data / "report.jsonl" if data.is_dir() else data
     out_path = Path(args.output) if args.output else data.with_suffix(".html")

@@ -12,20 +12,38 @@ unless ``reduces`` names another reduce type for a key (the Trainer's logged los
 averaged over processes, so its mean is itself). A step is closed (``flush``) when a later
 global step logs, and at the end of training; logs of one global step (training and
 evaluation) arrive as one step. Non-numeric entries are skipped; a key that is not a valid
-metric name is renamed by one rule (``metrics.recording.record_logged``).
+metric name is renamed by one rule (``metrics.recording.record_logged``). The keys keep the order the
+Trainer logged them in (``loss``, ``grad_norm``, ``learning_rate``, ``epoch``) in every view.
+
+The Trainer prints each log itself too: ``{'loss': ..., 'grad_norm': ..., ...}``, from its
+``ProgressCallback`` (under its tqdm bar) or, with ``disable_tqdm=True``, its ``PrinterCallback``.
+While rankscope prints the steps on this terminal as well (its console view: a lone process's, or
+the one of the job's embedded sink or ``rankscope run``), the callback quiets that printing of the
+Trainer it is in, so each step's numbers are printed once, by rankscope: those two callbacks stay in
+the Trainer's list (``trainer.callback_handler.callbacks``) and do everything else they did (the
+tqdm bars stay), only their ``on_log`` prints nothing. With the console off (``RANKSCOPE_CONSOLE=off``,
+views that name no console, a sink elsewhere) the Trainer prints as it always does. Subclasses of
+those callbacks, and the notebook's progress table, are left as they are.
 
 Needs ``transformers`` (``pip install transformers accelerate``); rankscope itself does not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 
 from ..api import flush
+from ..backends.console import ConsoleBackend
+from ..core.errors import report_internal_error
+from ..export.senders import EmbeddedSender
 from ..lifecycle.assemble import follow_launcher
+from ..lifecycle.driving import started
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 
@@ -34,14 +52,20 @@ SOURCE = "rankscope.huggingface"
 
 
 class RankscopeCallback(TrainerCallback):
-    """A Trainer callback that records the Trainer's logs into the process's rankscope experiment."""
+    """A Trainer callback that records the Trainer's logs into the process's rankscope experiment,
+    and quiets the Trainer's own printing of them while rankscope's console prints them (the module
+    docstring says when and how)."""
 
     def __init__(self, reduce: Reduce = Reduce.MEAN, reduces: Mapping[str, Reduce] | None = None) -> None:
         self._reduce = reduce
         self._reduces = dict(reduces or {})
         self._open: int | None = None
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _quiet_printers(_calling_handler())
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _quiet_printers(_calling_handler())  # also when added after the Trainer was built (add_callback)
         follow_launcher()  # a launcher that made this process a rank after rankscope started in it
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -56,3 +80,70 @@ class RankscopeCallback(TrainerCallback):
         if self._open is not None:
             flush(self._open)
             self._open = None
+
+
+PRINTERS: tuple[type[TrainerCallback], ...] = (PrinterCallback, ProgressCallback)
+"""The Trainer's default callbacks whose ``on_log`` prints the logs dict (exactly these types)."""
+
+
+class QuietOnLog:
+    """A printing callback's ``on_log`` that prints only while rankscope's console does not (the
+    callback's instance attribute, over its class's method: that one Trainer only)."""
+
+    def __init__(self, on_log: Callable[..., Any], pops_flos: bool) -> None:
+        self.on_log = on_log
+        self.pops_flos = pops_flos
+
+    def __call__(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        try:
+            quiet = console_here()
+        except Exception as exc:  # never into the Trainer's loop: it prints as it would without rankscope
+            report_internal_error("the Trainer's printing", exc)
+            quiet = False
+        if not quiet:
+            return self.on_log(args, state, control, logs=logs, **kwargs)
+        if self.pops_flos and logs is not None:
+            logs.pop("total_flos", None)  # as PrinterCallback does, for the callbacks after it
+        return None
+
+
+def console_here() -> bool:
+    """Whether rankscope prints this job's steps on this terminal: a console view of this process,
+    or the views of the job's embedded sink (or ``rankscope run``'s sink), which print where the
+    job runs, when they are the default console or name one that is not off."""
+    runtime = started()
+    if runtime is None:  # disabled
+        return False
+    thread = runtime.thread
+    if any(isinstance(b, ConsoleBackend) and b.format != "off" for b in thread.backends.backends):
+        return True
+    if not isinstance(thread.sender, EmbeddedSender):
+        return False  # the views are this process's (and hold no console) or a sink's elsewhere
+    settings = runtime.settings
+    views = settings.backends
+    if not views:
+        return settings.console != "off"
+    console = views.get("console")
+    return console is not None and console.get("format", settings.console) != "off"
+
+
+def _calling_handler() -> CallbackHandler | None:
+    """The Trainer's ``CallbackHandler`` whose ``call_event`` called the event this is called from:
+    it calls each callback's method itself, so it is the frame two up (or a few more, through a
+    subclass's method calling ``super()``); None when none of them is one."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            break
+        handler = frame.f_locals.get("self")
+        if isinstance(handler, CallbackHandler):
+            return handler
+        frame = frame.f_back
+    return None
+
+
+def _quiet_printers(handler: CallbackHandler | None) -> None:
+    """Give the handler's printing callbacks a ``QuietOnLog`` (once each)."""
+    for callback in [] if handler is None else handler.callbacks:
+        if type(callback) in PRINTERS and not isinstance(vars(callback).get("on_log"), QuietOnLog):
+            callback.on_log = QuietOnLog(callback.on_log, pops_flos=type(callback) is PrinterCallback)

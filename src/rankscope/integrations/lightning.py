@@ -17,12 +17,19 @@ process rank 0 after rankscope may have started in it as a lone process: the log
 re-initializes it as rank 0 (``lifecycle.assemble.follow_launcher``), and the ranks share the
 experiment's embedded sink as torchrun's do.
 
+The keys keep the order Lightning hands them in, which is the order ``self.log`` logged them
+(``self.log("loss")`` then ``self.log("acc")``: ``loss`` before ``acc`` in every view), Lightning's
+``epoch`` after them. A key that is not a valid metric name is recorded under one by rankscope's
+rule (``acc(%)`` as ``acc_pct``, ``metrics.values.as_metric_name``), and rank 0 says so once per
+key on stderr: ``rankscope: Lightning key 'acc(%)' is recorded as 'acc_pct'``.
+
 Needs ``lightning`` (``pip install lightning``); rankscope itself does not.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -35,9 +42,17 @@ from ..core.identity import pin_run
 from ..lifecycle.assemble import follow_launcher
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
+from ..metrics.values import as_metric_name
 
 SOURCE = "rankscope.lightning"
 """How warnings name this adapter: the short name users import (``rankscope.lightning``)."""
+
+MAX_SEEN_KEYS = 10_000
+"""Keys whose name this process checked (each is said once); keys past it are not said."""
+
+_seen: set[str] = set()
+"""The keys this process has checked for a rename: one note per key per process, whatever the
+number of loggers or fits."""
 
 
 class RankscopeLogger(Logger):
@@ -73,10 +88,27 @@ class RankscopeLogger(Logger):
             flush(self._open)
         if step is not None:
             self._open = step
-        for key, value in metrics.items():
+        for key, value in metrics.items():  # Lightning's order is the logged one: recorded in it
+            if key not in _seen:
+                _say_renamed(key)
             record_logged(key, value, self._reduces.get(key, self._reduce), source=SOURCE)
 
     def finalize(self, status: str) -> None:
         if self._open is not None:
             flush(self._open)
             self._open = None
+
+
+def _say_renamed(key: str) -> None:
+    """Say once, on stderr and from rank 0 only, that ``key`` is recorded under another name."""
+    if len(_seen) >= MAX_SEEN_KEYS:
+        return
+    _seen.add(key)
+    name = as_metric_name(str(key))
+    if name is None or name == key:
+        return  # valid as it is, or not recorded at all (``record_logged`` warns)
+    resource = get_resource()
+    if resource is None or str(resource.attributes.get(attr.RANK, "0")) != "0":
+        return
+    sys.stderr.write(f"rankscope: Lightning key {key!r} is recorded as {name!r}\n")
+    sys.stderr.flush()

@@ -2,9 +2,11 @@
 
 ``write_comparison(run_dirs, out)`` reads each run's ``report.jsonl`` (``summary.read``: the
 file the report view writes, compacted or not) and writes one self-contained page
-(``page.document``): a table of the runs (when each started, its attempts, its steps, what went
-wrong, and the configuration keys whose values differ between runs: what each run's processes
-said of themselves in their Resource, ``summary.config_of``), then one chart per key with a
+(``page.document``): a table of the runs (when each started: its ranks' first data,
+``Summary.started_at``; its attempts, its steps, what went wrong: a late update only where it
+could not be merged into its step, ``report.health``; and the configuration keys whose values
+differ between runs: what each run's processes said of themselves in their Resource,
+``summary.config_of``), then one chart per key with a
 line per run, each run one colour on every chart; a run's legend entry hides it on that chart
 and its box in the table on all of them. The keys come in the order of a run's own page
 (``series.kind_of``): the user's first, then the seconds of traced phases, then rankscope's
@@ -107,9 +109,12 @@ def _status(summary: Summary) -> str:
     if counts.get(NonFinite.KIND):
         parts.append(f"non-finite values at {counts['nonfinite']} step{'' if counts['nonfinite'] == 1 else 's'}")
     if summary.health.missing:
-        parts.append(f"{len(summary.health.missing)} steps missing processes")
-    if summary.health.late_updates:
-        parts.append(f"{summary.health.late_updates} late updates")
+        missing = len(summary.health.missing)
+        parts.append(f"{missing} step{'' if missing == 1 else 's'} missing processes")
+    unmerged = summary.health.unmerged()  # a late update merged into its step left it exact: nothing went wrong
+    if unmerged:
+        lacking = "its step's values lack it" if unmerged == 1 else "their steps' values lack them"
+        parts.append(f"{unmerged} late update{'' if unmerged == 1 else 's'} not merged ({lacking})")
     if summary.rewinds:
         parts.append(f"rewound {len(summary.rewinds)}×")
     return "; ".join(parts) or "ok"

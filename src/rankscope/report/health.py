@@ -1,6 +1,12 @@
 """What went wrong, for the page's health section: the anomalies (and the straggler streaks
 they name), the steps that went without some processes, the late updates.
 
+A late update is a process's data for a step that arrived after the sink had finalized the
+step. The sink merges it into the step's kept states and writes the step again (its record:
+``corrected``), so the step's values are its exact total again: nothing to do. Past the window
+the sink keeps finalized steps for (``retain_seconds``, ``retain_bytes``) it cannot: the step's
+values stay as written, lacking that data (its record: ``partial``). Only those need attention.
+
 A sink's straggler record is one streak (``first_step``): the process that held the others up,
 the phase its time went to, by how much over the others' mean, and the collective it arrived
 last at with how long the others waited for it. It comes when the streak starts (one step); a
@@ -19,11 +25,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..core.anomalies import Straggler
+from ..core.anomalies import Corrected, Partial, Straggler
 from .values import MAX_LISTED, cell, integer, listed, mapping, number, strict, text
 
 MAX_ANOMALIES = 250
 STRAGGLER = Straggler.KIND
+LATE_KINDS = (Corrected.KIND, Partial.KIND)
+"""A late update's records: merged into its step, or not (module docstring)."""
 
 
 class Health:
@@ -37,12 +45,17 @@ class Health:
         self.late: dict[int, int] = {}
         """Step → its late updates (the ``MAX_LISTED`` largest steps)."""
         self.late_updates = 0
+        self.late_from: dict[int, dict[str, Any]] = {}
+        """Step → who its late updates came from (the first 16) and whether every one was merged
+        into the step (``merged``: False once a ``partial`` record came), the ``MAX_LISTED`` largest steps."""
 
     def anomaly(self, event: dict[str, Any]) -> None:
         kind = text(event.get("type", "?"))[:64]
         clean = _record(event)
         if kind == STRAGGLER and self._extend(clean):
             return
+        if kind in LATE_KINDS:
+            self._late_record(kind, event)
         self.anomaly_counts[kind] = self.anomaly_counts.get(kind, 0) + 1
         if len(self.anomalies_first) < MAX_ANOMALIES:
             self.anomalies_first.append(clean)
@@ -81,6 +94,24 @@ class Health:
         self.late_updates += 1
         if len(self.late) > MAX_LISTED:
             self.late.pop(min(self.late))
+
+    def _late_record(self, kind: str, record: dict[str, Any]) -> None:
+        """A late update's record (as the event has it): who sent it, and whether it was merged into its step."""
+        step = integer(record.get("step"))
+        if step is None:
+            return
+        held = self.late_from.setdefault(step, {"processes": [], "merged": True})
+        found = record.get("processes")
+        for name in found[:64] if isinstance(found, list) else ():
+            if len(held["processes"]) < 16 and text(name) not in held["processes"]:
+                held["processes"].append(text(name))
+        held["merged"] = held["merged"] and kind == Corrected.KIND
+        if len(self.late_from) > MAX_LISTED:
+            self.late_from.pop(min(self.late_from))
+
+    def unmerged(self) -> int:
+        """Late updates the sink could not merge into their step (``partial``: the step's values lack them)."""
+        return self.anomaly_counts.get(Partial.KIND, 0)
 
     def anomalies(self) -> list[dict[str, Any]]:
         return self.anomalies_first + list(self.anomalies_last)
@@ -127,6 +158,7 @@ class Health:
             "missing": list(self.missing),
             "late": [[step, n] for step, n in self.late.items()],
             "late_updates": self.late_updates,
+            "late_from": [[step, held] for step, held in self.late_from.items()],
         }
 
     @classmethod
@@ -146,6 +178,9 @@ class Health:
         )
         new.late = {strict(step): strict(n) for step, n in listed(event["late"])}
         new.late_updates = strict(event["late_updates"])
+        for step, held in listed(event.get("late_from") or []):  # absent from an earlier rankscope's snapshot
+            processes = [text(p) for p in listed(mapping(held)["processes"], 16)]
+            new.late_from[strict(step)] = {"processes": processes, "merged": held["merged"] is True}
         return new
 
     def data(self) -> dict[str, Any]:
@@ -155,8 +190,9 @@ class Health:
             "anomalies": self.anomalies(),
             "anomaly_counts": self.anomaly_counts,
             "missing": list(self.missing),
-            "late": [{"step": s, "updates": n} for s, n in sorted(self.late.items())],
+            "late": [{"step": s, "updates": n, **self.late_from.get(s, {})} for s, n in sorted(self.late.items())],
             "late_updates": self.late_updates,
+            "late_unmerged": self.unmerged(),
         }
 
 

@@ -216,8 +216,7 @@ class Summary:
         """The sink's counts for the experiment (points, refused, late, spans...), as last reported."""
         self.skipped_events = 0
         self.started: float | None = None
-        """When the run's first step was finalized (the sink's own start of the run, from
-        ``runs``, wins: ``started_at``)."""
+        """When the run's first step was finalized: its ranks' first data (``started_at``)."""
         self.config: dict[str, dict[str, str | None]] = {}
         """Role → Resource attribute → its value (None: the role's processes disagree)."""
         self.series = MetricSeries()
@@ -272,9 +271,18 @@ class Summary:
                     known[key] = None
 
     def started_at(self) -> float | None:
-        """When the run started: the sink's record of it (``runs``), else its first step's time."""
-        own = next((r["started"] for r in self.runs if r["run"] == self.run and r["started"] is not None), None)
-        return own if own is not None else self.started
+        """When the run started, as its page and the comparison of runs say: its first step's data
+        (when the sink finalized it), else, before any step, the sink's record of the run (``runs``).
+
+        Not the sink's record first: that is when the sink first heard of the run from whichever
+        process carrying its run id reported first, a rank or not (a launcher's, a helper's), so it
+        can be long before the ranks began; nor the time in a ``torchrun --standalone`` run id,
+        which is its agent's start (``core.identity``): the whole launch command's, setup steps
+        such as a ``pip install`` before ``python train.py`` included. The first step is the
+        ranks' own: their data of the run's first step, never earlier than the training."""
+        if self.started is not None:
+            return self.started
+        return next((r["started"] for r in self.runs if r["run"] == self.run and r["started"] is not None), None)
 
     def _runs(self, event: dict[str, Any]) -> None:
         runs = []

@@ -30,7 +30,8 @@ RECENT_KEYS = 256
 
 
 def recent_of(view: StepView) -> dict[str, Any]:
-    """A finalized step as the recent route shows it (``rankscope top``)."""
+    """A finalized step as the recent route shows it (``rankscope top``): ``time`` is when the sink
+    finalized it, ``duration`` the job's wall time of the step (``StepView.duration``; None: unknown)."""
     values: dict[str, float] = {}
     for metric in view.global_metrics:
         if len(values) >= RECENT_KEYS:
@@ -39,6 +40,7 @@ def recent_of(view: StepView) -> dict[str, Any]:
     return {
         "step": view.step,
         "time": time.time(),
+        "duration": view.duration,  # the job's seconds from the previous step's first close to this one's
         "values": values,
         "missing": view.missing[:64],
         "anomalies": [a.to_json() for a in view.anomalies[:16]],

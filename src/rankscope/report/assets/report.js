@@ -6,8 +6,11 @@
   const app = document.getElementById("app");
   const PAGE = 64; // Gantt rows per page
   const { config, el, esc, fmt, table, when, steps, chart, charted, folded } = window.rankscope;
-  function fact(label, value, bad) {
-    return el("div", { class: bad ? "fact bad" : "fact" }, el("b", {}, String(value)), label);
+  const plural = (n, one, many) => (n === 1 ? one : many || one + "s");
+  function fact(label, value, bad, title) {
+    const node = el("div", { class: bad ? "fact bad" : "fact" }, el("b", {}, String(value)), label);
+    if (title) node.title = title;
+    return node;
   }
 
   // -- header: the experiment and when its run started, then the run and what the page holds
@@ -42,12 +45,20 @@
   const facts = el("div", { class: "facts" });
   const st = D.status || {};
   const counts = D.anomaly_counts || {};
-  facts.append(fact("straggler streaks", counts.straggler || 0, !!counts.straggler));
-  facts.append(fact("steps missing processes", D.missing.length, D.missing.length > 0));
-  facts.append(fact("late updates", D.late_updates, D.late_updates > 0));
-  facts.append(fact("refused points", st.refused_points || 0, (st.refused_points || 0) > 0));
-  facts.append(fact("spans dropped", st.spans_dropped || 0, (st.spans_dropped || 0) > 0));
-  facts.append(fact("non-finite steps", counts.nonfinite || 0, !!counts.nonfinite));
+  const count = (n, one, many) => fact(plural(n, one, many), n, n > 0);
+  facts.append(count(counts.straggler || 0, "straggler streak"));
+  facts.append(count(D.missing.length, "step missing processes", "steps missing processes"));
+  // a late update merged into its step left the step exact: said, not highlighted; one that could not be, is
+  const unmerged = D.late_unmerged || 0;
+  const lateWhat = "A late update: a process's data for a step that arrived after the sink had finalized the step. " +
+    "Merged into the step, it makes the step's values its exact total again (nothing to do); not merged (the sink " +
+    "no longer kept the step), the step's values lack it.";
+  facts.append(fact(plural(D.late_updates, "late update") + (!D.late_updates ? "" : unmerged
+    ? `, ${unmerged} not merged: values lack ${unmerged === 1 ? "it" : "them"}` : D.late_updates === 1 ? ", merged into its step" : ", all merged into their steps"),
+  D.late_updates, unmerged > 0, lateWhat));
+  facts.append(count(st.refused_points || 0, "refused point"));
+  facts.append(count(st.spans_dropped || 0, "span dropped", "spans dropped"));
+  facts.append(count(counts.nonfinite || 0, "non-finite step"));
   app.append(facts);
   // a straggler streak: the cause (who, where its time went, by how much), then its victims
   const sig = (v) => Number(v.toPrecision(4)); // 4 significant digits, as the console
@@ -179,6 +190,7 @@
       legend: TOP_RIGHT };
     Plotly.newPlot(node, traces, layout, config).then(charted);
   }
+  const HEAT_MIN = 220, HEAT_BAR = 360;
   if (D.heat.length || D.phase_charts.length) {
     const phases = section("phases", "Phases");
     if (D.heat.length) {
@@ -192,9 +204,17 @@
       const draw = () => {
         const h = D.heat[Number(slider.value)];
         label.textContent = `step ${h.step}`;
+        // the plot at least HEAT_MIN px tall, so its colour bar (as tall as the plot, at most HEAT_BAR px) reads: a few
+        // ticks, each label clear of the next, however few the rows
+        const plotHeight = Math.max(HEAT_MIN, 15 * h.rows.length);
+        const values = h.z.flat().filter((v) => v !== null);
+        const flat = values.length && Math.min(...values) === Math.max(...values); // one value: a scale from 0 to it, not ±0.5 around it
         const trace = { type: "heatmap", z: h.z, x: h.phases.map(esc), y: h.rows.map(esc), colorscale: "YlOrRd", reversescale: true,
-          colorbar: { title: { text: "s" } }, hovertemplate: "%{y} · %{x}: %{z:.4g} s<extra></extra>" };
-        const layout = { height: 120 + 15 * h.rows.length, margin: { l: 170, r: 20, t: 20, b: 90 },
+          ...(flat ? { zmin: 0, zmax: Math.max(values[0], 1e-9) } : {}),
+          colorbar: { title: { text: "s", side: "top" }, thickness: 16, lenmode: "pixels", len: Math.min(plotHeight, HEAT_BAR),
+            y: 1, yanchor: "top", nticks: 6, ticks: "outside", tickfont: { size: 11 }, outlinewidth: 0 },
+          hovertemplate: "%{y} · %{x}: %{z:.4g} s<extra></extra>" };
+        const layout = { height: plotHeight + 110, margin: { l: 170, r: 20, t: 20, b: 90 },
           yaxis: { autorange: "reversed", automargin: true, type: "category", dtick: 1, tickfont: { size: 10 } }, xaxis: { type: "category" } };
         Plotly.react(node, [trace], layout, config).then(charted);
       };
@@ -234,9 +254,22 @@
     };
     return (s) => get(s, 0);
   }
+  // the x axis: the step's own time range where the spans around it would squeeze it (g.focus, phases.focus_of:
+  // one linear scale, the spans before or after it cut at the edge and marked there), else the whole step
+  function ganttAxis(g) {
+    const f = g.focus;
+    if (!f) return { zero: 0, low: null, high: null, title: "ms from the step's first span" };
+    const width = f.to - f.from, pad = Math.max(width * 0.04, 1e-3);
+    const cut = [f.before ? "◀ spans that began before it" : "", f.after ? "▶ spans that ended after it" : ""].filter((x) => x);
+    return { zero: f.from, width, low: -pad, high: width + pad, edgeLow: -pad / 2, edgeHigh: width + pad / 2,
+      title: `ms from the ${f.role}'s first span of the step; ${cut.join(", ")}: cut at the edge (hover for their times)` };
+  }
   function ganttChart(node, g, processes) {
     const shown = new Set(processes);
     const spans = g.spans.filter((s) => shown.has(s.p));
+    const axis = ganttAxis(g);
+    const x0 = (v) => v - axis.zero; // ms from the axis' zero
+    const clamp = (v) => (axis.low === null ? v : Math.min(axis.edgeHigh, Math.max(axis.edgeLow, v)));
     const depth = depthOf(g.spans);
     const byName = new Map();
     for (const s of spans) {
@@ -251,16 +284,16 @@
       const color = colorOf(name);
       const bars = list.filter((s) => s.d > 0), points = list.filter((s) => s.d <= 0);
       if (bars.length) traces.push({ type: "bar", orientation: "h", name: esc(name), y: bars.map((s) => esc(s.p)), x: bars.map((s) => s.d),
-        base: bars.map((s) => s.s), width: bars.map((s) => Math.max(0.25, 0.8 - 0.18 * depth(s))), marker: { color },
+        base: bars.map((s) => x0(s.s)), width: bars.map((s) => Math.max(0.25, 0.8 - 0.18 * depth(s))), marker: { color },
         customdata: bars.map((s) => esc(s.n) + (s.w !== undefined ? `, waited ${fmt(s.w)} ms for the last arrival` : "")),
         hovertemplate: "%{customdata} · %{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>" });
       if (points.length) traces.push({ type: "scatter", mode: "markers", name: esc(name), y: points.map((s) => esc(s.p)),
-        x: points.map((s) => s.s), marker: { symbol: "diamond", size: 9, color } });
+        x: points.map((s) => x0(s.s)), marker: { symbol: "diamond", size: 9, color } });
     }
     // the rank that arrived last at a collective (the sink matched it across ranks): the others waited for it
     const last = spans.filter((s) => s.a);
     if (last.length) traces.push({ type: "scatter", mode: "markers", name: "last arrival", y: last.map((s) => esc(s.p)),
-      x: last.map((s) => s.s), customdata: last.map((s) => esc(s.n)), marker: { symbol: "triangle-right", size: 11, color: "#d9482b" },
+      x: last.map((s) => x0(s.s)), customdata: last.map((s) => esc(s.n)), marker: { symbol: "triangle-right", size: 11, color: "#d9482b" },
       hovertemplate: "last arrival at %{customdata} · %{y}<br>%{x:.3f} ms<extra></extra>" });
     const where = new Map(g.spans.map((s) => [s.i, s]));
     const arrows = [];
@@ -271,22 +304,56 @@
       }
       if (s.c && s.c !== s.p && shown.has(s.c) && arrows.length < 300) arrows.push([{ p: s.c, s: s.s, d: 0 }, s, "#2b8a3e"]);
     }
-    const annotations = arrows.map(([from, to, color]) => ({ x: to.s, y: esc(to.p), ax: from.s + from.d, ay: esc(from.p),
+    // each row with spans cut at an edge: a mark there, its spans' names and times on hover
+    if (axis.low !== null) {
+      for (const [side, outside, symbol, edge] of [["before", (s) => x0(s.s) < 0, "triangle-left", axis.edgeLow],
+        ["after", (s) => x0(s.s + s.d) > axis.width, "triangle-right", axis.edgeHigh]]) {
+        const rows = new Map();
+        for (const s of spans.filter(outside)) {
+          if (!rows.has(s.p)) rows.set(s.p, []);
+          rows.get(s.p).push(s);
+        }
+        if (!rows.size) continue;
+        const lists = [...rows.values()];
+        const hover = lists.map((list) => list.slice(0, 6).map((s) => `${esc(s.n)}: ${fmt(x0(s.s))} to ${fmt(x0(s.s + s.d))} ms`).join("<br>") +
+          (list.length > 6 ? `<br>… ${list.length - 6} more` : ""));
+        // a row whose cut spans lie wholly outside has nothing drawn: its mark says what they were
+        const gone = (s) => (side === "before" ? x0(s.s + s.d) <= 0 : x0(s.s) >= axis.width);
+        const away = (v) => sig(Math.abs(side === "before" ? v : v - axis.width)); // ms before the step's own start, or after its end
+        const label = lists.map((list) => {
+          if (!list.every(gone)) return "";
+          const far = side === "before" ? Math.min(...list.map((s) => x0(s.s))) : Math.max(...list.map((s) => x0(s.s + s.d)));
+          const near = side === "before" ? Math.max(...list.map((s) => x0(s.s + s.d))) : Math.min(...list.map((s) => x0(s.s)));
+          const what = list.length === 1 ? esc(list[0].n) : `${list.length} spans`;
+          return side === "before" ? `${what}, ${away(far)}–${away(near)} ms before` : `${what}, ${away(near)}–${away(far)} ms after`;
+        });
+        traces.push({ type: "scatter", mode: "markers+text", name: side === "before" ? "began before (cut)" : "ended after (cut)",
+          y: [...rows.keys()].map(esc), x: lists.map(() => edge), customdata: hover, text: label, cliponaxis: false,
+          textposition: side === "before" ? "middle right" : "middle left", textfont: { size: 11, color: "#5b6573" },
+          marker: { symbol, size: 10, color: "#5b6573" }, hovertemplate: `%{customdata}<extra>${side === "before" ? "began before the step's own spans" : "ended after them"}</extra>` });
+      }
+    }
+    const annotations = arrows.map(([from, to, color]) => ({ x: clamp(x0(to.s)), y: esc(to.p), ax: clamp(x0(from.s + from.d)), ay: esc(from.p),
       xref: "x", yref: "y", axref: "x", ayref: "y", showarrow: true, arrowhead: 2, arrowsize: 1, arrowwidth: 1.3, arrowcolor: color, text: "" }));
-    const layout = { barmode: "overlay", height: 140 + 22 * processes.length, margin: { l: 170, r: 20, t: 20, b: 40 },
-      xaxis: { title: { text: "ms from the step's first span" } }, yaxis: { type: "category", autorange: "reversed", automargin: true,
-        categoryorder: "array", categoryarray: processes.map(esc) }, annotations, legend: { orientation: "h", y: -0.12 } };
+    // the legend above the plot (plotly makes room for it), the axis title below: they never meet
+    const xaxis = { title: { text: esc(axis.title) }, zeroline: false };
+    if (axis.low !== null) Object.assign(xaxis, { range: [axis.low, axis.high], autorange: false });
+    const layout = { barmode: "overlay", height: 150 + 22 * processes.length, margin: { l: 170, r: 20, t: 10, b: 50 },
+      xaxis, yaxis: { type: "category", autorange: "reversed", automargin: true, categoryorder: "array", categoryarray: processes.map(esc) },
+      annotations, legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom" } };
     Plotly.react(node, traces, layout, config).then(charted);
   }
   if (D.gantt.length) {
     const gantt = section("gantt", "Step Gantt");
     gantt.append(el("p", { class: "note" }, "Every process's spans in a chosen step: nesting by bar height; arrows: span links " +
       "(purple, e.g. a trainer step to the generations it trained on) and calls across processes (green); a red triangle: " +
-      "the rank that arrived last at a collective, the one the others waited for (hover a collective for its wait)."));
-    const order = ["first straggler", "slowest step", "last step"];
-    const chosen = [...D.gantt].sort((a, b) => (order.indexOf(a.why) + 9) % 9 - (order.indexOf(b.why) + 9) % 9);
-    for (const g of chosen) {
-      gantt.append(el("h3", {}, `step ${g.step} — ${g.why} (${fmt(g.ms)} ms, ${g.spans.length} spans)`));
+      "the rank that arrived last at a collective, the one the others waited for (hover a collective for its wait). " +
+      "Where spans from before the step (a generator's rollout) or after it would squeeze it, the axis is the step's own " +
+      "time range and they are cut at its edge, marked ◀ or ▶ (double-click a chart for the whole range)."));
+    for (const g of D.gantt) { // one per step (phases.gantts: a step chosen for several reasons names them all)
+      const f = g.focus;
+      const took = f ? `${sig(f.to - f.from)} ms of the ${f.role}'s spans, ${sig(g.ms)} ms with those before or after` : `${fmt(g.ms)} ms`;
+      gantt.append(el("h3", { "data-step": String(g.step) }, `step ${g.step} — ${g.why} (${took}, ${g.spans.length} spans)`));
       if (g.more) gantt.append(el("p", { class: "note" }, `${g.more} more spans of this step are not kept (limit).`));
       const rank = new Map();
       const busy = new Map();
@@ -319,8 +386,10 @@
 
   // -- health: anomalies, missing processes, late data, what the sink refused
   const health = section("health", "Health");
-  const anomalies = D.anomalies;
-  health.append(el("h3", {}, `anomalies (${Object.entries(counts).map(([k, v]) => `${k}: ${v}`).join(", ") || "none"})`));
+  const LATE = ["corrected", "partial"]; // a late update's records: said under late data below
+  const anomalies = D.anomalies.filter((a) => !LATE.includes(a.type));
+  const kinds = Object.entries(counts).filter(([k]) => !LATE.includes(k));
+  health.append(el("h3", {}, `anomalies (${kinds.map(([k, v]) => `${k}: ${v}`).join(", ") || "none"})`));
   if (D.stragglers.length) {
     health.append(el("p", { class: "note" }, "Straggler streaks: the process that held the others up, the phase its time " +
       "went to (net of collective waits), how far over the others' mean, and who waited for it: a streak is said once, " +
@@ -339,10 +408,16 @@
     });
     health.append(table(["type", "step", "process", "phase or key", "details"], rows));
   }
-  health.append(el("h3", {}, `missing processes (${D.missing.length} steps)`));
+  health.append(el("h3", {}, `missing processes (${D.missing.length} ${plural(D.missing.length, "step")})`));
   if (D.missing.length) health.append(table(["step", "missing", "processes"], D.missing.map((m) => [m.step, m.count, m.processes.join(", ")])));
-  health.append(el("h3", {}, `late data (${D.late_updates} late updates)`));
-  if (D.late.length) health.append(table(["step", "late updates"], D.late.map((l) => [l.step, l.updates])));
+  health.append(el("h3", { id: "late" }, `late data (${D.late_updates} ${plural(D.late_updates, "late update")})`));
+  if (D.late_updates) {
+    health.append(el("p", { class: unmerged ? "note alert" : "note" }, lateWhat + " " + (unmerged
+      ? `${unmerged} of ${D.late_updates} could not be merged (past the sink's retain_seconds or retain_bytes): the steps marked "no" below lack that data.`
+      : `${D.late_updates === 1 ? "It was" : "All were"} merged: the values shown are the steps' exact totals.`)));
+  }
+  if (D.late.length) health.append(table(["step", "late updates", "from", "merged into the step"], D.late.map((l) => [l.step, l.updates,
+    (l.processes || []).join(", "), l.merged === undefined ? "" : l.merged ? "yes" : "no"]), "late"));
   const statusRows = Object.entries(st).map(([k, v]) => [k, v]);
   health.append(el("h3", {}, "the sink's counts"));
   if (statusRows.length) health.append(table(["count", "value"], statusRows));
