@@ -8,9 +8,10 @@ server would be) that sends rollouts to the trainers through a queue. Nothing is
 the first process starts the experiment's embedded sink, every process finds it, and it prints
 one global view per step across both roles. From step ``--slow-from`` on, trainer rank
 ``--slow-rank`` is slow in its forward pass: the sink names it a straggler (and asks it for a
-profile of its next steps). At the end, rank 0 has the sink write the experiment's report, one
-self-contained HTML page (metrics with their cross-rank spread, the rank x phase heat map, the
-step Gantt with lineage arrows from generator to trainer, anomalies, samples), and prints where.
+profile of its next steps). The sink keeps the run: at the end, the process that started it says
+where the run's report is, one self-contained HTML page (metrics with their cross-rank spread,
+the rank x phase heat map, the step Gantt with lineage arrows from generator to trainer,
+anomalies, samples).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch.distributed as dist
 
 import rankscope as rs
 
-VIEWS = {"console": {"logging_mode": "global_reduce"}, "report": {"logging_mode": "global_reduce"}}
+VIEWS = {"console": {"logging_mode": "global_reduce"}}  # the sink adds the report and JSONL: every run is kept
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME")
 
 
@@ -106,8 +107,6 @@ def train(args: argparse.Namespace) -> None:
     if rank == 0:
         assert server is not None
         server.join(timeout=120)
-        path = rs.write_report()
-        print(f"\nreport: {path}\n(open it in a browser: everything is inside the file)", flush=True)
         rs.shutdown()
     dist.destroy_process_group()
 

@@ -89,9 +89,9 @@ def test_the_main_example_prints_the_view_names_the_straggler_and_its_report_sho
     assert re.search(r"^step 5  ", out, re.M), out[-4000:]  # the compact console: a line per step
     assert re.search(r"trainer/loss [0-9.]+", out) and re.search(r"generator/reward -?[0-9.]+", out)
     assert re.search(r"step [345] straggler: trainer_r2 in train/forward", out), out[-4000:]
-    found = re.search(r"^report: (\S+)$", out, re.M)
+    found = re.search(r"^report: (\S+)", out, re.M)
     assert found, out[-3000:]
-    report = Path(found.group(1))
+    report = tmp_path / found.group(1)  # said from the job's directory
     assert report.is_file() and report.is_relative_to(tmp_path / "rankscope_logs")
     html = report.read_text()
     assert "cdn." not in html.split('<script type="application/json"')[0]  # nothing fetched: styles inline
@@ -120,9 +120,9 @@ def test_the_main_example_prints_the_view_names_the_straggler_and_its_report_sho
 
 
 def report_of(example: MainExample) -> Path:
-    found = re.search(r"^report: (\S+)$", example.out, re.M)
+    found = re.search(r"^report: (\S+)", example.out, re.M)
     assert found, example.out[-3000:]
-    return Path(found.group(1))
+    return example.cwd / found.group(1)  # said from the job's directory
 
 
 def chart_titles(driver: Any, within: str = "") -> list[str]:
