@@ -481,4 +481,6 @@ def settings_markdown() -> str:
     for s in SETTINGS:
         fallback = ", ".join(f"`{v}`" for v in s.otel_env) or "—"
         rows.append(f"| `{s.name}` | `{s.env}` | {fallback} | `{s.default}` | {s.doc} |")
+    rows += ["", "Read elsewhere, not settings of a process:", "", "| variable | what |", "|---|---|"]
+    rows += [f"| `{name}` | {what} |" for name, what in OTHER_VARIABLES.items()]
     return "\n".join(rows)
