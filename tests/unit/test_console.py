@@ -223,8 +223,8 @@ def test_an_interrupted_step_is_said_with_no_time(capsys, monkeypatch) -> None:
 def test_a_step_a_process_failed_in_names_it_and_its_error_not_an_interruption(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "400")
     backend = ConsoleBackend({"logging_mode": "global_reduce"})
-    failed = ("trainer_r1: ZeroDivisionError: division by zero",)
-    backend.log_anomaly(Interrupted(step=3, processes=("trainer_r0",), count=1, failed=failed), 3)
+    failed, errors = ("trainer_r1",), ("ZeroDivisionError: division by zero",)
+    backend.log_anomaly(Interrupted(step=3, processes=("trainer_r0",), count=1, failed=failed, errors=errors), 3)
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
         "!!! step 3 failed: trainer_r1 raised ZeroDivisionError: division by zero; trainer_r0 had not closed it"

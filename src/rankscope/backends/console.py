@@ -444,8 +444,11 @@ def describe(record: Anomaly) -> str:
         case Missing():
             return f"missing: {', '.join(record.processes)}"
         case Interrupted() if record.failed:
-            waiting = f"; {', '.join(record.processes)} had not closed it" if record.processes else ""
-            return f"failed: {'; '.join(_raised(f) for f in record.failed)}{waiting}"
+            others = [p for p in record.processes if p not in record.failed]
+            waiting = f"; {', '.join(others)} had not closed it" if others else ""
+            pairs = zip(record.failed, record.errors, strict=False)
+            raised = (f"{printable(p)} raised {printable(e)}" for p, e in pairs)
+            return f"failed: {'; '.join(raised)}{waiting}"
         case Interrupted():
             waiting = f" ({', '.join(record.processes)} had not)" if record.processes else ""
             return f"interrupted: the job ended before every process closed it{waiting}"
@@ -467,12 +470,6 @@ def outlier_details(record: Outlier) -> str:
     far = "others all equal" if abs(sigmas) >= 1e9 else f"{'+' if sigmas >= 0 else '-'}{short_value(abs(sigmas))}σ"
     others = f"{short_value(record.others_mean)} ± {short_value(record.others_std)}"
     return f"{record.key} {short_value(record.value)} vs the others {others} ({far})"
-
-
-def _raised(failed: str) -> str:
-    """``label: Type: message`` (``Interrupted.failed``) as said: ``label raised Type: message``."""
-    label, _, error = failed.partition(": ")
-    return f"{printable(label)} raised {printable(error)}" if error else printable(failed)
 
 
 def _named(processes: tuple[str, ...], count: int) -> str:

@@ -75,6 +75,9 @@ def command(args: argparse.Namespace) -> int:
     )
     if args.instrument:
         env.update(auto_instrumentation_env(env))
+    fixed = config.backends
+    if fixed is not None and not any(str(v.get("backend", k)) == "console" for k, v in fixed.items()):
+        env["RANKSCOPE_CONSOLE"] = "off"  # no console prints the steps here: a framework's own printing stays
     _say(f"sink on OTLP/gRPC {sink.endpoint} and HTTP {control} (OTLP/HTTP, status)")
     _say(f"watch it: rankscope top --sink {control}")
     if config.added_views:

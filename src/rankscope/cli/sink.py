@@ -109,7 +109,9 @@ def add_server_options(
 
 
 def sink_config(args: argparse.Namespace) -> Any:
-    """The ``SinkConfig`` the options say; raises ``ValueError`` for a tokens file that does not load."""
+    """The ``SinkConfig`` the options say; raises ``ValueError`` for a tokens file that does not load
+    and for ``--backends`` that are not JSON views or name a view that cannot be made (a misspelled
+    backend, a bad option: ``backends.base.check_views``)."""
     from ..backends.base import check_views
     from ..sink import BookConfig, RunLimits, SinkConfig, Transport
     from ..sink.edge.auth import load_tokens

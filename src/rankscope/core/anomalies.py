@@ -167,7 +167,9 @@ class Interrupted(Anomaly):
     processes: tuple[str, ...] = ()
     count: int = 0
     failed: tuple[str, ...] = ()
-    """The processes an exception ended (``label: Type: message``): the job failed, not stopped."""
+    """The processes an exception ended: the job failed, not stopped."""
+    errors: tuple[str, ...] = ()
+    """Each failed process's exception (``Type: message``), in ``failed``'s order."""
 
     @property
     def streak(self) -> Hashable:

@@ -320,3 +320,15 @@ def process_label(attributes: Mapping[str, Any]) -> str:
 
 def label_of(role: Any, replica: Any, rank: Any) -> str:
     return f"{role}{'' if replica is None else f'_{replica}'}_r{rank}"
+
+
+def speaker(attributes: Mapping[str, Any]) -> tuple[str, bool]:
+    """How this process's own lines start, and whether it is the one of its machine that says what
+    every rank of the machine sees (the same endpoint down): a rank of a multi-process job names
+    itself (``rankscope [trainer_r1]``), and only each machine's first rank (local rank 0) says
+    it; every rank does when its local rank is unknown."""
+    if str(attributes.get(attr.WORLD_SIZE, "1")) == "1":
+        return "rankscope", True
+    label = "".join(c if c.isprintable() else "?" for c in process_label(attributes))
+    local = attributes.get(attr.LOCAL_RANK)
+    return f"rankscope [{label}]", local is None or str(local) == "0"

@@ -456,6 +456,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "RANKSCOPE_SCRAPE_PATH": "the Prometheus scrape config's path",
     "RANKSCOPE_EMPTY": "the Collector configs' empty string",
     "RANKSCOPE_SINK_ENDPOINT": "the Collector configs' sink",
+    "RANKSCOPE_SINK_BACKENDS": "docker-compose's sink views",
 }
 """``RANKSCOPE_*`` variables that are not settings of a process and are read elsewhere: not unknown."""
 
@@ -467,12 +468,14 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     """Each ``RANKSCOPE_*`` variable rankscope does not read, with the nearest known name when one
     is close (``RANKSCOPE_CONSOL`` -> ``RANKSCOPE_CONSOLE``): a typo is said, never ignored."""
     env = os.environ if environ is None else environ
+    prefix = "RANKSCOPE_"
     known = {s.env for s in SETTINGS} | OTHER_VARIABLES.keys() | set(TEST_VARIABLES)
+    tails = sorted(k.removeprefix(prefix) for k in known)  # the shared prefix would make any two alike
     out = []
     for name in sorted(env):
-        if name.startswith("RANKSCOPE_") and name not in known:
-            near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
-            out.append(f"{name} (did you mean {near[0]}?)" if near else name)
+        if name.startswith(prefix) and name not in known:
+            near = difflib.get_close_matches(name.removeprefix(prefix), tails, n=1, cutoff=0.75)
+            out.append(f"{name} (did you mean {prefix}{near[0]}?)" if near else name)
     return out
 
 

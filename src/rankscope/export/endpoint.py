@@ -54,7 +54,8 @@ class Endpoint:
         except Exception as exc:  # e.g. the embedded sink could not start: counted, warned once
             if not self._warned_unreachable:
                 self._warned_unreachable = True
-                warn(f"{self.who}: no sink could be reached ({exc}); metrics are counted as dropped")
+                if self.says_down:  # the others of this machine count theirs as dropped, said at their end
+                    warn(f"{self.who}: no sink could be reached ({exc}); metrics are counted as dropped")
             return Attempt(False, detail=repr(exc))
 
     def ready(self, now: float) -> bool:

@@ -21,6 +21,9 @@ from ..metrics.recorder import StepBatch
 from ..metrics.reduce import reduced_items
 from ..metrics.samples import Kept, Provenance, Row
 
+_SAID_PAGES: set[str] = set()
+"""The report pages this process said (``report: PATH``): once each, however often it re-inits."""
+
 
 class BackendSet:
     """The process's local backends; every call runs on the export thread."""
@@ -111,7 +114,8 @@ class BackendSet:
         for backend in self.backends:
             self.call(backend.finish)
             page = backend.location if type(backend).report is not LoggerBackend.report else None
-            if page and Path(page).is_file():
+            if page and page not in _SAID_PAGES and Path(page).is_file():  # a re-init finishes them too
+                _SAID_PAGES.add(page)
                 print(f"report: {shown_path(page)}", flush=True)
         if self._loop is not None:
             self._loop.close()

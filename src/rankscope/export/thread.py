@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
@@ -38,9 +38,8 @@ from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
 from ..backends.base import Metric
-from ..backends.console import printable
 from ..core import names as attr
-from ..core.identity import process_label
+from ..core.identity import speaker
 from ..metrics.recorder import Recorder, StepBatch
 from ..metrics.reduce import Reduce
 from ..metrics.samples import Provenance, Row
@@ -71,16 +70,6 @@ _MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
 endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
 ask 0.8 s)."""
-
-
-def speaker(attributes: Mapping[str, Any]) -> tuple[str, bool]:
-    """How this process's export lines start, and whether it is the one of its node that says the
-    endpoint is down: a rank of a multi-process job names itself (``rankscope [trainer_r1]:``), and
-    only each node's first rank says what every rank of the node sees (the same endpoint down)."""
-    if str(attributes.get(attr.WORLD_SIZE, "1")) == "1":
-        return "rankscope", True
-    local = attributes.get(attr.LOCAL_RANK, attributes.get(attr.RANK, 0))
-    return f"rankscope [{printable(process_label(attributes))}]", str(local) == "0"
 
 
 class ExportThread:

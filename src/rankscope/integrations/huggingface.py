@@ -39,11 +39,9 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 
 from ..api import flush
-from ..backends.console import ConsoleBackend
 from ..core.errors import report_internal_error
-from ..export.senders import EmbeddedSender
 from ..lifecycle.assemble import follow_launcher
-from ..lifecycle.driving import started
+from ..lifecycle.driving import prints_steps_here
 from ..metrics.recording import record_logged
 from ..metrics.reduce import Reduce
 
@@ -96,7 +94,7 @@ class QuietOnLog:
 
     def __call__(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         try:
-            quiet = console_here()
+            quiet = prints_steps_here()
         except Exception as exc:  # never into the Trainer's loop: it prints as it would without rankscope
             report_internal_error("the Trainer's printing", exc)
             quiet = False
@@ -105,26 +103,6 @@ class QuietOnLog:
         if self.pops_flos and logs is not None:
             logs.pop("total_flos", None)  # as PrinterCallback does, for the callbacks after it
         return None
-
-
-def console_here() -> bool:
-    """Whether rankscope prints this job's steps on this terminal: a console view of this process,
-    or the views of the job's embedded sink (or ``rankscope run``'s sink), which print where the
-    job runs, when they are the default console or name one that is not off."""
-    runtime = started()
-    if runtime is None:  # disabled
-        return False
-    thread = runtime.thread
-    if any(isinstance(b, ConsoleBackend) and b.format != "off" for b in thread.backends.backends):
-        return True
-    if not isinstance(thread.sender, EmbeddedSender):
-        return False  # the views are this process's (and hold no console) or a sink's elsewhere
-    settings = runtime.settings
-    views = settings.backends
-    if not views:
-        return settings.console != "off"
-    console = views.get("console")
-    return console is not None and console.get("format", settings.console) != "off"
 
 
 def _calling_handler() -> CallbackHandler | None:

@@ -95,6 +95,8 @@ def init(
     """
     with process.lock:
         _slot.ended = False
+        if not process.notices.auto_initializing:  # what auto-init would have said is this init's to say now
+            process.notices.unsaid_where = None
         if resolve("disable", disable):  # first: a disabled process is not held to its other settings
             shutdown_locked()
             _slot.install(None, off=True)
@@ -218,11 +220,11 @@ def _say_where(
         where = "nowhere: no view (RANKSCOPE_CONSOLE=off) and no endpoint"
     run = f" run {printable(a[attr.RUN_ID])}" if attr.RUN_ID in a else ""
     message = f"rankscope: experiment {printable(a[attr.EXPERIMENT_ID])}{run}: metrics -> {where}"
-    if process.auto_initializing:  # said at the first flush: an init before it may name the experiment
-        process.unsaid_where = message
-    elif message != process.said_where:
-        process.unsaid_where = None
-        process.said_where = message
+    notices = process.notices
+    if notices.auto_initializing:  # said at the first flush: an init before it may name the experiment
+        notices.unsaid_where = message
+    elif message != notices.said_where:
+        notices.said_where = message
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
 
@@ -413,7 +415,8 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
             from ..sink.embedded import connect as connect_embedded  # the sink's servers load only when used
 
             run = str(resource.attributes.get(attr.RUN_ID) or "")
-            found = connect_embedded(experiment, run, on_start=lambda: setattr(process, "sink_starter", os.getpid()))
+            notices = process.notices
+            found = connect_embedded(experiment, run, on_start=lambda: setattr(notices, "sink_starter", os.getpid()))
             _post_views(found[1], experiment, views)
             return found
 
@@ -444,7 +447,8 @@ def _is_monarch_controller() -> bool:
 def _make_backends(config: Mapping[str, Mapping[str, Any]], alone: bool) -> list[LoggerBackend]:
     made: list[LoggerBackend] = []
     for name, options in config.items():
-        backend = make_view(name, options)
+        # Alone, its own view is the global one: a view naming no mode prints as a sink's would.
+        backend = make_view(name, options, mode=LoggingMode.GLOBAL_REDUCE if alone else None)
         if backend.logging_mode is LoggingMode.GLOBAL_REDUCE and not alone:
             # Cross-process reduction belongs to the sink; a local copy would show one rank as "global".
             continue
@@ -472,11 +476,11 @@ def _auto_init() -> Runtime | None:
             return installed()
         if installed() is None and not _slot.disabled:
             try:
-                process.auto_initializing = True
+                process.notices.auto_initializing = True
                 try:
                     init()
                 finally:
-                    process.auto_initializing = False
+                    process.notices.auto_initializing = False
                 runtime = installed()
                 if runtime is not None:  # first use, no init(): instrumentors may close steps
                     runtime.steps.auto = runtime.settings.auto_step and not runtime.steps.driven

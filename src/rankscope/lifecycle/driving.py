@@ -16,9 +16,11 @@ from typing import cast
 
 from opentelemetry.sdk.resources import Resource
 
+from ..backends.console import ConsoleBackend
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error
 from ..core.settings import Settings
+from ..export.senders import EmbeddedSender
 from ..export.thread import ExportThread
 from ..metrics.recorder import Recorder, StepBatch
 from ..metrics.recording import bind_compile_check, flush_hooks, run_flush_hooks
@@ -60,7 +62,7 @@ class Runtime:
         steps = self.steps
         if not auto:
             steps.auto = steps.auto_pending = False
-        if not self.compile_checked:  # the first close comes here
+        if not self.compile_checked:  # the first close comes here (and later ones until torch is imported)
             self.compile_checked = bind_compile_check()
             say_where_at_first_flush()
         if flush_hooks:
@@ -219,8 +221,31 @@ def capture(reason: str, *, steps: int = 2, ranks: list[int] | None = None) -> N
 def say_where_at_first_flush() -> None:
     """Say what auto-init found out about where the metrics go, at the first step's close rather
     than at the first recorded value: an ``init`` in between (which names the experiment) replaced it."""
-    message, process.unsaid_where = process.unsaid_where, None
-    if message and message != process.said_where:
-        process.said_where = message
+    notices = process.notices
+    message, notices.unsaid_where = notices.unsaid_where, None
+    if message and message != notices.said_where:
+        notices.said_where = message
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+
+
+def prints_steps_here() -> bool:
+    """Whether rankscope prints this job's steps on this terminal: a console view of this process,
+    or the views of the job's embedded sink (or ``rankscope run``'s sink), which print where the
+    job runs, when they are the default console or name one that is not off. (A ``rankscope run``
+    given fixed views without a console says so with ``RANKSCOPE_CONSOLE=off``.) A framework whose
+    own printing would repeat the steps' numbers asks this (the Transformers callback)."""
+    runtime = started()
+    if runtime is None:  # disabled
+        return False
+    thread = runtime.thread
+    if any(isinstance(b, ConsoleBackend) and b.format != "off" for b in thread.backends.backends):
+        return True
+    if not isinstance(thread.sender, EmbeddedSender):
+        return False  # the views are this process's (and hold no console) or a sink's elsewhere
+    settings = runtime.settings
+    views = settings.backends
+    if not views:
+        return settings.console != "off"
+    console = views.get("console")
+    return console is not None and console.get("format", settings.console) != "off"

@@ -14,6 +14,7 @@ import atexit
 import os
 import sys
 import time
+from types import TracebackType
 
 from ..backends.console import printable
 from ..core import names as attr
@@ -62,7 +63,7 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
         batch = runtime.recorder.take(_tail_step(runtime))
         if batch is not None:
             runtime.thread.submit(batch)
-    runtime.thread.shutdown(runtime.shutdown_timeout, _exit_error() if process.exited else None)
+    runtime.thread.shutdown(runtime.shutdown_timeout, process.notices.exit_error if process.exited else None)
     if runtime.thread.captures is not None:
         runtime.thread.captures.finish(runtime.shutdown_timeout)  # the traces finished, sent
     if drain_unflushed:
@@ -73,15 +74,26 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
         _say_report(runtime)
 
 
-def _exit_error() -> str | None:
-    """At exit, the exception that ended the program (``Type: message``; Python keeps the uncaught
-    one in ``sys.last_value`` before the exit handlers run), so the sink says which process failed
-    and why instead of only that the job ended. Ctrl-C is an interruption, not an error."""
-    exc = getattr(sys, "last_value", None)
-    if not isinstance(exc, Exception):  # none, KeyboardInterrupt, SystemExit
-        return None
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return " ".join(text.split())
+def _note_exit_error(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """``sys.excepthook``, chained: Python calls it with the exception that ends the program, just
+    before the exit handlers, so the goodbye says which process failed and why instead of the sink
+    saying only that the job ended. Ctrl-C is an interruption, not an error; an interactive
+    session's errors (IPython's own handler, a REPL's) never come here."""
+    if isinstance(value, Exception):
+        process.notices.exit_error = describe_error(value)
+    _previous_hook(kind, value, tb)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` on one line (the type alone when the message is empty or cannot be made)."""
+    try:
+        message = " ".join(str(exc).split())
+    except Exception:
+        message = ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+_previous_hook = sys.excepthook
 
 
 def _tail_step(runtime: Runtime) -> int | None:
@@ -123,24 +135,32 @@ def _wait_for_sink_views(runtime: Runtime) -> None:
 
 def _say_report(runtime: Runtime) -> None:
     """The process that started its launch's embedded sink says, once the sink wrote its last step,
-    where the run is kept (``RANKSCOPE_KEEP``): the sink writes the report page now (again at its
-    end, with the steps of processes still running). Said on stdout, where the steps' lines went.
-    Nothing when the run has no report view, nor when this process already asked (``write_report``)."""
+    where the run is kept (``RANKSCOPE_KEEP``): the report view's page, which the sink writes at its
+    end (with the steps of processes still running then). Said on stdout, where the steps' lines
+    went; one short status request, never a page rendered while the job waits to exit. Nothing
+    when the run has no report view, nor when this process already asked for it (``write_report``)."""
+    notices = process.notices
     control = getattr(runtime.thread.sender, "control_url", None)
-    if process.sink_starter != os.getpid() or control is None or process.reported is not None:
+    if notices.sink_starter != os.getpid() or control is None or notices.reported is not None:
         return
     a = runtime.resource.attributes
     experiment = str(a[attr.EXPERIMENT_ID])
     try:
-        run = str(a.get(attr.RUN_ID) or "") or None
-        paths = request_report(control, experiment, runtime.shutdown_timeout + 30.0, run)
-    except (OSError, RuntimeError):  # no report view (RANKSCOPE_KEEP=0), or the sink is gone: nothing kept to say
+        status = sink_status(control, experiment, run=str(a.get(attr.RUN_ID) or "") or None) or {}
+        page = next((v.get("location") for v in (status.get("views") or {}).values() if _is_page(v)), None)
+    except Exception as exc:  # a sink gone or answering oddly: nothing to say, never raised into the exit
+        report_internal_error("saying where the report is", exc)
         return
-    if paths:
-        page = shown_path(paths[0])
-        process.reported = str(page)
-        compare = page.parent.parent if attr.RUN_ID in a else page.parent
-        print(f"report: {page}  (every run of {printable(experiment)}: rankscope report {compare}/)", flush=True)
+    if isinstance(page, str):
+        shown = shown_path(page)
+        notices.reported = str(shown)
+        compare = shown.parent.parent if attr.RUN_ID in a else shown.parent
+        print(f"report: {shown}  (every run of {printable(experiment)}: rankscope report {compare}/)", flush=True)
+
+
+def _is_page(view: object) -> bool:
+    """A view of the status route that writes a report page (its location an ``.html`` file)."""
+    return isinstance(view, dict) and not view.get("disabled") and str(view.get("location") or "").endswith(".html")
 
 
 def shutdown_at_exit() -> None:
@@ -155,9 +175,12 @@ def register_exit_hooks() -> None:
     """``shutdown`` at exit: with ``atexit`` once per process (a forked child inherits it), and in
     a multiprocessing child, which leaves through ``os._exit`` after running its finalizers and
     never runs atexit, as a finalizer (under the lifecycle lock)."""
+    global _previous_hook
     if not process.exit_hook:
         process.exit_hook = True
         atexit.register(shutdown_at_exit)
+        if sys.excepthook is not _note_exit_error:
+            _previous_hook, sys.excepthook = sys.excepthook, _note_exit_error
     if process.exit_finalizer is not None:
         return
     try:
@@ -215,5 +238,5 @@ def write_report(timeout: float = 75.0) -> str | None:
         warn(f"rankscope: no report: {exc}")
         return None
     if paths:
-        process.reported = paths[0]
+        process.notices.reported = paths[0]
     return paths[0] if paths else None

@@ -63,6 +63,26 @@ class ForkState:
     """A child's request came after this process shut down (said once)."""
 
 
+@dataclass
+class Notices:
+    """What this process says on the job's terminal about where its data goes, once each."""
+
+    said_where: str | None = None
+    """What ``init`` last said about where this process's metrics go (said again only when it changes)."""
+    unsaid_where: str | None = None
+    """What auto-init would say about where the metrics go, said at the first ``flush`` instead: an
+    ``init`` called after the first recorded value (naming the experiment, the views) replaces it."""
+    auto_initializing: bool = False
+    """``init`` runs as the first use's auto-init (what it would say waits for the first flush)."""
+    sink_starter: int | None = None
+    """The pid that started its launch's embedded sink, in that process (a forked child's pid
+    differs): it says where the run's report is at shutdown."""
+    reported: str | None = None
+    """The report page this process had the sink write (``write_report``): not said again at shutdown."""
+    exit_error: str | None = None
+    """The exception that ended the program (``sys.excepthook`` saw it): said with the goodbye."""
+
+
 class ProcessState:
     """The lifecycle's state in this process, beside the runtime slot."""
 
@@ -81,18 +101,7 @@ class ProcessState:
         """How this process's ``flush(N)`` reaches the processes it drives (``drive_processes``)."""
         self.dropped_before_shutdown = 0
         """``dropped_points()`` after shutdown: what the last runtime lost."""
-        self.said_where: str | None = None
-        """What ``init`` last said about where this process's metrics go (said again only when it changes)."""
-        self.unsaid_where: str | None = None
-        """What auto-init would say about where the metrics go, said at the first ``flush`` instead: an
-        ``init`` called after the first recorded value (naming the experiment) replaces it."""
-        self.auto_initializing = False
-        """``init`` runs as the first use's auto-init (what it would say waits for the first flush)."""
-        self.sink_starter: int | None = None
-        """The pid that started its launch's embedded sink, in that process (a forked child's pid
-        differs): it says where the run's report is at shutdown."""
-        self.reported: str | None = None
-        """The report page this process had the sink write (``write_report``): not said again at shutdown."""
+        self.notices = Notices()
         self.forks = ForkState()
 
     @property
@@ -115,7 +124,7 @@ class ProcessState:
         self.fan_outs.clear()  # the processes the parent drives are the parent's
         self.dropped_before_shutdown = 0
         self.exited = False
-        self.unsaid_where = None
+        self.notices = Notices(said_where=self.notices.said_where)
         self.forks = ForkState(
             refusal_page=inherited.refusal_page,
             forked_from=inherited.forked_from,

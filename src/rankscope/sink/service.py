@@ -35,7 +35,6 @@ from typing import Any
 
 from ..backends.base import Metric
 from ..core.anomalies import NonFinite
-from ..core.identity import process_label
 from ..metrics.reduce import Reduce
 from .book.traces import StoredSpan
 from .checked import Refusals, ResourceBatch, SpanQuery
@@ -88,6 +87,8 @@ class Sink:
         self.internal_errors: list[str] = []
         self.tally = Tally()
         """Refusals by kind, plain OTel points and spans received, across experiments."""
+        self._failure_lines = SaidLines()
+        """This sink's bound on "failed" lines (a process an exception ended): its run's records name each."""
         self._stop = threading.Event()
         self.supervisor = Supervisor(self._internal_error, self._stop)
         self.gate = Gate(self.config.max_in_flight, self._stop, self.config.max_points_in_flight)
@@ -250,8 +251,6 @@ class Sink:
                     if tenant.log is not None and tenant.log.seq > tenant.log.durable:
                         waits[tenant.log] = tenant.log.seq
                     ended, attempt = tenant.book.roster.finished, tenant.book.attempt
-                if batch.exit_error is not None and (unsaid := _FAILURES.say()) is not None:
-                    _say_failed(tenant, batch, unsaid)
                 self.opener.settle(tenant, ended, attempt, batch)  # a last goodbye ends the run (``runs.runbook``)
             self.tally.refusal(refused)
             if waits and self.wal is not None and not self.wal.wait(waits):
@@ -276,12 +275,15 @@ class Sink:
         try:
             taken = book.take(batch, refused)
             if taken is not None:
+                failed = taken.exit_error is not None and taken.process.exit_error is None  # said once
                 seqs = {}
                 if tenant.log is not None:
                     for step, part in taken.parts.items():
                         record = encode_record(batch.digest, part.resource, part.states, part.markers, part.samples)
                         seqs[step] = tenant.log.append(step, record)
                 book.merge(taken, refused, seqs)
+                if failed and (unsaid := self._failure_lines.say()) is not None:
+                    _say_failed(tenant, taken.process.label, taken.exit_error, unsaid)
         except Exception as exc:  # a bug: this experiment's trouble, nobody else's
             if out_of_descriptors(exc):  # not a bug: counted and said now and then, not once per request
                 self.tenants.descriptors.exhausted("open", exc)
@@ -480,12 +482,8 @@ def _act(tenant: Tenant, view: StepView, auto_capture_steps: int) -> None:
         )
 
 
-_FAILURES = SaidLines()
-"""The sink-wide bound on "failed" lines (a run's status names each failed process)."""
-
-
-def _say_failed(tenant: Tenant, batch: ResourceBatch, unsaid: int) -> None:
+def _say_failed(tenant: Tenant, label: str, error: str | None, unsaid: int) -> None:
     """A process's goodbye said an exception ended it: one line at once, naming it and the error."""
-    who = "".join(c if c.isprintable() else "?" for c in process_label(batch.resource)[:96])
+    who = "".join(c if c.isprintable() else "?" for c in label[:96])
     more = f" (and {unsaid} more failures not said)" if unsaid else ""
-    log.warning("rankscope sink: %s of %s failed: %s%s", who[:96], tenant.book.name[:96], batch.exit_error, more)
+    log.warning("rankscope sink: %s of %s failed: %s%s", who, tenant.book.name[:96], error, more)

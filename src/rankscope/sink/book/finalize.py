@@ -75,8 +75,8 @@ class Finished:
     interrupted: bool = False
     """Finalized at the job's end while processes had not closed it (Ctrl-C, a crash): its view names
     it ``interrupted`` and no detector judges it (``views.anomalies.Watch.interrupted``)."""
-    failed: tuple[str, ...] = ()
-    """With ``interrupted``: the processes an exception ended, each ``label: Type: message``."""
+    failed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    """With ``interrupted``: the processes an exception ended, and their errors (``Roster.failed``)."""
 
 
 class PerProcess(Mapping[Process, list[Metric]]):

@@ -15,7 +15,6 @@ may have changed, so the step book re-asks only then.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -167,10 +166,12 @@ class Roster:
         process.ended = True
         self.version += 1
 
-    def failed(self, most: int = 8) -> tuple[str, ...]:
-        """The processes an exception ended (their goodbye said which), ``label: Type: message``."""
-        failed = (f"{p.label}: {p.exit_error}" for p in self.processes.values() if p.exit_error)
-        return tuple(itertools.islice(failed, most))
+    def failed(self, most: int = 8) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The processes of the current attempt an exception ended (their goodbye said which): their
+        labels and their errors (``Type: message``), the first ``most``."""
+        now = self.attempt
+        kept = [(p.label, p.exit_error) for p in self.processes.values() if p.exit_error and p.attempt == now][:most]
+        return tuple(label for label, _ in kept), tuple(error or "" for _, error in kept)
 
     @property
     def all_ended(self) -> bool:

@@ -79,8 +79,9 @@ class Taken:
     parts: dict[int, ResourceBatch]
     goodbye: bool = False
     settled: list[Marker] = field(default_factory=list)
-    exit_error: str | None = None
     """Flush markers of steps finalized already: they say the process is live, nothing to log."""
+    exit_error: str | None = None
+    """What the goodbye said of the exception that ended the process (``rankscope.exit.error``)."""
 
 
 class StepBook:

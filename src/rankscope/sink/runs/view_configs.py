@@ -125,7 +125,7 @@ class ViewConfigs:
         run's views have one of its backend already."""
         added = self._config.added_views
         have = {str(v.get("backend", k)) for k, v in config.items()}
-        extra = {k: v for k, v in added.items() if k not in have and k not in config}
+        extra = {k: v for k, v in added.items() if str(v.get("backend", k)) not in have and k not in config}
         return {**config, **extra} if extra else config
 
     def _backend_bytes(self, name: str) -> int:

@@ -69,12 +69,15 @@ class Watch:
         for detector in self.detectors:
             detector.restart()
 
-    def interrupted(self, step: int, waiting: list[str], failed: tuple[str, ...] = ()) -> list[Anomaly]:
+    def interrupted(
+        self, step: int, waiting: list[str], failed: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    ) -> list[Anomaly]:
         """A step the job ended in (Ctrl-C, a crash: the sink finalized it at the job's end while
-        ``waiting`` had not closed it; ``failed``: the processes an exception ended, and which).
+        ``waiting`` had not closed it; ``failed``: the processes an exception ended, and their errors).
         Not judged: its phases were cut short and its absentees are not late, so no detector runs
         on it; its one record says what happened."""
-        record = Interrupted(step=step, processes=tuple(waiting[:64]), count=len(waiting), failed=failed)
+        labels, errors = failed
+        record = Interrupted(step=step, processes=tuple(waiting[:64]), count=len(waiting), failed=labels, errors=errors)
         self.note(record)
         return [record]
 
