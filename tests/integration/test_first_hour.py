@@ -130,3 +130,19 @@ def test_a_profile_captured_on_a_box_without_cuda_prints_no_cuda_error(tmp_path:
     for noise in ("gpuGetDeviceCount", "code 35", "USDT:", "ERROR:"):
         assert noise not in out, out[-3000:]
     assert "KINETO_LOG_LEVEL" not in os.environ
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_scripts_hint_followed_literally_keeps_its_console_and_says_where_the_report_is(tmp_path: Path) -> None:
+    first = run_script(tmp_path, NEWCOMER)
+    hint = re.search(r"RANKSCOPE_BACKENDS='([^']+)'", first.stderr)
+    assert hint, first.stderr
+    again = run_script(
+        tmp_path, NEWCOMER.replace("rs.shutdown()", "rs.init()\nrs.shutdown()"), {"RANKSCOPE_BACKENDS": hint.group(1)}
+    )  # a re-init finishes the views once more: the page is still said once
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"^step 5  loss 0\.1667  accuracy 0\.5", again.stdout, re.M), (
+        again.stdout
+    )  # as before: no [main_r0]
+    pages = re.findall(r"^report: (\S+)$", again.stdout, re.M)
+    assert len(pages) == 1 and (tmp_path / pages[0]).is_file(), again.stdout
