@@ -97,6 +97,17 @@ class LoggerBackend:
         the sink's status of the experiment). Views that write as they go return None."""
         return None
 
+    def keep_files(self, paths: list[str], status: dict[str, Any] | None = None) -> Any:
+        """The pages the run's views just wrote (``paths``: what their ``report`` returned) and
+        the sink's ``status`` of the run, after every view's ``report``: a view that keeps a run's
+        files (MLflow's artifacts) keeps them. Views that do not ignore it."""
+
+    def health(self) -> dict[str, Any] | None:
+        """What this view says of itself in the sink's status route (``views.NAME.health``): a view
+        with a queue of its own (MLflow's sender) says what it holds and dropped. Read from another
+        thread than the view's: plain counters only. None: nothing."""
+        return None
+
     def finish(self) -> Any:
         """Called once at shutdown, after the last batch."""
 

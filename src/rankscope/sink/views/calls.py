@@ -26,13 +26,20 @@ class BackendView:
         self.disabled = False
 
     def status(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "location": self.backend.location,
             "last_written_step": self.written_step,
             "failures": self.failures,
             "last_error": self.last_error,
             "disabled": self.disabled,
         }
+        try:
+            health = self.backend.health()
+        except Exception as exc:  # the status route answers whatever a backend does
+            health = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        if health is not None:
+            found["health"] = health
+        return found
 
 
 class Calls:

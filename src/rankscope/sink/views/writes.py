@@ -76,6 +76,9 @@ class Writes:
                 found = self._answer(view, view.backend.report, message.status)
                 if found:
                     message.paths.append(found)
+        for view in self.views:  # the pages written, to the views that keep a run's files (MLflow's artifacts)
+            if not view.disabled:
+                self._call(view, view.backend.keep_files, list(message.paths), message.status)
         message.done.set()
 
     def _write_row(self, process: Process, row: Any) -> None:

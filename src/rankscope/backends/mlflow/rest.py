@@ -1,0 +1,75 @@
+"""MLflow's REST API (``/api/2.0/mlflow/...``), one attempt per call: the view's sender retries.
+
+``MlflowClient`` retries each call itself, for about four minutes with the server down
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, read from the process's environment by every MLflow caller
+in it), which a sender that must notice a restarted server and drain within a finish's deadline
+cannot use. So the runs' metrics, params and tags go through MLflow's own request helper with
+``max_retries=0`` and the view's timeout, with the same credentials as MLflow's client
+(``MLFLOW_TRACKING_TOKEN``, ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``, TLS settings). Every MLflow
+name this needs that is not the documented client is here, in one module; the artifacts go
+through ``MlflowClient``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlflow.utils.credentials import get_default_host_creds
+from mlflow.utils.rest_utils import http_request
+
+API = "/api/2.0/mlflow"
+
+
+class UnreachableError(Exception):
+    """The server did not answer, or answered that it cannot now (429, 5xx): try again later."""
+
+
+class RefusedError(Exception):
+    """The server answered no to this request (4xx): sending it again gets the same answer."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}"[:500])
+        self.code = code
+
+
+class Rest:
+    """Calls to one tracking server (``uri``: ``http://`` or ``https://``), each one attempt of at
+    most ``timeout`` seconds."""
+
+    def __init__(self, uri: str, timeout: float) -> None:
+        self.uri = uri.rstrip("/")
+        self.timeout = timeout
+        self._creds = get_default_host_creds(self.uri)  # type: ignore[no-untyped-call]
+
+    def call(self, method: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"params": body} if method == "GET" else {"json": body}
+        try:
+            response = http_request(  # type: ignore[no-untyped-call]
+                self._creds,
+                f"{API}/{endpoint}",
+                method,
+                max_retries=0,
+                backoff_factor=0,
+                timeout=max(1, round(self.timeout)),
+                raise_on_status=False,
+                **kwargs,
+            )
+        except Exception as exc:  # a refused connection, a timeout, a reset: MLflow wraps them all
+            raise UnreachableError(f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        status = int(response.status_code)
+        if status == 200:
+            try:
+                found = response.json()
+            except ValueError:
+                return {}
+            return found if isinstance(found, dict) else {}
+        text = str(response.text or "")[:300]
+        if status == 429 or status >= 500:
+            raise UnreachableError(f"HTTP {status}: {text}")
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {}
+        if not isinstance(answer, dict):
+            answer = {}
+        raise RefusedError(str(answer.get("error_code") or f"HTTP {status}"), str(answer.get("message") or text))

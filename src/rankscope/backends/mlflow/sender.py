@@ -1,0 +1,256 @@
+"""The MLflow view's sender: a bounded buffer and its own thread, so that a tracking server that
+is down or slow never holds up the sink's view thread (nor another view).
+
+The view appends (``put``) and returns; the sender thread takes ``log-batch`` requests from the
+buffer's head (``batches.take``), each one attempt of at most ``timeout`` seconds (``rest``).
+A server that does not answer is tried again after a backoff (0.5 s doubling to ``max_backoff``,
+with jitter), the request kept at the head: nothing is lost while the buffer has room. A full
+buffer drops what comes (counted: ``dropped``, ``dropped_points``), and a request the server
+refuses is dropped (counted: ``refused``; a params request is tried one param at a time first,
+so that one changed param costs itself only). The first failure, the first drop and the return
+of the server are each said once in the log; ``status`` says all of it to the sink's status
+route. Files (anomalies, sample tables, the key map, the report page) are uploaded as the run's
+artifacts at most every ``artifact_seconds`` while they change, and at the end.
+
+``close`` drains within a deadline: what is still buffered then is dropped, counted and said;
+the runs are marked finished; a thread stuck in a call is left behind (a daemon).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .batches import Batch, Entry, MetricPoint, take
+from .rest import RefusedError, Rest, UnreachableError
+from .runs import MlflowRuns
+
+log = logging.getLogger("rankscope")
+
+Upload = Callable[[str, str, str], None]
+"""(run id, local file, artifact directory): upload one file as an artifact of the run."""
+
+
+class Sender:
+    def __init__(
+        self,
+        rest: Rest,
+        runs: MlflowRuns,
+        upload: Upload,
+        *,
+        name: str,
+        max_buffered: int = 600_000,
+        max_backoff: float = 30.0,
+        artifact_seconds: float = 30.0,
+    ) -> None:
+        self._rest = rest
+        self.runs = runs
+        self._upload = upload
+        self.name = name
+        """Whose sender (the experiment and run), for the log."""
+        self.max_buffered = max_buffered
+        self.max_backoff = max_backoff
+        self.artifact_seconds = artifact_seconds
+        self._queue: deque[Entry] = deque()
+        self._files: dict[str, str] = {}
+        """Local file → artifact directory: changed since uploaded."""
+        self._cond = threading.Condition()
+        self._closing = False
+        self._deadline = float("inf")
+        self._next_upload = 0.0
+        self.sent_points = 0
+        self.dropped = 0
+        self.dropped_points = 0
+        self.refused = 0
+        self.down_since: float | None = None
+        self.last_error: str | None = None
+        self._said_drop = False
+        self._thread = threading.Thread(target=self._loop, name="rankscope-mlflow", daemon=True)
+        self._thread.start()
+
+    def put(self, entries: Iterable[Entry]) -> None:
+        """Append to the buffer; past ``max_buffered`` entries what comes is dropped and counted."""
+        with self._cond:
+            for entry in entries:
+                if len(self._queue) >= self.max_buffered or self._closing:
+                    self._drop(entry)
+                    continue
+                self._queue.append(entry)
+            self._cond.notify()
+
+    def changed(self, path: str, artifact_dir: str) -> None:
+        """A local file changed: upload it (again) as an artifact, soon."""
+        with self._cond:
+            self._files[path] = artifact_dir
+            self._cond.notify()
+
+    def _drop(self, entry: Entry) -> None:
+        self.dropped += 1
+        if isinstance(entry, MetricPoint):
+            self.dropped_points += 1
+        if not self._said_drop:
+            self._said_drop = True
+            log.warning(
+                "rankscope: the mlflow view of %s drops what comes: its buffer of %d entries is full "
+                "while MLflow at %s does not take them (counted in the sink's status: views.mlflow.dropped)",
+                self.name,
+                self.max_buffered,
+                self._rest.uri,
+            )
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "tracking_uri": self._rest.uri,
+            "experiment_id": self.runs.experiment_id,
+            "run_id": self.runs.run_ids.get(""),
+            "buffered": len(self._queue),
+            "sent_points": self.sent_points,
+            "dropped": self.dropped,
+            "dropped_points": self.dropped_points,
+            "refused": self.refused,
+            "down_since": self.down_since,
+            "last_error": self.last_error,
+        }
+
+    def close(self, timeout: float) -> None:
+        """Send what is buffered and the changed files within ``timeout`` seconds, mark the runs
+        finished, and stop; what is left is dropped, counted and said."""
+        with self._cond:
+            self._closing = True
+            self._deadline = time.monotonic() + timeout
+            self._cond.notify()
+        self._thread.join(timeout + 1.0)
+        with self._cond:
+            left = list(self._queue)
+            self._queue.clear()
+        for entry in left:
+            self.dropped += 1
+            self.dropped_points += isinstance(entry, MetricPoint)
+        if self.dropped:
+            log.warning(
+                "rankscope: the mlflow view of %s dropped %d entries (%d metric points) that MLflow at %s "
+                "did not take%s",
+                self.name,
+                self.dropped,
+                self.dropped_points,
+                self._rest.uri,
+                f" ({self.last_error})" if self.last_error else "",
+            )
+
+    # The sender thread.
+
+    def _loop(self) -> None:
+        failures = 0
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing and not self._files_due():
+                    self._cond.wait(self._wait())
+                if self._closing and time.monotonic() >= self._deadline:
+                    return
+                batch = take(self._queue)
+            try:
+                if batch is not None:
+                    self._send(batch)
+                elif self._files and (self._closing or self._files_due()):
+                    self._upload_files()
+                if self._closing and not self._queue and not self._files:
+                    self.runs.end()
+                    return
+            except UnreachableError as exc:
+                failures += 1
+                self._down(str(exc))
+                self._sleep(min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2))
+                continue
+            except Exception as exc:  # a bug must not end the thread: the buffer would only fill
+                self.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+                log.warning("rankscope: the mlflow view of %s: %s", self.name, self.last_error)
+                self._sleep(1.0)
+                continue
+            failures = 0
+            self._up()
+
+    def _wait(self) -> float | None:
+        if self._files:
+            return max(0.05, self._next_upload - time.monotonic())
+        return None
+
+    def _files_due(self) -> bool:
+        return bool(self._files) and time.monotonic() >= self._next_upload
+
+    def _sleep(self, seconds: float) -> None:
+        with self._cond:
+            end = min(time.monotonic() + seconds, self._deadline)
+            while (left := end - time.monotonic()) > 0:
+                self._cond.wait(left)
+
+    def _send(self, batch: Batch) -> None:
+        run_id = self.runs.ensure(batch.target)
+        try:
+            self._rest.call("POST", "runs/log-batch", batch.body(run_id))
+        except RefusedError as exc:
+            if batch.params and batch.entries > 1:
+                self._one_param_at_a_time(batch, run_id)
+            else:
+                self._refused(batch.entries, exc)
+        else:
+            self.sent_points += batch.points
+        with self._cond:
+            for _ in range(batch.entries):
+                self._queue.popleft()
+
+    def _one_param_at_a_time(self, batch: Batch, run_id: str) -> None:
+        for row in batch.params:
+            try:
+                self._rest.call("POST", "runs/log-batch", {"run_id": run_id, "params": [row]})
+            except RefusedError as exc:
+                self._refused(1, exc)
+
+    def _refused(self, entries: int, exc: RefusedError) -> None:
+        self.refused += entries
+        if self.refused == entries:  # the first: said once, then counted
+            log.warning("rankscope: MLflow at %s refused a request of %s: %s", self._rest.uri, self.name, exc)
+
+    def _upload_files(self) -> None:
+        run_id = self.runs.ensure("")
+        with self._cond:
+            files = dict(self._files)
+            self._files.clear()
+            self._next_upload = time.monotonic() + self.artifact_seconds
+        for i, (path, artifact_dir) in enumerate(files.items()):
+            try:
+                self._upload(run_id, path, artifact_dir)
+            except Exception:
+                with self._cond:  # tried again later, unless it changed meanwhile (then it is queued)
+                    for rest_path, rest_dir in list(files.items())[i:]:
+                        self._files.setdefault(rest_path, rest_dir)
+                raise
+
+    def _down(self, why: str) -> None:
+        self.last_error = why
+        if self.down_since is None:
+            self.down_since = time.time()
+            log.warning(
+                "rankscope: MLflow at %s does not answer (%s): the mlflow view of %s keeps up to %d entries "
+                "and retries",
+                self._rest.uri,
+                why[:200],
+                self.name,
+                self.max_buffered,
+            )
+
+    def _up(self) -> None:
+        if self.down_since is not None:
+            log.warning(
+                "rankscope: MLflow at %s answers again after %.0f s (the mlflow view of %s dropped %d "
+                "entries meanwhile)",
+                self._rest.uri,
+                time.time() - self.down_since,
+                self.name,
+                self.dropped,
+            )
+            self.down_since = None
