@@ -4,8 +4,10 @@ is down or slow never holds up the sink's view thread (nor another view).
 The view appends (``put``) and returns; the sender thread takes ``log-batch`` requests from the
 buffer's head (``batches.take``), each one attempt of at most ``timeout`` seconds (``rest``).
 A server that does not answer is tried again after a backoff (0.5 s doubling to ``max_backoff``,
-with jitter), the request kept at the head: nothing is lost while the buffer has room. A full
-buffer drops what comes (counted: ``dropped``, ``dropped_points``), and a request the server
+with jitter), the request kept: nothing is lost while the buffer has room. A full buffer drops
+its oldest metric points for the new ones (counted: ``dropped``, ``dropped_points``), so the
+values from the server's return on are all there; params and tags wait in a buffer of their own
+(``MAX_META`` entries, what comes past it dropped and counted), sent first. A request the server
 refuses is dropped (counted: ``refused``; a params request is tried one param at a time first,
 so that one changed param costs itself only). The first failure, the first drop and the return
 of the server are each said once in the log; ``status`` says all of it to the sink's status
@@ -32,6 +34,9 @@ from .runs import MlflowRuns
 
 log = logging.getLogger("rankscope")
 
+MAX_META = 10_000
+"""Params and tags held while the server does not take them."""
+
 Upload = Callable[[str, str, str], None]
 """(run id, local file, artifact directory): upload one file as an artifact of the run."""
 
@@ -57,6 +62,11 @@ class Sender:
         self.max_backoff = max_backoff
         self.artifact_seconds = artifact_seconds
         self._queue: deque[Entry] = deque()
+        """Metric points, oldest first."""
+        self._meta: deque[Entry] = deque()
+        """Params and tags, sent before the metric points."""
+        self._inflight: Batch | None = None
+        """The request being sent (taken off the buffers), until the server took or refused it."""
         self._files: dict[str, str] = {}
         """Local file → artifact directory: changed since uploaded."""
         self._cond = threading.Condition()
@@ -74,13 +84,20 @@ class Sender:
         self._thread.start()
 
     def put(self, entries: Iterable[Entry]) -> None:
-        """Append to the buffer; past ``max_buffered`` entries what comes is dropped and counted."""
+        """Append to the buffers; past ``max_buffered`` metric points the oldest is dropped for
+        each new one, past ``MAX_META`` params and tags the new ones are; each counted."""
         with self._cond:
             for entry in entries:
-                if len(self._queue) >= self.max_buffered or self._closing:
+                if self._closing:
                     self._drop(entry)
-                    continue
-                self._queue.append(entry)
+                elif isinstance(entry, MetricPoint):
+                    if len(self._queue) >= self.max_buffered:
+                        self._drop(self._queue.popleft())
+                    self._queue.append(entry)
+                elif len(self._meta) >= MAX_META:
+                    self._drop(entry)
+                else:
+                    self._meta.append(entry)
             self._cond.notify()
 
     def changed(self, path: str, artifact_dir: str) -> None:
@@ -96,7 +113,7 @@ class Sender:
         if not self._said_drop:
             self._said_drop = True
             log.warning(
-                "rankscope: the mlflow view of %s drops what comes: its buffer of %d entries is full "
+                "rankscope: the mlflow view of %s drops its oldest values: its buffer of %d is full "
                 "while MLflow at %s does not take them (counted in the sink's status: views.mlflow.dropped)",
                 self.name,
                 self.max_buffered,
@@ -108,7 +125,7 @@ class Sender:
             "tracking_uri": self._rest.uri,
             "experiment_id": self.runs.experiment_id,
             "run_id": self.runs.run_ids.get(""),
-            "buffered": len(self._queue),
+            "buffered": len(self._queue) + len(self._meta),
             "sent_points": self.sent_points,
             "dropped": self.dropped,
             "dropped_points": self.dropped_points,
@@ -126,8 +143,13 @@ class Sender:
             self._cond.notify()
         self._thread.join(timeout + 1.0)
         with self._cond:
-            left = list(self._queue)
+            left = [*self._meta, *self._queue]
             self._queue.clear()
+            self._meta.clear()
+            if self._inflight is not None:  # its entries: the points (and params or tags) it held
+                self.dropped += self._inflight.entries
+                self.dropped_points += self._inflight.points
+                self._inflight = None
         for entry in left:
             self.dropped += 1
             self.dropped_points += isinstance(entry, MetricPoint)
@@ -148,17 +170,17 @@ class Sender:
         failures = 0
         while True:
             with self._cond:
-                while not self._queue and not self._closing and not self._files_due():
+                while not self._pending() and not self._closing and not self._files_due():
                     self._cond.wait(self._wait())
                 if self._closing and time.monotonic() >= self._deadline:
                     return
-                batch = take(self._queue)
+                batch = self._inflight = self._inflight or self._take()
             try:
                 if batch is not None:
                     self._send(batch)
                 elif self._files and (self._closing or self._files_due()):
                     self._upload_files()
-                if self._closing and not self._queue and not self._files:
+                if self._closing and not self._pending() and not self._files:
                     self.runs.end()
                     return
             except UnreachableError as exc:
@@ -173,6 +195,18 @@ class Sender:
                 continue
             failures = 0
             self._up()
+
+    def _pending(self) -> bool:
+        return bool(self._inflight or self._meta or self._queue)
+
+    def _take(self) -> Batch | None:
+        """The next request, taken off its buffer (caller holds the lock)."""
+        source = self._meta if self._meta else self._queue
+        batch = take(source)
+        if batch is not None:
+            for _ in range(batch.entries):
+                source.popleft()
+        return batch
 
     def _wait(self) -> float | None:
         if self._files:
@@ -200,8 +234,7 @@ class Sender:
         else:
             self.sent_points += batch.points
         with self._cond:
-            for _ in range(batch.entries):
-                self._queue.popleft()
+            self._inflight = None
 
     def _one_param_at_a_time(self, batch: Batch, run_id: str) -> None:
         for row in batch.params:
