@@ -19,7 +19,8 @@ STEPS = 5
 
 def main() -> None:
     dist.init_process_group("gloo")
-    rs.init(backends={"console": {"logging_mode": "global_reduce"}, "per_rank": {"backend": "console"}})
+    per_rank = {"backend": "console", "logging_mode": "per_rank_reduce"}  # each rank's own line too
+    rs.init(backends={"console": {"logging_mode": "global_reduce"}, "per_rank": per_rank})
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same model on every rank, and the same target
     model = torch.nn.Linear(8, 1)

@@ -407,6 +407,8 @@ def test_a_node_lost_for_good_the_job_comes_back_on_two_nodes_as_a_new_attempt(b
     resumed = min(s for s, rows in found["logged"].items() if rows[0]["attempt"] == again)
     assert all(len(rows) == 4 for s, rows in found["logged"].items() if s >= resumed)
     assert all(found["global"][s]["rankscope/missing_processes"] == 0 for s in range(resumed, STEPS))
-    named = [sorted(processes) for step, processes in found["missing"].items() if step < resumed]
-    assert named and named[0] == sorted(f"trainer_r{r}" for r in lost), found["missing"]
+    # Each lost rank named once, at the first step without it: a node's ranks may stop a step or two
+    # apart (what one had handed its node's agent, killed with it, is lost with the agent).
+    named = [label for step, processes in found["missing"].items() if step < resumed for label in processes]
+    assert sorted(named) == sorted(f"trainer_r{r}" for r in lost), found["missing"]
     assert status["attempt"] == again, status

@@ -77,7 +77,7 @@ def test_the_main_examples_console_reads_at_a_glance(tmp_path: Path) -> None:
                 assert significant_digits(number) <= 4, (step, key, number)
         assert re.search(r"\| time \d[\d.]*(s|ms|us), slowest \w+", text), text
     assert all(order == orders[0] for order in orders), orders  # one order, every step
-    assert orders[0][:2] == ["generator/response_tokens", "generator/reward"] and "trainer/loss" in orders[0]
+    assert orders[0][:2] == ["generator/reward", "generator/response_tokens"] and "trainer/loss" in orders[0]
     for internal in ("rl/", "rankscope/", "straggler/", "duration", "argmax_rank"):
         assert internal not in done.stdout, internal
 

@@ -83,9 +83,13 @@ class PerProcess(Mapping[Process, list[Metric]]):
     """Each process's values of one step, reduced on first use: a view that only asks how many
     processes there are (W&B past ``per_rank_max_processes``) pays nothing."""
 
-    def __init__(self, parts: list[tuple[Process, StateRows]], on_error: OnError | None):
+    def __init__(
+        self, parts: list[tuple[Process, StateRows]], on_error: OnError | None, order: KeyOrder | None = None
+    ) -> None:
         self._parts = [(process, rows) for process, rows in parts if not process.merged]  # many processes: none's own
         self._on_error = on_error
+        self._order = order
+        """The keys' order in the global view: each process's view lists them the same way."""
         self._values: dict[Process, list[Metric]] | None = None
 
     def __len__(self) -> int:
@@ -107,7 +111,8 @@ class PerProcess(Mapping[Process, list[Metric]]):
             values: dict[Process, list[Metric]] = {}
             for process in sorted(states, key=lambda p: (p.role, p.replica or "", p.rank)):
                 metrics = values[process] = []
-                for key, state in states[process].items():
+                own = states[process].items()
+                for key, state in own if self._order is None else self._order.arrange(own):
                     reduce = reduce_of(state[0])
                     metrics.extend(Metric(n, v, reduce, stamp) for n, v in reduced_values(key, state, self._on_error))
             self._values = values
@@ -158,7 +163,7 @@ def view_of(
             metric, label = _extreme_rank(key, reduce, state, stamp)
             global_metrics.append(metric)
             labels[metric.key] = label
-    per_process = PerProcess(done.parts, on_error)
+    per_process = PerProcess(done.parts, on_error, order)
     missing = [] if done.interrupted else done.missing + done.away  # the interrupted record names them, not "missing"
     view = StepView(
         done.experiment, done.step, done.seq, global_metrics, missing, done.late, per_process, labels=labels
