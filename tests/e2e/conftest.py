@@ -12,6 +12,7 @@ import pytest
 PIPELINE_BINARIES = pytest.StashKey[dict[str, str]]()
 BROWSER_MISSING = pytest.StashKey[str | None]()
 TMUX_MISSING = pytest.StashKey[str | None]()
+PROMETHEUS_MISSING = pytest.StashKey[str | None]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -30,6 +31,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from ..browser import apt_ensure
 
         session.config.stash[TMUX_MISSING] = apt_ensure(["/usr/bin/tmux"], ["tmux"])
+    if "prometheus_ready" in wanted:
+        from ..browser import apt_ensure
+
+        session.config.stash[PROMETHEUS_MISSING] = apt_ensure(["/usr/bin/prometheus"], ["prometheus"])
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +51,14 @@ def tmux_ready(request: pytest.FixtureRequest) -> None:
     missing = request.config.stash.get(TMUX_MISSING, "tmux was not looked for")
     if missing:
         pytest.fail(f"tmux is needed to read rankscope top's screen: {missing}")
+
+
+@pytest.fixture(scope="session")
+def prometheus_ready(request: pytest.FixtureRequest) -> None:
+    """Prometheus is there (Debian's, installed by ``pytest_collection_finish``): the otlp view's series land in it."""
+    missing = request.config.stash.get(PROMETHEUS_MISSING, "Prometheus was not looked for")
+    if missing:
+        pytest.fail(f"Prometheus is needed to read the merged series back: {missing}")
 
 
 @pytest.fixture(scope="session")
