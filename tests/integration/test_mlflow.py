@@ -31,6 +31,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 from rankscope.backends.mlflow.keys import mlflow_key  # noqa: E402
+from rankscope.backends.mlflow.rest import cause  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "mytrain.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -285,3 +286,90 @@ def test_a_server_killed_and_restarted_mid_run(tmp_path: Path) -> None:
         print(f"outage: restarted at step {restarted_at}, last step {last}, {said} metric points dropped and counted")
     finally:
         served.kill()
+
+
+ROLE = """\
+import os, rankscope as rs
+rs.init()  # experiment, role, replica, run id and endpoint: RANKSCOPE_*
+role, replica = os.environ["RANKSCOPE_ROLE"], int(os.environ.get("RANKSCOPE_REPLICA", "0"))
+for step in range(4):
+    if role == "trainer":
+        rs.record_metric("trainer/loss", 1.0 / (step + 1) + replica)
+    else:
+        rs.record_metric("generator/reward", 0.5 * step)
+        rs.record_sample("rollouts", {"prompt": f"p{step}", "reward": 0.5 * step})
+    rs.record_metric("tokens", 10 * (replica + 1), rs.Reduce.SUM)
+    rs.flush(step)
+rs.shutdown()
+"""
+
+
+def _per_process(path: Path) -> dict[str, dict[str, dict[int, float]]]:
+    """A per-process JSONL view: process label -> key -> step -> value."""
+    found: dict[str, dict[str, dict[int, float]]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        found.setdefault(row["process"], {}).setdefault(row["key"], {})[row["step"]] = row["value"]
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_a_two_role_job_is_one_mlflow_run_with_a_child_run_per_process_when_asked(
+    server: Server, make_sink: Any, tmp_path: Path
+) -> None:
+    """An RL-shaped job (two trainer replicas and a generator, started apart, one run id) is one
+    MLflow run whose values are the global JSONL view's; with a per-process mlflow view beside it,
+    each process is a child run of it holding that process's own values."""
+    views = {
+        "global": {"backend": "jsonl", "path": str(tmp_path / "global.jsonl")},
+        "ranks": {"backend": "jsonl", "logging_mode": "per_rank_reduce", "path": str(tmp_path / "ranks.jsonl")},
+        "mlflow": {"tracking_uri": server.uri},
+        "mlflow_ranks": {"backend": "mlflow", "logging_mode": "per_rank_reduce", "tracking_uri": server.uri},
+    }
+    sink = make_sink(backends=views)
+    base = {"RANKSCOPE_ENDPOINT": sink.endpoint, "RANKSCOPE_EXPERIMENT": "rl-mlflow", "RANKSCOPE_RUN_ID": "job-7"}
+    procs = []
+    for role, replica in (("trainer", "0"), ("trainer", "1"), ("generator", "0")):
+        env = {**_env(tmp_path, server.uri), **base, "RANKSCOPE_ROLE": role, "RANKSCOPE_REPLICA": replica}
+        procs.append(subprocess.Popen([sys.executable, "-c", ROLE], env=env, cwd=tmp_path))
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not ((s := sink.status("rl-mlflow")) and s["last_written_step"] == 3):
+        time.sleep(0.1)
+    sink.stop()  # the views finish: the runs are marked finished
+
+    client = MlflowClient(server.uri)
+    runs = _runs(client, "rl-mlflow")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1, [r.data.tags for r in runs]
+    parent = parents[0]
+    assert parent.data.tags["rankscope.run.id"] == "job-7" and parent.info.status == "FINISHED"
+    assert parent.data.tags["rankscope.processes"] == "3"
+    expected = _jsonl(tmp_path / "global.jsonl")
+    assert expected["tokens"] == dict.fromkeys(range(4), 40.0)  # 10 + 20 + 10: both roles, summed
+    assert set(expected["trainer/loss"]) == set(expected["generator/reward"]) == {0, 1, 2, 3}
+    _same_values(client, parent.info.run_id, expected)
+    # The per-process view: a child run per process, under the job's run, each with its own values.
+    own = _per_process(tmp_path / "ranks.jsonl")
+    assert len(own) == 3 and len(children) == 3, (sorted(own), [c.data.tags for c in children])
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        process = child.data.tags["rankscope.process"]
+        _same_values(client, child.info.run_id, own[process])
+    trainer = next(c for c in children if c.data.tags["rankscope.process"].startswith("trainer_1"))
+    assert _history(client, trainer.info.run_id, "trainer/loss") == {s: 1.0 / (s + 1) + 1 for s in range(4)}
+
+
+def test_a_server_that_does_not_answer_is_said_in_a_line() -> None:
+    wrapped = (
+        "API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with exception "
+        "HTTPConnectionPool(host='127.0.0.1', port=5000): Max retries exceeded with url: "
+        "/api/2.0/mlflow/runs/log-batch (Caused by NewConnectionError('<urllib3.connection.HTTPConnection "
+        "object at 0x7f0>: Failed to establish a new connection: [Errno 111] Connection refused'))"
+    )
+    assert cause(Exception(wrapped)) == "[Errno 111] Connection refused"
+    assert (
+        cause(Exception("HTTPConnectionPool(host='h', port=1): Read timed out. (read timeout=2)")) == "Read timed out"
+    )
+    assert cause(ValueError("x" * 500)) == "ValueError: " + "x" * 160

@@ -12,6 +12,7 @@ through ``MlflowClient``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mlflow.utils.credentials import get_default_host_creds
@@ -30,6 +31,17 @@ class RefusedError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}"[:500])
         self.code = code
+
+
+_CAUSES = re.compile(r"\[Errno -?\d+\][^'\")\]]*|Read timed out|Connection reset[^'\")]*|timed out")
+
+
+def cause(exc: BaseException) -> str:
+    """What went wrong, in a line: the innermost reason of MLflow's wrapped urllib3 error
+    (``[Errno 111] Connection refused``), not its 400 characters of pool and object names."""
+    text = " ".join(str(exc).split())
+    found = _CAUSES.findall(text)
+    return found[-1].strip().rstrip(".") if found else f"{type(exc).__name__}: {text[:160]}"
 
 
 class Rest:
@@ -55,7 +67,7 @@ class Rest:
                 **kwargs,
             )
         except Exception as exc:  # a refused connection, a timeout, a reset: MLflow wraps them all
-            raise UnreachableError(f"{type(exc).__name__}: {str(exc)[:300]}") from None
+            raise UnreachableError(cause(exc)) from None
         status = int(response.status_code)
         if status == 200:
             try:

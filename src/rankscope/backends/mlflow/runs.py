@@ -5,7 +5,8 @@ if deleted). A rankscope run is one MLflow run tagged ``rankscope.run.id`` and
 ``rankscope.view=global``; in ``per_rank_reduce`` mode each process is a child run of it
 (``mlflow.parentRunId``) tagged ``rankscope.process``. Finding them by their tags first means a
 view opened again (a quiet run's views are released and reopened, a sink restarts) continues
-the same MLflow runs instead of starting new ones.
+the same MLflow runs instead of starting new ones; two views that make one run at once (a global
+and a per-process view of one run) settle on the first made.
 """
 
 from __future__ import annotations
@@ -105,11 +106,17 @@ class MlflowRuns:
             "start_time": int(time.time() * 1000),
             "tags": [{"key": k, "value": v[:8000]} for k, v in tags.items()],
         }
-        created = self._rest.call("POST", "runs/create", body)
-        return str(created["run"]["info"]["run_id"])
+        created = str(self._rest.call("POST", "runs/create", body)["run"]["info"]["run_id"])
+        settled = self._find(experiment_id, marks)
+        if settled is not None and settled[0] != created:  # another view made it too: the first one stays
+            self._rest.call("POST", "runs/delete", {"run_id": created})
+            return settled[0]
+        return created
 
     def _find(self, experiment_id: str, marks: Mapping[str, str]) -> tuple[str, str] | None:
-        """The run tagged with this rankscope run's ids and ``marks``, and its status; None: none is."""
+        """The run tagged with this rankscope run's ids and ``marks``, and its status; None: none is.
+        Of several (two views of one sink, or two sinks, made it at once), the first made (by start
+        time, then id): each view that made one settles on it, and deletes its own."""
         clauses = []
         for key, value in {"rankscope.experiment.id": self.experiment, "rankscope.run.id": self.run, **marks}.items():
             if not value:  # data without a run id: the experiment's one run
@@ -118,11 +125,11 @@ class MlflowRuns:
             if quoted is None:
                 return None  # not searchable: a new MLflow run
             clauses.append(f"tags.`{key}` = {quoted}")
-        body = {"experiment_ids": [experiment_id], "filter": " and ".join(clauses), "max_results": 1}
-        runs = self._rest.call("POST", "runs/search", body).get("runs") or []
+        body = {"experiment_ids": [experiment_id], "filter": " and ".join(clauses), "max_results": 50}
+        runs = [r.get("info") or {} for r in self._rest.call("POST", "runs/search", body).get("runs") or []]
         if not runs:
             return None
-        info = runs[0].get("info") or {}
+        info = min(runs, key=lambda i: (int(i.get("start_time") or 0), str(i.get("run_id"))))
         return str(info.get("run_id")), str(info.get("status"))
 
     def end(self, status: str = "FINISHED") -> None:
