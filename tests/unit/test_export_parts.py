@@ -369,6 +369,21 @@ def test_http_answers_are_sent_retried_or_refused(
     status: int | None, retry_after: str | None, sent: bool, retry: bool, hint: float | None
 ) -> None:
     exporter = _Exporter(_Result(status, retry_after))
-    attempt = senders_module._HttpTransport(exporter).send(b"payload", 3.0)
+    attempt = senders_module._HttpTransport(exporter, "metrics").send(b"payload", 3.0)
     assert (attempt.sent, attempt.retry, attempt.retry_after) == (sent, retry, hint)
     assert exporter._client.posted == [(b"payload", 3.0)]  # one POST with the round's deadline, no retry loop
+
+
+def test_a_taken_requests_partial_success_is_read_and_a_bad_answer_is_taken_as_sent() -> None:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+    from rankscope.export.senders import SENT, taken
+
+    answer = ExportMetricsServiceResponse()
+    answer.partial_success.rejected_data_points = 7
+    answer.partial_success.error_message = "run refused:\n\tquota"
+    found = taken("metrics", answer.SerializeToString())
+    assert found.sent and found.rejected == 7 and found.detail == "run refused: quota"
+    assert taken("metrics", b"") is SENT and taken("metrics", None) is SENT
+    assert taken("spans", b"\xff\xfe not protobuf") is SENT  # the request was taken; its answer unreadable
+    assert taken("logs", ExportMetricsServiceResponse().SerializeToString()) is SENT

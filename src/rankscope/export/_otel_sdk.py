@@ -247,23 +247,23 @@ def _transport_problem(exporter: Any, protocol: str, what: str) -> str | None:
     return None
 
 
-def grpc_export(exporter: Any, signal: Signal, payload: bytes, timeout: float | None) -> bool:
+def grpc_export(exporter: Any, signal: Signal, payload: bytes, timeout: float | None) -> bytes | None:
     """One ``Export`` call of a serialized request, with one deadline (at most the exporter's), on the
-    exporter's channel with its headers; False when the exporter is shut down. Raises
-    ``grpc.RpcError`` as a stub does.
+    exporter's channel with its headers: the serialized response, or None when the exporter is shut
+    down. Raises ``grpc.RpcError`` as a stub does.
     """
     if exporter._shutdown or exporter._channel is None:
-        return False
+        return None
     channel = exporter._channel
     calls = exporter.__dict__.setdefault("_rankscope_calls", {})
     found = calls.get(signal)
     if found is None or found[0] is not channel:  # first use, or a channel the SDK has made anew
-        # No serializers: bytes go as they are, the (empty) response is not parsed.
+        # No serializers: bytes go as they are, and the response comes back as bytes.
         found = calls[signal] = (channel, channel.unary_unary(GRPC_METHODS[signal]))
     call = found[1]
     deadline = exporter._timeout if timeout is None else max(0.001, min(timeout, exporter._timeout))
-    call(payload, metadata=exporter._headers, timeout=deadline)
-    return True
+    answer = call(payload, metadata=exporter._headers, timeout=deadline)
+    return answer if isinstance(answer, bytes) else b""
 
 
 def grpc_retryable(exporter: Any) -> Collection[Any]:

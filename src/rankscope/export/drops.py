@@ -11,6 +11,7 @@ are added to it here and reported after the next span request that goes through.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,10 @@ from ..core import names as attr
 from ..core.errors import warn
 from ..tracing.spans import SpanBuffer
 from ._otel_sdk import SdkGauge
+
+REJECTION_KINDS = 16
+"""Kinds of ``partial_success`` reason said (the rest counted, not said)."""
+_DIGITS = re.compile(r"\d+")
 
 _INSTRUMENT_TYPES = (
     Counter,
@@ -88,6 +93,8 @@ class Drops:
         self._warned = False
         self._spans_reported = 0
         self._spans_warned = False
+        self._rejections: set[str] = set()
+        """The kinds of ``partial_success`` reason said so far (``REJECTION_KINDS`` at most)."""
 
     def points(self, n: int, why: str, warn_first: bool = True) -> None:
         """``n`` metric points (or streamed values) lost because ``why`` (``warn_first``: the first loss
@@ -129,6 +136,26 @@ class Drops:
             self._spans_reported = self._spans.dropped
             self._spans_warned = False
             warn(f"{self._who}: {n} spans were dropped ({self._spans.dropped} in total)")
+
+    def rejected(self, signal: str, n: int, why: str) -> None:
+        """``n`` items of a request the endpoint took in part (OTLP ``partial_success``: a sink under
+        its disk floor, a run past its quota): counted as dropped at once, each kind of reason said
+        once (its numbers aside), never again every round (export thread)."""
+        if signal == "spans":
+            self._spans.dropped += n
+            self._spans_reported += n
+        else:
+            with self._lock:
+                self.total += n
+            self._counter.add(n)
+        kind = _DIGITS.sub("#", why)
+        if kind in self._rejections or len(self._rejections) >= REJECTION_KINDS:
+            return
+        self._rejections.add(kind)
+        warn(
+            f"{self._who}: {self._target()} refuses what this process sends: {why}; what it refuses is "
+            "counted as dropped (rankscope.dropped_points(); each reason said once)"
+        )
 
     def report(self, final: bool) -> None:
         """Export works again (or the process shuts down): count the losses on the metric, say so once."""

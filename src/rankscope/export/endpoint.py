@@ -2,11 +2,13 @@
 
 Every outbox sends through ``Endpoint.attempt``: one attempt with the round's deadline, counted (the
 export cadence spaces rounds by the requests they sent), an exception turned into a refused attempt
-(an embedded sink that cannot start is counted as dropped, warned once). When an attempt that may
-work later fails, the export round stops and ``failed`` schedules the next one: doubling from 0.5 s,
-capped at 2 s (one small request per 2 s is less than a process sends when all is well), jittered,
-stretched to the endpoint's own hint (gRPC RetryInfo, HTTP Retry-After) up to 30 s. While it is away
-nothing is lost: the outboxes hold their data, within their bounds.
+(an embedded sink that cannot start is counted as dropped, warned once), and what a taken request's
+``partial_success`` refused (a sink under its disk floor, a run past its quota) counted as dropped.
+When an attempt that may work later fails, the export round stops and ``failed`` schedules the
+next one: doubling from 0.5 s, capped at 2 s (one small request per 2 s is less than a process
+sends when all is well), jittered, stretched to the endpoint's own hint (gRPC RetryInfo, HTTP
+Retry-After) up to 30 s. While it is away nothing is lost: the outboxes hold their data, within
+their bounds.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from ..core.errors import warn
 from .senders import Attempt, Sender, Signal
+
+OnRejected = Callable[[Signal, int, str], None]
 
 RETRY_FIRST = 0.5
 RETRY_MAX = 2.0
@@ -28,8 +33,17 @@ log = logging.getLogger("rankscope")
 class Endpoint:
     """One process's way out: attempts, the backoff between failed rounds, and what to say about it."""
 
-    def __init__(self, sender: Sender, max_queued_steps: int, who: str = "rankscope", says_down: bool = True) -> None:
+    def __init__(
+        self,
+        sender: Sender,
+        max_queued_steps: int,
+        who: str = "rankscope",
+        says_down: bool = True,
+        rejected: OnRejected | None = None,
+    ) -> None:
         self.sender = sender
+        self._rejected = rejected
+        """Told what a taken request's ``partial_success`` refused (``Drops.rejected``)."""
         self.who = who
         """How its lines start: ``rankscope``, or ``rankscope [trainer_r1]`` in a multi-process job."""
         self.says_down = says_down
@@ -50,13 +64,16 @@ class Endpoint:
         self.requests += 1
         timeout = None if deadline is None else max(0.001, deadline - time.monotonic())
         try:
-            return self.sender.send(signal, payload, timeout)
+            attempt = self.sender.send(signal, payload, timeout)
         except Exception as exc:  # e.g. the embedded sink could not start: counted, warned once
             if not self._warned_unreachable:
                 self._warned_unreachable = True
                 if self.says_down:  # the others of this machine count theirs as dropped, said at their end
                     warn(f"{self.who}: no sink could be reached ({exc}); metrics are counted as dropped")
             return Attempt(False, detail=repr(exc))
+        if attempt.rejected and self._rejected is not None:
+            self._rejected(signal, attempt.rejected, attempt.detail)
+        return attempt
 
     def ready(self, now: float) -> bool:
         return now >= self.next_attempt

@@ -59,6 +59,9 @@ from typing import Any, ClassVar, Literal, Protocol
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from ..core.errors import report_internal_error
 from . import _otel_sdk
@@ -81,9 +84,34 @@ class Attempt:
     detail: str = ""
     retry_after: float | None = None
     """The endpoint's own hint (gRPC RetryInfo, HTTP Retry-After), seconds."""
+    rejected: int = 0
+    """Of a request that was taken, the items the endpoint refused (OTLP ``partial_success``; ``detail`` its reason)."""
 
 
 SENT = Attempt(True)
+
+_RESPONSES: dict[str, tuple[Any, str]] = {
+    "metrics": (metrics_service_pb2.ExportMetricsServiceResponse, "rejected_data_points"),
+    "spans": (trace_service_pb2.ExportTraceServiceResponse, "rejected_spans"),
+    "logs": (logs_service_pb2.ExportLogsServiceResponse, "rejected_log_records"),
+}
+
+
+def taken(signal: Signal, body: bytes | None) -> Attempt:
+    """A taken request's answer: ``SENT``, or what its ``partial_success`` refused (an endpoint's
+    answer that does not parse is taken as it was sent: the request was)."""
+    if not body:
+        return SENT
+    response_class, field_name = _RESPONSES[signal]
+    try:
+        partial = response_class.FromString(body).partial_success
+    except Exception:
+        return SENT
+    rejected = int(getattr(partial, field_name))
+    if rejected <= 0:
+        return SENT
+    reason = " ".join(partial.error_message.split())[:300] or "no reason given"
+    return Attempt(True, detail=reason, rejected=rejected)
 
 
 Signal = Literal["metrics", "spans", "logs"]
@@ -123,9 +151,10 @@ class _GrpcTransport:
 
     def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
         try:
-            if not _otel_sdk.grpc_export(self._exporter, self._signal, payload, timeout):
+            answer = _otel_sdk.grpc_export(self._exporter, self._signal, payload, timeout)
+            if answer is None:
                 return Attempt(False, detail="the exporter is shut down")
-            return SENT
+            return taken(self._signal, answer)
         except grpc.RpcError as error:
             code = error.code()
             detail = f"{getattr(code, 'name', code)}: {error.details()}"
@@ -153,8 +182,9 @@ def _hint(error: Any) -> float | None:
 class _HttpTransport:
     """One POST with one deadline through an SDK HTTP exporter's client (its retry loop unused)."""
 
-    def __init__(self, exporter: Any) -> None:
+    def __init__(self, exporter: Any, signal: Signal) -> None:
         self._exporter = exporter
+        self._signal = signal
 
     def send(self, payload: bytes, timeout: float | None = None) -> Attempt:
         result = _otel_sdk.http_post(self._exporter, payload, timeout)
@@ -162,7 +192,11 @@ class _HttpTransport:
             return Attempt(False, detail="the exporter is shut down")
         status = result.status_code
         if status is not None and 200 <= status < 300:
-            return SENT
+            try:
+                body = result.content()
+            except Exception:
+                body = None
+            return taken(self._signal, body)
         if status is None:  # no answer: refused connection, timeout, DNS
             return Attempt(False, retry=True, detail=f"{result.error or result.reason}")
         after = None
@@ -198,7 +232,7 @@ def _transport(protocol: _otel_sdk.Protocol, signal: Signal, **kwargs: Any) -> _
     except _otel_sdk.OtelSdkMismatchError as exc:
         report_internal_error(f"OTLP {signal} export over {protocol}", exc)
         return _Refused(str(exc))
-    return _GrpcTransport(exporter, signal) if protocol == "grpc" else _HttpTransport(exporter)
+    return _GrpcTransport(exporter, signal) if protocol == "grpc" else _HttpTransport(exporter, signal)
 
 
 def _url(endpoint: str | None) -> str | None:

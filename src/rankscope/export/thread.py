@@ -110,7 +110,11 @@ class ExportThread:
         buffer = self.span_buffer = spans if spans is not None else SpanBuffer(1)
         who, first = speaker(resource.attributes)
         self.drops = Drops(resource, buffer, lambda: self.sender.target if self.sender else "the OTLP endpoint", who)
-        self.endpoint = Endpoint(sender, max_queued_steps, who, says_down=first) if sender is not None else None
+        self.endpoint = (
+            Endpoint(sender, max_queued_steps, who, says_down=first, rejected=self.drops.rejected)
+            if sender is not None
+            else None
+        )
         resource_pb = encode_resource(resource.attributes)
         scope = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version=__version__)
         self.spans = SpanOutbox(buffer, self.drops, SpanEncoder(resource_pb, scope))

@@ -79,8 +79,9 @@ class DiskLimits:
     """Bytes one client's runs' views may hold on disk; a new run past it is refused. 0: an
     eighth of the free space when the sink starts, at least 1 GiB."""
     min_free_bytes: int = 0
-    """Free space the sink leaves on the views' file system: under it, new runs are refused. 0: 5 %
-    of the file system, at least 1 GiB and at most 50 GiB."""
+    """Free space the sink leaves on the views' file system: under it, new runs are refused. 0: 1 %
+    of the file system, at least 1 GiB and at most 10 GiB (a 5 % floor refused every run of a job
+    on a 250 GB disk with 13 GB free)."""
     where: Path = Path(".")
     """A path on the file system the views write to (the sink's working directory)."""
 
@@ -92,7 +93,7 @@ class DiskLimits:
         """With the derived defaults filled in from the file system as it is now."""
         usage = shutil.disk_usage(self.where)
         per_client = self.per_client_bytes or max(GiB, usage.free // 8)
-        floor = self.min_free_bytes or min(50 * GiB, max(GiB, usage.total // 20))
+        floor = self.min_free_bytes or min(10 * GiB, max(GiB, usage.total // 100))
         return DiskLimits(per_client_bytes=per_client, min_free_bytes=floor, where=self.where)
 
 

@@ -54,16 +54,26 @@ class Tally:
         """What the views of every run dropped (their inbox full), by kind of data."""
 
     def refusal(self, refused: Refusals) -> None:
-        """A request's refusals, under the kind of its first reason."""
+        """A request's refusals, under the kind of its first reason; a kind's first is logged (once:
+        the kinds are the sink's own sentences, so a client cannot make it write more lines)."""
         if not refused.count:
             return
+        first = None
         with self._lock:
             self.refused += refused.count
             for reason in refused.reasons[:1]:
                 kind = kind_of(reason)
                 if kind not in self.refusals and len(self.refusals) >= MAX_REFUSAL_KINDS:
                     kind = FULL
+                if kind not in self.refusals:
+                    first = reason
                 self.refusals[kind] = self.refusals.get(kind, 0) + refused.count
+        if first is not None:
+            log.warning(
+                "rankscope sink: refused %d points or records: %s (each kind said once; the status route counts them)",
+                refused.count,
+                first[:300],
+            )
 
     def foreign(self, points: int) -> None:
         if points:
