@@ -298,3 +298,15 @@ def test_docker_compose_runs_the_tested_configs_at_the_tested_versions() -> None
     for name in ("sink", "jaeger", "otel-collector", "sink-0", "sink-1"):
         assert "healthcheck" in services[name], name
     assert (ROOT / services["sink"]["build"] / "Dockerfile").is_file()
+    # The prometheus profile: the tested remote-write config, into the Prometheus version the tests run.
+    remote = services["remote-write"]
+    assert (
+        remote["command"] == ["--config=/etc/otelcol/remote-write.yaml"]
+        and remote["image"] == f"rankscope-otelcol:{version}"
+    )
+    assert remote["environment"]["RANKSCOPE_REMOTE_WRITE_URL"] == "http://prometheus:9090/api/v1/write"
+    assert "--web.enable-remote-write-receiver" in services["prometheus"]["command"]
+    tested = subprocess.run(["/usr/bin/prometheus", "--version"], capture_output=True, text=True, check=False)
+    if tested.returncode == 0:  # Debian's, as tests/e2e/test_prometheus.py runs it
+        found = re.search(r"version (\d+\.\d+\.\d+)", tested.stdout + tested.stderr)
+        assert found and services["prometheus"]["image"] == f"prom/prometheus:v{found.group(1)}"
