@@ -171,7 +171,7 @@ def _check(
     assert "answers again" in stderr, stderr[-3000:]
     assert last[0]["metric"]["run"] == run and last[0]["metric"]["experiment"] == "prom-e2e"
     # Every step's loss, exactly the JSONL view's, joined by the step series' sample at the same time.
-    steps = _samples(prometheus, f'rankscope_step{{experiment="prom-e2e", run="{run}"}}')
+    steps = _samples(prometheus, f'rankscope_step{{key="", experiment="prom-e2e", run="{run}"}}')
     losses = _samples(prometheus, queries["Loss"])
     assert sorted(steps.values()) == [float(s) for s in range(STEPS)]  # every step, none twice
     by_step = {int(steps[t]): value for t, value in losses.items()}

@@ -235,7 +235,7 @@ def test_a_server_killed_and_restarted_mid_run(tmp_path: Path) -> None:
     served = Server(tmp_path / "server", free_port()).start()
     try:
         (tmp_path / "outage.py").write_text(OUTAGE)
-        views = {"mlflow": {"max_buffered": 600, "max_backoff": 1.0, "timeout": 2}}
+        views = {"mlflow": {"max_buffered": 200, "max_backoff": 1.0, "timeout": 2}}
         env = _env(tmp_path, served.uri, RANKSCOPE_BACKENDS=json.dumps(views), RANKSCOPE_EXPERIMENT="outage", **SINK)
         job = subprocess.Popen(
             [sys.executable, "outage.py"],
@@ -282,7 +282,7 @@ def test_a_server_killed_and_restarted_mid_run(tmp_path: Path) -> None:
         dropped = re.findall(r"dropped (\d+) entries \((\d+) metric points\)", err)
         said = int(dropped[-1][1]) if dropped else 0
         assert missing == said, (missing, said, err[-3000:])  # each point missing is one counted as dropped
-        assert said > 0, "a 600-entry buffer held the whole outage: the drop path went untested"
+        assert said > 0, "a 200-entry buffer held the whole outage: the drop path went untested"
         print(f"outage: restarted at step {restarted_at}, last step {last}, {said} metric points dropped and counted")
     finally:
         served.kill()

@@ -12,31 +12,33 @@ from rankscope.backends.base import Metric, make_view
 from rankscope.backends.otlp.gauges import Gauges, gauge_name
 
 
-def _points(payload: bytes) -> dict[str, tuple[float, dict[str, str], int]]:
+def _points(payload: bytes) -> dict[tuple[str, str], tuple[float, dict[str, str], int]]:
+    """(gauge name, its key label or "") -> (value, labels, time)."""
     request = ExportMetricsServiceRequest.FromString(payload)
     found = {}
     for metric in request.resource_metrics[0].scope_metrics[0].metrics:
         (point,) = metric.gauge.data_points
         labels = {kv.key: kv.value.string_value for kv in point.attributes}
-        found[metric.name] = (point.as_double, labels, point.time_unix_nano)
+        found[metric.name, labels.get("key", "")] = (point.as_double, labels, point.time_unix_nano)
     return found
 
 
 def test_each_key_is_a_gauge_labelled_by_experiment_run_role_and_key_never_by_step() -> None:
-    payload, points = Gauges("exp", "run-1").request(
-        7, [("trainer/loss", 0.5), ("rankscope/missing_processes", 1.0)], {"trainer/loss": "trainer"}, 123, 0.25
-    )
-    assert points == 4
+    values = [("trainer/loss", 0.5), ("rankscope/missing_processes", 1.0), ("step", 3.0), ("a/b", 1.0), ("a.b", 2.0)]
+    payload, n = Gauges("exp", "run-1").request(7, values, {"trainer/loss": "trainer"}, 123, 0.25)
+    assert n == 7
     points = _points(payload)
-    assert points["rankscope.step"] == (7.0, {"experiment": "exp", "run": "run-1"}, 123)
-    assert points["rankscope.step_seconds"][0] == 0.25
-    value, labels, when = points["rankscope.trainer/loss"]
+    assert points["rankscope.step", ""] == (7.0, {"experiment": "exp", "run": "run-1"}, 123)  # the sink's: no key
+    assert points["rankscope.step", "step"][0] == 3.0  # a key of the user's named step: its own series
+    assert points["rankscope.step_seconds", ""][0] == 0.25
+    assert points["rankscope.a/b", "a/b"][0] == 1.0 and points["rankscope.a.b", "a.b"][0] == 2.0
+    value, labels, when = points["rankscope.trainer/loss", "trainer/loss"]
     assert (value, labels, when) == (
         0.5,
         {"experiment": "exp", "run": "run-1", "key": "trainer/loss", "role": "trainer"},
         123,
     )
-    assert points["rankscope.missing_processes"][1] == {
+    assert points["rankscope.missing_processes", "rankscope/missing_processes"][1] == {
         "experiment": "exp",
         "run": "run-1",
         "key": "rankscope/missing_processes",

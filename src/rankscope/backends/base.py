@@ -108,6 +108,11 @@ class LoggerBackend:
         thread than the view's: plain counters only. None: nothing."""
         return None
 
+    def finishing(self) -> Any:
+        """The run's views are about to finish (at a sink, each view's before any ``finish``): a view
+        that sends from a thread of its own starts its last drain here, so that several drain at
+        once within the sink's stop timeout. Views that do not ignore it."""
+
     def finish(self) -> Any:
         """Called once at shutdown, after the last batch."""
 

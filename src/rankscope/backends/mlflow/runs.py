@@ -5,13 +5,15 @@ if deleted). A rankscope run is one MLflow run tagged ``rankscope.run.id`` and
 ``rankscope.view=global``; in ``per_rank_reduce`` mode each process is a child run of it
 (``mlflow.parentRunId``) tagged ``rankscope.process``. Finding them by their tags first means a
 view opened again (a quiet run's views are released and reopened, a sink restarts) continues
-the same MLflow runs instead of starting new ones; two views that make one run at once (a global
-and a per-process view of one run) settle on the first made.
+the same MLflow runs instead of starting new ones. The global and the per-process view of one run
+in one sink make it under one lock (the second finds it); views of two sinks that make it at once
+settle on the first made (each looks again ``SETTLE`` seconds after making its own).
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +21,12 @@ from typing import Any
 from .rest import RefusedError, Rest
 
 MAX_EXPERIMENT_NAME = 500
+SETTLE = 0.5
+"""Seconds a view that made a run waits before it looks again for others made at once."""
+_MAKING: dict[tuple[str, str, str], threading.Lock] = {}
+"""(server, experiment, run) -> the lock its views of this process make the run under: the
+global and the per-process view of one run, in one sink, find the one made first."""
+_MAKING_LOCK = threading.Lock()
 PROCESS_TAG = "rankscope.process"
 VIEW_TAG = "rankscope.view"
 PARENT_TAG = "mlflow.parentRunId"
@@ -58,7 +66,10 @@ class MlflowRuns:
         experiment_id = self._experiment()
         if target == "":
             tags = {**self._tags, VIEW_TAG: "global"}
-            found = self._find_or_create(experiment_id, {VIEW_TAG: "global"}, self.run_name, tags)
+            with _MAKING_LOCK:
+                making = _MAKING.setdefault((self._rest.uri, self.experiment, self.run), threading.Lock())
+            with making:
+                found = self._find_or_create(experiment_id, {VIEW_TAG: "global"}, self.run_name, tags)
         else:
             parent = self.ensure("")
             tags = {**self._tags, VIEW_TAG: "process", PROCESS_TAG: target, PARENT_TAG: parent}
@@ -107,6 +118,7 @@ class MlflowRuns:
             "tags": [{"key": k, "value": v[:8000]} for k, v in tags.items()],
         }
         created = str(self._rest.call("POST", "runs/create", body)["run"]["info"]["run_id"])
+        time.sleep(SETTLE)  # another sink's view making it at this moment has made it by now
         settled = self._find(experiment_id, marks)
         if settled is not None and settled[0] != created:  # another view made it too: the first one stays
             self._rest.call("POST", "runs/delete", {"run_id": created})
@@ -125,7 +137,12 @@ class MlflowRuns:
             if quoted is None:
                 return None  # not searchable: a new MLflow run
             clauses.append(f"tags.`{key}` = {quoted}")
-        body = {"experiment_ids": [experiment_id], "filter": " and ".join(clauses), "max_results": 50}
+        body = {
+            "experiment_ids": [experiment_id],
+            "filter": " and ".join(clauses),
+            "max_results": 50,
+            "order_by": ["attributes.start_time ASC"],
+        }
         runs = [r.get("info") or {} for r in self._rest.call("POST", "runs/search", body).get("runs") or []]
         if not runs:
             return None

@@ -134,14 +134,20 @@ class Sender:
             "last_error": self.last_error,
         }
 
-    def close(self, timeout: float) -> None:
-        """Send what is buffered and the changed files within ``timeout`` seconds, mark the runs
-        finished, and stop; what is left is dropped, counted and said."""
+    def begin_close(self, timeout: float) -> None:
+        """Take nothing more, and send what is buffered within ``timeout`` seconds from now (the
+        first call sets the deadline): several views' senders drain at once, then ``close``."""
         with self._cond:
-            self._closing = True
-            self._deadline = time.monotonic() + timeout
+            if not self._closing:
+                self._closing = True
+                self._deadline = time.monotonic() + timeout
             self._cond.notify()
-        self._thread.join(timeout + 1.0)
+
+    def close(self, timeout: float) -> None:
+        """``begin_close``, then send what is buffered and the changed files by its deadline, mark
+        the runs finished, and stop; what is left is dropped, counted and said."""
+        self.begin_close(timeout)
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)
         with self._cond:
             left = [*self._meta, *self._queue]
             self._queue.clear()
@@ -217,9 +223,10 @@ class Sender:
         return bool(self._files) and time.monotonic() >= self._next_upload
 
     def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or until the deadline (``begin_close`` may set it meanwhile)."""
+        end = time.monotonic() + seconds
         with self._cond:
-            end = min(time.monotonic() + seconds, self._deadline)
-            while (left := end - time.monotonic()) > 0:
+            while (left := min(end, self._deadline) - time.monotonic()) > 0:
                 self._cond.wait(left)
 
     def _send(self, batch: Batch) -> None:

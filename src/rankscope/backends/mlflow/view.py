@@ -137,9 +137,10 @@ class MlflowBackend(LoggerBackend):
 
     def health(self) -> dict[str, Any] | None:
         """The sender's counts (``sender.Sender.status``) and the keys mapped, for the sink's status route."""
-        if self.sender is None:
+        sender = self.sender  # read once: ``finish`` may clear it on the view's thread meanwhile
+        if sender is None:
             return self._final
-        return {**self.sender.status(), "keys_mapped": len(self.keys.mapped) + self.keys.overflow}
+        return {**sender.status(), "keys_mapped": len(self.keys.mapped) + self.keys.overflow}
 
     # Values.
 
@@ -253,6 +254,13 @@ class MlflowBackend(LoggerBackend):
                 self.sender.changed(path, ARTIFACT_DIR)
         if status:
             self._write_json("status.json", status)
+
+    def finishing(self) -> None:
+        if self.sender is not None:
+            if self._pending:
+                self.sender.put(self._pending)
+                self._pending = []
+            self.sender.begin_close(self.finish_timeout)
 
     def finish(self) -> None:
         if self.sender is None:

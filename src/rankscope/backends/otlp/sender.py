@@ -5,10 +5,12 @@ The view appends one request per step (``put``) and returns. The thread sends th
 one attempt of at most ``timeout`` seconds each, over gRPC or HTTP (``Transport``). A Collector
 that does not answer (or answers UNAVAILABLE, 429, 503...) is tried again after a backoff (0.5 s
 doubling to ``max_backoff``, jittered), the request kept: nothing is lost while the buffer has
-room. A full buffer drops its oldest step for the new one; a request refused for good (a bad
-request) and the points a ``partial_success`` names are dropped too. Each is counted and said
-once in the log; ``status`` says all of it to the sink's status route. ``close`` sends what it
-can within a deadline; what is left then is dropped, counted and said.
+room. A full buffer drops its oldest step for the new one (``dropped_steps``, ``dropped_points``);
+a request refused for good (a bad request) and the points a ``partial_success`` names are
+counted as refused (``refused_points``). Each is said once in the log; ``status`` says all of it
+to the sink's status route. ``begin_close`` sets a deadline that every attempt and backoff ends
+by (so several views drain at once); ``close`` waits for it, and what is left then is dropped,
+counted and said.
 """
 
 from __future__ import annotations
@@ -56,24 +58,24 @@ class Transport:
             self._channel = grpc.insecure_channel(target, options=(("grpc.max_reconnect_backoff_ms", 1000),))
             self._call = self._channel.unary_unary(_METHOD)
 
-    def send(self, payload: bytes) -> tuple[int, str]:
-        answer = self._grpc(payload) if self._call is not None else self._http(payload)
+    def send(self, payload: bytes, timeout: float) -> tuple[int, str]:
+        answer = self._grpc(payload, timeout) if self._call is not None else self._http(payload, timeout)
         try:
             partial = ExportMetricsServiceResponse.FromString(answer).partial_success
         except Exception:
             return 0, ""
         return int(partial.rejected_data_points), " ".join(partial.error_message.split())[:300]
 
-    def _grpc(self, payload: bytes) -> bytes:
+    def _grpc(self, payload: bytes, timeout: float) -> bytes:
         try:
-            answer = self._call(payload, timeout=self.timeout)
+            answer = self._call(payload, timeout=timeout)
         except grpc.RpcError as exc:
             code = exc.code()
             why = f"{getattr(code, 'name', code)}: {' '.join(str(exc.details()).split())[:200]}"
             raise (UnreachableError if code in _RETRY_GRPC else RefusedError)(why) from None
         return answer if isinstance(answer, bytes) else b""
 
-    def _http(self, payload: bytes) -> bytes:
+    def _http(self, payload: bytes, timeout: float) -> bytes:
         request = urllib.request.Request(
             self.endpoint + "/v1/metrics",
             data=payload,
@@ -81,7 +83,7 @@ class Transport:
             method="POST",
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # http or https: the view checked
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # http or https: the view checked
                 return bytes(response.read(1 << 20))
         except urllib.error.HTTPError as exc:
             why = f"HTTP {exc.code} {exc.reason}"
@@ -96,6 +98,8 @@ class Transport:
 
 class Sender:
     def __init__(self, transport: Transport, *, name: str, max_buffered: int, max_backoff: float) -> None:
+        if max_buffered < 2:  # one for the step being sent, one for the newest
+            raise ValueError("the otlp view's max_buffered must be >= 2")
         self._transport = transport
         self.name = name
         """Whose sender (the experiment and run), for the log."""
@@ -113,6 +117,7 @@ class Sender:
         self.dropped_steps = 0
         self.refused_points = 0
         self.down_since: float | None = None
+        self._dropped_before_down = 0
         self.last_error: str | None = None
         self._said: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="rankscope-otlp-view", daemon=True)
@@ -157,13 +162,20 @@ class Sender:
             "last_error": self.last_error,
         }
 
-    def close(self, timeout: float) -> None:
-        """Send what is buffered within ``timeout`` seconds and stop; what is left is dropped, counted and said."""
+    def begin_close(self, timeout: float) -> None:
+        """Take nothing more, and send what is buffered within ``timeout`` seconds from now (the
+        first call sets the deadline): several views' senders drain at once, then ``close``."""
         with self._cond:
-            self._closing = True
-            self._deadline = time.monotonic() + timeout
+            if not self._closing:
+                self._closing = True
+                self._deadline = time.monotonic() + timeout
             self._cond.notify()
-        self._thread.join(timeout + 1.0)
+
+    def close(self, timeout: float) -> None:
+        """``begin_close``, then wait for the thread (every attempt ends by the deadline); what is
+        left is dropped, counted and said."""
+        self.begin_close(timeout)
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)
         with self._cond:
             steps, left = len(self._queue), sum(points for _, points in self._queue)
             self._queue.clear()
@@ -190,8 +202,9 @@ class Sender:
                     return
                 payload, points = self._queue[0]
                 self._sending = True
+                timeout = min(self._transport.timeout, max(0.001, self._deadline - time.monotonic()))
             try:
-                rejected, why = self._transport.send(payload)
+                rejected, why = self._transport.send(payload, timeout)
             except UnreachableError as exc:
                 with self._cond:
                     self._sending = False
@@ -209,10 +222,12 @@ class Sender:
                 self._sleep(1.0)
                 continue
             with self._cond:
-                self._queue.popleft()
+                if self._queue and self._queue[0][0] is payload:  # close() may have counted it already
+                    self._queue.popleft()
                 self._sending = False
             failures = 0
             self._up()
+            rejected = min(max(rejected, 0), points)
             self.sent_points += points - rejected
             if rejected:
                 self.refused_points += rejected
@@ -220,15 +235,17 @@ class Sender:
                 self._say_once("refused", "has points refused by %s: %s", self._transport.endpoint, why)
 
     def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or until the deadline (``begin_close`` may set it meanwhile)."""
+        end = time.monotonic() + seconds
         with self._cond:
-            end = min(time.monotonic() + seconds, self._deadline)
-            while (left := end - time.monotonic()) > 0:
+            while (left := min(end, self._deadline) - time.monotonic()) > 0:
                 self._cond.wait(left)
 
     def _down(self, why: str) -> None:
         self.last_error = why
         if self.down_since is None:
             self.down_since = time.time()
+            self._dropped_before_down = self.dropped_points
             log.warning(
                 "rankscope: %s does not answer (%s): the otlp view of %s keeps up to %d steps and retries",
                 self._transport.endpoint,
@@ -244,6 +261,6 @@ class Sender:
                 self._transport.endpoint,
                 time.time() - self.down_since,
                 self.name,
-                self.dropped_points,
+                self.dropped_points - self._dropped_before_down,
             )
             self.down_since = None

@@ -60,6 +60,8 @@ class OtlpBackend(LoggerBackend):
         self._roles: dict[str, str] = {}
         """Key -> the roles (comma-separated) whose processes recorded it; "" for none found."""
         self._late_updates = 0
+        self._last_ms = 0
+        """The last sample's time (ms): each step's is later, as Prometheus keeps one sample a millisecond."""
         self._final: dict[str, Any] | None = None
 
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
@@ -83,11 +85,14 @@ class OtlpBackend(LoggerBackend):
         if any(m.key not in self._roles for m in metrics):
             self._learn_roles(metrics, kwargs.get("per_process") or {})
         seconds = kwargs.get("step_seconds")
+        closed = kwargs.get("finalized_at")
+        when_ms = int((closed if isinstance(closed, (int, float)) else time.time()) * 1000)
+        self._last_ms = when_ms = max(when_ms, self._last_ms + 1)  # Prometheus: one sample per ms
         payload, points = self._gauges.request(
             global_step,
             ((m.key, float(m.value)) for m in metrics),
             self._roles,
-            time.time_ns(),
+            when_ms * 1_000_000,
             float(seconds) if isinstance(seconds, (int, float)) else None,
         )
         self.sender.put(payload, points)
@@ -110,14 +115,20 @@ class OtlpBackend(LoggerBackend):
             self._roles[key] = ",".join(sorted(found.get(key, ())))
 
     def health(self) -> dict[str, Any] | None:
-        """The sender's counts, for the sink's status route."""
-        if self.sender is None:
+        """The sender's counts, for the sink's status route (another thread: ``finish`` may run)."""
+        sender = self.sender
+        if sender is None:
             return self._final
-        return {**self.sender.status(), "late_updates": self._late_updates}
+        return {**sender.status(), "late_updates": self._late_updates}
+
+    def finishing(self) -> None:
+        if self.sender is not None:
+            self.sender.begin_close(self.finish_timeout)
 
     def finish(self) -> None:
-        if self.sender is None:
+        sender = self.sender
+        if sender is None:
             return
-        self.sender.close(self.finish_timeout)
-        self._final = self.health()
+        sender.close(self.finish_timeout)
+        self._final = {**sender.status(), "late_updates": self._late_updates}
         self.sender = None

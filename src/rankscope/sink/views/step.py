@@ -6,6 +6,7 @@ writes it; it lives here, with the views, so the views import nothing of the boo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,8 @@ class StepView:
         spans: list[Any] | None = None,
     ) -> None:
         self.experiment, self.step, self.missing, self.late = experiment, step, missing, late
+        self.finalized_at = time.time()
+        """When the sink finalized it (Unix seconds; a step replayed after a restart: when replayed)."""
         self.away = 0
         """How many of ``missing`` (its last) were named at an earlier step: counted, not warned of again."""
         self.heat = heat or {}

@@ -136,7 +136,10 @@ class ViewSet:
             log.debug("rankscope sink: views of %s%s opened: %s", self.experiment[:256], run, where or "no view is on")
 
     def _finish_views(self) -> None:
-        for view in self.views:
+        live = [view for view in self.views if not view.disabled]
+        for view in live:  # the views that drain from threads of their own start at once
+            self._calls.call(view, view.backend.finishing)
+        for view in live:
             if not view.disabled:
                 self._calls.call(view, view.backend.finish)
 

@@ -132,6 +132,7 @@ class Writes:
                     missing=view.missing,
                     phase_times=view.phase_times,
                     step_seconds=view.duration,
+                    finalized_at=view.finalized_at,
                     spans=lambda: [span.row() for span in view.spans],
                 )
                 and not view.late
