@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..draining import Draining
 from .batches import Batch, Entry, MetricPoint, take
 from .rest import RefusedError, Rest, UnreachableError
 from .runs import MlflowRuns
@@ -41,7 +42,7 @@ Upload = Callable[[str, str, str], None]
 """(run id, local file, artifact directory): upload one file as an artifact of the run."""
 
 
-class Sender:
+class Sender(Draining):
     def __init__(
         self,
         rest: Rest,
@@ -53,11 +54,11 @@ class Sender:
         max_backoff: float = 30.0,
         artifact_seconds: float = 30.0,
     ) -> None:
+        where, holds = f"MLflow at {rest.uri}", f"{max_buffered} entries"
+        super().__init__(view="mlflow", name=name, where=where, holds=holds, dropped=lambda: self.dropped)
         self._rest = rest
         self.runs = runs
         self._upload = upload
-        self.name = name
-        """Whose sender (the experiment and run), for the log."""
         self.max_buffered = max_buffered
         self.max_backoff = max_backoff
         self.artifact_seconds = artifact_seconds
@@ -69,16 +70,11 @@ class Sender:
         """The request being sent (taken off the buffers), until the server took or refused it."""
         self._files: dict[str, str] = {}
         """Local file → artifact directory: changed since uploaded."""
-        self._cond = threading.Condition()
-        self._closing = False
-        self._deadline = float("inf")
         self._next_upload = 0.0
         self.sent_points = 0
         self.dropped = 0
         self.dropped_points = 0
         self.refused = 0
-        self.down_since: float | None = None
-        self.last_error: str | None = None
         self._said_drop = False
         self._thread = threading.Thread(target=self._loop, name="rankscope-mlflow", daemon=True)
         self._thread.start()
@@ -134,20 +130,11 @@ class Sender:
             "last_error": self.last_error,
         }
 
-    def begin_close(self, timeout: float) -> None:
-        """Take nothing more, and send what is buffered within ``timeout`` seconds from now (the
-        first call sets the deadline): several views' senders drain at once, then ``close``."""
-        with self._cond:
-            if not self._closing:
-                self._closing = True
-                self._deadline = time.monotonic() + timeout
-            self._cond.notify()
-
     def close(self, timeout: float) -> None:
         """``begin_close``, then send what is buffered and the changed files by its deadline, mark
         the runs finished, and stop; what is left is dropped, counted and said."""
         self.begin_close(timeout)
-        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)
+        self.wait_closed(self._thread)
         with self._cond:
             left = [*self._meta, *self._queue]
             self._queue.clear()
@@ -191,16 +178,16 @@ class Sender:
                     return
             except UnreachableError as exc:
                 failures += 1
-                self._down(str(exc))
-                self._sleep(min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2))
+                self.down(str(exc))
+                self.sleep(min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2))
                 continue
             except Exception as exc:  # a bug must not end the thread: the buffer would only fill
                 self.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
                 log.warning("rankscope: the mlflow view of %s: %s", self.name, self.last_error)
-                self._sleep(1.0)
+                self.sleep(1.0)
                 continue
             failures = 0
-            self._up()
+            self.up("entries")
 
     def _pending(self) -> bool:
         return bool(self._inflight or self._meta or self._queue)
@@ -221,13 +208,6 @@ class Sender:
 
     def _files_due(self) -> bool:
         return bool(self._files) and time.monotonic() >= self._next_upload
-
-    def _sleep(self, seconds: float) -> None:
-        """Wait ``seconds``, or until the deadline (``begin_close`` may set it meanwhile)."""
-        end = time.monotonic() + seconds
-        with self._cond:
-            while (left := min(end, self._deadline) - time.monotonic()) > 0:
-                self._cond.wait(left)
 
     def _send(self, batch: Batch) -> None:
         run_id = self.runs.ensure(batch.target)
@@ -269,28 +249,3 @@ class Sender:
                     for rest_path, rest_dir in list(files.items())[i:]:
                         self._files.setdefault(rest_path, rest_dir)
                 raise
-
-    def _down(self, why: str) -> None:
-        self.last_error = why
-        if self.down_since is None:
-            self.down_since = time.time()
-            log.warning(
-                "rankscope: MLflow at %s does not answer (%s): the mlflow view of %s keeps up to %d entries "
-                "and retries",
-                self._rest.uri,
-                why[:200],
-                self.name,
-                self.max_buffered,
-            )
-
-    def _up(self) -> None:
-        if self.down_since is not None:
-            log.warning(
-                "rankscope: MLflow at %s answers again after %.0f s (the mlflow view of %s dropped %d "
-                "entries meanwhile)",
-                self._rest.uri,
-                time.time() - self.down_since,
-                self.name,
-                self.dropped,
-            )
-            self.down_since = None

@@ -27,6 +27,8 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
+from ..draining import Draining
+
 log = logging.getLogger("rankscope")
 
 _METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
@@ -96,29 +98,25 @@ class Transport:
             self._channel.close()
 
 
-class Sender:
+class Sender(Draining):
     def __init__(self, transport: Transport, *, name: str, max_buffered: int, max_backoff: float) -> None:
         if max_buffered < 2:  # one for the step being sent, one for the newest
             raise ValueError("the otlp view's max_buffered must be >= 2")
+        holds = f"{max_buffered} steps"
+        super().__init__(
+            view="otlp", name=name, where=transport.endpoint, holds=holds, dropped=lambda: self.dropped_points
+        )
         self._transport = transport
-        self.name = name
-        """Whose sender (the experiment and run), for the log."""
         self.max_buffered = max_buffered
         self.max_backoff = max_backoff
         self._queue: deque[tuple[bytes, int]] = deque()
         """(request, points), oldest first."""
-        self._cond = threading.Condition()
-        self._closing = False
         self._sending = False
         """The head of the queue is being sent (a full buffer drops the next one instead)."""
-        self._deadline = float("inf")
         self.sent_points = 0
         self.dropped_points = 0
         self.dropped_steps = 0
         self.refused_points = 0
-        self.down_since: float | None = None
-        self._dropped_before_down = 0
-        self.last_error: str | None = None
         self._said: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="rankscope-otlp-view", daemon=True)
         self._thread.start()
@@ -162,20 +160,11 @@ class Sender:
             "last_error": self.last_error,
         }
 
-    def begin_close(self, timeout: float) -> None:
-        """Take nothing more, and send what is buffered within ``timeout`` seconds from now (the
-        first call sets the deadline): several views' senders drain at once, then ``close``."""
-        with self._cond:
-            if not self._closing:
-                self._closing = True
-                self._deadline = time.monotonic() + timeout
-            self._cond.notify()
-
     def close(self, timeout: float) -> None:
         """``begin_close``, then wait for the thread (every attempt ends by the deadline); what is
         left is dropped, counted and said."""
         self.begin_close(timeout)
-        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)
+        self.wait_closed(self._thread)
         with self._cond:
             steps, left = len(self._queue), sum(points for _, points in self._queue)
             self._queue.clear()
@@ -209,8 +198,8 @@ class Sender:
                 with self._cond:
                     self._sending = False
                 failures += 1
-                self._down(str(exc))
-                self._sleep(min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2))
+                self.down(str(exc))
+                self.sleep(min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2))
                 continue
             except RefusedError as exc:
                 rejected, why = points, str(exc)
@@ -219,48 +208,17 @@ class Sender:
                     self._sending = False
                 self.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
                 self._say_once("bug", "failed: %s", self.last_error)
-                self._sleep(1.0)
+                self.sleep(1.0)
                 continue
             with self._cond:
                 if self._queue and self._queue[0][0] is payload:  # close() may have counted it already
                     self._queue.popleft()
                 self._sending = False
             failures = 0
-            self._up()
+            self.up("points")
             rejected = min(max(rejected, 0), points)
             self.sent_points += points - rejected
             if rejected:
                 self.refused_points += rejected
                 self.last_error = why
                 self._say_once("refused", "has points refused by %s: %s", self._transport.endpoint, why)
-
-    def _sleep(self, seconds: float) -> None:
-        """Wait ``seconds``, or until the deadline (``begin_close`` may set it meanwhile)."""
-        end = time.monotonic() + seconds
-        with self._cond:
-            while (left := min(end, self._deadline) - time.monotonic()) > 0:
-                self._cond.wait(left)
-
-    def _down(self, why: str) -> None:
-        self.last_error = why
-        if self.down_since is None:
-            self.down_since = time.time()
-            self._dropped_before_down = self.dropped_points
-            log.warning(
-                "rankscope: %s does not answer (%s): the otlp view of %s keeps up to %d steps and retries",
-                self._transport.endpoint,
-                why[:200],
-                self.name,
-                self.max_buffered,
-            )
-
-    def _up(self) -> None:
-        if self.down_since is not None:
-            log.warning(
-                "rankscope: %s answers again after %.0f s (the otlp view of %s dropped %d points meanwhile)",
-                self._transport.endpoint,
-                time.time() - self.down_since,
-                self.name,
-                self.dropped_points - self._dropped_before_down,
-            )
-            self.down_since = None
