@@ -121,6 +121,10 @@ CORRECTIONS = "rankscope/corrections"  # W&B run summary: the late updates logge
 REWOUND_TO = "rankscope/rewound_to"  # on a rewound run's first row again: the step it went back to
 LOG_ROWS_DROPPED = "rankscope/log_rows_dropped"  # log rows beyond max_log_rows, not in the logs Table
 
+# Tags the MLflow view sets on the runs it makes (backends/mlflow/runs.py), beside the ids above.
+MLFLOW_PROCESS_TAG = "rankscope.process"  # a child run's process label
+MLFLOW_VIEW_TAG = "rankscope.view"  # "global" (the run) or "process" (a child run)
+
 INSTRUMENTATION_SCOPE = "rankscope"
 
 

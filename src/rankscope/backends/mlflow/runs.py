@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ...core import names as attr
 from .rest import RefusedError, Rest
 
 MAX_EXPERIMENT_NAME = 500
@@ -27,8 +28,8 @@ _MAKING: dict[tuple[str, str, str], threading.Lock] = {}
 """(server, experiment, run) -> the lock its views of this process make the run under: the
 global and the per-process view of one run, in one sink, find the one made first."""
 _MAKING_LOCK = threading.Lock()
-PROCESS_TAG = "rankscope.process"
-VIEW_TAG = "rankscope.view"
+PROCESS_TAG = attr.MLFLOW_PROCESS_TAG
+VIEW_TAG = attr.MLFLOW_VIEW_TAG
 PARENT_TAG = "mlflow.parentRunId"
 
 
@@ -130,7 +131,7 @@ class MlflowRuns:
         Of several (two views of one sink, or two sinks, made it at once), the first made (by start
         time, then id): each view that made one settles on it, and deletes its own."""
         clauses = []
-        for key, value in {"rankscope.experiment.id": self.experiment, "rankscope.run.id": self.run, **marks}.items():
+        for key, value in {attr.EXPERIMENT_ID: self.experiment, attr.RUN_ID: self.run, **marks}.items():
             if not value:  # data without a run id: the experiment's one run
                 continue
             quoted = _quoted(value)

@@ -21,7 +21,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
 from ..._version import __version__
 from ...core import names as attr
 
-PREFIX = "rankscope."
+PREFIX = attr.NAMESPACE
 STEP = PREFIX + "step"
 STEP_SECONDS = PREFIX + "step_seconds"
 
