@@ -216,7 +216,9 @@ def read_global(
                 written.pop(step, None)
         elif row.get("kind") == "global_reduce":
             global_view[row["step"]][row["key"]] = row["value"]
-            if row["key"] == "samples":
+            # Counted by the sink's own key, in every row it writes: a step first written without
+            # some of its keys (they came late, on a loaded box) and corrected later is written once.
+            if row["key"] == "rankscope/missing_processes":
                 written[row["step"]] += 0 if row.get("late") else 1
                 if row.get("late"):
                     late.add(row["step"])
