@@ -4,6 +4,7 @@ Gantt and a report; the framework examples' every key (``RANKSCOPE_CONSOLE=full`
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -81,8 +82,9 @@ def test_trl_example_under_torchrun() -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "examples/trl_grpo.py"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=450, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    for step in (1, 2, 3):
-        view = result.stdout.split(f"=== [GlobalReduce] - METRICS STEP {step} ===", 1)[1].split("=== [", 1)[0]
+    for step in (1, 2, 3):  # the step's last block: its late update's (the corrected total), if any
+        view = re.split(rf"=== \[GlobalReduce\] - METRICS STEP {step}(?: \(late update\))? ===", result.stdout)[-1]
+        view = view.split("=== [", 1)[0]
         assert "\nreward: " in view and "grpo/generate/total_duration_avg_s" in view
         assert f"--- sample table grpo/completions step {step}: 4 rows ---" in view
         rewards = [float(line.split("reward=")[1].split(",")[0]) for line in view.splitlines() if "reward=" in line]
@@ -106,8 +108,9 @@ def test_torchtitan_example_under_torchrun() -> None:
         [*cmd, "examples/torchtitan_metrics.py"], cwd=ROOT, capture_output=True, text=True, timeout=450, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    for step in (1, 2, 3):
-        view = result.stdout.split(f"=== [GlobalReduce] - METRICS STEP {step} ===", 1)[1].split("=== [", 1)[0]
+    for step in (1, 2, 3):  # the step's last block: its late update's (the corrected total), if any
+        view = re.split(rf"=== \[GlobalReduce\] - METRICS STEP {step}(?: \(late update\))? ===", result.stdout)[-1]
+        view = view.split("=== [", 1)[0]
         assert "\nloss_metrics/global_avg_loss: " in view and "\nthroughput_tps: " in view
         assert "fwd_bwd/total_duration_avg_s" in view and "\nlocal_valid_tokens: 96.0" in view
 
@@ -124,8 +127,9 @@ def test_verl_example_under_rankscope_run() -> None:
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "val-core/toy/reward/mean_at4: 0.12" in result.stdout.split("=== [GlobalReduce] - METRICS STEP 0 ===")[1]
-    for step in (1, 2, 3):
-        view = result.stdout.split(f"=== [GlobalReduce] - METRICS STEP {step} ===", 1)[1].split("=== [", 1)[0]
+    for step in (1, 2, 3):  # the step's last block: its late update's (the corrected total), if any
+        view = re.split(rf"=== \[GlobalReduce\] - METRICS STEP {step}(?: \(late update\))? ===", result.stdout)[-1]
+        view = view.split("=== [", 1)[0]
         assert "\nactor/pg_loss: " in view and "\nactor/update_actor/total_duration_avg_s: " in view
         assert "\nref/compute_ref_log_prob/total_duration_max_s/argmax_rank: " in view and "(actor+ref_r" in view
         assert "\ncritic/update_critic/total_duration_avg_s: " in view
