@@ -1,7 +1,7 @@
-"""``benchmarks/bench_views.py`` and ``benchmarks/bench_view_install.py`` short: every arm runs
-(each view made, fed and finished in its child, nothing it was handed lost; each package
-installed in a fresh venv) and the report's lines are there. The figures of so short a run mean
-nothing."""
+"""``benchmarks/bench_views.py`` short: every arm runs (each view made, fed and finished in its
+child, nothing it was handed lost) and the report's lines are there. The figures of so short a run
+mean nothing. (``bench_view_install.py`` installs from PyPI into fresh venvs: it is run by hand,
+not in CI, whose suite is kept near 40 minutes and off the network.)"""
 
 from __future__ import annotations
 
@@ -23,13 +23,3 @@ def test_the_views_benchmark_runs_each_view_and_reports_its_cost_per_step() -> N
     for view in ("none", "jsonl", "console", "tensorboard", "mlflow"):  # mlflow: a real server, started by it
         assert re.search(rf"^{view} +\d+ µs \(\d+-\d+\)  ratio to jsonl \d+\.\d\dx$", done.stdout, re.M), done.stdout
     assert "not measured" not in done.stdout
-
-
-@pytest.mark.timeout(600)
-def test_the_install_benchmark_installs_each_package_in_a_fresh_venv() -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "bench_view_install.py"), "--rounds", "1"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=580)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    sizes = re.findall(r"(\d+) packages, (\d+) MB", done.stdout)
-    assert len(sizes) == 2 and all(int(n) > 5 and int(mb) > 10 for n, mb in sizes), done.stdout
-    assert re.search(r"ratio mlflow extra / wandb: \d+\.\d\dx", done.stdout), done.stdout
