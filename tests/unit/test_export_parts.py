@@ -387,3 +387,5 @@ def test_a_taken_requests_partial_success_is_read_and_a_bad_answer_is_taken_as_s
     assert taken("metrics", b"") is SENT and taken("metrics", None) is SENT
     assert taken("spans", b"\xff\xfe not protobuf") is SENT  # the request was taken; its answer unreadable
     assert taken("logs", ExportMetricsServiceResponse().SerializeToString()) is SENT
+    answer.partial_success.error_message = "quota\x1b[2J\x07 full"  # a terminal escape from the wire
+    assert taken("metrics", answer.SerializeToString()).detail == "quota [2J full"

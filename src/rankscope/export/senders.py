@@ -110,7 +110,9 @@ def taken(signal: Signal, body: bytes | None) -> Attempt:
     rejected = int(getattr(partial, field_name))
     if rejected <= 0:
         return SENT
-    reason = " ".join(partial.error_message.split())[:300] or "no reason given"
+    # The endpoint's words reach a terminal: printable characters only (no escape sequences).
+    said = "".join(c if c.isprintable() else " " for c in partial.error_message[:1000])
+    reason = " ".join(said.split())[:300] or "no reason given"
     return Attempt(True, detail=reason, rejected=rejected)
 
 

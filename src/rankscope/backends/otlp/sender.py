@@ -66,7 +66,8 @@ class Transport:
             partial = ExportMetricsServiceResponse.FromString(answer).partial_success
         except Exception:
             return 0, ""
-        return int(partial.rejected_data_points), " ".join(partial.error_message.split())[:300]
+        said = "".join(c if c.isprintable() else " " for c in partial.error_message[:1000])  # no escapes to the log
+        return int(partial.rejected_data_points), " ".join(said.split())[:300]
 
     def _grpc(self, payload: bytes, timeout: float) -> bytes:
         try:
