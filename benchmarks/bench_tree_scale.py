@@ -13,7 +13,8 @@ OTLP requests encoded beforehand by rankscope's own encoder), at a scale this bo
 2. at every step: each key's SUM/MEAN/MAX/MIN/STD and the rank holding each MAX (MIN) key's
    extreme (the view's ``{key}/argmax_rank``, ``argmin_rank``) equal to values computed here from
    the formula that generated the requests, not from any sink; ``rankscope/missing_processes``
-   0; the sink's roster counts every rank. Measured over the steps after ``--warmup``: CPU seconds
+   0; the sink's roster counts every rank (``ranks`` in its status: through the tree they close
+   steps in merged rank sets, not as processes of their own). Measured over the steps after ``--warmup``: CPU seconds
    per step and peak RSS of the agents, the gateway, the sink and the sender (the load generator,
    standing in for the ranks).
 3. the direct-to-sink limit (``--sweep``): the same kind of requests straight to one sink at
@@ -292,8 +293,8 @@ def check(run: Measured, show: bool) -> list[str]:
                 f"    step {step}: {run.keys} keys' sum/mean/max/min/std and {holders} extremes' ranks {verdict}; "
                 f"missing_processes {missing}; view {run.latency(step):.2f} s after the last request's ack"
             )
-    if run.status.get("processes") != run.ranks:
-        failures.append(f"{run.name}: the sink's roster has {run.status.get('processes')} processes, sent {run.ranks}")
+    if run.status.get("ranks") != run.ranks:
+        failures.append(f"{run.name}: the sink's roster has {run.status.get('ranks')} ranks, sent {run.ranks}")
     return failures
 
 
@@ -321,8 +322,9 @@ def tree(otelcol: str, args: argparse.Namespace, tmp: Path) -> tuple[Measured, l
         f"{run.request_bytes:,} bytes per request"
     )
     print(
-        f"    sink: {run.status.get('processes'):,} processes in the roster, {run.status.get('merge_upstreams')} merge "
-        f"upstreams, {run.status.get('points', 0) / args.steps:,.0f} points/step received"
+        f"    sink: {run.status.get('ranks'):,} ranks in the roster ({run.status.get('processes'):,} processes of "
+        f"their own), {run.status.get('merge_upstreams')} merge upstreams, "
+        f"{run.status.get('points', 0) / args.steps:,.0f} points/step received"
     )
     latencies = [run.latency(s) for s in range(args.steps) if s in run.rows]
     print(f"    step view after the last ack: max {max(latencies, default=math.nan):.2f} s; period {args.period:g} s")

@@ -183,8 +183,8 @@ func (p *mergeProcessor) remember(id string) {
 }
 
 // upstreamWindow is the identity of one group of a window merged upstream (instance, window
-// number, experiment, run, attempt: a window holds one resource per experiment, run and attempt), or ""
-// for a resource that is not one.
+// number, experiment, run, attempt and part: a window holds per experiment, run and attempt one
+// resource of states and one of rank sets), or "" for a resource that is not one.
 func upstreamWindow(res pcommon.Map) string {
 	merged, ok := res.Get(attrMerged)
 	if !ok || merged.Type() != pcommon.ValueTypeBool || !merged.Bool() {
@@ -195,7 +195,7 @@ func upstreamWindow(res pcommon.Map) string {
 	if !ok || !ok2 || instance.Type() != pcommon.ValueTypeStr || number.Type() != pcommon.ValueTypeInt {
 		return ""
 	}
-	experiment, run, attempt := "", "", ""
+	experiment, run, attempt, part := "", "", "", ""
 	if v, ok := res.Get(attrExperiment); ok {
 		experiment = v.AsString()
 	}
@@ -205,7 +205,10 @@ func upstreamWindow(res pcommon.Map) string {
 	if v, ok := res.Get(attrAttempt); ok {
 		attempt = v.AsString()
 	}
-	return fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s", instance.Str(), number.Int(), experiment, run, attempt)
+	if v, ok := res.Get(attrMergePart); ok { // a window's rank sets travel beside its states
+		part = v.AsString()
+	}
+	return fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s\x00%s", instance.Str(), number.Int(), experiment, run, attempt, part)
 }
 
 // -- the window ------------------------------------------------------------------------
@@ -226,6 +229,7 @@ type stateKey struct {
 
 type group struct {
 	states map[stateKey]*state
+	ranks  map[rankGroup]*rankSet // the flush markers merged (markers.go)
 }
 
 type window struct {
@@ -287,7 +291,9 @@ func (p *mergeProcessor) add(w *window, md pmetric.Metrics) (t tally) {
 		}
 		g, from, ok := p.groupOf(w, res)
 		if ok {
+			sets := len(g.ranks)
 			t.merged += p.takeStates(w, g, rm, &from) // one holder per resource: its states point to it
+			w.points += len(g.ranks) - sets
 		}
 		if points := countPoints(rm); points > 0 {
 			w.points += points
@@ -319,7 +325,7 @@ func (p *mergeProcessor) groupOf(w *window, res pcommon.Map) (*group, holder, bo
 	}
 	g := w.groups[key]
 	if g == nil {
-		g = &group{states: map[stateKey]*state{}}
+		g = &group{states: map[stateKey]*state{}, ranks: map[rankGroup]*rankSet{}}
 		w.groups[key] = g
 		w.order = append(w.order, key)
 	}
@@ -347,14 +353,23 @@ func label(res pcommon.Map, rank int64) string {
 	return b.String()
 }
 
-// takeStates removes from rm every point it merges into g, and says how many.
+// takeStates removes from rm every point it merges into g (states, and flush markers into rank
+// sets), and says how many.
 func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetrics, from *holder) int {
 	taken := 0
 	rm.ScopeMetrics().RemoveIf(func(sm pmetric.ScopeMetrics) bool {
 		sm.Metrics().RemoveIf(func(m pmetric.Metric) bool {
 			name := m.Name()
+			switch {
+			case name == metricFlush && !from.merged:
+				taken += takeMarkers(g, m, rm.Resource().Attributes())
+				return m.Sum().DataPoints().Len() == 0
+			case name == metricRanks && from.merged:
+				taken += takeRankSets(g, m)
+				return m.Sum().DataPoints().Len() == 0
+			}
 			if !cleanName(name) || strings.HasPrefix(name, "rankscope.") || (p.perRank != nil && p.perRank.MatchString(name)) {
-				return false // markers, goodbyes and per-rank keys travel unmerged
+				return false // goodbyes, markers not merged and per-rank keys travel unmerged
 			}
 			take := func(attrs pcommon.Map, decode func(reduceKind) (*state, bool)) bool {
 				ok := p.take(w, g, m, attrs, decode)
@@ -462,8 +477,9 @@ func pointCount(m pmetric.Metric) int {
 }
 
 // build is the window as one request: per (experiment, run, attempt), one resource holding its
-// merged states; then everything unmerged, in arrival order (so a process's flush marker
-// still follows its data).
+// merged states; then everything unmerged, in arrival order; then per (experiment, run,
+// attempt) one resource holding its rank sets (so a flush marker, merged or not, still follows
+// the data it closes).
 func (w *window) build(instance, host string, seq int64) pmetric.Metrics {
 	out := pmetric.NewMetrics()
 	for _, gk := range w.order {
@@ -472,26 +488,7 @@ func (w *window) build(instance, host string, seq int64) pmetric.Metrics {
 			continue
 		}
 		rm := out.ResourceMetrics().AppendEmpty()
-		res := rm.Resource().Attributes()
-		res.PutStr(attrExperiment, gk.experiment)
-		if gk.run != "" {
-			res.PutStr(attrRun, gk.run)
-		}
-		if gk.resume != "" {
-			res.PutStr(attrResume, gk.resume)
-		}
-		if gk.hasAttempt {
-			res.PutInt(attrAttempt, gk.attempt)
-		}
-		res.PutBool(attrMerged, true)
-		// The sink takes a request it has seen before as a client's retry; two windows that merged
-		// to the same states are not one, so each carries its number.
-		res.PutInt(attrWindow, seq)
-		res.PutStr(attrServiceName, "rankscope-merge")
-		res.PutStr(attrInstanceID, instance)
-		if host != "" {
-			res.PutStr(attrHostName, host)
-		}
+		mergedResource(rm.Resource().Attributes(), gk, instance, host, seq)
 		sm := rm.ScopeMetrics().AppendEmpty()
 		sm.Scope().SetName("rankscope.merge")
 		keys := make([]stateKey, 0, len(g.states))
@@ -518,5 +515,31 @@ func (w *window) build(instance, host string, seq int64) pmetric.Metrics {
 		}
 	}
 	w.unmerged.ResourceMetrics().MoveAndAppendTo(out.ResourceMetrics())
+	for _, gk := range w.order {
+		w.buildRanks(out, gk, w.groups[gk], instance, host, seq)
+	}
 	return out
+}
+
+// mergedResource writes the attributes of a window's resource for group gk.
+func mergedResource(res pcommon.Map, gk groupKey, instance, host string, seq int64) {
+	res.PutStr(attrExperiment, gk.experiment)
+	if gk.run != "" {
+		res.PutStr(attrRun, gk.run)
+	}
+	if gk.resume != "" {
+		res.PutStr(attrResume, gk.resume)
+	}
+	if gk.hasAttempt {
+		res.PutInt(attrAttempt, gk.attempt)
+	}
+	res.PutBool(attrMerged, true)
+	// The sink takes a request it has seen before as a client's retry; two windows that merged
+	// to the same states are not one, so each carries its number.
+	res.PutInt(attrWindow, seq)
+	res.PutStr(attrServiceName, "rankscope-merge")
+	res.PutStr(attrInstanceID, instance)
+	if host != "" {
+		res.PutStr(attrHostName, host)
+	}
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // The processor's counters, read from the Collector's own MeterProvider: an agent merges three
-// ranks' states and passes their markers, custom reduce types and foreign data on; a gateway
+// ranks' states and markers and passes their custom reduce types and foreign data on; a gateway
 // given the agent's window twice (an upstream queue's retry) merges it once and counts the copy.
 func TestCountersSayWhatWasMergedPassedAndDropped(t *testing.T) {
 	agentTel, gatewayTel := componenttest.NewTelemetry(), componenttest.NewTelemetry()
@@ -30,10 +30,11 @@ func TestCountersSayWhatWasMergedPassedAndDropped(t *testing.T) {
 	var mds []pmetric.Metrics
 	for rank := 0; rank < 3; rank++ {
 		md, ms := request(proc{"trainer", rank}, "exp")
+		md.ResourceMetrics().At(0).Resource().Attributes().PutInt(attrWorldSize, 3)
 		addMoments(ms, "loss", "mean", 0, []float64{1, 2}) // merged
 		addNumber(ms, "grad", "max", 0, float64(rank), 5)  // merged
 		addNumber(ms, "p50", "p50", 0, 1, 5)               // a custom reduce type: unmerged
-		addMarker(ms, 0)                                   // unmerged
+		addMarker(ms, 0)                                   // merged into the step's rank set
 		mds = append(mds, md)
 	}
 	consume(t, a, mds...)
@@ -44,8 +45,8 @@ func TestCountersSayWhatWasMergedPassedAndDropped(t *testing.T) {
 	if err := a.ConsumeMetrics(context.Background(), foreign); err != nil {
 		t.Fatal(err)
 	}
-	assertCounter(t, agentTel, metadatatest.AssertEqualProcessorRankscopemergeStatesMerged, 6)
-	assertCounter(t, agentTel, metadatatest.AssertEqualProcessorRankscopemergePointsUnmerged, 6)
+	assertCounter(t, agentTel, metadatatest.AssertEqualProcessorRankscopemergeStatesMerged, 9)
+	assertCounter(t, agentTel, metadatatest.AssertEqualProcessorRankscopemergePointsUnmerged, 3)
 	assertCounter(t, agentTel, metadatatest.AssertEqualProcessorRankscopemergePointsPassedThrough, 2)
 	if _, err := agentTel.GetMetric("otelcol_processor_rankscopemerge_windows_duplicate"); err == nil {
 		t.Fatal("the agent counted a duplicate window; it was sent none")
@@ -58,11 +59,12 @@ func TestCountersSayWhatWasMergedPassedAndDropped(t *testing.T) {
 		agent.AllMetrics()[0].CopyTo(copied)
 		consume(t, g, copied)
 	}
-	// The agent's merged resource holds two states (loss and grad at step 0): merged once. The
-	// three processes' unmerged points travel again with the copy, for the sink to judge.
-	assertCounter(t, gatewayTel, metadatatest.AssertEqualProcessorRankscopemergeStatesMerged, 2)
-	assertCounter(t, gatewayTel, metadatatest.AssertEqualProcessorRankscopemergeWindowsDuplicate, 1)
-	assertCounter(t, gatewayTel, metadatatest.AssertEqualProcessorRankscopemergePointsUnmerged, 12)
+	// The agent's merged resources hold two states (loss and grad at step 0) and a rank set:
+	// merged once, the copy's two resources counted as duplicates. The three processes'
+	// unmerged points travel again with the copy, for the sink to judge.
+	assertCounter(t, gatewayTel, metadatatest.AssertEqualProcessorRankscopemergeStatesMerged, 3)
+	assertCounter(t, gatewayTel, metadatatest.AssertEqualProcessorRankscopemergeWindowsDuplicate, 2)
+	assertCounter(t, gatewayTel, metadatatest.AssertEqualProcessorRankscopemergePointsUnmerged, 6)
 }
 
 func assertCounter(

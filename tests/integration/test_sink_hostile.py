@@ -349,7 +349,7 @@ def test_plain_otel_points_at_the_edges_of_the_rules_are_taken_or_refused_never_
 def test_a_made_up_world_size_costs_the_other_experiments_nothing(make_sink) -> None:
     """Processes declaring 10 million ranks each once made the roster list every empty rank slot
     on the finalizer every experiment shares (13.6 s and 2.6 GB for one). A run's groups now
-    declare at most ``max_processes`` slots in all; a rank in non-ASCII digits is refused (it would
+    declare at most ``max_rank_slots`` slots in all; a rank in non-ASCII digits is refused (it would
     parse as nothing), and so is a padded Resource (kept per process, logged with every step)."""
     sink = make_sink(book=BookConfig(grace=1.0))
     conn = Http(sink.http_port)

@@ -282,18 +282,18 @@ def test_a_replayed_record_opens_its_step_whatever_max_open_steps_says() -> None
     assert [values_of(view)["loss"] for view in replayed.ready(force=True)] == [1.0] * 6
 
 
-def test_a_runs_groups_declare_at_most_max_processes_rank_slots() -> None:
+def test_a_runs_groups_declare_at_most_max_slots_rank_slots() -> None:
     """``absent`` lists every empty rank slot on the finalizer all runs share: a made-up world size,
     or many groups each declaring a large one, would have it list millions."""
     from rankscope.sink.testing import Roster
 
-    roster = Roster(max_processes=100)
+    roster = Roster(max_processes=100, max_slots=100)
     first = roster.process_for(resource("a", world=10_000_000, **{attr.REPLICA: "0"}))
     second = roster.process_for(resource("b", world=10_000_000, **{attr.REPLICA: "1"}))
     same_group = roster.process_for(resource("c", rank=5, world=50, **{attr.REPLICA: "0"}))
     assert first is not None and second is not None and same_group is not None
     assert (first.world_size, second.world_size, same_group.world_size) == (100, 1, 50)
-    honest = Roster(max_processes=100)
+    honest = Roster(max_processes=100, max_slots=100)
     sizes = [
         honest.process_for(resource(f"r{i}", rank=i % 8, world=8, **{attr.REPLICA: str(i // 8)})) for i in range(32)
     ]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rankscope.core import names
 from rankscope.metrics.reduce import DISTRIBUTION_SCALE
+from rankscope.otlp.markers import MAX_SPANS, MAX_WORLD_SIZE
 from rankscope.otlp.metrics import MAX_BUCKETS, MAX_SCALE
 
 from ..conftest import ROOT
@@ -109,6 +110,10 @@ def test_every_wire_name_of_the_go_processor_is_the_python_packages() -> None:
         "attrMerged": names.MERGED,
         "attrWindow": names.MERGE_WINDOW,
         "attrInstanceID": names.SERVICE_INSTANCE_ID,
+        "attrWorldSize": names.WORLD_SIZE,
+        "attrRanks": names.RANKS,
+        "attrMergePart": names.MERGE_PART,
+        "attrFallback": names.ATTEMPT_FALLBACK,
     }
     assert {name: copied.get(name) for name in expected} == expected
 
@@ -118,3 +123,5 @@ def test_the_processors_numbers_are_the_encoders_and_the_sinks() -> None:
     assert int(go["distributionScale"]) == DISTRIBUTION_SCALE
     assert int(go["maxScale"]) == MAX_SCALE
     assert int(go["maxBuckets"]) == MAX_BUCKETS
+    assert (int(go["maxWorldSize"]), int(go["maxSpans"])) == (MAX_WORLD_SIZE, MAX_SPANS)
+    assert (go["metricFlush"], go["metricRanks"]) == (names.FLUSH_MARKER, names.FLUSH_RANKS)

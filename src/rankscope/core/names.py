@@ -51,9 +51,12 @@ SPREAD_HIGH_LABEL = "rankscope.spread.high.label"
 # resource is the merge, not a process; its contributors are named by their own flush markers.
 MERGED = "rankscope.merged"
 MERGE_WINDOW = "rankscope.merge.window"  # int, on such a resource: which window of its Collector it is
+MERGE_PART = "rankscope.merge.part"  # str, on such a resource: "ranks" for the window's merged flush markers
 
 # Metrics rankscope emits about itself.
 FLUSH_MARKER = "rankscope.flush"  # one point per flush: "this process closed step N" (value: keys)
+FLUSH_RANKS = "rankscope.flush.ranks"  # merged markers: "these ranks of one group closed step N" (value: ranks)
+RANKS = "rankscope.ranks"  # str, on a merged marker: the ranks as ascending ranges, "0-7,9,12-15"
 DROPPED_POINTS = "rankscope.dropped_points"  # points lost to a full queue or failed exports
 GOODBYE = "rankscope.goodbye"  # sent once at shutdown: "stop waiting for my steps"
 EXIT_ERROR = "rankscope.exit.error"  # on the goodbye of a process that an exception ended: "Type: message"

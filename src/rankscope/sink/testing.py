@@ -37,7 +37,16 @@ from .config import RunLimits
 from .durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
 from .durable.kept import KeptFile
 from .durable.retired import RetiredStore
-from .durable.wal import HEADER, JOURNAL, ExperimentLog, StateDirBusyError, WriteAheadLog, atomic_write, encode_record
+from .durable.wal import (
+    HEADER,
+    JOURNAL,
+    ExperimentLog,
+    StateDirBusyError,
+    WriteAheadLog,
+    atomic_write,
+    decode_record,
+    encode_record,
+)
 from .edge.auth import Keys, authorized, load_tokens
 from .edge.backlog import Backlog
 from .edge.bodies import decode_body, hex_ids_to_base64
@@ -150,6 +159,7 @@ __all__ = [
     "check_span",
     "decode_body",
     "discover",
+    "decode_record",
     "encode_record",
     "error_response",
     "hex_ids_to_base64",

@@ -69,13 +69,13 @@ func NewTelemetryBuilder(settings component.TelemetrySettings, options ...Teleme
 	errs = errors.Join(errs, err)
 	builder.ProcessorRankscopemergePointsUnmerged, err = builder.meter.Int64Counter(
 		"otelcol_processor_rankscopemerge_points_unmerged",
-		metric.WithDescription("rankscope points forwarded as they came in a merge window (flush markers, goodbyes, per-rank keys, points without a step, custom reduce types) [Development]"),
+		metric.WithDescription("rankscope points forwarded unmerged in a merge window (goodbyes, per-rank keys, points without a step, reduce types it does not merge, flush markers it cannot put in a rank set) [Development]"),
 		metric.WithUnit("{datapoint}"),
 	)
 	errs = errors.Join(errs, err)
 	builder.ProcessorRankscopemergeStatesMerged, err = builder.meter.Int64Counter(
 		"otelcol_processor_rankscopemerge_states_merged",
-		metric.WithDescription("rankscope reduce states taken into a merge window (a window forwards one state per experiment, run, attempt, step and key) [Development]"),
+		metric.WithDescription("rankscope reduce states and flush markers merged into a window (a window forwards one state per experiment, run, attempt, step and key, and one rank set per role, replica and step) [Development]"),
 		metric.WithUnit("{state}"),
 	)
 	errs = errors.Join(errs, err)

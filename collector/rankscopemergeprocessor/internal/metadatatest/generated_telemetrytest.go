@@ -40,7 +40,7 @@ func AssertEqualProcessorRankscopemergePointsPassedThrough(t *testing.T, tt *com
 func AssertEqualProcessorRankscopemergePointsUnmerged(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_rankscopemerge_points_unmerged",
-		Description: "rankscope points forwarded as they came in a merge window (flush markers, goodbyes, per-rank keys, points without a step, custom reduce types) [Development]",
+		Description: "rankscope points forwarded unmerged in a merge window (goodbyes, per-rank keys, points without a step, reduce types it does not merge, flush markers it cannot put in a rank set) [Development]",
 		Unit:        "{datapoint}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,
@@ -56,7 +56,7 @@ func AssertEqualProcessorRankscopemergePointsUnmerged(t *testing.T, tt *componen
 func AssertEqualProcessorRankscopemergeStatesMerged(t *testing.T, tt *componenttest.Telemetry, dps []metricdata.DataPoint[int64], opts ...metricdatatest.Option) {
 	want := metricdata.Metrics{
 		Name:        "otelcol_processor_rankscopemerge_states_merged",
-		Description: "rankscope reduce states taken into a merge window (a window forwards one state per experiment, run, attempt, step and key) [Development]",
+		Description: "rankscope reduce states and flush markers merged into a window (a window forwards one state per experiment, run, attempt, step and key, and one rank set per role, replica and step) [Development]",
 		Unit:        "{state}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,

@@ -21,7 +21,10 @@ class ExperimentLimits:
     """Per-run bounds (``SinkConfig.experiment_limits``; ``rankscope sink --max-*`` flags)."""
 
     max_processes: int = 16_384
-    """Processes per run."""
+    """Processes per run (a rank whose markers come merged through a Collector tree is not one)."""
+    max_rank_slots: int = 131_072
+    """Rank slots per run and attempt: the world sizes its groups declare, the ranks of a tree's
+    merged markers included. A step's missing ranks are named from them."""
     max_open_steps: int = 16_384
     """Steps of a run not finalized yet (each waits for its processes, at most the grace period)."""
     max_keys_per_step: int = 100_000

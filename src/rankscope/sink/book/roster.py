@@ -6,6 +6,8 @@
 * A step that finalizes without someone names them once (``give_up``); they are not waited for
   again until they report.
 * A higher attempt (a restart) retires every process of the earlier ones.
+* Through a Collector tree, ranks close steps in merged markers (``closed_ranks``): their slots are
+  held without a ``Process`` each, and a missing one is named by its group and rank.
 
 Its ``Process`` lives in ``sink.checked``: every stage, the views too, names values by it.
 
@@ -18,9 +20,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ...core import names as attr
 from ...core.identity import label_of
+from ...otlp.markers import Ranks
 from ..checked import Group, Process
+from .closed_ranks import ClosedRanks
 
 Absent = tuple[str, Any]
 """(label, what to stop waiting for: a Process, a (group, rank) slot, or None)."""
@@ -36,8 +42,12 @@ def _int(value: Any, default: int) -> int:
 class Roster:
     """The run's processes and rank slots, and who of them a step still waits for."""
 
-    def __init__(self, max_processes: int = 16_384) -> None:
+    def __init__(self, max_processes: int = 16_384, max_slots: int = 131_072) -> None:
         self.max_processes = max_processes
+        self.max_slots = max_slots
+        """Rank slots a run's groups may declare in all, per attempt (processes' world sizes and
+        merged markers' alike): ``absent`` may name each empty one."""
+        self.closed = ClosedRanks()
         self.processes: dict[str, Process] = {}
         self.attempt = 0
         """The run's current attempt (the highest any process declared)."""
@@ -86,7 +96,9 @@ class Roster:
             role=role,
             replica=None if replica is None else str(replica),
             rank=rank,
-            world_size=self._declared(
+            world_size=1  # a Collector's merge holds no rank slot
+            if resource.get(attr.MERGED) is True
+            else self._declared(
                 (role, None if replica is None else str(replica), attempt),
                 max(1, _int(resource.get(attr.WORLD_SIZE), 1)),
             ),
@@ -120,14 +132,14 @@ class Roster:
         return process
 
     def _declared(self, group: Group, world_size: int) -> int:
-        """``world_size`` as a new process of ``group`` may declare it: a run's groups hold at most
-        ``max_processes`` rank slots in all, since ``absent`` lists every empty one on the finalizer
-        all runs share (a made-up size, or many groups of one, would have it list millions)."""
+        """``world_size`` as a new process (or a merged marker) of ``group`` may declare it: a run's
+        groups hold at most ``max_slots`` rank slots in all, since ``absent`` lists every empty one on
+        the finalizer all runs share (a made-up size, or many groups of one, would have it list millions)."""
         held = self._slots.get(group, 0)
         if world_size <= held:
             return world_size
         total = self._slot_total.get(group[2], 0)
-        world_size = max(1, min(world_size, self.max_processes - total + held))
+        world_size = max(1, min(world_size, self.max_slots - total + held))
         if world_size > held:
             self._slots[group] = world_size
             self._slot_total[group[2]] = total - held + world_size
@@ -148,6 +160,19 @@ class Roster:
         process.live = True
         process.last_marker = max(process.last_marker, step)
         self._given_up.discard((process.group, process.rank))
+
+    def ranks_marked(self, attempt: int, ranks: Ranks, step: int) -> None:
+        """The ranks of a merged marker closed ``step``: their slots are held, those given up on
+        are waited for again."""
+        if attempt < self.attempt:
+            return
+        self.version += 1
+        group = (ranks.role, ranks.replica, attempt)
+        size = self._declared(group, ranks.world_size)
+        self.closed.close(group, size, ranks, step)
+        for given in [g for g in self._given_up if g[0] == group]:
+            if any(low <= given[1] <= high for low, high in ranks.spans):
+                self._given_up.discard(given)
 
     def came_back(self, process: Process) -> None:
         """A process given up on (or that said goodbye) sent data again."""
@@ -198,13 +223,38 @@ class Roster:
                 if p.attempt == self.attempt and not p.merged:
                     held.setdefault(p.group, set()).add(p.rank)
             declared = [(g, size) for g, size in self._slots.items() if g[2] == self.attempt]
-            self._filled = (at, all(held.get(g, set()).issuperset(range(size)) for g, size in declared))
+            self._filled = (at, all(not len(self._empty(g, size, held.get(g, set()), 0)) for g, size in declared))
         return self._filled[1]
+
+    def _empty(self, group: Group, size: int, held: set[int], step: int) -> np.ndarray:
+        """The ranks of ``group`` (``size`` of them) neither in ``held`` nor closed ``step`` or later
+        in a merged marker, ascending."""
+        mask = np.zeros(size, dtype=bool)
+        if held:
+            inside = [r for r in held if r < size]
+            mask[inside] = True
+        closed = self.closed.closed(group, step)
+        if closed is not None:
+            n = min(size, len(closed))
+            mask[:n] |= closed[:n]
+        return np.flatnonzero(~mask)
 
     @property
     def stepping(self) -> bool:
-        """Whether any process of the run has closed a step."""
-        return any(p.stepped for p in self.processes.values())
+        """Whether any process of the run has closed a step (its own marker or a merged one)."""
+        return bool(self.closed) or any(p.stepped for p in self.processes.values())
+
+    def ranks(self) -> int:
+        """Ranks of the current attempt known to have closed a step or sent data: what the status
+        route counts, through a tree too (where most ranks have no ``Process``)."""
+        held: dict[Group, set[int]] = {}
+        for p in self.processes.values():
+            if p.attempt == self.attempt and not p.merged:
+                held.setdefault(p.group, set()).add(p.rank)
+        total = 0
+        for group, size in self.closed.groups(self.attempt):
+            total += size - len(self._empty(group, size, held.pop(group, set()), 0))
+        return total + sum(len(ranks) for ranks in held.values())
 
     def absent(self, step: int) -> list[Absent]:
         """Who ``step`` still waits for: live laggards by their label, empty rank slots by theirs."""
@@ -228,8 +278,10 @@ class Roster:
                 present.setdefault(p.group, set()).add(p.rank)
             if p.live and p.last_marker < step:
                 absent.append((p.label, p))
+        for group, size in self.closed.groups(self.attempt):
+            sizes[group] = max(sizes.get(group, 1), size)
         for group, size in sizes.items():
-            for rank in sorted(set(range(size)) - present.get(group, set())):
+            for rank in self._empty(group, size, present.get(group, set()), step).tolist():
                 role, replica, _ = group
                 if (group, rank) not in self._given_up:
                     absent.append((label_of(role, replica, rank), (group, rank)))

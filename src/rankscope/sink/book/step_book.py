@@ -106,7 +106,7 @@ class StepBook:
         self.config = config
         self.on_error = on_error
         limits = config.limits
-        self.roster = Roster(limits.max_processes)
+        self.roster = Roster(limits.max_processes, limits.max_rank_slots)
         self.windows = StepWindows(time_bucket=config.time_bucket, time_bucket_lag=config.time_bucket_lag, wall=wall)
         self.admission = Admission(limits)
         self.streams = Streams(max_series=limits.max_series)
@@ -241,12 +241,12 @@ class StepBook:
         points taken. Sample rows a step's tables cannot keep are refused here."""
         process, now, points, steps = taken.process, self.clock(), 0, self.steps
         before = refused.count
-        for marker in taken.settled:
-            self._marker(process, marker, now)
         for step, part in taken.parts.items():
             for marker in part.markers:
                 self._marker(process, marker, now)
             points += steps.merge(process, step, part, (seqs or {}).get(step, 0), now, refused)
+        for marker in taken.settled:  # after the late data they close: a merged one names who arrived
+            self._marker(process, marker, now)
         self.counts.refused += refused.count - before
         if taken.goodbye:
             self.roster.ended(process)
@@ -260,7 +260,12 @@ class StepBook:
         if self.windows.stop_bucketing():  # the first stepping process: time buckets give way to steps
             self._new_attempt()
         self.windows.close(marker.step, marker.time_unix_nano)
-        self.roster.marked(process, marker.step)
+        if marker.ranks is None:
+            self.roster.marked(process, marker.step)
+        else:  # a Collector's merged markers: its ranks closed the step, not the merge itself
+            self.roster.ranks_marked(process.attempt, marker.ranks, marker.step)
+            if marker.step <= self.steps.last_finalized:
+                self.steps.ranks_arrived(marker.step, marker.ranks)
         self.steps.marked(process, marker, now)
 
     def _new_attempt(self) -> None:

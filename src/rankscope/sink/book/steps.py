@@ -15,10 +15,12 @@ The step table decides nothing about when a step is final (``readiness``) or who
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from ...otlp.markers import Marker
+from ...core.identity import label_of
+from ...otlp.markers import Marker, Ranks
 from ...otlp.samples import SampleRow
 from ..checked import Process, Refusals, ResourceBatch, StateRows
 from .admission import Admission
@@ -209,6 +211,27 @@ class StepTable:
         bucket.reporters.add(process.id)
         bucket.expected = max(bucket.expected, marker.expected)
         bucket.driven = bucket.driven or marker.driven
+
+    def ranks_arrived(self, step: int, ranks: Ranks) -> None:
+        """A merged marker of finalized ``step``: the ranks it names that the step was finalized
+        without arrived (their states came merged, before the marker), so its late update says so."""
+        bucket = self.late.pending.get(step)
+        if bucket is None or not bucket.missing:
+            return
+        prefix = label_of(ranks.role, ranks.replica, "")
+        lows = [low for low, _ in ranks.spans]
+
+        def closed(label: str) -> bool:
+            rank = label[len(prefix) :]
+            if not label.startswith(prefix) or not rank.isascii() or not rank.isdigit() or len(rank) > 7:
+                return False
+            at = bisect_right(lows, int(rank)) - 1
+            return at >= 0 and int(rank) <= ranks.spans[at][1]
+
+        for label in [m for m in bucket.missing if closed(m)]:
+            bucket.missing.remove(label)
+            if label not in bucket.arrived:
+                bucket.arrived.append(label)
 
     def close(self, step: int, missing: list[str], now: float) -> tuple[Step, bool]:
         """Finalize open ``step`` (the lowest) without ``missing`` (labels): it is kept for late

@@ -83,6 +83,6 @@ def batch_of(experiment_id: str, payload: bytes) -> ResourceBatch:
     digest, resource, states, markers, samples = decode_record(payload)
     batch = ResourceBatch(experiment_id, resource, digest=digest)
     batch.states = [StateRows(*rows) for rows in states]
-    batch.markers = [Marker(*m) for m in markers]
+    batch.markers = [Marker.of_record(m) for m in markers]
     batch.samples = [SampleRow(*row) for row in samples]
     return batch

@@ -519,15 +519,15 @@ def encode_record(
             digest,
             resource,
             [(s.reduce, s.step, s.keys, s.rows) for s in states],
-            [(m.step, m.expected, m.driven, m.time_unix_nano) for m in markers],
+            [m.record() for m in markers],
             [astuple(row) for row in samples],
         )
     )
 
 
 def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], list[Any], list[Any]]:
-    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven[, time])], [sample row
-    fields]) of a payload."""
+    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven[, time[, ranks]])],
+    [sample row fields]) of a payload (``Marker.of_record`` reads a marker's tuple)."""
     record = marshal.loads(payload)
     if len(record) == 4:  # version 1 (before rows): one (key, reduce, step, state) per point
         digest, resource, points, markers = record

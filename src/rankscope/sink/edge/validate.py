@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -46,7 +46,7 @@ from ...metrics.reduce import BUILTIN_REDUCES, Reduce
 from ...otlp import foreign
 from ...otlp.common import attributes, decode_step
 from ...otlp.logs import decode_record, decode_stream, is_stream
-from ...otlp.markers import EXIT_ERROR_CHARS, decode_marker
+from ...otlp.markers import EXIT_ERROR_CHARS, Marker, decode_marker, decode_ranks
 from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field, read_spread
 from ...otlp.raw import ParsedMetrics, decode_attribute, decode_attributes
 from ...otlp.samples import decode_row, is_sample
@@ -249,8 +249,8 @@ def _scope(
             continue
         n = len(points)
         received += n
-        if name == attr.FLUSH_MARKER:
-            _markers(batch, points, refused)
+        if name == attr.FLUSH_MARKER or name == attr.FLUSH_RANKS:
+            _markers(batch, name, points, refused, decode_marker if name == attr.FLUSH_MARKER else decode_ranks)
             continue
         if name == attr.GOODBYE:
             batch.goodbye = True
@@ -382,12 +382,14 @@ def _exit_error(points: Any) -> str | None:
     return None
 
 
-def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:
+def _markers(
+    batch: ResourceBatch, name: str, points: Any, refused: Refusals, decode: Callable[..., Marker | str]
+) -> None:
     for p in points:
         a = decode_attributes(p.attributes)
-        marker = a if isinstance(a, str) else decode_marker(a, p.time_unix_nano)
+        marker = a if isinstance(a, str) else decode(a, p.time_unix_nano)
         if isinstance(marker, str):
-            refused.add(1, f"{attr.FLUSH_MARKER}: {marker}")
+            refused.add(1, f"{name}: {marker}")
         else:
             batch.markers.append(marker)
 

@@ -56,6 +56,7 @@ class RunStatus:
                 "runs": runs,
                 "last_finalized_step": e.last_finalized,
                 "processes": processes,
+                "ranks": e.roster.ranks(),
                 "merge_upstreams": upstreams,
                 "points": n.points,
                 "merged_points": n.merged_points,

@@ -1,0 +1,196 @@
+"""Flush markers merged into rank sets (``rankscope.flush.ranks``, as the Collector's merge processor
+sends them): read at the sink's edge, kept per group without a process per rank, the missing ranks
+named by their group and rank, logged and replayed whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
+from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
+
+from rankscope.core import names as attr
+from rankscope.core.anomalies import Corrected
+from rankscope.metrics.reduce import Reduce
+from rankscope.otlp.common import encode_resource, key_value
+from rankscope.otlp.markers import MAX_SPANS, Marker, Ranks, decode_ranks, format_spans, parse_spans
+from rankscope.sink import BookConfig, StepBook
+from rankscope.sink.testing import Limits, Refusals, decode_record, encode_record, metrics_batches
+
+from .test_sink_steps import Clock, metrics, resource, values_of
+
+MERGER = {
+    attr.EXPERIMENT_ID: "x",
+    attr.SERVICE_INSTANCE_ID: "rankscope-merge/gateway",
+    attr.SERVICE_NAME: "rankscope-merge",
+    attr.EXPERIMENT_ATTEMPT: 0,
+    attr.MERGED: True,
+}
+
+
+def rank_sets(step: int, *sets: tuple[str, str | None, int, str]) -> pb.Metric:
+    """A merger's ``rankscope.flush.ranks``: one point per (role, replica, world size, ranks)."""
+    m = pb.Metric(name=attr.FLUSH_RANKS)
+    for role, replica, world, ranks in sets:
+        attributes = [key_value(attr.STEP, step), key_value(attr.ROLE, role), key_value(attr.WORLD_SIZE, world)]
+        if replica is not None:
+            attributes.append(key_value(attr.REPLICA, replica))
+        attributes.append(key_value(attr.RANKS, ranks))
+        m.sum.data_points.add(as_int=1, attributes=attributes, time_unix_nano=5)
+    return m
+
+
+def send(e: StepBook, *resources: tuple[dict[str, Any], list[Any]]) -> Refusals:
+    """One request of ``resources`` (in order, as a merger's window) through the edge into ``e``."""
+    request = mpb.ExportMetricsServiceRequest()
+    for res, ms in resources:
+        request.resource_metrics.add(resource=encode_resource(res)).scope_metrics.add().metrics.extend(ms)
+    refused = Refusals()
+    for batch in metrics_batches(request, Limits(), refused):
+        e.apply(batch, refused)
+    return refused
+
+
+def seen(view: Any) -> dict[str, float]:
+    """The step's ``n`` and how many it counts missing."""
+    got = values_of(view)
+    return {"n": got["n"], attr.MISSING_PROCESSES: got[attr.MISSING_PROCESSES]}
+
+
+def merged(step: int, total: float) -> list[Any]:
+    """The states a merger sends for ``step`` (no marker: its ranks' markers travel as rank sets)."""
+    return metrics({"n": (Reduce.SUM, [total])}, step=step, marker=False)
+
+
+# -- the wire form ------------------------------------------------------------------------------
+
+
+@given(st.sets(st.integers(0, 999), min_size=1))
+def test_ranks_written_as_ranges_read_back_as_the_same_ranks(ranks: set[int]) -> None:
+    ordered = sorted(ranks)
+    spans: list[tuple[int, int]] = []
+    for r in ordered:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1] = (spans[-1][0], r)
+        else:
+            spans.append((r, r))
+    text = format_spans(tuple(spans))
+    assert parse_spans(text, 1000) == tuple(spans)
+    assert Ranks("t", None, 1000, tuple(spans)).count == len(ranks)
+
+
+@given(st.text(max_size=40))
+def test_any_text_as_ranks_is_read_or_refused_with_a_reason_never_raises(text: str) -> None:
+    found = parse_spans(text, 64)
+    assert isinstance(found, str) or all(0 <= a <= b < 64 for a, b in found)
+
+
+def test_ranks_that_are_not_ascending_apart_and_inside_the_group_are_refused() -> None:
+    for text in ("", ",", "0-3,4", "3-1", "0-16", "16", "-1", "1-", "a", "0,0", "2,1", " 1", "+1", "1" * 9, "٣"):
+        assert isinstance(parse_spans(text, 16), str), text
+    assert isinstance(parse_spans(",".join(str(2 * i) for i in range(MAX_SPANS + 1)), 1 << 20), str)
+    good = {attr.STEP: 1, attr.ROLE: "trainer", attr.WORLD_SIZE: 8, attr.RANKS: "0-7"}
+    assert decode_ranks(good) == Marker(1, 0, False, 0, Ranks("trainer", None, 8, ((0, 7),)))
+    for bad in (
+        {attr.STEP: None},
+        {attr.STEP: -1},
+        {attr.ROLE: ""},
+        {attr.ROLE: "a\nb"},
+        {attr.ROLE: 7},
+        {attr.REPLICA: "\u202e"},
+        {attr.WORLD_SIZE: 0},
+        {attr.WORLD_SIZE: True},
+        {attr.WORLD_SIZE: (1 << 20) + 1},
+        {attr.RANKS: None},
+        {attr.RANKS: "0-8"},
+    ):
+        assert isinstance(decode_ranks({**good, **bad}), str), bad
+
+
+def test_a_marker_of_ranks_is_logged_and_replayed_whole() -> None:
+    marker = Marker(3, 0, False, 9, Ranks("trainer", "1", 1000, ((0, 499), (501, 999))))
+    plain = Marker(3, 2, True, 9)
+    _, _, _, markers, _ = decode_record(encode_record(b"d", {}, [], [marker, plain]))
+    assert [Marker.of_record(m) for m in markers] == [marker, plain]
+    assert Marker.of_record((3, 0, False)) == Marker(3, 0, False)  # a record from before times
+
+
+# -- the sink's book ----------------------------------------------------------------------------
+
+
+def test_a_step_waits_for_every_rank_of_its_group_and_names_the_missing_one_by_rank() -> None:
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=2), clock=clock)
+    refused = send(e, (MERGER, [*merged(0, 10.0), rank_sets(0, ("trainer", None, 1000, "0-499,501-999"))]))
+    assert refused.count == 0, refused.reasons
+    assert e.ready() == [] and e.readiness.missing(0) == ["trainer_r500"]
+    assert len(e.roster.processes) == 1  # the merger, not a process per rank
+    send(e, (MERGER, [rank_sets(0, ("trainer", None, 1000, "500"))]))
+    (view,) = e.ready()
+    assert seen(view) == {"n": 10.0, attr.MISSING_PROCESSES: 0.0}
+    assert e.roster.ranks() == 1000
+
+
+def test_a_rank_named_missing_is_not_waited_for_again_until_a_rank_set_names_it() -> None:
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=2), clock=clock)
+    send(e, (MERGER, [*merged(0, 1.0), rank_sets(0, ("trainer", "0", 4, "0-2"), ("generator", None, 1, "0"))]))
+    clock.now = 2.5
+    (view,) = e.ready()
+    assert view.missing == ["trainer_0_r3"] and values_of(view)[attr.MISSING_PROCESSES] == 1.0
+    send(e, (MERGER, [*merged(1, 1.0), rank_sets(1, ("trainer", "0", 4, "0-2"), ("generator", None, 1, "0"))]))
+    (view,) = e.ready()  # the dead rank costs one grace period, not one per step
+    assert view.step == 1 and view.missing == ["trainer_0_r3"]
+    send(e, (MERGER, [*merged(2, 1.0), rank_sets(2, ("trainer", "0", 4, "0-3"))]))
+    send(e, (MERGER, [*merged(3, 1.0), rank_sets(3, ("trainer", "0", 4, "0-2"), ("generator", None, 1, "0"))]))
+    assert e.readiness.missing(3) == ["trainer_0_r3"]  # it came back: waited for again
+
+
+def test_a_late_rank_set_merges_the_ranks_data_and_says_they_arrived() -> None:
+    """Through a tree a late rank's states come merged, then its rank set: the late update is the
+    exact total and names the rank as arrived, counting nobody missing."""
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=1), clock=clock)
+    send(e, (MERGER, [*merged(0, 6.0), rank_sets(0, ("trainer", None, 4, "0-2"))]))
+    clock.now = 1.5
+    (first,) = e.ready()
+    assert seen(first) == {"n": 6.0, attr.MISSING_PROCESSES: 1.0}
+    send(e, (MERGER, [*merged(0, 4.0), rank_sets(0, ("trainer", None, 4, "3"))]))
+    (update,) = [e.view(done) for done in e.late(force=True)]
+    assert update.late and seen(update) == {"n": 10.0, attr.MISSING_PROCESSES: 0.0}
+    assert update.anomalies == [Corrected(step=0, processes=("trainer_r3",), count=1, missing=0)]
+
+
+def test_ranks_through_a_tree_and_a_process_of_their_own_fill_one_group() -> None:
+    """A rank that sends straight to the sink (its own markers) and ranks merged by a Collector
+    hold the slots of one group together; the run is finished once all said goodbye."""
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=5), clock=clock)
+    own = resource("p3", rank=3, world=4)
+    send(e, (MERGER, [*merged(0, 3.0), rank_sets(0, ("trainer", None, 4, "0-2"))]))
+    assert e.readiness.missing(0) == ["trainer_r3"]
+    send(e, (own, metrics({"n": (Reduce.SUM, [1.0])}, step=0)))
+    (view,) = e.ready()
+    assert seen(view) == {"n": 4.0, attr.MISSING_PROCESSES: 0.0}
+    assert e.roster.ranks() == 4 and e.roster.counts() == (1, 1)
+
+
+def test_a_run_declares_at_most_max_rank_slots_through_rank_sets_too() -> None:
+    from rankscope.sink.testing import ExperimentLimits
+
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=1, limits=ExperimentLimits(max_rank_slots=100)), clock=clock)
+    refused = send(e, (MERGER, [*merged(0, 1.0), rank_sets(0, ("trainer", None, 1 << 20, "0-9,1000-1048575"))]))
+    assert refused.count == 0
+    assert len(e.readiness.missing(0)) == 90  # ranks 10-99 of the 100 slots kept; past them not kept
+    clock.now = 1.5
+    (view,) = e.ready()
+    assert values_of(view)[attr.MISSING_PROCESSES] == 90.0
+
+
+def test_a_rank_set_that_does_not_read_is_refused_with_its_reason() -> None:
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
+    refused = send(e, (MERGER, [*merged(0, 1.0), rank_sets(0, ("trainer", None, 4, "0-4"))]))
+    assert refused.count == 1 and "rankscope.flush.ranks: bad merged flush marker" in refused.message
