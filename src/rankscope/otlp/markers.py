@@ -131,7 +131,7 @@ def decode_ranks(point_attributes: dict[str, Any], time_unix_nano: int = 0) -> M
         return f"bad merged flush marker ({step or 'no step'})"
     role, replica = point_attributes.get(attr.ROLE), point_attributes.get(attr.REPLICA)
     size, text = point_attributes.get(attr.WORLD_SIZE), point_attributes.get(attr.RANKS)
-    if not _clean(role):
+    if not isinstance(role, str) or not _clean(role):
         return f"bad merged flush marker ({attr.ROLE} {str(role)[:32]!r})"
     if replica is not None and not _clean(replica):
         return f"bad merged flush marker ({attr.REPLICA} {str(replica)[:32]!r})"
@@ -163,10 +163,12 @@ class Marker:
     @classmethod
     def of_record(cls, fields: Any) -> Marker:
         """A marker from ``record``'s tuple (four fields before rank sets, three before times)."""
-        if len(fields) > 4 and fields[4] is not None:
-            role, replica, size, spans = fields[4]
-            return cls(*fields[:4], Ranks(role, replica, size, tuple(tuple(s) for s in spans)))
-        return cls(*fields[:4])
+        step, expected, driven, *rest = fields
+        ranks = None
+        if len(rest) > 1 and rest[1] is not None:
+            role, replica, size, spans = rest[1]
+            ranks = Ranks(role, replica, size, tuple((a, b) for a, b in spans))
+        return cls(step, expected, driven, rest[0] if rest else 0, ranks)
 
 
 def decode_marker(point_attributes: dict[str, Any], time_unix_nano: int = 0) -> Marker | str:
