@@ -12,7 +12,13 @@ a sink in this process. Reported, as the median and range of interleaved repeats
    (1), and >= 100,000 points/s for this 1,024-rank experiment on a 2-core box);
 3. the same with the write-ahead log (fsync before every answer), and its ratio to (2);
 4. step-finalization latency: from the last request of a step being answered to that step's
-   global view reaching the backend, p50/p99 (budget: p99 <= 1 s).
+   global view reaching the backend, p50/p99 (budget: p99 <= 1 s);
+5. where the gap to (1) goes, stage by stage, each in this process on the same requests and
+   interleaved with the rest: the edge alone (``metrics_batches``: the request read as bytes, every
+   check, the rows), then the edge and the book (``Sink.export_metrics`` called directly: the
+   run resolved, each part taken, admitted and merged, every step finalized and its view written),
+   then (2) adds gRPC, the relay and a client on the same cores. Each stage's points/s and the
+   microseconds per point it adds to the one before.
 
 Run from the repository root:  python benchmarks/bench_sink.py [--ranks 1024 --keys 200 --repeats 3]
 """
@@ -126,6 +132,46 @@ def measure(ranks: int, keys: int, state_dir: str | None) -> tuple[float, list[f
     return ingest, [Timing.written[BASE_STEP + s] - report["last_ack"][str(s)] for s in range(STEPS)]
 
 
+def edge_only(bodies: list[bytes]) -> int:
+    """The sink's edge over ``bodies`` (read as bytes, checked, made rows), nothing taken further."""
+    from rankscope.sink.testing import Limits, Refusals, metrics_batches
+
+    limits, points = Limits(), 0
+    for body in bodies:
+        refused = Refusals()
+        for batch in metrics_batches(body, limits, refused):
+            points += batch.point_count
+        assert refused.count == 0, refused.reasons
+    return points
+
+
+def in_process(bodies: list[bytes], steps: int) -> float:
+    """Seconds for a sink called directly (no transport, no log) to take ``bodies`` and write
+    every step's view: the edge, the run resolved, each part admitted and merged, finalized."""
+    Timing.written.clear()
+    sink = Sink(
+        SinkConfig(
+            grpc_port=None,
+            http_port=None,
+            backends={"timing": {"logging_mode": "global_reduce"}},
+            book=BookConfig(grace=60, step_window=1 << 62),
+        )
+    ).start()
+    try:
+        t0 = time.time()
+        for body in bodies:
+            result = sink.export_metrics(body)
+            assert result.rejected == 0, result.errors[:3]
+        sink.finalize()
+        deadline = time.time() + 60
+        while len(Timing.written) < steps and time.time() < deadline:
+            time.sleep(0.001)
+        assert len(Timing.written) == steps, Timing.written
+        return max(Timing.written.values()) - t0
+    finally:
+        sink.stop()
+
+
 def spread(values: list[float], fmt: str = ",.0f") -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
@@ -141,11 +187,15 @@ def main() -> None:
     flat = [for_step(b, s, args.keys + 1) for s in range(STEPS) for b in templates]
     points = args.ranks * args.keys * STEPS
 
-    bare, plain, durable, latencies = [], [], [], []
-    for _ in range(args.repeats):  # interleaved, so a slower minute of the machine hits all three
+    bare, edge, book, plain, durable, latencies = [], [], [], [], [], []
+    for _ in range(args.repeats):  # interleaved, so a slower minute of the machine hits all of them
         t0 = time.perf_counter()
         assert decode_and_walk(flat) >= points
         bare.append(points / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        assert edge_only(flat) == points
+        edge.append(points / (time.perf_counter() - t0))
+        book.append(points / in_process(flat, STEPS))
         seconds, late = measure(args.ranks, args.keys, None)
         plain.append(points / seconds)
         latencies += late
@@ -163,6 +213,15 @@ def main() -> None:
     print(f"sink ingest with WAL : {spread(durable)} points/s = {spread(wal_ratios, '.0%')} of the sink without it")
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
     print(f"step finalization    : p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+    print("where the gap goes, stage by stage (each stage's median; + us/point over the stage before):")
+    stages = [("bare decode-and-walk", bare), ("the edge alone", edge), ("edge + book, called directly", book)]
+    stages.append(("sink ingest (gRPC, relay, client)", plain))
+    before = None
+    for name, rates in stages:
+        rate = statistics.median(rates)
+        added = "" if before is None else f", +{1e6 / rate - 1e6 / before:.2f} us/point"
+        print(f"  {name:<36}: {spread(rates)} points/s = {rate / statistics.median(bare):.0%} of bare decode{added}")
+        before = rate
 
 
 if __name__ == "__main__":
