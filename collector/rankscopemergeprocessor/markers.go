@@ -38,26 +38,54 @@ type rankGroup struct {
 	step       int64
 }
 
-// rankSet is the ranks of a group that closed its step, one bit each.
+// rankSet is the ranks of a group that closed its step, one bit each, over the words from the
+// lowest rank's to the highest's only (an agent's 8 ranks of a million take one or two words).
 type rankSet struct {
-	bits        []uint64
+	base        int64             // the word of bits[0]: ranks base*64 on
+	bits        []uint64          // grown to either side as ranks come
 	start, time pcommon.Timestamp // the earliest start and the latest time of the markers taken
 }
 
-func (s *rankSet) add(rank int64) {
-	s.bits[rank>>6] |= 1 << uint(rank&63)
+// word is the word holding rank, the set grown to reach it; grown says by how many words.
+func (s *rankSet) word(rank int64) (w *uint64, grown int) {
+	i := rank >> 6
+	switch {
+	case len(s.bits) == 0:
+		s.base, s.bits, grown = i, make([]uint64, 1), 1
+	case i < s.base:
+		grown = int(s.base - i)
+		s.bits = append(make([]uint64, grown, grown+len(s.bits)), s.bits...)
+		s.base = i
+	case i >= s.base+int64(len(s.bits)):
+		grown = int(i - s.base - int64(len(s.bits)) + 1)
+		s.bits = append(s.bits, make([]uint64, grown)...)
+	}
+	return &s.bits[i-s.base], grown
 }
 
-func (s *rankSet) addRange(low, high int64) {
+func (s *rankSet) add(rank int64) int {
+	w, grown := s.word(rank)
+	*w |= 1 << uint(rank&63)
+	return grown
+}
+
+func (s *rankSet) addRange(low, high int64) int {
+	grown := 0
+	if low <= high {
+		_, grown = s.word(low)
+		_, more := s.word(high)
+		grown += more
+	}
 	for r := low; r <= high; {
 		if r&63 == 0 && high-r >= 63 { // a whole word at once
-			s.bits[r>>6] = ^uint64(0)
+			s.bits[(r>>6)-s.base] = ^uint64(0)
 			r += 64
 			continue
 		}
 		s.add(r)
 		r++
 	}
+	return grown
 }
 
 func (s *rankSet) stamp(start, t pcommon.Timestamp) {
@@ -83,10 +111,11 @@ func (s *rankSet) spans() [][][2]int64 {
 	var cur [][2]int64
 	in := false
 	var low int64
-	size := int64(len(s.bits)) * 64
-	for r := int64(0); r <= size; r++ {
-		set := r < size && s.bits[r>>6]&(1<<uint(r&63)) != 0
-		if r < size && !set && !in && s.bits[r>>6] == 0 && r&63 == 0 {
+	first := s.base * 64
+	size := first + int64(len(s.bits))*64
+	for r := first; r <= size; r++ {
+		set := r < size && s.bits[(r>>6)-s.base]&(1<<uint(r&63)) != 0
+		if r < size && !set && !in && s.bits[(r>>6)-s.base] == 0 && r&63 == 0 {
 			r += 63 // an empty word
 			continue
 		}
@@ -226,7 +255,7 @@ func member(res pcommon.Map) (rankGroup, int64, bool) {
 func (gr *group) set(g rankGroup) *rankSet {
 	s := gr.ranks[g]
 	if s == nil {
-		s = &rankSet{bits: make([]uint64, (g.worldSize+63)/64)}
+		s = &rankSet{}
 		gr.ranks[g] = s
 	}
 	return s
@@ -251,7 +280,7 @@ func takeMarkers(gr *group, m pmetric.Metric, res pcommon.Map) int {
 		}
 		g.step = step.Int()
 		s := gr.set(g)
-		s.add(rank)
+		gr.words += s.add(rank)
 		s.stamp(dp.StartTimestamp(), dp.Timestamp())
 		taken++
 		return true
@@ -300,7 +329,7 @@ func takeRankSets(gr *group, m pmetric.Metric) int {
 		}
 		s := gr.set(g)
 		for _, sp := range spans {
-			s.addRange(sp[0], sp[1])
+			gr.words += s.addRange(sp[0], sp[1])
 		}
 		s.stamp(dp.StartTimestamp(), dp.Timestamp())
 		taken++

@@ -94,7 +94,7 @@ func unmergedMarkers(sink *consumertest.MetricsSink) int {
 			for j := 0; j < sms.Len(); j++ {
 				ms := sms.At(j).Metrics()
 				for k := 0; k < ms.Len(); k++ {
-					if ms.At(k).Name() == metricFlush {
+					if ms.At(k).Name() == metricFlush && ms.At(k).Type() == pmetric.MetricTypeSum {
 						n += ms.At(k).Sum().DataPoints().Len()
 					}
 				}
@@ -322,5 +322,73 @@ func TestARankSetThatDoesNotReadTravelsUnmerged(t *testing.T) {
 	sort.Strings(texts)
 	if strings.Join(texts, " ") != "0-3 0-3,2 0-7" || forwarded != 3 {
 		t.Fatalf("forwarded rank sets %v: want the merged 0-3, and the unread and the forged ones as sent", texts)
+	}
+}
+
+// A marker of another point type (a Gauge `rankscope.flush`, a Gauge rank set on a merged
+// resource) travels on unmerged, for the sink's edge to refuse: it never stops the Collector.
+func TestAMarkerOfAnotherTypeTravelsOnAndPanicsNothing(t *testing.T) {
+	sink := new(consumertest.MetricsSink)
+	p := start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, sink)
+	md, ms := request(proc{"trainer", 0}, "exp")
+	gauge := ms.AppendEmpty()
+	gauge.SetName(metricFlush)
+	gauge.SetEmptyGauge().DataPoints().AppendEmpty().Attributes().PutInt(attrStep, 1)
+	empty := ms.AppendEmpty()
+	empty.SetName(metricFlush) // no data at all
+	merged := md.ResourceMetrics().AppendEmpty()
+	merged.Resource().Attributes().PutStr(attrExperiment, "exp")
+	merged.Resource().Attributes().PutBool(attrMerged, true)
+	forged := merged.ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+	forged.SetName(metricRanks)
+	forged.SetEmptyGauge().DataPoints().AppendEmpty().Attributes().PutStr(attrRanks, "0")
+	consume(t, p, md)
+	forwarded := 0
+	for _, out := range sink.AllMetrics() {
+		rms := out.ResourceMetrics()
+		for i := 0; i < rms.Len(); i++ {
+			ms := rms.At(i).ScopeMetrics().At(0).Metrics()
+			for j := 0; j < ms.Len(); j++ {
+				if name := ms.At(j).Name(); name == metricFlush || name == metricRanks {
+					forwarded++
+				}
+			}
+		}
+	}
+	if forwarded != 3 {
+		t.Fatalf("%d of the 3 markers of other types travelled on", forwarded)
+	}
+}
+
+// A rank set holds the words between its lowest and highest rank, not its world's: the ranks of
+// a node at the end of a million-rank world take one word, and a window weighs its sets' words,
+// so one resource cannot make it allocate a world's bitset per step.
+func TestARankSetWeighsTheWordsItsRanksSpan(t *testing.T) {
+	sink := new(consumertest.MetricsSink)
+	p := start(t, &Config{Interval: time.Hour, MaxPoints: 1 << 20}, sink)
+	var mds []pmetric.Metrics
+	for rank := 1_048_568; rank < 1_048_576; rank++ {
+		mds = append(mds, rankRequest("trainer", "", rank, 1_048_576, 0, 1))
+	}
+	p.mu.Lock()
+	for _, md := range mds {
+		p.add(p.win, md)
+	}
+	words := 0
+	for _, g := range p.win.groups {
+		words += g.words
+	}
+	points := p.win.points
+	p.mu.Unlock()
+	if words != 2 { // one word a step
+		t.Fatalf("8 ranks at two steps took %d words, want 2", words)
+	}
+	if points != 2+2 { // the loss state of each step, and a word of each step's rank set
+		t.Fatalf("the window weighs %d points, want 4", points)
+	}
+	p.forward()
+	got := rankSets(t, sink)
+	if len(got) != 2 || got[0].ranks != "1048568-1048575" || got[0].count != 8 {
+		t.Fatalf("rank sets %+v", got)
 	}
 }

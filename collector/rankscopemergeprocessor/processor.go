@@ -230,6 +230,7 @@ type stateKey struct {
 type group struct {
 	states map[stateKey]*state
 	ranks  map[rankGroup]*rankSet // the flush markers merged (markers.go)
+	words  int                    // 64-rank words its rank sets hold
 }
 
 type window struct {
@@ -291,9 +292,9 @@ func (p *mergeProcessor) add(w *window, md pmetric.Metrics) (t tally) {
 		}
 		g, from, ok := p.groupOf(w, res)
 		if ok {
-			sets := len(g.ranks)
+			words := g.words
 			t.merged += p.takeStates(w, g, rm, &from) // one holder per resource: its states point to it
-			w.points += len(g.ranks) - sets
+			w.points += g.words - words               // a rank set weighs its words: a window's memory stays bounded
 		}
 		if points := countPoints(rm); points > 0 {
 			w.points += points
@@ -360,13 +361,15 @@ func (p *mergeProcessor) takeStates(w *window, g *group, rm pmetric.ResourceMetr
 	rm.ScopeMetrics().RemoveIf(func(sm pmetric.ScopeMetrics) bool {
 		sm.Metrics().RemoveIf(func(m pmetric.Metric) bool {
 			name := m.Name()
-			switch {
-			case name == metricFlush && !from.merged:
-				taken += takeMarkers(g, m, rm.Resource().Attributes())
-				return m.Sum().DataPoints().Len() == 0
-			case name == metricRanks && from.merged:
-				taken += takeRankSets(g, m)
-				return m.Sum().DataPoints().Len() == 0
+			if m.Type() == pmetric.MetricTypeSum { // a marker of another type travels on, for the sink to refuse
+				switch {
+				case name == metricFlush && !from.merged:
+					taken += takeMarkers(g, m, rm.Resource().Attributes())
+					return m.Sum().DataPoints().Len() == 0
+				case name == metricRanks && from.merged:
+					taken += takeRankSets(g, m)
+					return m.Sum().DataPoints().Len() == 0
+				}
 			}
 			if !cleanName(name) || strings.HasPrefix(name, "rankscope.") || (p.perRank != nil && p.perRank.MatchString(name)) {
 				return false // goodbyes, markers not merged and per-rank keys travel unmerged

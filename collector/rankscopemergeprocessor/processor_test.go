@@ -537,6 +537,19 @@ func FuzzConsumeNeverPanics(f *testing.F) {
 	seed, _ := (&pmetric.ProtoMarshaler{}).MarshalMetrics(md)
 	f.Add(seed)
 	f.Add(seed[:len(seed)/2])
+	ranked := rankRequest("trainer", "0", 3, 8, 1, 2) // markers that merge into rank sets
+	window := ranked.ResourceMetrics().AppendEmpty()  // and an upstream merger's rank set
+	window.Resource().Attributes().PutStr(attrExperiment, "exp")
+	window.Resource().Attributes().PutBool(attrMerged, true)
+	sets := window.ScopeMetrics().AppendEmpty().Metrics().AppendEmpty()
+	sets.SetName(metricRanks)
+	dp := sets.SetEmptySum().DataPoints().AppendEmpty()
+	dp.Attributes().PutInt(attrStep, 1)
+	dp.Attributes().PutStr(attrRole, "trainer")
+	dp.Attributes().PutInt(attrWorldSize, 8)
+	dp.Attributes().PutStr(attrRanks, "0-2,4-7")
+	seed, _ = (&pmetric.ProtoMarshaler{}).MarshalMetrics(ranked)
+	f.Add(seed)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in, err := (&pmetric.ProtoUnmarshaler{}).UnmarshalMetrics(data)
 		if err != nil {

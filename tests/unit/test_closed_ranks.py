@@ -28,6 +28,8 @@ MERGER = {
     attr.EXPERIMENT_ATTEMPT: 0,
     attr.MERGED: True,
 }
+SETS = {**MERGER, attr.MERGE_PART: "ranks"}
+"""The resource a merger's rank sets travel on, after its window's states."""
 
 
 def rank_sets(step: int, *sets: tuple[str, str | None, int, str]) -> pb.Metric:
@@ -157,7 +159,7 @@ def test_a_late_rank_set_merges_the_ranks_data_and_says_they_arrived() -> None:
     clock.now = 1.5
     (first,) = e.ready()
     assert seen(first) == {"n": 6.0, attr.MISSING_PROCESSES: 1.0}
-    send(e, (MERGER, [*merged(0, 4.0), rank_sets(0, ("trainer", None, 4, "3"))]))
+    send(e, (MERGER, merged(0, 4.0)), (SETS, [rank_sets(0, ("trainer", None, 4, "3"))]))  # as a window is built
     (update,) = [e.view(done) for done in e.late(force=True)]
     assert update.late and seen(update) == {"n": 10.0, attr.MISSING_PROCESSES: 0.0}
     assert update.anomalies == [Corrected(step=0, processes=("trainer_r3",), count=1, missing=0)]
@@ -194,3 +196,35 @@ def test_a_rank_set_that_does_not_read_is_refused_with_its_reason() -> None:
     e = StepBook("x", BookConfig(grace=1), clock=Clock())
     refused = send(e, (MERGER, [*merged(0, 1.0), rank_sets(0, ("trainer", None, 4, "0-4"))]))
     assert refused.count == 1 and "rankscope.flush.ranks: bad merged flush marker" in refused.message
+
+
+def test_rank_sets_come_from_a_merge_only_and_a_request_holds_at_most_max_spans_ranges() -> None:
+    """A process names itself in its own markers; and a request's text cannot become millions of
+    ranges in memory (each ``0,2,4,...`` range is two bytes on the wire)."""
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
+    own = resource("p0", rank=0, world=4)
+    refused = send(e, (own, [rank_sets(0, ("trainer", None, 4, "0-3"))]))
+    assert refused.count == 1 and "only a Collector's merge sends rank sets" in refused.message
+    world = 1 << 20
+    scattered = ",".join(str(2 * i) for i in range(40_000))
+    refused = send(e, (SETS, [rank_sets(0, ("trainer", None, world, scattered), ("trainer", "1", world, scattered))]))
+    assert refused.count == 1 and f"more than {MAX_SPANS} ranges in one request" in refused.message
+    assert e.roster.ranks() == 40_000  # the first set, kept
+
+
+def test_a_new_group_past_the_runs_rank_slots_is_counted_not_kept() -> None:
+    from rankscope.sink.testing import ExperimentLimits
+
+    e = StepBook("x", BookConfig(grace=1, limits=ExperimentLimits(max_rank_slots=8)), clock=Clock())
+    send(e, (SETS, [rank_sets(0, ("trainer", None, 8, "0-7"))]))
+    send(e, (SETS, [rank_sets(0, *[(f"role{i}", None, 1, "0") for i in range(100)])]))
+    assert e.roster.unplaced_rank_sets == 100 and e.roster.ranks() == 8
+
+
+def test_a_restart_forgets_the_earlier_attempts_rank_sets() -> None:
+    e = StepBook("x", BookConfig(grace=1), clock=Clock())
+    send(e, (SETS, [rank_sets(0, ("trainer", None, 1000, "0-999"))]))
+    again = {**SETS, attr.EXPERIMENT_ATTEMPT: 1}
+    send(e, (again, [rank_sets(0, ("trainer", None, 4, "0-3"))]))
+    assert e.roster.attempt == 1 and e.roster.ranks() == 4
+    assert [size for _, size in e.roster.closed.groups(0)] == []

@@ -48,5 +48,10 @@ class ClosedRanks:
         """(group, its ranks) of every group of ``attempt`` that sent merged markers."""
         return ((g, len(last)) for g, last in self._last.items() if g[2] == attempt)
 
+    def retire(self, attempt: int) -> None:
+        """Forget the groups of attempts before ``attempt`` (the run restarted)."""
+        for group in [g for g in self._last if g[2] < attempt]:
+            del self._last[group]
+
     def __bool__(self) -> bool:
         return bool(self._last)

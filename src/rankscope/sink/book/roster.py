@@ -54,7 +54,8 @@ class Roster:
         self.version = 0
         """Moves whenever who a step waits for may have changed."""
         self._labels: dict[str, str] = {}
-        self._given_up: set[tuple[Group, int]] = set()
+        self._given_up: dict[Group, set[int]] = {}
+        """Per group, its ranks named missing and not reported since (``give_up``)."""
         self._slots: dict[Group, int] = {}
         """Rank slots each group declared (its largest world size)."""
         self._slot_total: dict[int, int] = {}
@@ -64,6 +65,8 @@ class Roster:
         """Processes per attempt, and those of them that have not said goodbye (``attempt_ended``)."""
         self._filled: tuple[tuple[int, int], bool] = ((-1, -1), False)
         """((version, processes), every declared rank slot of the attempt held) as ``finished`` last found it."""
+        self.unplaced_rank_sets = 0
+        """Merged markers of a new group that found every rank slot of the run held (``max_slots``)."""
         self.fallbacks: list[str] = []
         """Processes whose attempt fell back to their node's restart count (``ATTEMPT_FALLBACK``): the first 64."""
         self.fallback_count = 0
@@ -152,6 +155,10 @@ class Roster:
         for p in self.processes.values():
             if p.attempt < attempt:
                 p.live = False
+        self.closed.retire(attempt)  # an earlier attempt's slots are never asked again
+        for table in (self._slots, self._given_up):
+            for group in [g for g in table if g[2] < attempt]:
+                del table[group]
 
     def marked(self, process: Process, step: int) -> None:
         """``process`` closed ``step`` (its flush marker): it steps, it is live, its slot is filled."""
@@ -159,20 +166,25 @@ class Roster:
         process.stepped = True
         process.live = True
         process.last_marker = max(process.last_marker, step)
-        self._given_up.discard((process.group, process.rank))
+        self._given_up.get(process.group, set()).discard(process.rank)
 
     def ranks_marked(self, attempt: int, ranks: Ranks, step: int) -> None:
         """The ranks of a merged marker closed ``step``: their slots are held, those given up on
-        are waited for again."""
+        are waited for again. A new group past ``max_slots`` is not kept (``unplaced_rank_sets``)."""
+        group = (ranks.role, ranks.replica, attempt)
         if attempt < self.attempt:
             return
+        if group not in self._slots and self._slot_total.get(attempt, 0) >= self.max_slots:
+            self.unplaced_rank_sets += 1  # every slot is held: a new group could only add names
+            return
         self.version += 1
-        group = (ranks.role, ranks.replica, attempt)
         size = self._declared(group, ranks.world_size)
         self.closed.close(group, size, ranks, step)
-        for given in [g for g in self._given_up if g[0] == group]:
-            if any(low <= given[1] <= high for low, high in ranks.spans):
-                self._given_up.discard(given)
+        given = self._given_up.get(group)
+        if given:
+            closed = self.closed.closed(group, step)
+            if closed is not None:
+                given.difference_update([r for r in given if r < len(closed) and closed[r]])
 
     def came_back(self, process: Process) -> None:
         """A process given up on (or that said goodbye) sent data again."""
@@ -283,7 +295,7 @@ class Roster:
         for group, size in sizes.items():
             for rank in self._empty(group, size, present.get(group, set()), step).tolist():
                 role, replica, _ = group
-                if (group, rank) not in self._given_up:
+                if rank not in self._given_up.get(group, ()):
                     absent.append((label_of(role, replica, rank), (group, rank)))
                 else:
                     away.append(label_of(role, replica, rank))
@@ -295,9 +307,9 @@ class Roster:
         for _, what in absent:
             if isinstance(what, Process):
                 what.live = False
-                self._given_up.add((what.group, what.rank))
+                self._given_up.setdefault(what.group, set()).add(what.rank)
             elif what is not None:
-                self._given_up.add(what)
+                self._given_up.setdefault(what[0], set()).add(what[1])
 
     def local_pids(self, host: str) -> set[int]:
         return {p.pid for p in self.processes.values() if p.pid and p.host == host}

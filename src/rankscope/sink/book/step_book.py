@@ -241,12 +241,12 @@ class StepBook:
         points taken. Sample rows a step's tables cannot keep are refused here."""
         process, now, points, steps = taken.process, self.clock(), 0, self.steps
         before = refused.count
+        for marker in taken.settled:  # first: a run's first marker ends its time buckets (a restart)
+            self._marker(process, marker, now)
         for step, part in taken.parts.items():
             for marker in part.markers:
                 self._marker(process, marker, now)
             points += steps.merge(process, step, part, (seqs or {}).get(step, 0), now, refused)
-        for marker in taken.settled:  # after the late data they close: a merged one names who arrived
-            self._marker(process, marker, now)
         self.counts.refused += refused.count - before
         if taken.goodbye:
             self.roster.ended(process)

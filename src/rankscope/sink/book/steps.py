@@ -228,10 +228,11 @@ class StepTable:
             at = bisect_right(lows, int(rank)) - 1
             return at >= 0 and int(rank) <= ranks.spans[at][1]
 
-        for label in [m for m in bucket.missing if closed(m)]:
-            bucket.missing.remove(label)
-            if label not in bucket.arrived:
-                bucket.arrived.append(label)
+        arrived = [m for m in bucket.missing if closed(m)]
+        if arrived:  # one pass each: a late set may name a whole group
+            bucket.missing[:] = [m for m in bucket.missing if not closed(m)]
+            known = set(bucket.arrived)
+            bucket.arrived.extend(m for m in arrived if m not in known)
 
     def close(self, step: int, missing: list[str], now: float) -> tuple[Step, bool]:
         """Finalize open ``step`` (the lowest) without ``missing`` (labels): it is kept for late

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -46,7 +46,7 @@ from ...metrics.reduce import BUILTIN_REDUCES, Reduce
 from ...otlp import foreign
 from ...otlp.common import attributes, decode_step
 from ...otlp.logs import decode_record, decode_stream, is_stream
-from ...otlp.markers import EXIT_ERROR_CHARS, Marker, decode_marker, decode_ranks
+from ...otlp.markers import EXIT_ERROR_CHARS, MAX_SPANS, decode_marker, decode_ranks
 from ...otlp.metrics import READERS, SUM_SQ, Reader, check_custom_state, decode_custom_field, read_spread
 from ...otlp.raw import ParsedMetrics, decode_attribute, decode_attributes
 from ...otlp.samples import decode_row, is_sample
@@ -120,6 +120,7 @@ def metrics_batches(
     with counted(refused, on_costly):
         parsed = _resources(metrics_within(request, limits, refused, gate), limits, refused)
     batches: list[ResourceBatch] = []
+    spans = [MAX_SPANS]  # the rank-set ranges the whole request may hold (``_markers``)
     for encoded, rm, checked in parsed:
         if isinstance(checked, str):  # nothing without an experiment is taken: said, not dropped silently
             points = sum(_count(m) for sm in rm.scope_metrics for m in sm.metrics)
@@ -130,7 +131,7 @@ def metrics_batches(
         before = refused.count
         groups: dict[_Group, StateRows | str] = {}
         for sm in rm.scope_metrics:
-            refused.received += _scope(batch, groups, sm.metrics, limits, refused)
+            refused.received += _scope(batch, groups, sm.metrics, limits, refused, spans)
         batch.states = [rows for rows in batch.states if rows.keys]
         batch.refused = refused.count - before
         batches.append(batch)
@@ -236,6 +237,7 @@ def _scope(
     metrics: Any,
     limits: Limits,
     refused: Refusals,
+    spans: list[int],
 ) -> int:
     """Check one scope's metrics into ``batch``; returns how many points they held.
 
@@ -249,8 +251,11 @@ def _scope(
             continue
         n = len(points)
         received += n
-        if name == attr.FLUSH_MARKER or name == attr.FLUSH_RANKS:
-            _markers(batch, name, points, refused, decode_marker if name == attr.FLUSH_MARKER else decode_ranks)
+        if name == attr.FLUSH_MARKER:
+            _markers(batch, name, points, refused)
+            continue
+        if name == attr.FLUSH_RANKS:
+            _rank_sets(batch, points, refused, spans)
             continue
         if name == attr.GOODBYE:
             batch.goodbye = True
@@ -382,15 +387,35 @@ def _exit_error(points: Any) -> str | None:
     return None
 
 
-def _markers(
-    batch: ResourceBatch, name: str, points: Any, refused: Refusals, decode: Callable[..., Marker | str]
-) -> None:
+def _markers(batch: ResourceBatch, name: str, points: Any, refused: Refusals) -> None:
     for p in points:
         a = decode_attributes(p.attributes)
-        marker = a if isinstance(a, str) else decode(a, p.time_unix_nano)
+        marker = a if isinstance(a, str) else decode_marker(a, p.time_unix_nano)
         if isinstance(marker, str):
             refused.add(1, f"{name}: {marker}")
         else:
+            batch.markers.append(marker)
+
+
+def _rank_sets(batch: ResourceBatch, points: Any, refused: Refusals, spans: list[int]) -> None:
+    """A Collector's merged markers: taken from a merged resource only (a process names itself in
+    its own markers), and at most ``MAX_SPANS`` ranges a request (``spans``: what is left), so a
+    request's text cannot become millions of ranges in memory."""
+    name = attr.FLUSH_RANKS
+    if batch.resource.get(attr.MERGED) is not True:
+        refused.add(len(points), f"{name}: only a Collector's merge sends rank sets ({attr.MERGED})")
+        return
+    for p in points:
+        a = decode_attributes(p.attributes)
+        text = a.get(attr.RANKS) if isinstance(a, dict) else None
+        if isinstance(text, str) and text.count(",") >= spans[0]:
+            refused.add(1, f"{name}: more than {MAX_SPANS} ranges in one request")
+            continue
+        marker = a if isinstance(a, str) else decode_ranks(a, p.time_unix_nano)
+        if isinstance(marker, str):
+            refused.add(1, f"{name}: {marker}")
+        elif marker.ranks is not None:
+            spans[0] -= len(marker.ranks.spans)
             batch.markers.append(marker)
 
 

@@ -57,6 +57,7 @@ class RunStatus:
                 "last_finalized_step": e.last_finalized,
                 "processes": processes,
                 "ranks": e.roster.ranks(),
+                "unplaced_rank_sets": e.roster.unplaced_rank_sets,
                 "merge_upstreams": upstreams,
                 "points": n.points,
                 "merged_points": n.merged_points,
