@@ -1,8 +1,10 @@
 package rankscopemergeprocessor
 
 import (
+	"cmp"
+	"maps"
 	"math/bits"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -355,22 +357,14 @@ func (w *window) buildRanks(out pmetric.Metrics, gk groupKey, g *group, instance
 	sum := m.SetEmptySum()
 	sum.SetAggregationTemporality(pmetric.AggregationTemporalityDelta)
 	sum.SetIsMonotonic(true)
-	keys := make([]rankGroup, 0, len(g.ranks))
-	for k := range g.ranks {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		a, b := keys[i], keys[j]
-		if a.role != b.role {
-			return a.role < b.role
-		}
-		if a.hasReplica != b.hasReplica || a.replica != b.replica {
-			return !a.hasReplica || (b.hasReplica && a.replica < b.replica)
-		}
-		if a.worldSize != b.worldSize {
-			return a.worldSize < b.worldSize
-		}
-		return a.step < b.step
+	keys := slices.SortedFunc(maps.Keys(g.ranks), func(a, b rankGroup) int {
+		return cmp.Or(
+			cmp.Compare(a.role, b.role),
+			boolCompare(a.hasReplica, b.hasReplica),
+			cmp.Compare(a.replica, b.replica),
+			cmp.Compare(a.worldSize, b.worldSize),
+			cmp.Compare(a.step, b.step),
+		)
 	})
 	for _, k := range keys {
 		s := g.ranks[k]
@@ -392,5 +386,17 @@ func (w *window) buildRanks(out pmetric.Metrics, gk groupKey, g *group, instance
 			attrs.PutInt(attrWorldSize, k.worldSize)
 			attrs.PutStr(attrRanks, formatSpans(chunk))
 		}
+	}
+}
+
+// boolCompare orders false before true (a group without a replica before those with one).
+func boolCompare(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	default:
+		return 1
 	}
 }
