@@ -627,3 +627,44 @@ def test_a_client_inventing_refusal_reasons_cannot_wipe_the_status_routes_counts
         "unknown reduce type …": 3,
         "resource attribute … of … characters (limit …)": 1_100,
     }
+
+
+def test_hostile_rank_sets_are_refused_with_their_reason_and_leave_a_victim_on_time(make_sink) -> None:
+    """Rank sets (``rankscope.flush.ranks``, a Collector's merged markers) over real HTTP, as an
+    attacker would send them: from a process's own resource, unreadable, scattered past the ranges
+    a request may hold, a million-rank world, thousands of made-up groups. Each is answered with its
+    reason and counted; the sink keeps its memory and a victim experiment finalizes on time."""
+    import resource as rlimit
+
+    sink = make_sink(book=BookConfig(grace=1.0))
+    conn = Http(sink.http_port)
+    merged = {attr.MERGED: True, attr.SERVICE_INSTANCE_ID: "forged-merge"}
+
+    def sets(*points: tuple[str, int, str]) -> pb.Metric:
+        m = pb.Metric(name=attr.FLUSH_RANKS)
+        for role, world, ranks in points:
+            attributes = [key_value(attr.STEP, 0), key_value(attr.ROLE, role), key_value(attr.WORLD_SIZE, world)]
+            m.sum.data_points.add(as_int=1, attributes=[*attributes, key_value(attr.RANKS, ranks)])
+        return m
+
+    scattered = ",".join(str(2 * i) for i in range(70_000))  # 70,000 ranges: past 65,536 a request
+    cases = [
+        (request([sets(("trainer", 8, "0-7"))], "rs-own"), "only a Collector's merge sends rank sets"),
+        (request([sets(("trainer", 8, "0-8"))], "rs-bad", **merged), "not ascending, apart and below 8"),
+        (request([sets(("trainer", 1 << 20, scattered))], "rs-wide", **merged), "more than 65536 ranges"),
+        (request([sets(("trainer", (1 << 20) + 1, "0"))], "rs-huge", **merged), "at most 1048576"),
+    ]
+    rss = rlimit.getrusage(rlimit.RUSAGE_SELF).ru_maxrss
+    for step in range(4):
+        steady_experiment(conn, step)
+        for r, why in cases:
+            status, rejected, message = conn.export(r)
+            assert (status, rejected) == (200, 1) and why in message, (why, message)
+    groups = request([sets(*[(f"role{i}", 1 << 20, "0-1048575") for i in range(2_000)])], "rs-groups", **merged)
+    assert conn.export(groups)[:2] == (200, 0)  # taken: 131,072 slots for the first group, the rest counted
+    status = sink.status("rs-groups")
+    assert status["ranks"] == 131_072 and status["unplaced_rank_sets"] == 1_999
+    conn.close()
+    assert finalized(sink, "steady", 3, time.monotonic() + 8) == 3  # the victim: each step after its grace
+    assert rlimit.getrusage(rlimit.RUSAGE_SELF).ru_maxrss - rss < 512 * 1024  # KiB: no set became memory
+    assert sink.status("steady")["internal_errors"] == 0 and sink.status("rs-groups")["internal_errors"] == 0
