@@ -120,7 +120,7 @@ def metrics_batches(
     with counted(refused, on_costly):
         parsed = _resources(metrics_within(request, limits, refused, gate), limits, refused)
     batches: list[ResourceBatch] = []
-    spans = [MAX_SPANS]  # the rank-set ranges the whole request may hold (``_markers``)
+    spans = [MAX_SPANS]  # the rank-set ranges the whole request may hold (``_rank_sets``)
     for encoded, rm, checked in parsed:
         if isinstance(checked, str):  # nothing without an experiment is taken: said, not dropped silently
             points = sum(_count(m) for sm in rm.scope_metrics for m in sm.metrics)
@@ -252,7 +252,7 @@ def _scope(
         n = len(points)
         received += n
         if name == attr.FLUSH_MARKER:
-            _markers(batch, name, points, refused)
+            _markers(batch, points, refused)
             continue
         if name == attr.FLUSH_RANKS:
             _rank_sets(batch, points, refused, spans)
@@ -387,12 +387,12 @@ def _exit_error(points: Any) -> str | None:
     return None
 
 
-def _markers(batch: ResourceBatch, name: str, points: Any, refused: Refusals) -> None:
+def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:
     for p in points:
         a = decode_attributes(p.attributes)
         marker = a if isinstance(a, str) else decode_marker(a, p.time_unix_nano)
         if isinstance(marker, str):
-            refused.add(1, f"{name}: {marker}")
+            refused.add(1, f"{attr.FLUSH_MARKER}: {marker}")
         else:
             batch.markers.append(marker)
 
