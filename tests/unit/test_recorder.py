@@ -112,3 +112,26 @@ def test_a_users_accumulator_type_is_never_recycled() -> None:
     recorder = Recorder(streams=[])
     recorder.recycle({"ema": Ema(Reduce.MEAN), "loss": Reduce.MEAN.accumulator_class(Reduce.MEAN)})
     assert [set(d) for d in recorder.spares_waiting] == [{"loss"}]
+
+
+def test_recycled_steps_are_bounded_by_their_accumulators_not_their_count() -> None:
+    """A fast loop's steps come back one export round later (~80 steps of 5 ms in a round): the pool
+    keeps as many steps as ``MAX_SPARE_ACCUMULATORS`` holds, so a 100-key loop's first values find
+    spares (the bound of 32 steps before left them building accumulators, ~450 us a step); and at
+    least one step however large, never two that pass the bound."""
+    from rankscope.metrics.recorder import MAX_SPARE_ACCUMULATORS
+
+    def step(keys: int) -> dict[str, MetricAccumulator]:
+        return {f"k{i}": Reduce.MEAN.accumulator_class(Reduce.MEAN) for i in range(keys)}
+
+    recorder = Recorder(streams=[])
+    fits = MAX_SPARE_ACCUMULATORS // 100
+    for _ in range(fits + 5):
+        recorder.recycle(step(100))
+    assert len(recorder.spares_waiting) == fits and fits >= 256
+    assert sum(map(len, recorder.spares_waiting)) <= MAX_SPARE_ACCUMULATORS
+
+    huge = Recorder(streams=[])
+    huge.recycle(step(MAX_SPARE_ACCUMULATORS + 1))  # alone: kept, the next step's first values need it
+    huge.recycle(step(10))  # past the bound with it: not kept
+    assert [len(d) for d in huge.spares_waiting] == [MAX_SPARE_ACCUMULATORS + 1]
