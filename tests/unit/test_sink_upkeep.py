@@ -17,7 +17,7 @@ from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.raw import parse_metrics
 from rankscope.sink import BookConfig, RunLimits, Sink, SinkConfig
-from rankscope.sink.testing import ENDED_MARGIN, Agenda, Client, Quotas
+from rankscope.sink.testing import ENDED_MARGIN, Agenda, Client, DiskBudget, Quotas
 
 
 class Clock:
@@ -33,9 +33,8 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def sink(tmp_path: Path, clock: Clock) -> Iterator[Sink]:
-    views = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "{experiment}.jsonl")}}
+def _sink(tmp_path: Path, clock: Clock, stop_timeout: float = 10.0) -> Iterator[Sink]:
+    views = {"jsonl": {"logging_mode": "global_reduce", "path": str(tmp_path / "{experiment}-{run}.jsonl")}}
     config = SinkConfig(
         grpc_port=None,
         http_port=None,
@@ -44,11 +43,23 @@ def sink(tmp_path: Path, clock: Clock) -> Iterator[Sink]:
         backends=views,
         runs=RunLimits(quiet_after=30.0, idle_timeout=120.0),
         book=BookConfig(grace=1.0, start_hold=0.0),
+        stop_timeout=stop_timeout,
     )
     started = Sink(config, clock=clock).start()
     yield started
     started.stop()
     assert started.internal_errors == []
+
+
+@pytest.fixture
+def sink(tmp_path: Path, clock: Clock) -> Iterator[Sink]:
+    yield from _sink(tmp_path, clock)
+
+
+@pytest.fixture
+def impatient_sink(tmp_path: Path, clock: Clock) -> Iterator[Sink]:
+    """A closed run's log closes at once, whether its views finished or not (``stop_timeout`` 0)."""
+    yield from _sink(tmp_path, clock, stop_timeout=0.0)
 
 
 def step(experiment: str, run: str, *, goodbye: bool = False, at: int = 0) -> list[object]:
@@ -108,6 +119,46 @@ def test_a_quiet_run_gives_its_descriptors_back_and_takes_them_again(sink: Sink,
     settle(sink)
     settle(sink)
     assert sink.tenants.find("exp", "quiet") is None and sink.closed.evicted == 1
+
+
+def test_a_run_closed_before_its_views_finished_keeps_its_disk_reservation_until_they_do(
+    impatient_sink: Sink, clock: Clock
+) -> None:
+    """A loaded view pool finishes a closed run's views after its log closed (``stop_timeout``):
+    what they wrote is charged once they finish, the run's reservation held till then. Charged at
+    once, a page still being written was measured short and the client's next runs went past its
+    budget (a flood of report pages under load, ``test_sink_floods``)."""
+    sink, disk = impatient_sink, impatient_sink.tenants.disk
+    for run in ("first", "second"):
+        assert sink.export_metrics(step("exp", run)).rejected == 0
+        assert sink.export_metrics(step("exp", run, goodbye=True)).rejected == 0
+    settle(sink)
+    clock.now += 1.0 + ENDED_MARGIN + 0.1
+    first = sink.tenants.find("exp", "first")
+    second = sink.tenants.find("exp", "second")
+    assert first is not None and second is not None and second.writer is not None
+    # The second run's views held by the test as a busy pool thread holds them: they cannot finish.
+    assert second.writer._inbox.claim() == "claimed"
+    settle(sink)
+    assert sink.tenants.find("exp", "first") is None and sink.tenants.find("exp", "second") is None
+    assert first.writer is not None and first.writer.join(10) and not second.writer.closed.is_set()
+    charged(disk, first.key)  # the first run's views finished: what they wrote is charged
+    wrote = disk.status()["most_used_bytes"]
+    assert wrote == os.path.getsize(first.writer.status()["jsonl"]["location"]) > 0
+    time.sleep(0.3)  # the closer's rounds (every 0.1 s) go by: the second run's views have not finished
+    assert second.key in disk._reserved and disk.status()["most_used_bytes"] == wrote  # still reserved
+    second.writer._inbox.unclaim()
+    assert second.writer.join(10)
+    charged(disk, second.key)
+    assert disk.status()["most_used_bytes"] > wrote  # charged now: both runs' files, one client's
+
+
+def charged(disk: DiskBudget, key: object) -> None:
+    """Until ``key``'s reservation is replaced by what its views wrote (the closer thread's round)."""
+    deadline = time.monotonic() + 10
+    while key in disk._reserved and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert key not in disk._reserved
 
 
 def test_the_finalizer_visits_only_the_runs_with_work(sink: Sink, clock: Clock) -> None:

@@ -15,7 +15,8 @@ registry's lock (no reopening of the run meanwhile), its directory is removed
 (``ExperimentLog.remove``). A SIGKILL anywhere in between leaves either the directory (replayed
 on start as any run's, nothing in it left to replay: retired then) or the store's entry and a
 directory without ``meta.json`` (cleared on start): nothing acknowledged is lost. A run whose
-views did not finish in time keeps its directory, checkpointed, as before.
+views did not finish in time keeps its directory, checkpointed, as before, and its disk
+reservation until they finish (then what they wrote is charged: ``runs.disk``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ class Closer:
         self._closing_now: dict[RunKey, Tenant] = {}
         """The same, and those being closed, by run: a reopening closes them first."""
         self._to_close = threading.Event()
+        self._unsettled: list[Tenant] = []
+        """Runs closed whose views had not finished (their log closed at ``stop_timeout``): their
+        disk reservation holds until the views finish, then what they wrote is charged (``_settle``).
+        Charged earlier, a page still being written under a loaded pool was measured short and the
+        client's next runs were admitted past its budget."""
 
     @property
     def closing(self) -> int:
@@ -107,6 +113,8 @@ class Closer:
             if self._to_close.wait(0.1):  # a stop is seen within 0.1 s (the finalizer ticks more often)
                 self._to_close.clear()
                 self.finish_closing()
+            elif self._unsettled:
+                self._settle()
 
     def finish_closing(self) -> None:
         """Close what the runs taken out of the registry hold: each run's views and descriptors
@@ -133,15 +141,23 @@ class Closer:
                 continue
             done = set(ready)
             logs = [t for t in logs if t not in done]
-            self._charge(ready)
+            self._unsettled.extend(ready)
+            self._settle()
             self._close_logs(ready)
 
-    def _charge(self, tenants: list[Tenant]) -> None:
-        """What the runs' views wrote, charged to their clients (``disk``): each view's location."""
-        for tenant in tenants:
-            views = tenant.writer.status() if tenant.writer is not None else {}
+    def _settle(self) -> None:
+        """What the views of closed runs wrote, charged to their clients (``disk``: each view's
+        location measured) once the views finished; the others wait, their reservation held."""
+        waiting: list[Tenant] = []
+        for tenant in self._unsettled:
+            writer = tenant.writer
+            if writer is not None and not writer.closed.is_set():
+                waiting.append(tenant)
+                continue
+            views = writer.status() if writer is not None else {}
             found = [str(v.get("location") or "") for v in views.values()]
             self._registry.disk.settle(tenant.key, tenant.client, [w for w in found if w.startswith("/")])
+        self._unsettled = waiting
 
     def close_found(self, tenants: list[Tenant]) -> None:
         """Runs found in the state directory on start with nothing to replay: closed at once, as the
