@@ -50,7 +50,8 @@ for step in range(first, steps):
     rs.flush(step)
     node = os.environ["CLUSTER_NODE"]
     values = {k: v for k, (v, _) in recorded.items()}
-    log.write(json.dumps({"step": step, "rank": rank, "size": size, "node": node, "values": values}))
+    flushed = time.time()  # when: a test's failure says how far apart the ranks went on after a fault
+    log.write(json.dumps({"step": step, "rank": rank, "size": size, "node": node, "values": values, "at": flushed}))
     log.write("\n")
     log.flush()
     if rank == 0:
