@@ -81,7 +81,9 @@ print(json.dumps(out))
 
 def _run(tmp_path: Path, **env: str) -> dict[str, object]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
-    environ |= {"RANKSCOPE_RUNTIME_DIR": str(tmp_path / "run"), **env}
+    # The script reads the calls off the live accumulator: no periodic export may take it meanwhile
+    # (a second's interval did, on a loaded box, between one model's two iterations).
+    environ |= {"RANKSCOPE_RUNTIME_DIR": str(tmp_path / "run"), "RANKSCOPE_EXPORT_INTERVAL": "3600", **env}
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=environ, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
