@@ -17,7 +17,9 @@ from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.raw import parse_metrics
 from rankscope.sink import BookConfig, RunLimits, Sink, SinkConfig
-from rankscope.sink.testing import ENDED_MARGIN, Agenda, Client, DiskBudget, Quotas
+from rankscope.sink.runs import closing
+from rankscope.sink.testing import ENDED_MARGIN, Agenda, Claim, Client, DiskBudget, Quotas, ViewWriter
+from rankscope.sink.views.inbox import Inbox
 
 
 class Clock:
@@ -138,27 +140,64 @@ def test_a_run_closed_before_its_views_finished_keeps_its_disk_reservation_until
     second = sink.tenants.find("exp", "second")
     assert first is not None and second is not None and second.writer is not None
     # The second run's views held by the test as a busy pool thread holds them: they cannot finish.
-    assert second.writer._inbox.claim() == "claimed"
+    held = hold(second.writer)
     settle(sink)
     assert sink.tenants.find("exp", "first") is None and sink.tenants.find("exp", "second") is None
     assert first.writer is not None and first.writer.join(10) and not second.writer.closed.is_set()
-    charged(disk, first.key)  # the first run's views finished: what they wrote is charged
+    charged(disk, first.claim)  # the first run's views finished: what they wrote is charged
     wrote = disk.status()["most_used_bytes"]
     assert wrote == os.path.getsize(first.writer.status()["jsonl"]["location"]) > 0
     time.sleep(0.3)  # the closer's rounds (every 0.1 s) go by: the second run's views have not finished
-    assert second.key in disk._reserved and disk.status()["most_used_bytes"] == wrote  # still reserved
-    second.writer._inbox.unclaim()
+    assert second.claim in disk._reserved and disk.status()["most_used_bytes"] == wrote  # still reserved
+    held.unclaim()
     assert second.writer.join(10)
-    charged(disk, second.key)
+    charged(disk, second.claim)
     assert disk.status()["most_used_bytes"] > wrote  # charged now: both runs' files, one client's
 
 
-def charged(disk: DiskBudget, key: object) -> None:
-    """Until ``key``'s reservation is replaced by what its views wrote (the closer thread's round)."""
+def test_views_that_never_finish_are_charged_what_they_hold_after_a_while(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung backend does not hold its client's reservation for ever: past ``SETTLE_TIMEOUT`` its
+    run is charged what its views hold, said once in the log."""
+    monkeypatch.setattr(closing, "SETTLE_TIMEOUT", 0.3)
+    made = _sink(tmp_path, clock, stop_timeout=0.0)
+    sink = next(made)
+    try:
+        assert sink.export_metrics(step("exp", "hung")).rejected == 0
+        assert sink.export_metrics(step("exp", "hung", goodbye=True)).rejected == 0
+        settle(sink)
+        clock.now += 1.0 + ENDED_MARGIN + 0.1
+        tenant = sink.tenants.find("exp", "hung")
+        assert tenant is not None and tenant.writer is not None
+        held = hold(tenant.writer)
+        settle(sink)
+        assert sink.tenants.find("exp", "hung") is None and not tenant.writer.closed.is_set()
+        charged(sink.tenants.disk, tenant.claim)
+        assert not tenant.writer.closed.is_set() and sink.overview()["settling_runs"] == 0
+        assert "had not finished 0 s after the run closed" in caplog.text
+        held.unclaim()
+    finally:
+        next(made, None)
+
+
+def charged(disk: DiskBudget, claim: Claim) -> None:
+    """Until ``claim``'s reservation is replaced by what its views wrote (the closer thread's round)."""
     deadline = time.monotonic() + 10
-    while key in disk._reserved and time.monotonic() < deadline:
+    while claim in disk._reserved and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert key not in disk._reserved
+    assert claim not in disk._reserved
+
+
+def hold(writer: ViewWriter) -> Inbox:
+    """``writer``'s inbox claimed by the caller, as a pool thread's turn claims it: nothing it is
+    sent runs until ``unclaim``. A turn just done may still hold it a moment."""
+    inbox = writer._inbox
+    deadline = time.monotonic() + 10
+    while (found := inbox.claim()) == "busy" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert found == "claimed"
+    return inbox
 
 
 def test_the_finalizer_visits_only_the_runs_with_work(sink: Sink, clock: Clock) -> None:

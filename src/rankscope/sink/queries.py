@@ -142,6 +142,7 @@ class Queries:
             "run_notes": registry.notes.listed(None if scope is ALL else scope.name),
             "evicted_experiments": self._closed.evicted,
             "closing_runs": self._closer.closing,
+            "settling_runs": self._closer.settling,
             **self.tally.overview(),
             "internal_errors": len(self._internal_errors),
             "durable": self.config.state_dir is not None,

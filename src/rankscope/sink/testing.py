@@ -61,7 +61,7 @@ from .edge.listener import Listener
 from .edge.ports import Client, Control
 from .edge.validate import logs_batches, metrics_batches, traces_parts
 from .embedded import announce, discover, runtime_dir, withdraw
-from .runs.disk import DiskBudget, size_of
+from .runs.disk import Claim, DiskBudget, size_of
 from .runs.opening import Openings
 from .runs.quotas import Quotas
 from .runs.runbook import Refused, Resolved, Retried, Run, RunBook
@@ -91,6 +91,7 @@ __all__ = [
     "Agenda",
     "Backlog",
     "CaptureBook",
+    "Claim",
     "Client",
     "ConnectionServer",
     "Control",

@@ -25,15 +25,33 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import SinkConfig
+from ..views.writer import ViewWriter
 from .closed import ClosedRuns
+from .disk import Claim
 from .registry import Tenants
 from .runbook import RunKey
 from .tenant import Tenant
 
 log = logging.getLogger("rankscope.sink")
+
+SETTLE_TIMEOUT = 60.0
+"""Seconds at least that a closed run's views may go on writing before what they hold is charged
+anyway (a hung backend must not hold its client's reservation, nor its pool slot's, for ever)."""
+
+
+class Unsettled(NamedTuple):
+    """A closed run whose views still write: what charging it needs, not the run itself (its steps
+    and spans are let go)."""
+
+    claim: Claim
+    client: str
+    writer: ViewWriter | None
+    name: str
+    until: float
+    """When it is charged even if its views have not finished (``SETTLE_TIMEOUT``)."""
 
 
 class Closer:
@@ -57,11 +75,14 @@ class Closer:
         self._closing_now: dict[RunKey, Tenant] = {}
         """The same, and those being closed, by run: a reopening closes them first."""
         self._to_close = threading.Event()
-        self._unsettled: list[Tenant] = []
-        """Runs closed whose views had not finished (their log closed at ``stop_timeout``): their
+        self._unsettled: list[Unsettled] = []
+        """Closed runs whose views had not finished (their log closed at ``stop_timeout``): their
         disk reservation holds until the views finish, then what they wrote is charged (``_settle``).
         Charged earlier, a page still being written under a loaded pool was measured short and the
-        client's next runs were admitted past its budget."""
+        client's next runs were admitted past its budget. Guarded by ``_settling``: ``stop`` may
+        finish the closing while a closer thread that did not join in time still runs."""
+        self._settling = threading.Lock()
+        self._settle_timeout = max(SETTLE_TIMEOUT, 10 * config.stop_timeout)
 
     @property
     def closing(self) -> int:
@@ -113,7 +134,7 @@ class Closer:
             if self._to_close.wait(0.1):  # a stop is seen within 0.1 s (the finalizer ticks more often)
                 self._to_close.clear()
                 self.finish_closing()
-            elif self._unsettled:
+            if self._unsettled:
                 self._settle()
 
     def finish_closing(self) -> None:
@@ -141,23 +162,42 @@ class Closer:
                 continue
             done = set(ready)
             logs = [t for t in logs if t not in done]
-            self._unsettled.extend(ready)
+            until = now + self._settle_timeout
+            with self._settling:
+                self._unsettled += [Unsettled(t.claim, t.client, t.writer, t.name, until) for t in ready]
             self._settle()
             self._close_logs(ready)
 
+    @property
+    def settling(self) -> int:
+        """Closed runs whose views still write: their disk reservation held until they finish."""
+        return len(self._unsettled)
+
     def _settle(self) -> None:
         """What the views of closed runs wrote, charged to their clients (``disk``: each view's
-        location measured) once the views finished; the others wait, their reservation held."""
-        waiting: list[Tenant] = []
-        for tenant in self._unsettled:
-            writer = tenant.writer
+        location measured) once the views finished, or once they have run ``_settle_timeout`` past
+        their run's close (a hung backend: charged what they hold then, said once); the others wait,
+        their reservation held."""
+        with self._settling:
+            unsettled, self._unsettled = self._unsettled, []
+        now, waiting = time.monotonic(), []
+        for run in unsettled:
+            writer = run.writer
             if writer is not None and not writer.closed.is_set():
-                waiting.append(tenant)
-                continue
+                if now < run.until:
+                    waiting.append(run)
+                    continue
+                log.warning(
+                    "rankscope sink: the views of %s had not finished %.0f s after the run closed: charged "
+                    "what they hold now",
+                    run.name[:96],
+                    self._settle_timeout,
+                )
             views = writer.status() if writer is not None else {}
             found = [str(v.get("location") or "") for v in views.values()]
-            self._registry.disk.settle(tenant.key, tenant.client, [w for w in found if w.startswith("/")])
-        self._unsettled = waiting
+            self._registry.disk.settle(run.claim, run.client, [w for w in found if w.startswith("/")])
+        with self._settling:
+            self._unsettled += waiting
 
     def close_found(self, tenants: list[Tenant]) -> None:
         """Runs found in the state directory on start with nothing to replay: closed at once, as the

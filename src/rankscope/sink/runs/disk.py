@@ -19,7 +19,8 @@ offline); a client opening runs could fill the disk. Two bounds (``DiskLimits``)
 A location is counted once, for the client whose run last grew it (a file two runs write is one
 file). Measured locations are remembered (``MAX_LOCATIONS``; the oldest are forgotten, still
 counted). What is counted is kept in memory: a restarted sink starts from nothing and measures
-again as runs close.
+again as runs close. A reservation is held by one opening of a run (a ``Claim``), not by the run:
+a run reopened while its closed views still write holds one of its own.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import DiskLimits
-from .runbook import RunKey
 
 WALK = 10_000
 """Entries of a view's directory walked at most when it is measured."""
@@ -41,6 +41,14 @@ MAX_LOCATIONS = 100_000
 """Locations remembered (so a shared file is counted once); the oldest are forgotten, still counted."""
 REFRESH = 10.0
 """Seconds between two measurements of a client's locations when it is at its budget."""
+
+
+class Claim:
+    """One opening of a run, as the budget knows it: what holds its reservation until its views
+    are charged. Keyed by the run instead, a run reopened while its closed views still wrote shared
+    their reservation, and lost it when they were charged."""
+
+    __slots__ = ()
 
 
 def size_of(location: str | os.PathLike[str]) -> int:
@@ -74,8 +82,8 @@ class DiskBudget:
         self._lock = threading.Lock()
         self._used: dict[str, int] = {}
         """Client -> bytes of the locations it last grew (and of those forgotten since)."""
-        self._reserved: dict[RunKey, tuple[str, int]] = {}
-        """Open run -> (its client, bytes reserved for it)."""
+        self._reserved: dict[Claim, tuple[str, int]] = {}
+        """An open run's claim -> (its client, bytes reserved for it)."""
         self._reserved_by: dict[str, int] = {}
         """Client -> bytes reserved for its open runs."""
         self._per_run: dict[str, int] = {}
@@ -88,7 +96,7 @@ class DiskBudget:
         """(clock time, free bytes) of the last ``statvfs``."""
         self.refused = {"client": 0, "floor": 0}
 
-    def admit(self, key: RunKey, client: str, estimate: int) -> str | None:
+    def admit(self, claim: Claim, client: str, estimate: int) -> str | None:
         """Reserve a new run's bytes (at least ``estimate``), or why it may not open. A client at
         its budget has its locations measured again first (at most every ``REFRESH`` seconds):
         what was deleted since is given back."""
@@ -97,19 +105,19 @@ class DiskBudget:
             with self._lock:
                 self.refused["floor"] += 1
             return below
-        refused = self._reserve(key, client, estimate)
+        refused = self._reserve(claim, client, estimate)
         if refused is not None and self._clock() - self._refreshed.get(client, -REFRESH) >= REFRESH:
             self._refresh(client)
-            refused = self._reserve(key, client, estimate)
+            refused = self._reserve(claim, client, estimate)
         if refused is not None:
             with self._lock:
                 self.refused["client"] += 1
         return refused
 
-    def _reserve(self, key: RunKey, client: str, estimate: int) -> str | None:
+    def _reserve(self, claim: Claim, client: str, estimate: int) -> str | None:
         limit = self.limits.per_client_bytes
         with self._lock:
-            if key in self._reserved:
+            if claim in self._reserved:
                 return None
             reserve = max(estimate, self._per_run.get(client, 0))
             held = self._used.get(client, 0) + self._reserved_by.get(client, 0)
@@ -118,7 +126,7 @@ class DiskBudget:
                     f"this client's runs' views hold {held >> 20} MiB (with those still open), and a run "
                     f"needs {reserve >> 20} MiB more: past its disk budget of {limit >> 20} MiB (limit per client)"
                 )
-            self._reserved[key] = (client, reserve)
+            self._reserved[claim] = (client, reserve)
             self._reserved_by[client] = self._reserved_by.get(client, 0) + reserve
         return None
 
@@ -134,14 +142,14 @@ class DiskBudget:
                 if found is not None and found[0] == client:
                     self._measured(where, client, size)
 
-    def settle(self, key: RunKey, client: str, locations: Iterable[str]) -> int:
+    def settle(self, claim: Claim, client: str, locations: Iterable[str]) -> int:
         """A run's views closed: its reservation is replaced by what its locations hold now, each
-        location counted once, for the client whose run last grew it; returns what it grew."""
-        with self._lock:
-            self._unreserve(key)
-        sizes = {where: size_of(where) for where in locations if where}  # no lock: it reads the disk
+        location counted once, for the client whose run last grew it; returns what it grew. Measured
+        first (no lock: it reads the disk), then swapped in one step: never neither reserved nor counted."""
+        sizes = {where: size_of(where) for where in locations if where}
         grew = 0
         with self._lock:
+            self._unreserve(claim)
             for where, size in sizes.items():
                 grew += size - self._measured(where, client, size)
             while len(self._locations) > MAX_LOCATIONS:  # forgotten, still counted
@@ -161,13 +169,13 @@ class DiskBudget:
         self._locations[where] = (client, size)
         return before
 
-    def forget(self, key: RunKey) -> None:
-        """A run closed without views (nothing written): its reservation goes back."""
+    def forget(self, claim: Claim) -> None:
+        """A run closed without views (nothing written), or refused after all: its reservation goes back."""
         with self._lock:
-            self._unreserve(key)
+            self._unreserve(claim)
 
-    def _unreserve(self, key: RunKey) -> None:
-        found = self._reserved.pop(key, None)
+    def _unreserve(self, claim: Claim) -> None:
+        found = self._reserved.pop(claim, None)
         if found is not None:
             client, reserved = found
             left = self._reserved_by.get(client, 0) - reserved

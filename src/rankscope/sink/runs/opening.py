@@ -26,6 +26,7 @@ from ..edge.ports import LOCAL, Client
 from ..views.captures import CaptureBook
 from .closed import ClosedRuns
 from .closing import Closer
+from .disk import Claim
 from .registry import Tenants
 from .runbook import ENDED, RESUME, Refused, Resolved, Retried, Run, RunKey
 from .tenant import Tenant
@@ -176,18 +177,19 @@ class Opener:
         if tenant is None:
             disk = self._registry.disk
             full = opening.take(n) if opening is not None else None  # the request's share of openings
-            full = full or disk.admit(key, client.quota_key, self._view_configs.run_bytes(experiment))
+            claim = Claim()
+            full = full or disk.admit(claim, client.quota_key, self._view_configs.run_bytes(experiment))
             if full is None and (full := self._admit(experiment, client.quota_key)) is not None:
-                disk.forget(key)
+                disk.forget(claim)
             if full is not None:
                 if resolved.created:
                     self._registry.runs.forget(key)
                 refused.add(n, full)
                 return None, None
             try:
-                tenant = self._new(key, client.quota_key)
+                tenant = self._new(key, client.quota_key, claim)
             except OSError as exc:  # its write-ahead log cannot be opened (disk full, permissions)
-                disk.forget(key)
+                disk.forget(claim)
                 if resolved.created:
                     self._registry.runs.forget(key)
                 refused.add(n, self._open_failed(key, exc))
@@ -278,7 +280,7 @@ class Opener:
         log.error("rankscope sink: run %r of %r not opened: %r", key[1][:64], key[0][:64], exc)
         return "the sink cannot open this run's write-ahead log (see the sink's log)"
 
-    def _new(self, key: RunKey, client: str = "") -> Tenant:
+    def _new(self, key: RunKey, client: str = "", claim: Claim | None = None) -> Tenant:
         """A fresh tenant for a run (under the registry lock); a closing of the same run finishes first."""
         experiment_id, run = key
         self._closer.take_back(key)  # a closing of the same run finishes first
@@ -307,7 +309,7 @@ class Opener:
         for digest in known.goodbyes if known is not None else ():  # their retries, taken once (a restart)
             book.remember(bytes.fromhex(digest))
         captures = CaptureBook(self.clock, auto_interval=c.capture_interval)
-        tenant = Tenant(book, run_log, captures, self.on_error, client=client)
+        tenant = Tenant(book, run_log, captures, self.on_error, client=client, claim=claim)
         if run_log is not None and run_log.fresh and record is not None:  # its log's directory starts with it
             tenant.meta_version = record["version"]
         return tenant

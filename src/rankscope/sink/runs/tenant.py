@@ -18,6 +18,7 @@ from ..checked import OnError, Refusals, ResourceBatch
 from ..durable.wal import ExperimentLog
 from ..views.captures import CaptureBook
 from ..views.writer import ViewWriter
+from .disk import Claim
 from .runbook import RunKey
 
 RECENT_STEPS = 64
@@ -28,7 +29,14 @@ class Tenant:
     """One run of an experiment at the sink: its state, its views, its log, and the lock that guards them."""
 
     def __init__(
-        self, book: StepBook, log: ExperimentLog | None, captures: CaptureBook, on_error: OnError, *, client: str = ""
+        self,
+        book: StepBook,
+        log: ExperimentLog | None,
+        captures: CaptureBook,
+        on_error: OnError,
+        *,
+        client: str = "",
+        claim: Claim | None = None,
     ) -> None:
         self.book = book
         """The run's step book."""
@@ -47,6 +55,8 @@ class Tenant:
         """The run record's version last saved (``Opener.save_meta``): an older one is never written over it."""
         self.client = client
         """The client that opened it (``edge.ports.Client.quota_key``): whose quota it counts against."""
+        self.claim = claim if claim is not None else Claim()
+        """What holds its disk reservation until its views are charged (``disk``)."""
         self.need = (log is not None) + (book.traces.file is not None)
         """File descriptors its files hold while it takes data: its log's segment, its span file."""
         self.releases = 0
