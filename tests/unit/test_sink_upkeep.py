@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +17,7 @@ from rankscope.core import names as attr
 from rankscope.otlp.common import encode_resource, key_value
 from rankscope.otlp.raw import parse_metrics
 from rankscope.sink import BookConfig, RunLimits, Sink, SinkConfig
-from rankscope.sink.runs import closing
 from rankscope.sink.testing import ENDED_MARGIN, Agenda, Claim, Client, DiskBudget, Quotas, ViewWriter
-from rankscope.sink.views.inbox import Inbox
 
 
 class Clock:
@@ -140,7 +138,7 @@ def test_a_run_closed_before_its_views_finished_keeps_its_disk_reservation_until
     second = sink.tenants.find("exp", "second")
     assert first is not None and second is not None and second.writer is not None
     # The second run's views held by the test as a busy pool thread holds them: they cannot finish.
-    held = hold(second.writer)
+    release = hold(second.writer)
     settle(sink)
     assert sink.tenants.find("exp", "first") is None and sink.tenants.find("exp", "second") is None
     assert first.writer is not None and first.writer.join(10) and not second.writer.closed.is_set()
@@ -149,20 +147,20 @@ def test_a_run_closed_before_its_views_finished_keeps_its_disk_reservation_until
     assert wrote == os.path.getsize(first.writer.status()["jsonl"]["location"]) > 0
     time.sleep(0.3)  # the closer's rounds (every 0.1 s) go by: the second run's views have not finished
     assert second.claim in disk._reserved and disk.status()["most_used_bytes"] == wrote  # still reserved
-    held.unclaim()
+    release()
     assert second.writer.join(10)
     charged(disk, second.claim)
     assert disk.status()["most_used_bytes"] > wrote  # charged now: both runs' files, one client's
 
 
 def test_views_that_never_finish_are_charged_what_they_hold_after_a_while(
-    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A hung backend does not hold its client's reservation for ever: past ``SETTLE_TIMEOUT`` its
     run is charged what its views hold, said once in the log."""
-    monkeypatch.setattr(closing, "SETTLE_TIMEOUT", 0.3)
     made = _sink(tmp_path, clock, stop_timeout=0.0)
     sink = next(made)
+    sink.closer._settle_timeout = 0.3  # SETTLE_TIMEOUT's 60 s, for a test
     try:
         assert sink.export_metrics(step("exp", "hung")).rejected == 0
         assert sink.export_metrics(step("exp", "hung", goodbye=True)).rejected == 0
@@ -170,13 +168,13 @@ def test_views_that_never_finish_are_charged_what_they_hold_after_a_while(
         clock.now += 1.0 + ENDED_MARGIN + 0.1
         tenant = sink.tenants.find("exp", "hung")
         assert tenant is not None and tenant.writer is not None
-        held = hold(tenant.writer)
+        release = hold(tenant.writer)
         settle(sink)
         assert sink.tenants.find("exp", "hung") is None and not tenant.writer.closed.is_set()
         charged(sink.tenants.disk, tenant.claim)
         assert not tenant.writer.closed.is_set() and sink.overview()["settling_runs"] == 0
         assert "had not finished 0 s after the run closed" in caplog.text
-        held.unclaim()
+        release()
     finally:
         next(made, None)
 
@@ -189,15 +187,15 @@ def charged(disk: DiskBudget, claim: Claim) -> None:
     assert claim not in disk._reserved
 
 
-def hold(writer: ViewWriter) -> Inbox:
+def hold(writer: ViewWriter) -> Callable[[], None]:
     """``writer``'s inbox claimed by the caller, as a pool thread's turn claims it: nothing it is
-    sent runs until ``unclaim``. A turn just done may still hold it a moment."""
+    sent runs until the call returned is made. A turn just done may still hold it a moment."""
     inbox = writer._inbox
     deadline = time.monotonic() + 10
     while (found := inbox.claim()) == "busy" and time.monotonic() < deadline:
         time.sleep(0.01)
     assert found == "claimed"
-    return inbox
+    return inbox.unclaim
 
 
 def test_the_finalizer_visits_only_the_runs_with_work(sink: Sink, clock: Clock) -> None:
