@@ -330,7 +330,7 @@ def _start_runtime(
         stream_to_sink=stream_to_sink,
         export_interval=settings.export_interval,
         max_queued_steps=settings.max_queued_steps,
-        periodic=lambda: not steps.flushed and not steps.monarch,
+        periodic=lambda: steps.periodic,
         on_error=report_internal_error,
         spans=tracing.buffer,
         taken=tracing.taken,

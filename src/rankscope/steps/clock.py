@@ -45,6 +45,13 @@ class StepClock:
         return 0 if self.last is None else self.last + 1
 
     @property
+    def periodic(self) -> bool:
+        """Whether values go out every export interval without a step: only in a program that has
+        neither closed a step nor announced one (``set_step``: it will flush it, and what it
+        recorded goes out then, stamped with it) and whose steps no controller closes."""
+        return not self.flushed and self.explicit is None and not self.monarch
+
+    @property
     def monarch(self) -> bool:
         """A Monarch controller or actor: steps come from the controller's ``flush``, so values
         wait for it instead of going out early without a step (periodic exports)."""
