@@ -31,6 +31,8 @@ from .test_cluster import NODES, PER_NODE, REFUSAL, Job, finish, job, rank_logs,
 
 pytestmark = pytest.mark.skipif(REFUSAL is not None, reason=f"the cluster tests build network namespaces: {REFUSAL}")
 KEYS = ("v/sum", "v/mean", "v/max", "v/min", "samples")
+STEPS_30S = 48
+"""The 30 s cuts' job at 1 step/s: cut at step 10, back near step 40, a few steps on after it."""
 
 
 def views(tmp: Path) -> dict[str, Any]:
@@ -180,13 +182,13 @@ def judge_views(tmp: Path, cut_steps: int) -> None:
 
 @pytest.mark.timeout(420)
 def test_a_nodes_telemetry_cut_for_30_s_at_1_step_per_s_is_exact_in_every_view_at_the_end(binaries, tmp_path) -> None:
-    partitioned(binaries, tmp_path, steps=60, pause=1.0, cut_at=10, cut_s=30.0)
+    partitioned(binaries, tmp_path, steps=STEPS_30S, pause=1.0, cut_at=10, cut_s=30.0)
     judge_views(tmp_path, cut_steps=20)
 
 
 @pytest.mark.timeout(600)
 def test_a_nodes_telemetry_cut_for_120_s_at_4_steps_per_s_is_exact_in_every_view_at_the_end(binaries, tmp_path) -> None:
-    partitioned(binaries, tmp_path, steps=560, pause=0.25, cut_at=20, cut_s=120.0)
+    partitioned(binaries, tmp_path, steps=520, pause=0.25, cut_at=20, cut_s=120.0)  # the cut ends near step 500
     judge_views(tmp_path, cut_steps=400)
 
 
@@ -205,5 +207,7 @@ def agent_gateway_and_sink_killed(made: Job) -> None:
 
 @pytest.mark.timeout(420)
 def test_an_agent_the_gateway_and_the_sink_killed_during_a_30_s_cut_leave_every_view_exact(binaries, tmp_path) -> None:
-    partitioned(binaries, tmp_path, steps=60, pause=1.0, cut_at=10, cut_s=30.0, during=agent_gateway_and_sink_killed)
+    partitioned(
+        binaries, tmp_path, steps=STEPS_30S, pause=1.0, cut_at=10, cut_s=30.0, during=agent_gateway_and_sink_killed
+    )
     judge_views(tmp_path, cut_steps=20)
