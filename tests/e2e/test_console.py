@@ -86,12 +86,14 @@ def test_the_main_examples_console_reads_at_a_glance(tmp_path: Path) -> None:
     )
     stragglers = re.findall(  # the cause, then its victims: they waited for it in the all-reduce
         r"^!!! step (\d+) straggler: trainer_r2 in train/forward(?: since step (\d+))?, \+\d[\d.]*m?s "
-        r"\(\S+x the others\); arrived last at all_reduce, 3 others waited up to \S+$",
+        r"\(\S+x the others\)(; arrived last at all_reduce, 3 others waited up to \S+)?$",
         alerts,
         re.M,
     )
     assert len(stragglers) == 1, done.stdout  # a streak, said once, when the sink names it
-    named, since = stragglers[0]
+    # Named by its arrival at the all-reduce as a rule; on a loaded box a step whose collective
+    # spans came after its judgement names it by its phase alone (the same rank, the same phase).
+    named, since, _ = stragglers[0]
     assert int(since or named) in (3, 4), done.stdout  # slow from step 3, the warm-up steps before it
     held_up = [step for step in range(5, STEPS) if "slowest trainer_r2 in train/forward" in " ".join(steps[step])]
     assert held_up, done.stdout  # and each step names it as the one that held the others up

@@ -304,7 +304,11 @@ def test_ddp_each_slow_phase_names_only_its_rank(
     by_phase = {r["phase"]: r for r in records}
     for phase in ("train/data", "train/forward"):
         assert (by_phase[phase]["collective"], by_phase[phase]["rule"]) == ("all_reduce", "arrival"), by_phase[phase]
-    assert by_phase["train/optimizer"]["collective"] is None
+    # By its phase net of the waits as a rule; or, when its lateness shows at the next step's first
+    # bucket (its time since its last collective held the slow optimizer), by that arrival: either
+    # way its rank in its phase (a loaded box gave the second once).
+    optimizer = by_phase["train/optimizer"]
+    assert (optimizer["collective"], optimizer["rule"]) in ((None, "phase"), ("all_reduce", "arrival")), optimizer
     live = _live(status, 3)
     for record, (rank, phase, first, last) in zip(live, plan, strict=True):
         _streak(record, rank, f"train/{phase}", first, last)
