@@ -456,9 +456,12 @@ def test_an_idle_sink_holding_thousands_of_runs_costs_little_cpu(tmp_path: Path)
             assert all(rejected == 0 for rejected, _ in answers), [a for a in answers if a[0]][:3]
         wait_for("4,000 runs open", lambda: overview(http_port)["runs"] == 4000)
         time.sleep(2.0)  # every step finalized and written
-        before, started = cpu_seconds(sink.proc.pid), time.monotonic()
-        time.sleep(4.0)
-        used = (cpu_seconds(sink.proc.pid) - before) / (time.monotonic() - started)
+        windows = []
+        for _ in range(2):  # the quieter of two: a spike of the VM's own in one does not fail it, a spin shows in both
+            before, started = cpu_seconds(sink.proc.pid), time.monotonic()
+            time.sleep(3.0)
+            windows.append((cpu_seconds(sink.proc.pid) - before) / (time.monotonic() - started))
+        used = min(windows)
         status = overview(http_port)
         assert status["runs"] == 4000 and status["healthy"]
         print(f"\nidle sink holding 4,000 runs: {100 * used:.1f} % of a CPU")
