@@ -28,6 +28,10 @@ from .driving import Runtime, installed, say_where_at_first_flush, started
 from .fork import CHILD_SHUTDOWN_TIMEOUT
 from .state import process
 
+SAY_REPORT_WAIT_S = 30.0
+"""How long the process that started the sink waits for it to say where the report is: a sink
+alive but busy with the job's last sends answers late, and the line is what the user looks for."""
+
 
 def shutdown() -> None:
     """Export what is left (unflushed values go out without a step, ``_tail_step``) and stop the
@@ -137,7 +141,8 @@ def _say_report(runtime: Runtime) -> None:
     """The process that started its launch's embedded sink says, once the sink wrote its last step,
     where the run is kept (``RANKSCOPE_KEEP``): the report view's page, which the sink writes at its
     end (with the steps of processes still running then). Said on stdout, where the steps' lines
-    went; one short status request, never a page rendered while the job waits to exit. Nothing
+    went; a status request (asked again while a sink busy with the job's last sends does not answer,
+up to ``SAY_REPORT_WAIT_S``), never a page rendered while the job waits to exit. Nothing
     when the run has no report view, nor when this process already asked for it (``write_report``)."""
     notices = process.notices
     control = getattr(runtime.thread.sender, "control_url", None)
@@ -145,10 +150,22 @@ def _say_report(runtime: Runtime) -> None:
         return
     a = runtime.resource.attributes
     experiment = str(a[attr.EXPERIMENT_ID])
+    run = str(a.get(attr.RUN_ID) or "") or None
+    deadline = time.monotonic() + SAY_REPORT_WAIT_S
     try:
-        status = sink_status(control, experiment, run=str(a.get(attr.RUN_ID) or "") or None) or {}
+        status = None
+        while status is None and time.monotonic() < deadline:  # its pool busy with the job's last sends
+            status = sink_status(control, experiment, timeout=max(0.5, deadline - time.monotonic()), run=run)
+            if status is None:
+                time.sleep(0.2)
+        if status is None:
+            warn(
+                f"rankscope: the sink did not say where the report is in {SAY_REPORT_WAIT_S:.0f} s; the run's "
+                "directory under rankscope_logs/ holds it (`rankscope report DIR` writes it again)"
+            )
+            return
         page = next((v.get("location") for v in (status.get("views") or {}).values() if _is_page(v)), None)
-    except Exception as exc:  # a sink gone or answering oddly: nothing to say, never raised into the exit
+    except Exception as exc:  # a sink answering oddly: nothing to say, never raised into the exit
         report_internal_error("saying where the report is", exc)
         return
     if isinstance(page, str):

@@ -252,13 +252,17 @@ def _waited_in(
     comms: Mapping[Any, list[StoredSpan]], phases: list[StoredSpan], waits: Mapping[int, float]
 ) -> dict[int, float]:
     """Per phase span (by ``id``): seconds of its process's collective waits that overlap it. A
-    wait is the end of its collective (``[end - wait, end]``: a rank that waited arrived first and
-    left with the others); a collective that matched nothing counts whole. Waits overlapping in
-    time count once (the union of their windows). An async wait starts no earlier than the
-    process's latest launch by its end (until then the process went on: it launched more); a DDP
-    bucket's (``rankscope.comm.source`` "ddp") no earlier than the process's last bucket launch of
-    the step: DDP blocks only at the end of backward, and a rank computing its later buckets is
-    not waiting for the earlier ones. One sweep per process (its collectives sorted by launch)."""
+    wait is ``[start, start + wait]``: a rank that waited arrived first, waited for the last, then
+    spent the collective's own time (the transfer: the last to arrive's whole time in it) with the
+    others, which stays in its phase as it stays in the last one's (placed at the collective's end,
+    the transfer of DDP's buckets after a late rank's arrival was netted away from the waiters'
+    backward only, and on a busy box the late rank looked 40-60 ms slower in its next backward). A
+    collective that matched nothing counts whole. Waits overlapping in time count once (the union
+    of their windows). An async wait starts no earlier than the process's latest launch by its end
+    (until then the process went on: it launched more); a DDP bucket's (``rankscope.comm.source``
+    "ddp") no earlier than the process's last bucket launch of the step: DDP blocks only at the end
+    of backward, and a rank computing its later buckets is not waiting for the earlier ones. One
+    sweep per process (its collectives sorted by launch)."""
     by_process: dict[Any, list[StoredSpan]] = defaultdict(list)
     for span in phases:
         by_process[span.process].append(span)
@@ -269,13 +273,14 @@ def _waited_in(
         windows = _union(
             (
                 max(
-                    comm.end_ns - int(waits.get(id(comm), (comm.end_ns - comm.start_ns) / 1e9) * 1e9),
-                    launches[bisect_right(launches, comm.end_ns) - 1],  # its latest launch by then
+                    comm.start_ns,
+                    launches[bisect_right(launches, high) - 1],  # its latest launch by then
                     buckets if comm.attributes.get(attr.COMM_SOURCE) == "ddp" else 0,
                 ),
-                comm.end_ns,
+                high,
             )
             for comm in made
+            for high in (_waited_until(comm, waits),)
         )
         mine = sorted(by_process.get(process, ()), key=lambda s: s.start_ns)
         open_: list[StoredSpan] = []
@@ -290,6 +295,13 @@ def _waited_in(
                 if overlap > 0:
                     waited_in[id(span)] += overlap / 1e9
     return waited_in
+
+
+def _waited_until(comm: StoredSpan, waits: Mapping[int, float]) -> int:
+    """When ``comm``'s process stopped waiting in it: its wait after its launch (the whole span when
+    it matched nothing)."""
+    wait = waits.get(id(comm))
+    return comm.end_ns if wait is None else min(comm.end_ns, comm.start_ns + int(wait * 1e9))
 
 
 def _union(windows: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
