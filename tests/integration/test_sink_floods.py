@@ -429,6 +429,8 @@ def test_a_flood_of_runs_with_the_report_view_on_is_held_to_its_disk_budget(
     with Victim(sink.http_port, grpc_port=sink.grpc_port, interval=0.1) as victim:
         answers = flood(sink.http_port, None, runs, source="127.0.0.2", threads=4)
         wait_for("the flood's runs closed", lambda: sink.overview()["runs"] <= 1, timeout=120)
+        # and their pages written and charged (a busy box's pool finishes them after the runs close)
+        wait_for("the closed runs' views settled", lambda: sink.overview()["settling_runs"] == 0, timeout=120)
         disk = sink.overview()["disk"]
     victim.check(min_steps=5, within=3.0)
     refused = [message for rejected, message in answers if rejected > 0]
