@@ -139,11 +139,11 @@ def _wait_for_sink_views(runtime: Runtime) -> None:
 
 def _say_report(runtime: Runtime) -> None:
     """The process that started its launch's embedded sink says, once the sink wrote its last step,
-        where the run is kept (``RANKSCOPE_KEEP``): the report view's page, which the sink writes at its
-        end (with the steps of processes still running then). Said on stdout, where the steps' lines
-        went; a status request (asked again while a sink busy with the job's last sends does not answer,
-    up to ``SAY_REPORT_WAIT_S``), never a page rendered while the job waits to exit. Nothing
-        when the run has no report view, nor when this process already asked for it (``write_report``)."""
+    where the run is kept (``RANKSCOPE_KEEP``): the report view's page, which the sink writes at its
+    end (with the steps of processes still running then). Said on stdout, where the steps' lines
+    went; a status request, asked again while a sink busy with the job's last sends does not answer
+    (up to ``SAY_REPORT_WAIT_S``), never a page rendered while the job waits to exit. Nothing when
+    the run has no report view, nor when this process already asked for it (``write_report``)."""
     notices = process.notices
     control = getattr(runtime.thread.sender, "control_url", None)
     if notices.sink_starter != os.getpid() or control is None or notices.reported is not None:

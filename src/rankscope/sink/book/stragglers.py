@@ -253,11 +253,10 @@ def _waited_in(
 ) -> dict[int, float]:
     """Per phase span (by ``id``): seconds of its process's collective waits that overlap it. A
     wait is ``[start, start + wait]``: a rank that waited arrived first, waited for the last, then
-    spent the collective's own time (the transfer: the last to arrive's whole time in it) with the
-    others, which stays in its phase as it stays in the last one's (placed at the collective's end,
-    the transfer of DDP's buckets after a late rank's arrival was netted away from the waiters'
-    backward only, and on a busy box the late rank looked 40-60 ms slower in its next backward). A
-    collective that matched nothing counts whole. Waits overlapping in time count once (the union
+    spent the collective's own time (the transfer, the last one's whole time in it) with the
+    others. That time stays in every rank's phase alike: netted from the waiters' only, a late
+    rank's backward looked 40-60 ms over theirs on a busy box. A collective that matched nothing
+    counts whole. Waits overlapping in time count once (the union
     of their windows). An async wait starts no earlier than the process's latest launch by its end
     (until then the process went on: it launched more); a DDP bucket's (``rankscope.comm.source``
     "ddp") no earlier than the process's last bucket launch of the step: DDP blocks only at the end
