@@ -100,13 +100,16 @@ r = runtime.get().recorder
 KEYS = [f"k{i:03d}" for i in range(100)]
 for k in KEYS:
     rs.record_metric(k, x)
+PREFILLS = hasattr(r, "recorded")  # a checkout before it (--before) takes them from the spares
 SPARES = hasattr(r, "spare")  # a checkout before recycling (--before) builds every first value
 """
 )
 FIRST_STMT = """
 for k in KEYS:
     rs.record_metric(k, x)
-if SPARES:
+if PREFILLS:
+    pass  # MEAN keys: the next step starts with these accumulators, reset on the export thread
+elif SPARES:
     r.spare, r.accs = r.accs, {}  # what the export thread's recycle leaves for the next step
 else:
     r.accs = {}

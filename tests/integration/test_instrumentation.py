@@ -39,7 +39,7 @@ for x, y in loader:
     dist.all_reduce(torch.ones(2))
 torch.save(model.state_dict(), os.path.join(tempfile.mkdtemp(), "m.pt"))
 elastic.put_metric("count", 1, "app")
-keys = set(slot.recorder.accs) if slot.recorder else set()
+keys = set(slot.recorder.recorded()) if slot.recorder else set()
 print(json.dumps({
     "instrumented": sorted(n for n, c in INSTRUMENTORS.items() if c()._is_instrumented_by_opentelemetry),
     "server_spans": propagation.server_spans,

@@ -43,7 +43,7 @@ def _train_once(tmp_path: Path) -> None:
 
 def _recorded() -> set[str]:
     recorder = rs_slot.recorder
-    return set() if recorder is None else set(recorder.accs)
+    return set() if recorder is None else set(recorder.recorded())
 
 
 def test_torch_instrumentors_instrument_and_uninstrument_in_process(tmp_path: Path) -> None:

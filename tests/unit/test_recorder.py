@@ -135,3 +135,34 @@ def test_recycled_steps_are_bounded_by_their_accumulators_not_their_count() -> N
     huge.recycle(step(MAX_SPARE_ACCUMULATORS + 1))  # alone: kept, the next step's first values need it
     huge.recycle(step(10))  # past the bound with it: not kept
     assert [len(d) for d in huge.spares_waiting] == [MAX_SPARE_ACCUMULATORS + 1]
+
+
+def test_a_mean_keys_first_value_lands_in_its_recycled_accumulator_and_an_unused_one_is_not_exported() -> None:
+    """The step after a recycle starts with the MEAN/STD/COUNT accumulators in place (a first value
+    costs a repeated one's): what no value reached leaves the step before anything reads it, and a
+    periodic export of only those is nothing."""
+    from rankscope.metrics import recording
+
+    recorder = Recorder(streams=[])
+    recording._follow(recorder, False)
+    try:
+        for key, reduce in (("loss", Reduce.MEAN), ("spread", Reduce.STD), ("n", Reduce.COUNT), ("peak", Reduce.MAX)):
+            recording.record_metric(key, 3.0, reduce)
+        first = recorder.take(0)
+        assert first is not None
+        objects = dict(first.accs)
+        recorder.recycle(first.accs)
+        nothing = recorder.take(1)  # the recycled step becomes step 2's
+        assert nothing is not None and recorder.drop_unrecorded(nothing) == 0 and nothing.accs == {}
+        assert set(recorder.accs) == {"loss", "spread", "n"} and set(recorder.spare) == {"peak"}
+        assert recorder.recorded() == {}  # in place, empty: nothing recorded yet
+        assert recorder.take(None) is None  # a periodic export finds nothing to send, and keeps them
+        assert set(recorder.accs) == {"loss", "spread", "n"}
+        recording.record_metric("loss", 5.0)
+        assert recorder.accs["loss"] is objects["loss"] and set(recorder.recorded()) == {"loss"}
+        second = recorder.take(2)
+        assert second is not None and recorder.drop_unrecorded(second) == 2
+        assert set(second.accs) == {"loss"}
+        assert second.accs["loss"].get_state() == {"reduction_type": "mean", "sum": 5.0, "count": 1}
+    finally:
+        recording._follow(None, False)

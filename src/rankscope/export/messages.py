@@ -142,6 +142,7 @@ class Dispatcher:
         """A step taken on this thread (a periodic export) joins the bound and, if it fits, the pending steps."""
         if batch is None:
             return
+        self._recorder.drop_unrecorded(batch)
         batch.held_points = len(batch.accs)
         if self._bound.hold(batch.held_points):
             self._guarded(self._prepare, batch)
@@ -189,6 +190,14 @@ class Dispatcher:
     def _on_stop(self, item: Stop, taken: Taken) -> None:
         taken.stop = item
 
+    def _drop_unrecorded(self, batch: StepBatch) -> None:
+        """The recycled accumulators the step started with and never used leave it, and the bound."""
+        dropped = self._recorder.drop_unrecorded(batch)
+        if dropped and batch.held_points:
+            released = min(dropped, batch.held_points)
+            batch.held_points -= released
+            self._bound.release(0, released)
+
     def _prepare(self, batch: StepBatch) -> None:
         """Read device values and GPU-timed durations, make the CPU-timed phases' durations and spans,
         then give the step to the local backends."""
@@ -202,6 +211,7 @@ class Dispatcher:
         if batch.device is not None:
             self._recorder.stream_device_values(batch, batch.device.values())
             batch.device = None
+        self._drop_unrecorded(batch)
         self._backends.log_batch(batch)
         if batch.samples:
             self._backends.log_samples(batch)

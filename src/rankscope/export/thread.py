@@ -162,20 +162,19 @@ class ExportThread:
     # -- caller side -------------------------------------------------------------------
 
     def submit(self, batch: StepBatch) -> None:
-        points = batch.held_points = len(batch.accs)
+        points = batch.held_points = len(batch.accs)  # with the recycled ones no value reached: see ``_prepare``
         if not self.bound.hold(points):
-            self.drops.points(
-                points, f"{self.bound.max_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
-            )
-            self._refused(batch)
+            waiting = f"{self.bound.max_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
+            self._refused(batch, waiting)
         elif not self._inbox.put(batch):
             self.bound.release(1, points)
-            self.drops.points(points, "the export queue is full")
-            self._refused(batch)
+            self._refused(batch, "the export queue is full")
 
-    def _refused(self, batch: StepBatch) -> None:
-        """A step refused at ``submit`` still gets its spans (made here, on the caller's thread): its
-        traced blocks' and phases', and its root span, as the user's may have gone to the span buffer already."""
+    def _refused(self, batch: StepBatch, why: str) -> None:
+        """A step refused at ``submit``: its points are counted lost, and it still gets its spans (made
+        here, on the caller's thread): its traced blocks' and phases', and its root span, as the
+        user's may have gone to the span buffer already."""
+        self.drops.points(len(batch.accs) - self.recorder.drop_unrecorded(batch), why)
         if batch.phases:
             phases, batch.phases = batch.phases, None
             for span in phase_spans(phases):

@@ -1,9 +1,10 @@
 """Per-process metric state: what ``record_metric`` writes and ``flush`` hands off.
 
 The hot path (``metrics.recording.record_metric``) touches only ``Recorder.accs``: a dict lookup
-and an ``append`` on a slotted accumulator (and, for a CUDA tensor of a kind checked before, one
-append to ``Recorder.device``). Everything else (first use of a key, type checks, other device
-tensors, streaming) goes through ``Recorder.record``.
+and an ``append`` on a slotted accumulator (a MEAN key's first value of a step included: the step
+starts with the reset accumulators of an exported one, ``Recorder.recycle``), and, for a CUDA
+tensor of a kind checked before, one append to ``Recorder.device``. Everything else (first use of
+a key, type checks, other device tensors, streaming) goes through ``Recorder.record``.
 """
 
 from __future__ import annotations
@@ -152,13 +153,16 @@ class Recorder:
 
     def __init__(self, streams: list[StreamSink]) -> None:
         self.accs: dict[str, MetricAccumulator] = {}
+        """The step's accumulators by key: what it recorded, and the reset ``PREFILLED`` ones of an
+        exported step that it started with (``recorded`` leaves those out until a value reaches them)."""
         self.spare: dict[str, MetricAccumulator] = {}
-        """Reset accumulators of an exported step, by key: a key's first value of the step in progress
-        takes one from here instead of building one (``recycle``)."""
-        self._spares: list[dict[str, MetricAccumulator]] = []
-        """Recycled steps waiting to become ``spare`` (at a take): the export thread appends, the
-        caller pops, each whole (list append and pop are atomic), so one request that carries
-        several steps refills every one of the next steps, not only the first."""
+        """Reset accumulators of an exported step, of the other reduce types, by key: a key's first
+        value of the step in progress takes one from here instead of building one (``recycle``)."""
+        self._spares: list[tuple[dict[str, MetricAccumulator], dict[str, MetricAccumulator]]] = []
+        """Recycled steps waiting to serve a later step (at a take): each its ``PREFILLED``
+        accumulators (the next step's ``accs``) and the others (its ``spare``). The export thread
+        appends, the caller pops, each whole (list append and pop are atomic), so one request that
+        carries several steps refills every one of the next steps, not only the first."""
         self._reduce_of: dict[str, Reduce] = {}
         self._lower: dict[str, str] = {}
         self.device = DeviceValues()
@@ -251,34 +255,64 @@ class Recorder:
 
     def recycle(self, accs: dict[str, MetricAccumulator]) -> None:
         """The export thread is done with a step's accumulators (encoded, given to the local views):
-        the built-in ones are reset and become the spares of a later step's first values. Building
-        an accumulator costs the training thread ~250 ns per key and step; a reset here costs the
-        export thread about as much, off the training thread. An accumulator is only ever in one
-        place: the step in progress, a step being exported, or the spares."""
+        the built-in ones are reset and serve a later step. Building an accumulator costs the
+        training thread ~250 ns per key and step, taking one from a spare dict ~130 ns; a reset here
+        costs the export thread about as much, off the training thread. The ``PREFILLED`` ones wait
+        in that step's ``accs`` itself, so a key's first value of the step costs what a later one
+        does (``drop_unrecorded`` takes out the ones no value reached). An accumulator is only ever
+        in one place: the step in progress, a step being exported, or the spares."""
         waiting = self._spares
-        if waiting and sum(map(len, waiting)) + len(accs) > MAX_SPARE_ACCUMULATORS:
+        if waiting and sum(len(a) + len(b) for a, b in waiting) + len(accs) > MAX_SPARE_ACCUMULATORS:
             return  # at least one step waits, whatever its size
-        spare = {}
+        prefill: dict[str, MetricAccumulator] = {}
+        spare: dict[str, MetricAccumulator] = {}
         made_here = self._export_keys
         for key, acc in accs.items():
-            if type(acc) in RECYCLED and key not in made_here:
+            kind = type(acc)
+            if kind in RECYCLED and key not in made_here:
                 acc.reset()
-                spare[key] = acc
-        self._spares.append(spare)
+                if kind in PREFILLED:
+                    prefill[key] = acc
+                else:
+                    spare[key] = acc
+        self._spares.append((prefill, spare))
+
+    def drop_unrecorded(self, batch: StepBatch) -> int:
+        """Take out of a flushed step the recycled accumulators it started with that no value reached
+        (export thread, before anything reads the step); how many. They are not recycled again: a
+        key the step did not record is not waited for in the next one either."""
+        accs = batch.accs
+        empty = [key for key, acc in accs.items() if type(acc) in PREFILLED and not acc.count]  # type: ignore[attr-defined]
+        if empty and batch.device is not None:  # values still on their way from the device (a refused step)
+            device = set(batch.device.keys)
+            empty = [key for key in empty if key not in device]
+        for key in empty:
+            del accs[key]
+        return len(empty)
 
     def _next_spare(self) -> None:
-        """The newest recycled step becomes the spares. Two threads may both see one waiting (a flush
-        and another thread's first value): one of them takes it, the other keeps its spares."""
+        """The newest recycled step becomes the spares, mid-step (a first value found none: the step
+        began before it was recycled). Two threads may both see one waiting (a flush and another
+        thread's first value): one of them takes it, the other keeps its spares."""
         try:
-            spare = self._spares.pop()
+            prefill, spare = self._spares.pop()
         except IndexError:  # the other thread took the last one
             return
+        spare.update(prefill)  # served from the spares too: ``accs`` holds only what this step recorded so far
         self.spare = spare
+
+    def recorded(self) -> dict[str, MetricAccumulator]:
+        """The step's accumulators that a value reached so far (a snapshot, for tests and probes)."""
+        return {key: acc for key, acc in list(self.accs.items()) if _holds_values(acc)}
+
+    def _pending(self) -> bool:
+        """Anything but accumulators waits in the step: device values, GPU timings, phases, rows."""
+        return bool(self.device.items or self._deferred or self.phases or self.samples)
 
     @property
     def spares_waiting(self) -> tuple[dict[str, MetricAccumulator], ...]:
-        """Recycled steps not yet serving first values (oldest first)."""
-        return tuple(self._spares)
+        """Recycled steps not yet serving a step (oldest first), each's accumulators by key."""
+        return tuple({**prefill, **spare} for prefill, spare in self._spares)
 
     def _register(self, key: str, reduce: Reduce) -> None:
         if not isinstance(reduce, Reduce):
@@ -353,14 +387,12 @@ class Recorder:
                 return self._take(step)
             # ``_take``, inlined for a flush of host values and phases (a training loop's every step)
             accs = self.accs
-            self.accs = {}
+            try:
+                self.accs, self.spare = self._spares.pop()
+            except IndexError:  # another thread took the last one: these spares stay
+                self.accs = {}
             now = time.time_ns()
             start, self._step_start = self._step_start, now
-            try:
-                spare = self._spares.pop()
-            except IndexError:  # another thread took the last one: these spares stay
-                spare = self.spare
-            self.spare = spare
             phases = self.phases
             if phases:
                 self.phases = []
@@ -414,14 +446,17 @@ class Recorder:
             self._asked_at = None
             self.fast = not self._streams
         accs = self.accs
-        self.accs = {}
+        if step is None and not any(map(_holds_values, accs.values())) and not self._pending():
+            return None  # a periodic export of nothing: the recycled accumulators stay in place
+        if self._spares:
+            self.accs, self.spare = self._spares.pop()
+        else:
+            self.accs = {}
         now = time.time_ns()
         start, self._step_start = self._step_start, now
         device: DeviceValues | None = None
         if self.device.items:
             device, self.device = self.device, DeviceValues()
-        if self._spares:
-            self._next_spare()
         deferred = self._deferred
         if deferred:
             self._deferred = []
@@ -433,8 +468,6 @@ class Recorder:
             self.samples = {}
         if device is not None:
             device.start()
-        if not accs and not deferred and not samples and not phases and step is None:
-            return None
         tables = list(samples.values()) if samples else None
         batch = StepBatch(step, start, now, accs, device, deferred=deferred or None, samples=tables)
         batch.phases = phases or None
@@ -514,6 +547,16 @@ sent (0.2-1 s), and a first value that finds none builds one through ``record``:
 training loop, mostly the cyclic GC that the training thread's allocations set off. Bounded by steps
 (32) before: a 100-key loop at 5 ms steps (~80 steps a round) paid ~450 us a step inside
 ``record_metric`` instead of ~45."""
+
+PREFILLED = frozenset({MeanAccumulator, StdAccumulator, CountAccumulator})
+"""Recycled accumulators that wait in the next step's ``accs`` (``recycle``): their count says
+whether a value reached them (a SUM, MAX, MIN or LAST one cannot tell an empty state from a
+recorded 0, -inf, inf: those wait in ``spare``, taken at the key's first value)."""
+
+
+def _holds_values(acc: MetricAccumulator) -> bool:
+    return type(acc) not in PREFILLED or acc.count > 0  # type: ignore[attr-defined]
+
 
 RECYCLED = frozenset(
     {MeanAccumulator, SumAccumulator, CountAccumulator, MaxAccumulator, MinAccumulator, StdAccumulator, LastAccumulator}
