@@ -4,11 +4,11 @@ A value for a key already seen this step costs one global read (this module's co
 slot's recorder), a dict lookup and an ``append`` on a slotted accumulator (for MEAN, the default,
 two additions in place). A key's first value of a step costs the same when its reduce is MEAN, STD
 or COUNT (the step starts with the accumulators the export thread reset, ``Recorder.recycle``);
-of another reduce, it takes a reset one from the spares instead of building one. A CUDA tensor of the kind already checked under its key (type, reduce,
-dtype) is checked for one element and kept by reference: four tensor attribute reads, no sync.
-Everything else (first use of a key, a changed reduce type, other tensors, streaming, auto-init)
-goes through ``Recorder.record``. Flush hooks run before a step is closed,
-so gauges sampled there (memory, rates) land in the step they describe.
+of another reduce, it takes a reset one from the spares instead of building one. A CUDA tensor of
+the kind already checked under its key (type, reduce, dtype) is checked for one element and kept
+by reference: four tensor attribute reads, no sync. Everything else (first use of a key, a changed
+reduce type, other tensors, streaming, auto-init) goes through ``Recorder.record``. Flush hooks run
+before a step is closed, so gauges sampled there (memory, rates) land in the step they describe.
 """
 
 from __future__ import annotations
