@@ -164,6 +164,39 @@ def test_sampling_keeps_the_same_steps_everywhere(make_sink, monkeypatch) -> Non
     assert kept == expected and 5 < len(kept) < 35  # a deterministic rule any other rank computes alike
 
 
+def test_blocks_made_ahead_on_the_export_thread_hang_under_their_steps_root_each_with_its_own_id(traced) -> None:
+    """Root-level blocks of the coming steps are made on the export thread (``BlocksAhead``): a block
+    that takes one hangs under its step's root span with the step's trace id, a second block of the
+    same step gets its own span id, and the user's span inside it is its child."""
+    from rankscope.core import runtime
+
+    sink = traced("ahead")
+    user = otel_trace.get_tracer("user-code")
+    state = runtime.get().tracing  # type: ignore[union-attr]
+    taken = 0
+    for step in range(12):
+        made = state.ahead.ready.get(("loop", step))
+        with rs.trace("loop") as block, user.start_as_current_span("inside"):
+            pass
+        taken += made is not None and block._scope is made[0]
+        if step % 3 == 0:
+            with rs.trace("loop"):  # a second block of the step: never the same one
+                pass
+        rs.flush(step)
+        assert rs.force_flush(10)  # the export thread takes the step and makes the next ones' blocks
+    spans = finish(sink, "ahead")
+    assert taken >= 10  # from the second step on (the first block names the prefix to make)
+    loops = [s for s in spans if s["name"] == "loop"]
+    assert len(loops) == 12 + 4 and len({s["span_id"] for s in loops}) == 16
+    for s in loops:
+        trace_id, root_id = step_ids("ahead", 0, s["step"])
+        assert s["trace_id"] == f"{trace_id:032x}" and s["parent_span_id"] == f"{root_id:016x}"
+    assert sorted(s["step"] for s in loops) == sorted([*range(12), 0, 3, 6, 9])
+    step_of = {s["span_id"]: s["step"] for s in loops}
+    inside = [s for s in spans if s["name"] == "inside"]
+    assert sorted(step_of[s["parent_span_id"]] for s in inside) == list(range(12))  # under its own step's block
+
+
 CHILD = """
 import rankscope as rs
 rs.init()
