@@ -233,3 +233,58 @@ def test_every_step_holds_only_its_own_values_while_the_export_thread_recycles_a
         if step % 3 == 0:
             expected["sometimes"] = expected["sometimes_mean"] = float(step)
         assert {k: v for k, v in values.items() if not k.startswith("rankscope/")} == expected, step
+
+
+def _wait_for_spares(recorder: object) -> None:
+    """Until the export thread has recycled a step (the next take starts with its accumulators)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while not recorder.spares_waiting and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        assert rs.force_flush(10)
+        time.sleep(0.01)
+    assert recorder.spares_waiting, "the export thread recycled no step in 10 s"  # type: ignore[attr-defined]
+
+
+def _step_lines(out: str) -> list[str]:
+    return [line.split()[1] for line in out.splitlines() if line.startswith("step ")]
+
+
+def test_shutdown_after_automatic_steps_makes_no_step_of_the_recycled_accumulators_alone(capsys) -> None:
+    """An instrumented loop's steps close themselves; at shutdown, what was recorded after the last
+    one becomes one more step. Reset accumulators waiting in the step (recycled, no value) are not
+    something recorded: no empty step 4 is made of them."""
+    from rankscope.core import runtime
+    from rankscope.lifecycle import driving
+
+    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    state = runtime.get()
+    assert state is not None
+    state.steps.auto = True  # as a process that never called init has it (the instrumentors close its steps)
+    recorder = state.recorder
+    for step in range(4):
+        driving.settle_auto_step()  # what an instrumentor calls before recording
+        rs.record_metric("loss", float(step))
+        driving.auto_step()  # an instrumented optimizer step ended
+        if step:  # step - 1 was closed above: its accumulators come back
+            _wait_for_spares(recorder)
+    rs.shutdown()
+    assert state.steps.last == 3
+    assert _step_lines(capsys.readouterr().out) == ["0", "1", "2", "3"]
+
+
+def test_shutdown_with_nothing_recorded_after_the_last_flush_sends_that_step_once(capsys) -> None:
+    """Values recorded after the last flush that are all rankscope's own go with that step; reset
+    accumulators of rankscope's own keys waiting in the step are not values: step 2 is sent once."""
+    from rankscope.core import runtime
+
+    rs.init(backends={"console": {"logging_mode": "global_reduce"}})
+    recorder = runtime.get().recorder  # type: ignore[union-attr]
+    for step in range(3):
+        rs.record_metric("comm/barrier/time_s", 0.5)
+        if step:  # the last step's accumulators come back before this flush: the next step starts with them
+            _wait_for_spares(recorder)
+        rs.flush(step)
+    assert list(recorder.accs) == ["comm/barrier/time_s"] and not recorder.recorded()
+    rs.shutdown()
+    assert _step_lines(capsys.readouterr().out) == ["0", "1", "2"]

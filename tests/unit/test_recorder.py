@@ -166,3 +166,39 @@ def test_a_mean_keys_first_value_lands_in_its_recycled_accumulator_and_an_unused
         assert second.accs["loss"].get_state() == {"reduction_type": "mean", "sum": 5.0, "count": 1}
     finally:
         recording._follow(None, False)
+
+
+def test_a_periodic_take_beside_a_thread_recording_new_keys_reads_a_snapshot_of_the_step() -> None:
+    """A periodic take asks whether any value reached the step's accumulators while another thread
+    may add a key: it reads a copy (walking the live dict raised "changed size during iteration"
+    out of the export thread's round, 1 try in 10 here)."""
+    import sys
+    import threading
+
+    recorder = Recorder(streams=[])
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def record() -> None:
+        n = 0
+        while not stop.is_set():
+            recorder.record(f"new/{n}", 1.0, Reduce.MEAN)
+            n += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    writer = threading.Thread(target=record, daemon=True)
+    writer.start()
+    try:
+        for _ in range(200):
+            recycled = {f"k{i}": Reduce.MEAN.accumulator_class(Reduce.MEAN) for i in range(2000)}  # reset, empty
+            recorder.accs = recycled
+            try:
+                recorder.take(None)
+            except RuntimeError as exc:
+                failures.append(exc)
+    finally:
+        stop.set()
+        writer.join(10)
+        sys.setswitchinterval(interval)
+    assert not failures, failures[:1]

@@ -66,3 +66,61 @@ def test_the_clock_offset_is_read_between_the_closest_monotonic_reads(monkeypatc
     monkeypatch.setattr(spans.time, "perf_counter_ns", lambda: next(perf))
     monkeypatch.setattr(spans.time, "time_ns", lambda: next(wall))
     assert spans._clock_offset(tries=3) == 7_010_000_100 - 10_000_100
+
+
+def test_blocks_and_ids_made_ahead_follow_the_callers_steps_back_and_forth() -> None:
+    """The export thread makes the coming steps' ids and root-level blocks from the caller's step:
+    made once each (incrementally), the passed ones dropped, and made again from a step that went
+    back (a second loop from step 0) or jumped ahead (``set_step``)."""
+    from opentelemetry.sdk.resources import Resource
+
+    from rankscope.core import names as attr
+    from rankscope.steps.clock import StepClock
+    from rankscope.tracing.spans import is_sampled, step_ids
+    from rankscope.tracing.tracer import TracingState
+
+    steps = StepClock()
+    state = TracingState(
+        Resource({attr.EXPERIMENT_ID: "ahead"}), steps, sample_ratio=1.0, root=False, max_spans=64, on_error=print
+    )
+    state.ahead.seen("train")
+
+    def made() -> list[int]:
+        return sorted(step for prefix, step in state.ahead.ready if prefix == "train")
+
+    for last in (9, 10, 500, 0, 3):  # the caller flushed ``last`` as the export thread takes step ``last``
+        steps.last = last
+        state.taken(last, None)
+        assert made() == list(range(last + 1, last + 33)), last
+        block, context = state.ahead.ready[("train", last + 1)]
+        trace_id, root_id = step_ids("ahead", 0, last + 1)
+        assert (block.trace_id, block.up, block.step) == (trace_id, root_id, last + 1)
+        assert block.sampled == is_sampled(trace_id, 1.0) and context.get(next(iter(context))) is block
+        assert all(state._ids.get(s) is not None for s in range(last + 1, last + 33))
+    steps.last = 60
+    state.taken(20, None)  # the caller is 40 steps ahead of what the export thread takes: twice that
+    assert made() == list(range(61, 61 + 2 * 40 + 8))
+
+
+def test_a_prefix_whose_blocks_go_untaken_is_no_longer_made_ahead() -> None:
+    """A root-level block seen once (a setup block) stops costing the export thread a block a step."""
+    from opentelemetry.sdk.resources import Resource
+
+    from rankscope.core import names as attr
+    from rankscope.steps.clock import StepClock
+    from rankscope.tracing.tracer import BlocksAhead, TracingState
+
+    steps = StepClock()
+    state = TracingState(
+        Resource({attr.EXPERIMENT_ID: "idle"}), steps, sample_ratio=1.0, root=False, max_spans=64, on_error=print
+    )
+    state.ahead.seen("setup")
+    state.ahead.seen("train")
+    for last in range(BlocksAhead.IDLE_STEPS + 2):
+        steps.last = last
+        state.taken(last, None)
+        assert state.ahead.ready.pop(("train", last + 1), None) is not None  # the loop's block is taken each step
+    assert state.ahead.prefixes == ["train"]
+    assert {prefix for prefix, _ in state.ahead.ready} == {"train"}
+    state.ahead.seen("setup")  # used again: made again
+    assert state.ahead.prefixes == ["train", "setup"]

@@ -50,5 +50,9 @@ class Inbox(Generic[T]):
             taken.append(items.popleft())
         return taken
 
+    def snapshot(self) -> tuple[T, ...]:
+        """The messages waiting (one atomic copy; a stuck consumer's shutdown counts what is lost)."""
+        return tuple(self._items)
+
     def __len__(self) -> int:
         return len(self._items)

@@ -201,17 +201,19 @@ class Dispatcher:
     def _prepare(self, batch: StepBatch) -> None:
         """Read device values and GPU-timed durations, make the CPU-timed phases' durations and spans,
         then give the step to the local backends."""
-        if batch.deferred:
-            self._recorder.resolve_deferred(batch)
-        if batch.phases:
-            self._recorder.resolve_phases(batch)
-            for span in phase_spans(batch.phases):  # sampled: the spans, before the step's marker leaves
-                self._span_buffer.add(span)
-            batch.phases = None
-        if batch.device is not None:
-            self._recorder.stream_device_values(batch, batch.device.values())
-            batch.device = None
-        self._drop_unrecorded(batch)
+        try:
+            if batch.deferred:
+                self._recorder.resolve_deferred(batch)
+            if batch.phases:
+                self._recorder.resolve_phases(batch)
+                for span in phase_spans(batch.phases):  # sampled: the spans, before the step's marker leaves
+                    self._span_buffer.add(span)
+                batch.phases = None
+            if batch.device is not None:
+                self._recorder.stream_device_values(batch, batch.device.values())
+                batch.device = None
+        finally:  # whatever raised above, the step goes out without them (its marker counts its points)
+            self._drop_unrecorded(batch)
         self._backends.log_batch(batch)
         if batch.samples:
             self._backends.log_samples(batch)

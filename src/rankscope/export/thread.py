@@ -227,7 +227,9 @@ class ExportThread:
             if self.sender is not None:
                 self.sender.shutdown(timeout_millis=100)
             self._thread.join(1.0)
-            self.drops.points(self.bound.clear(), f"shutdown did not finish exporting within {timeout:.1f}s")
+            unused = sum(self.recorder.drop_unrecorded(m) for m in self._inbox.snapshot() if type(m) is StepBatch)
+            lost = max(0, self.bound.clear() - unused)  # the steps still queued were never prepared
+            self.drops.points(lost, f"shutdown did not finish exporting within {timeout:.1f}s")
             self.drops.report(final=True)
         elif self.sender is not None:
             self.sender.shutdown()

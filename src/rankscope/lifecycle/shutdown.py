@@ -107,7 +107,7 @@ def _tail_step(runtime: Runtime) -> int | None:
     last, recorder = runtime.steps.last, runtime.recorder
     if last is None or recorder.samples or recorder.phases or recorder.device.items:
         return None
-    keys = list(recorder.accs)
+    keys = list(recorder.recorded())
     return last if keys and all(key_kind(key) == "internal" for key in keys) else None
 
 
@@ -116,7 +116,7 @@ def _close_last_auto_step(runtime: Runtime) -> None:
     optimizer step (the last loss averaging, a final checkpoint) becomes one more step."""
     runtime.settle_auto_step()
     steps = runtime.steps
-    if steps.auto and steps.last is not None and runtime.recorder.accs:
+    if steps.auto and steps.last is not None and runtime.recorder.recorded():
         runtime.close(steps.last + 1, driven=False, auto=True)
 
 

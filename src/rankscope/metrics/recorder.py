@@ -282,12 +282,13 @@ class Recorder:
         (export thread, before anything reads the step); how many. They are not recycled again: a
         key the step did not record is not waited for in the next one either."""
         accs = batch.accs
-        empty = [key for key, acc in accs.items() if type(acc) in PREFILLED and not acc.count]  # type: ignore[attr-defined]
+        # a snapshot: another thread's late value may still add a key (the race ``take`` describes)
+        empty = [key for key, acc in tuple(accs.items()) if type(acc) in PREFILLED and not acc.count]  # type: ignore[attr-defined]
         if empty and batch.device is not None:  # values still on their way from the device (a refused step)
             device = set(batch.device.keys)
             empty = [key for key in empty if key not in device]
         for key in empty:
-            del accs[key]
+            accs.pop(key, None)
         return len(empty)
 
     def _next_spare(self) -> None:
@@ -412,7 +413,8 @@ class Recorder:
     # caller, so such a step waits for the caller's next record or flush). What is left: a
     # thread stalled for the whole grace inside the fast path's three bytecodes (between
     # ``fast`` and ``append``), and, when several threads record, one thread's append racing
-    # another thread's take (as with a flush from one thread while another records).
+    # another thread's take (as with a flush from one thread while another records; a MEAN, STD or
+    # COUNT key's first value of a step is such an append too, as it finds its accumulator in place).
 
     def take_periodic(self, grace: float) -> StepBatch | None:
         """The export thread's periodic step: ask the caller, or take it from an idle caller."""
@@ -446,7 +448,7 @@ class Recorder:
             self._asked_at = None
             self.fast = not self._streams
         accs = self.accs
-        if step is None and not any(map(_holds_values, accs.values())) and not self._pending():
+        if step is None and not any(map(_holds_values, tuple(accs.values()))) and not self._pending():
             return None  # a periodic export of nothing: the recycled accumulators stay in place
         if self._spares:
             self.accs, self.spare = self._spares.pop()

@@ -18,6 +18,7 @@ waits on the caller's thread; the duration metrics are read by the export thread
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -190,12 +191,17 @@ class BlocksAhead:
 
     PREFIXES = 4
     """Prefixes made ahead (the first ones seen at the root): a loop's one or two kinds of block."""
+    IDLE_STEPS = 64
+    """A prefix whose blocks went untaken this many steps in a row is no longer made (a setup block);
+    used again, it is seen again."""
 
     def __init__(self) -> None:
         self.ready: dict[tuple[str, int], tuple[Block, Context]] = {}
         self.prefixes: list[str] = []
         self._made: dict[str, tuple[int, int]] = {}
         """Each prefix's lowest and highest step that may be in ``ready``."""
+        self._idle: dict[str, int] = {}
+        """Each prefix's steps passed since one of its blocks was taken."""
 
     def seen(self, prefix: str) -> None:
         """A root-level block found none ready (caller's thread): its prefix is made ahead from now on."""
@@ -209,18 +215,33 @@ class BlocksAhead:
         end = first + count
         for prefix in tuple(self.prefixes):
             low, high = self._made.get(prefix, (first, first - 1))
-            if first - low <= count:
-                for step in range(low, first):
-                    ready.pop((prefix, step), None)
+            if low <= first <= low + count:
+                untaken = sum(ready.pop((prefix, step), None) is not None for step in range(low, min(first, high + 1)))
+                passed = min(first, high + 1) - low
+                idle = self._idle[prefix] = self._idle.get(prefix, 0) + passed if untaken == passed else 0
+                if idle >= self.IDLE_STEPS:
+                    self._forget(prefix)
+                    continue
             else:  # the steps jumped: a snapshot of the keys (one atomic copy), not a walk over the gap
                 for key in tuple(ready):
-                    if key[0] == prefix and key[1] < first:
+                    if key[0] == prefix and (key[1] < first or first < low):
                         ready.pop(key, None)
+                if first < low:  # back (a second loop from step 0): all of them went
+                    high = first - 1
             for step in range(max(first, high + 1), end):
                 trace_id, up, sampled = ids(step)
                 block = Block(prefix, trace_id, random_id(64) or 1, up, sampled, step, 0)
                 ready[(prefix, step)] = (block, Context({_SPAN_KEY: block, _SCOPE_KEY: block}))
             self._made[prefix] = (first, max(high, end - 1))
+
+    def _forget(self, prefix: str) -> None:
+        with contextlib.suppress(ValueError):
+            self.prefixes.remove(prefix)
+        for key in tuple(self.ready):
+            if key[0] == prefix:
+                self.ready.pop(key, None)
+        self._made.pop(prefix, None)
+        self._idle.pop(prefix, None)
 
 
 class TracingState:
@@ -248,8 +269,8 @@ class TracingState:
         self._gpu: CudaTimingProcessor | None = None
         self._gpu_checked = False
         self._ids: dict[int, tuple[int, int, bool]] = {}
-        self._prefetched = -1
-        """The highest step whose ids ``prefetch`` computed."""
+        self._prefetched = (0, -1)
+        """The steps whose ids ``prefetch`` computed, lowest and highest."""
         self._ids_lock = threading.Lock()
         self.steps = steps
         self.step_started_ns: int | None = None
@@ -282,10 +303,13 @@ class TracingState:
         """Compute the ids of ``step`` and the ``count`` - 1 steps after it, those not computed yet
         (the export thread, as it takes a flushed step: the training thread's next steps find them
         ready; a miss hashes on the training thread, ~30 us between cold caches)."""
-        for ahead in range(max(step, self._prefetched + 1), step + count):
+        low, high = self._prefetched
+        if not low <= step <= high + 1:  # the steps jumped (back: a second loop from step 0)
+            low, high = step, step - 1
+        for ahead in range(max(step, high + 1), step + count):
             if ahead not in self._ids:
                 self._add_ids(ahead)
-        self._prefetched = max(self._prefetched, step + count - 1)
+        self._prefetched = (low, max(high, step + count - 1))
 
     def _add_ids(self, step: int) -> tuple[int, int, bool]:
         trace_id, root_id = step_ids(self.experiment, self.attempt, step)
