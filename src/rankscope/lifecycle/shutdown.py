@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from types import TracebackType
+from typing import Any
 
 from ..backends.console import printable
 from ..core import names as attr
@@ -28,6 +29,9 @@ from .driving import Runtime, installed, say_where_at_first_flush, started
 from .fork import CHILD_SHUTDOWN_TIMEOUT
 from .state import process
 
+UNANSWERED_STATUS_LIMIT = 3
+"""Status requests in a row without an answer (2 s each at most) before a job stops waiting for its
+sink's views: a sink gone refuses at once, a sink busy with the job's last sends answers late."""
 SAY_REPORT_WAIT_S = 30.0
 """How long the process that started the sink waits for it to say where the report is: a sink
 alive but busy with the job's last sends answers late, and the line is what the user looks for."""
@@ -130,10 +134,12 @@ def _wait_for_sink_views(runtime: Runtime) -> None:
         return
     experiment = str(runtime.resource.attributes[attr.EXPERIMENT_ID])
     deadline = time.monotonic() + runtime.shutdown_timeout
-    while time.monotonic() < deadline:
+    unanswered = 0
+    while time.monotonic() < deadline and unanswered < UNANSWERED_STATUS_LIMIT:
         status = sink_status(control, experiment, run=str(runtime.resource.attributes.get(attr.RUN_ID) or "") or None)
-        if status is None or status.get("last_written_step", -1) >= last:
+        if status is not None and status.get("last_written_step", -1) >= last:
             return
+        unanswered = unanswered + 1 if status is None else 0  # a busy sink answers late: asked again
         time.sleep(0.05)
 
 
@@ -153,18 +159,18 @@ def _say_report(runtime: Runtime) -> None:
     run = str(a.get(attr.RUN_ID) or "") or None
     deadline = time.monotonic() + SAY_REPORT_WAIT_S
     try:
-        status = None
-        while status is None and time.monotonic() < deadline:  # its pool busy with the job's last sends
+        page: object = _UNSAID
+        while page is _UNSAID and time.monotonic() < deadline:  # its pool busy with the job's last sends
             status = sink_status(control, experiment, timeout=max(0.5, deadline - time.monotonic()), run=run)
-            if status is None:
+            page = _UNSAID if status is None else _page_of(status, runtime.steps.last)
+            if page is _UNSAID:
                 time.sleep(0.2)
-        if status is None:
+        if page is _UNSAID:
             warn(
                 f"rankscope: the sink did not say where the report is in {SAY_REPORT_WAIT_S:.0f} s; the run's "
                 "directory under rankscope_logs/ holds it (`rankscope report DIR` writes it again)"
             )
             return
-        page = next((v.get("location") for v in (status.get("views") or {}).values() if _is_page(v)), None)
     except Exception as exc:  # a sink answering oddly: nothing to say, never raised into the exit
         report_internal_error("saying where the report is", exc)
         return
@@ -173,6 +179,21 @@ def _say_report(runtime: Runtime) -> None:
         notices.reported = str(shown)
         compare = shown.parent.parent if attr.RUN_ID in a else shown.parent
         print(f"report: {shown}  (every run of {printable(experiment)}: rankscope report {compare}/)", flush=True)
+
+
+_UNSAID = object()
+"""``_page_of``'s answer while the sink has not written the report view yet."""
+
+
+def _page_of(status: dict[str, Any], last: int | None) -> object:
+    """Where the status says the report page is; ``_UNSAID`` while the sink has not written this
+    process's last step (a view's location comes with its first write: a sink still busy with the
+    job's steps, which shutdown's wait gave up on); None when it has and no view writes a page."""
+    views = (status.get("views") or {}).values()
+    page = next((v.get("location") for v in views if _is_page(v)), None)
+    if page is None and last is not None and status.get("last_written_step", -1) < last:
+        return _UNSAID
+    return page
 
 
 def _is_page(view: object) -> bool:
