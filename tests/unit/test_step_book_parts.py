@@ -126,6 +126,19 @@ def test_two_live_processes_claiming_one_slot_get_distinct_labels() -> None:
     assert (first.label, second.label) == ("trainer_r0", "trainer_r0_22")
 
 
+def test_a_new_attempts_process_takes_its_rank_label_from_the_attempt_it_retires() -> None:
+    """Attempt 1's rank 0 arriving first of its attempt, while attempt 0's rank 0 is still live: the
+    per-rank views name it ``trainer_r0`` (not ``trainer_r0_<pid>``); a late process of attempt 0
+    arriving after gets the suffix instead."""
+    roster = Roster()
+    old = roster.process_for({**resource("a", world=2), attr.PROCESS_PID: 11})
+    assert old is not None and old.live
+    new = roster.process_for({**resource("b", world=2, attempt=1), attr.PROCESS_PID: 33})
+    assert new is not None and (new.label, roster.attempt, old.live) == ("trainer_r0", 1, False)
+    late = roster.process_for({**resource("c", world=2), attr.PROCESS_PID: 44})
+    assert late is not None and late.label == "trainer_r0_44"
+
+
 # -- step windows ---------------------------------------------------------------------------
 
 

@@ -89,10 +89,10 @@ class Roster:
         replica = resource.get(attr.REPLICA)
         rank = _int(resource.get(attr.RANK), 0)
         label = slot = label_of(role, replica, rank)
-        owner = self._labels.get(label)
-        if owner is not None and owner != pid and self.processes[owner].live:
-            label = f"{label}_{resource.get(attr.PROCESS_PID, pid)}"  # two live processes claim one slot
         attempt = _int(resource.get(attr.EXPERIMENT_ATTEMPT), 0)
+        owner = self.processes.get(self._labels.get(label, ""))
+        if owner is not None and owner.live and owner.attempt >= attempt:  # a higher attempt retires it below
+            label = f"{label}_{resource.get(attr.PROCESS_PID, pid)}"  # two live processes claim one slot
         process = Process(
             id=pid,
             label=label,
