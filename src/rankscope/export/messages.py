@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.base import Metric
-from ..metrics.recorder import Recorder, StepBatch
+from ..metrics.recorder import HandedStep, Recorder, StepBatch, as_batch
 from ..metrics.samples import Provenance, Row
 from ..tracing.spans import SpanBuffer
 from ..tracing.tracer import phase_spans
@@ -64,8 +64,9 @@ class Stop:
     """``RANKSCOPE_SHUTDOWN_TIMEOUT``: how long the drain tries the endpoint."""
 
 
-Message = StepBatch | StreamedValue | StreamedRow | Relayed | Poll | Sync | Stop
-"""A flushed step is its own message (one object less on the caller's thread)."""
+Message = HandedStep | StepBatch | StreamedValue | StreamedRow | Relayed | Poll | Sync | Stop
+"""A flushed step is its own message: a plain tuple for a step of host values and phases, made a
+``StepBatch`` here (no object to build on the caller's thread), else its batch."""
 
 
 @dataclass(slots=True)
@@ -122,6 +123,7 @@ class Dispatcher:
         }
         self._waiting: list[threading.Event] = []
         self.handlers: dict[type[Message], Callable[[Any, Taken], None]] = {
+            tuple: self._on_handed,
             StepBatch: self._on_step,
             StreamedValue: self._on_stream,
             StreamedRow: self._on_row,
@@ -153,6 +155,12 @@ class Dispatcher:
                 phases, batch.phases = batch.phases, None
                 for span in phase_spans(phases):
                     self._span_buffer.add(span)
+
+    def _on_handed(self, handed: HandedStep, taken: Taken) -> None:
+        batch = as_batch(handed)
+        batch.held_points = len(batch.accs)  # with the recycled ones no value reached: see ``_prepare``
+        self._bound.hold_received(batch.held_points)
+        self._on_step(batch, taken)
 
     def _on_step(self, batch: StepBatch, taken: Taken) -> None:
         self._guarded(self._prepare, batch)

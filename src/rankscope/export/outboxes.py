@@ -46,6 +46,24 @@ class StepBound:
         self._lock = threading.Lock()
         self._steps = 0
         self._points = 0
+        self.handed = 0
+        """Steps callers handed over without the lock (``ExportThread.hand_off``); only callers write it
+        (two threads flushing at the same moment may lose a count: the bound then lets one more in)."""
+        self.received = 0
+        """Of those, the ones the export thread took in (``hold_received``); only it writes it."""
+
+    def has_room(self) -> bool:
+        """Room for one more step, counting those handed over and not yet taken in (lock-free: a
+        caller's; a step being taken in counts twice for a moment, never zero times)."""
+        return self.handed - self.received + self._steps < self.max_steps
+
+    def hold_received(self, points: int) -> None:
+        """(Export thread.) A handed-over step is taken in: held, whatever the count (its caller
+        found room)."""
+        with self._lock:
+            self._steps += 1  # before ``received``: a caller reading in between counts it twice
+            self._points += points
+        self.received += 1
 
     def hold(self, points: int) -> bool:
         """Count a step in, or False when ``max_steps`` are held already."""

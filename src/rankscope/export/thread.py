@@ -40,7 +40,7 @@ from .._version import __version__
 from ..backends.base import Metric
 from ..core import names as attr
 from ..core.identity import speaker
-from ..metrics.recorder import Recorder, StepBatch
+from ..metrics.recorder import HandedStep, Recorder, StepBatch, as_batch
 from ..metrics.reduce import Reduce
 from ..metrics.samples import Provenance, Row
 from ..otlp.common import encode_resource
@@ -164,11 +164,25 @@ class ExportThread:
     def submit(self, batch: StepBatch) -> None:
         points = batch.held_points = len(batch.accs)  # with the recycled ones no value reached: see ``_prepare``
         if not self.bound.hold(points):
-            waiting = f"{self.bound.max_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
-            self._refused(batch, waiting)
+            self._refused(batch, self._full())
         elif not self._inbox.put(batch):
             self.bound.release(1, points)
             self._refused(batch, "the export queue is full")
+
+    def hand_off(self, handed: HandedStep) -> None:
+        """A plain step (``Recorder.hand_off``): into the inbox as it is, without the bound's lock;
+        the export thread makes its batch and holds it (``Dispatcher``). Refused like ``submit``'s."""
+        bound = self.bound
+        if not bound.has_room():
+            self._refused(as_batch(handed), self._full())
+            return
+        bound.handed += 1  # before the put: the export thread never takes in more than were handed
+        if not self._inbox.put(handed):
+            bound.handed -= 1
+            self._refused(as_batch(handed), "the export queue is full")
+
+    def _full(self) -> str:
+        return f"{self.bound.max_steps} flushed steps are already waiting (RANKSCOPE_MAX_QUEUED_STEPS)"
 
     def _refused(self, batch: StepBatch, why: str) -> None:
         """A step refused at ``submit``: its points are counted lost, and it still gets its spans (made
@@ -227,8 +241,11 @@ class ExportThread:
             if self.sender is not None:
                 self.sender.shutdown(timeout_millis=100)
             self._thread.join(1.0)
-            unused = sum(self.recorder.drop_unrecorded(m) for m in self._inbox.snapshot() if type(m) is StepBatch)
-            lost = max(0, self.bound.clear() - unused)  # the steps still queued were never prepared
+            waiting = [as_batch(m) if type(m) is tuple else m for m in self._inbox.snapshot()]
+            queued = [m for m in waiting if type(m) is StepBatch]
+            handed = sum(len(m.accs) for m in queued if not m.held_points)  # handed over: not in the bound
+            unused = sum(self.recorder.drop_unrecorded(m) for m in queued)
+            lost = max(0, self.bound.clear() + handed - unused)  # the steps still queued were never prepared
             self.drops.points(lost, f"shutdown did not finish exporting within {timeout:.1f}s")
             self.drops.report(final=True)
         elif self.sender is not None:

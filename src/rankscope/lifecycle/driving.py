@@ -70,10 +70,31 @@ class Runtime:
         captures = self.thread.captures
         if captures is not None:  # a profiler capture starts, steps or stops here (idle: one check)
             captures.at_flush(step)
-        batch = self.recorder.take(step)
-        steps.close(step)
+        if not (driven or steps.controller or process.fan_outs):  # a training loop's every step
+            root_span = self.tracing.closed()  # the span itself is made on the export thread
+            handed = self.recorder.hand_off(step, root_span)
+            steps.close(step)
+            if handed is not None:  # host values and phases: a tuple into the export thread's inbox
+                self.thread.hand_off(handed)
+                return
+            batch, asked = self.recorder.take(step), 0  # device values, GPU timings, samples
+        else:
+            batch = self.recorder.take(step)
+            steps.close(step)
+            asked = self._fan_out(step)
+            root_span = self.tracing.closed()
+        if batch is not None:
+            if asked:
+                batch.expected = asked + 1
+            batch.root_span = root_span
+            batch.driven = driven
+            self.thread.submit(batch)
+
+    def _fan_out(self, step: int) -> int:
+        """Close ``step`` in the processes this one drives (a Monarch controller's actors, the
+        ``drive_processes`` fan-outs); how many it asked."""
         asked = 0
-        if steps.controller:
+        if self.steps.controller:
             try:
                 from ..integrations.monarch.actors import flush_actors  # only a Monarch program gets here
 
@@ -85,13 +106,7 @@ class Runtime:
                 asked += fan_out(step)
             except Exception as exc:
                 report_internal_error("driven processes' flush", exc)
-        root_span = self.tracing.closed()  # the span itself is made on the export thread
-        if batch is not None:
-            if asked:
-                batch.expected = asked + 1
-            batch.root_span = root_span
-            batch.driven = driven
-            self.thread.submit(batch)
+        return asked
 
     def flush_driven(self, step: int) -> None:
         """``flush`` sent by a Monarch controller to its actor processes.

@@ -121,6 +121,17 @@ class StepBatch:
     """The step's root span's start and end (ns), when this process emits it (made on the export thread)."""
 
 
+HandedStep = tuple[int, int, int, dict[str, MetricAccumulator], list[Phase], tuple[int, int] | None]
+"""A flushed step of host values and phases as the caller hands it over (``Recorder.hand_off``):
+(step, start ns, end ns, accumulators, phases, root span); the export thread makes its batch."""
+
+
+def as_batch(handed: HandedStep) -> StepBatch:
+    """The ``StepBatch`` of a handed-over step (export thread, or a refused step's caller)."""
+    step, start, end, accs, phases, root_span = handed
+    return StepBatch(step, start, end, accs, None, phases=phases or None, root_span=root_span)
+
+
 class Recorder:
     """Accumulators of the step in progress plus the process-lifetime key registry.
 
@@ -377,28 +388,28 @@ class Recorder:
     def take(self, step: int | None) -> StepBatch | None:
         """Hand off the current step's state and start a fresh one (caller's thread; O(1))."""
         with self._lock:
-            if (
-                self._asked_at is not None
-                or self.device.items
-                or self._deferred
-                or self.samples
-                or step is None
-                or not self._spares
-            ):
-                return self._take(step)
-            # ``_take``, inlined for a flush of host values and phases (a training loop's every step)
+            return self._take(step)
+
+    def hand_off(self, step: int, root_span: tuple[int, int] | None) -> HandedStep | None:
+        """``take`` for a step of host values and phases only (a training loop's every step): the
+        step as a plain tuple, its ``StepBatch`` made on the export thread (``as_batch``); None
+        when the step holds more (device values, GPU timings, samples, a periodic ask): ``take`` it.
+        After 20 ms of compute every object a flush touches is a cache miss: building the batch
+        here cost the training thread ~5 µs a step (``benchmarks/bench_peers.py``)."""
+        with self._lock:
+            if self._asked_at is not None or self.device.items or self._deferred or self.samples:
+                return None
             accs = self.accs
             try:
                 self.accs, self.spare = self._spares.pop()
-            except IndexError:  # another thread took the last one: these spares stay
+            except IndexError:
                 self.accs = {}
             now = time.time_ns()
             start, self._step_start = self._step_start, now
             phases = self.phases
             if phases:
                 self.phases = []
-                return StepBatch(step, start, now, accs, None, phases=phases)
-            return StepBatch(step, start, now, accs, None)
+            return step, start, now, accs, phases, root_span
 
     # -- periodic exports of processes that never flush ------------------------------------
     #
