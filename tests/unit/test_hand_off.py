@@ -125,3 +125,71 @@ def test_a_stuck_shutdown_counts_the_recorded_points_of_handed_and_submitted_ste
         assert any("did not finish exporting" in w for w in said), said
     finally:
         sender.release.set()
+
+
+def test_a_step_without_phases_hands_over_none_not_the_list_the_next_steps_phases_go_to() -> None:
+    """Step 0 has no phases, step 1 has one: step 0's batch, made later on the export thread, must
+    not find step 1's phase (counted and spanned twice)."""
+    recorder = Recorder(streams=[])
+    _record(recorder, 1, 0)
+    first = recorder.hand_off(0, None)
+    recorder.phases.append(("train", "forward", 1, 2, None))  # step 1's, before the export thread takes step 0
+    second = recorder.hand_off(1, None)
+    assert first is not None and second is not None
+    assert as_batch(first).phases is None
+    assert as_batch(second).phases == [("train", "forward", 1, 2, None)]
+
+
+def test_a_handed_step_takes_the_recycled_accumulators_as_a_taken_one_does() -> None:
+    recorder = Recorder(streams=[])
+    _record(recorder, 3, 0)
+    first = recorder.hand_off(0, None)
+    _record(recorder, 3, 1)
+    assert first is not None
+    made = dict(first[3])
+    recorder.recycle(first[3])  # the export thread is done with step 0, during step 1
+    assert recorder.hand_off(1, None) is not None  # step 2 starts with step 0's MEANs in place
+    _record(recorder, 2, 2)
+    third = recorder.hand_off(2, None)
+    assert third is not None
+    assert all(third[3][key] is made[key] for key in ("k0", "k1", "k2"))  # the same objects, reset and reused
+    assert third[3]["k0"].count == 1 and third[3]["k2"].count == 0  # k2 waits unused: dropped before it is read
+    assert recorder.drop_unrecorded(as_batch(third)) == 1
+
+
+def test_submitted_steps_count_the_handed_ones_not_yet_taken_in_against_the_bound() -> None:
+    """A loop mixing host-only steps (handed) with device-value steps (submitted) holds at most the
+    bound's steps in all."""
+    from rankscope.export.outboxes import StepBound
+
+    bound = StepBound(4)
+    for _ in range(3):
+        assert bound.has_room()
+        bound.hand()
+    assert bound.hold(1) and not bound.hold(1) and not bound.has_room()  # 3 in flight + 1 held
+    bound.hold_received(1)  # one of the handed is taken in: still 4 in all
+    assert not bound.hold(1) and not bound.has_room()
+    bound.release(2, 2)
+    assert bound.has_room() and bound.hold(1)
+
+
+def test_steps_taken_from_the_inbox_together_are_all_held_before_the_first_is_handled() -> None:
+    """The export thread takes up to 256 messages at once; stuck on the first (a backend's
+    ``log_batch``), the others must already count in the bound, or a stuck shutdown loses them
+    uncounted."""
+    sender, recorder = Stuck(), Recorder(streams=[])
+    thread = _thread(recorder, sender)
+    try:
+        items: list = []
+        for step in range(3):
+            _record(recorder, 2, step)
+            items.append(recorder.hand_off(step, None))
+        thread._messages.take_in(items)
+        assert [type(m) for m in items] == [StepBatch] * 3 and [m.step for m in items] == [0, 1, 2]
+        assert (thread.bound._steps, thread.bound._points, thread.bound.received) == (3, 6, 3)
+    finally:
+        sender.release.set()
+        thread.bound.release(3, 6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            thread.shutdown(5)

@@ -122,8 +122,7 @@ class Dispatcher:
             "logs": rows.relay,
         }
         self._waiting: list[threading.Event] = []
-        self.handlers: dict[type[Message], Callable[[Any, Taken], None]] = {
-            tuple: self._on_handed,
+        self.handlers: dict[type[Message], Callable[[Any, Taken], None]] = {  # a handed step: ``take_in`` first
             StepBatch: self._on_step,
             StreamedValue: self._on_stream,
             StreamedRow: self._on_row,
@@ -133,6 +132,17 @@ class Dispatcher:
             Stop: self._on_stop,
         }
         """The handler of each kind of message, called with it and the loop's ``Taken``."""
+
+    def take_in(self, items: list[Message]) -> None:
+        """The handed-over steps among ``items`` (taken from the inbox) become their batches, held
+        in the bound, before any message is handled: a shutdown that finds this thread stuck on one
+        of them counts every other's points too (``ExportThread.shutdown``)."""
+        for i, item in enumerate(items):
+            if type(item) is tuple:
+                batch = as_batch(item)
+                batch.held_points = len(batch.accs)  # with the recycled ones no value reached: see ``_prepare``
+                self._bound.hold_received(batch.held_points)
+                items[i] = batch
 
     def release_waiting(self) -> None:
         """Answer the flushes waiting since their messages were handled (nothing is pending or held now)."""
@@ -155,12 +165,6 @@ class Dispatcher:
                 phases, batch.phases = batch.phases, None
                 for span in phase_spans(phases):
                     self._span_buffer.add(span)
-
-    def _on_handed(self, handed: HandedStep, taken: Taken) -> None:
-        batch = as_batch(handed)
-        batch.held_points = len(batch.accs)  # with the recycled ones no value reached: see ``_prepare``
-        self._bound.hold_received(batch.held_points)
-        self._on_step(batch, taken)
 
     def _on_step(self, batch: StepBatch, taken: Taken) -> None:
         self._guarded(self._prepare, batch)

@@ -10,6 +10,7 @@ already took. Adding a signal means one class here and its place in ``ORDER``.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
@@ -47,15 +48,41 @@ class StepBound:
         self._steps = 0
         self._points = 0
         self.handed = 0
-        """Steps callers handed over without the lock (``ExportThread.hand_off``); only callers write it
-        (two threads flushing at the same moment may lose a count: the bound then lets one more in)."""
+        """Steps callers handed over without the lock (``ExportThread.hand_off``): the last value of
+        ``_handing`` a caller read (an atomic ``next``, so two threads flushing at once lose no count;
+        one may store its value after the other's larger one, for a moment)."""
+        self._handing = itertools.count(1)
+        self.returned = 0
+        """Of those, the ones the inbox refused (full), counted as ``handed`` is (``_returning``)."""
+        self._returning = itertools.count(1)
         self.received = 0
         """Of those, the ones the export thread took in (``hold_received``); only it writes it."""
 
+    def hand(self) -> None:
+        """(A caller.) One more step handed over."""
+        self.handed = next(self._handing)
+
+    def hand_back(self) -> None:
+        """(A caller.) A handed step the inbox did not take."""
+        self.returned = next(self._returning)
+
+    def _in_flight(self) -> int:
+        """Steps handed over and not yet taken in (a step being taken in counts twice for a moment,
+        never zero times: ``hold_received``)."""
+        return self.handed - self.returned - self.received
+
     def has_room(self) -> bool:
-        """Room for one more step, counting those handed over and not yet taken in (lock-free: a
-        caller's; a step being taken in counts twice for a moment, never zero times)."""
-        return self.handed - self.received + self._steps < self.max_steps
+        """Room for one more step, counting those handed over and not yet taken in (lock-free: a caller's)."""
+        return self.handed - self.returned - self.received + self._steps < self.max_steps  # ``_in_flight``, inlined
+
+    def hold(self, points: int) -> bool:
+        """Count a step in, or False when ``max_steps`` are held already (handed over ones too)."""
+        with self._lock:
+            if self._steps + self._in_flight() >= self.max_steps:
+                return False
+            self._steps += 1
+            self._points += points
+            return True
 
     def hold_received(self, points: int) -> None:
         """(Export thread.) A handed-over step is taken in: held, whatever the count (its caller
@@ -64,15 +91,6 @@ class StepBound:
             self._steps += 1  # before ``received``: a caller reading in between counts it twice
             self._points += points
         self.received += 1
-
-    def hold(self, points: int) -> bool:
-        """Count a step in, or False when ``max_steps`` are held already."""
-        with self._lock:
-            if self._steps >= self.max_steps:
-                return False
-            self._steps += 1
-            self._points += points
-            return True
 
     def release(self, steps: int, points: int) -> None:
         with self._lock:

@@ -176,9 +176,9 @@ class ExportThread:
         if not bound.has_room():
             self._refused(as_batch(handed), self._full())
             return
-        bound.handed += 1  # before the put: the export thread never takes in more than were handed
+        bound.hand()  # before the put: the export thread never takes in more than were handed
         if not self._inbox.put(handed):
-            bound.handed -= 1
+            bound.hand_back()
             self._refused(as_batch(handed), "the export queue is full")
 
     def _full(self) -> str:
@@ -270,6 +270,7 @@ class ExportThread:
         while stop is None:
             wait, idle = self._wait_time(pending, last_export)
             items = self._inbox.take(wait, idle, _MAX_ITEMS_PER_ROUND)
+            self._messages.take_in(items)
             taken = Taken(pending)
             for item in items:
                 handlers[type(item)](item, taken)

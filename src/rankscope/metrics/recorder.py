@@ -121,7 +121,7 @@ class StepBatch:
     """The step's root span's start and end (ns), when this process emits it (made on the export thread)."""
 
 
-HandedStep = tuple[int, int, int, dict[str, MetricAccumulator], list[Phase], tuple[int, int] | None]
+HandedStep = tuple[int, int, int, dict[str, MetricAccumulator], list[Phase] | None, tuple[int, int] | None]
 """A flushed step of host values and phases as the caller hands it over (``Recorder.hand_off``):
 (step, start ns, end ns, accumulators, phases, root span); the export thread makes its batch."""
 
@@ -129,7 +129,7 @@ HandedStep = tuple[int, int, int, dict[str, MetricAccumulator], list[Phase], tup
 def as_batch(handed: HandedStep) -> StepBatch:
     """The ``StepBatch`` of a handed-over step (export thread, or a refused step's caller)."""
     step, start, end, accs, phases, root_span = handed
-    return StepBatch(step, start, end, accs, None, phases=phases or None, root_span=root_span)
+    return StepBatch(step, start, end, accs, None, phases=phases, root_span=root_span)
 
 
 class Recorder:
@@ -406,9 +406,11 @@ class Recorder:
                 self.accs = {}
             now = time.time_ns()
             start, self._step_start = self._step_start, now
-            phases = self.phases
+            phases: list[Phase] | None = self.phases
             if phases:
                 self.phases = []
+            else:
+                phases = None  # not the live list: the next step's phases go there
             return step, start, now, accs, phases, root_span
 
     # -- periodic exports of processes that never flush ------------------------------------

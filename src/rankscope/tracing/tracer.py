@@ -361,7 +361,7 @@ class TracingState:
         emits it (the root process), for ``taken`` to make on the export thread."""
         now = perf_ns() + CLOCK_OFFSET  # ``now_ns``, inlined: every flush comes here
         started = self.step_started_ns
-        self.step_started_ns = now  # the clock itself was closed by the runtime
+        self.step_started_ns = now  # the step clock itself is the runtime's to close
         return (now if started is None else started, now) if self.root else None
 
     def taken(self, step: int | None, root_span: tuple[int, int] | None) -> None:
