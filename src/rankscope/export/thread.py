@@ -241,11 +241,12 @@ class ExportThread:
             if self.sender is not None:
                 self.sender.shutdown(timeout_millis=100)
             self._thread.join(1.0)
-            waiting = [as_batch(m) if type(m) is tuple else m for m in self._inbox.snapshot()]
-            queued = [m for m in waiting if type(m) is StepBatch]
-            handed = sum(len(m.accs) for m in queued if not m.held_points)  # handed over: not in the bound
+            waiting = self._inbox.snapshot()
+            handed = [as_batch(m) for m in waiting if type(m) is tuple]  # not in the bound yet
+            queued = handed + [m for m in waiting if type(m) is StepBatch]
+            handed_points = sum(len(b.accs) for b in handed)  # before the unused ones leave them
             unused = sum(self.recorder.drop_unrecorded(m) for m in queued)
-            lost = max(0, self.bound.clear() + handed - unused)  # the steps still queued were never prepared
+            lost = max(0, self.bound.clear() + handed_points - unused)  # the steps still queued were never prepared
             self.drops.points(lost, f"shutdown did not finish exporting within {timeout:.1f}s")
             self.drops.report(final=True)
         elif self.sender is not None:

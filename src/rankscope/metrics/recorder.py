@@ -395,7 +395,8 @@ class Recorder:
         step as a plain tuple, its ``StepBatch`` made on the export thread (``as_batch``); None
         when the step holds more (device values, GPU timings, samples, a periodic ask): ``take`` it.
         After 20 ms of compute every object a flush touches is a cache miss: building the batch
-        here cost the training thread ~5 µs a step (``benchmarks/bench_peers.py``)."""
+        here cost the training thread ~5 µs a step in a probe (docs/benchmarks.md, "A step handed
+        over as a tuple")."""
         with self._lock:
             if self._asked_at is not None or self.device.items or self._deferred or self.samples:
                 return None
