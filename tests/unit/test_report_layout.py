@@ -429,3 +429,21 @@ def test_a_runs_start_is_its_ranks_first_data_not_the_sinks_first_word_of_the_la
     waiting.add({"kind": "experiment", "id": "exp", "run": "launch"})
     waiting.add({"kind": "runs", "runs": [{"run": "launch", "started": 850.0, "attempt": 0}]})
     assert waiting.started_at() == 850.0
+
+
+def test_a_key_the_lowest_rank_lacks_in_the_first_step_keeps_its_place() -> None:
+    """The spread lists a role's keys in its first process's order: a phase that process did not
+    report in the run's first step (its seconds went out with a periodic export) would come after
+    the others'. The page follows the global values' order (the sink's) instead."""
+    values = {
+        "train/data/duration_avg_s": 0.1,
+        "train/forward/duration_avg_s": 0.2,
+        "train/backward/duration_avg_s": 0.3,
+        "train/total_duration_avg_s": 0.6,
+    }
+    first = {"trainer": {k: cell(v) for k, v in reversed(values.items())}}  # r0 had backward and total only
+    summary = Summary()
+    summary.add({"kind": "step", "step": 0, "values": values, "spread": first})
+    summary.add(step(1, values))
+    (chart,) = summary.data()["phase_charts"]
+    assert [line["phase"] for line in chart["lines"]] == ["data", "forward", "backward", "total"]

@@ -123,20 +123,20 @@ class MetricSeries:
         self._labels: dict[str, str] = {}
 
     def step(self, step: int, values: dict[str, Any], spread: dict[str, dict[str, list[Any]]]) -> None:
-        """A step's points: a role's key where it has a spread, else global only."""
-        shown = set()
+        """A step's points: a role's key where it has a spread, else global only. New series come in
+        the global values' order (the sink's key order), not the spread's: that one is its first
+        process's, and a key the lowest rank lacks this step would come after the others'."""
         for role, keys in spread.items():
             self.processes[text(role)] = max((int(c[5]) for c in keys.values()), default=0)
-            for key, cell in keys.items():
-                shown.add(key)
-                if key in values and not key.startswith(META_PREFIXES):
-                    self._point(self.by_role, (text(role), text(key)), step, values.get(key), cell)
         for key, value in values.items():
-            if key.endswith(DERIVED_SUFFIXES):
-                continue
             if key.startswith(META_PREFIXES):
-                self._point(self.meta, key, step, value, None)
-            elif key not in shown:
+                if not key.endswith(DERIVED_SUFFIXES):
+                    self._point(self.meta, key, step, value, None)
+                continue
+            held = [(role, keys[key]) for role, keys in spread.items() if key in keys]
+            for role, cell in held:
+                self._point(self.by_role, (text(role), text(key)), step, value, cell)
+            if not held and not key.endswith(DERIVED_SUFFIXES):
                 self._point(self.globals, text(key), step, value, None)
 
     def late(self, step: int, values: dict[str, Any]) -> None:
