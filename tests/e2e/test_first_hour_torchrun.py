@@ -155,3 +155,43 @@ def test_recording_before_init_names_the_experiment_init_names(tmp_path: Path) -
     notices = [line for line in done.stderr.splitlines() if "metrics ->" in line]
     assert len(notices) == 1 and "experiment named-later" in notices[0], done.stderr
     assert "step 0  loss 1" in done.stdout
+
+
+SLOW_FIRST_STEP = """
+import time
+import torch.distributed as dist
+import rankscope as rs
+
+dist.init_process_group("gloo")
+rs.init(role="trainer")
+for step in range(3):
+    rs.record_metric("early", 1.0, rs.Reduce.SUM)  # before the first flush: exported without a step
+    with rs.trace("train") as t:
+        time.sleep(4.0 if step == 0 else 0.2)  # a first step's CUDA start, compile, warm-up
+        t.step("compute")
+    rs.record_metric("late", 1.0, rs.Reduce.SUM)
+    rs.flush(step)
+rs.shutdown()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_first_step_of_four_seconds_is_whole_in_the_kept_run(tmp_path: Path) -> None:
+    """Until its first flush a rank exports what it recorded every second without a step (it may
+    be one that never flushes); the sink's time buckets then held part of step 0, and dropped it
+    when the first flush came: step 0 lacked ``early``. The first step takes the buckets over."""
+    (tmp_path / "slow_first.py").write_text(SLOW_FIRST_STEP)
+    done = _run([*TORCHRUN, "slow_first.py"], tmp_path, _env(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / _report(done.stdout).parent
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rewinds = [i for i, r in enumerate(rows) if r.get("kind") == "rewind"]
+    final = rows[rewinds[-1] + 1 :] if rewinds else rows  # a rewind: the steps from it come again
+    step0 = {r["key"]: r["value"] for r in final if r.get("step") == 0 and "key" in r}
+    assert step0.get("early") == 2.0 and step0.get("late") == 2.0, step0
+    assert step0["train/compute/duration_avg_s"] >= 3.9, step0
+    assert {r["key"]: r["value"] for r in final if r.get("step") == 2 and r.get("key") in ("early", "late")} == {
+        "early": 2.0,
+        "late": 2.0,
+    }

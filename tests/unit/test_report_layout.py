@@ -447,3 +447,19 @@ def test_a_key_the_lowest_rank_lacks_in_the_first_step_keeps_its_place() -> None
     summary.add(step(1, values))
     (chart,) = summary.data()["phase_charts"]
     assert [line["phase"] for line in chart["lines"]] == ["data", "forward", "backward", "total"]
+
+
+def test_a_step_viewed_without_its_spread_joins_its_keys_role_charts() -> None:
+    """A run's first step after time buckets (``sink.book.buckets``) may come without a spread:
+    its values join the role's charts of the same keys, not charts of their own."""
+    values = {"loss": 2.0, "train/fwd/duration_avg_s": 0.5, "train/total_duration_avg_s": 0.6}
+    summary = Summary()
+    summary.add({"kind": "step", "step": 0, "values": values})
+    summary.add(step(1, {k: v / 2 for k, v in values.items()}))
+    data = summary.data()
+    assert data["globals"] == []
+    (loss,) = data["roles"][0]["keys"]
+    assert [p[:2] for p in loss["points"]] == [[0, 2.0], [1, 1.0]]
+    (chart,) = data["phase_charts"]
+    assert chart["role"] == "trainer" and [line["phase"] for line in chart["lines"]] == ["fwd", "total"]
+    assert chart["lines"][0]["points"] == [[0, 0.5, None], [1, 0.25, None]]

@@ -22,7 +22,7 @@ from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import attributes, encode_resource
 from rankscope.otlp.metrics import PointAttributes, decode, encode, row_of
 from rankscope.otlp.raw import RawExportMetricsServiceRequest, decode_attributes
-from rankscope.sink.testing import holder, merge_rows, reduced
+from rankscope.sink.testing import holder, merge_rows, merge_state, reduced
 
 BUILTIN = ["mean", "sum", "max", "min", "std", "count", "last", "distribution"]
 
@@ -60,6 +60,68 @@ def test_running_merge_equals_the_list_reduction(reduce: str, processes: list[li
         merge_rows(into, reduce, ["k"], [row_of(reduce, state)], rank, f"r{rank}")
     expected = kind.accumulator_class.get_reduced_value_from_states(states)
     assert same(reduced(reduce, into["k"]), expected), (reduced(reduce, into["k"]), expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    reduce=st.sampled_from(BUILTIN),
+    processes=st.lists(st.lists(values, min_size=1, max_size=6), min_size=2, max_size=6),
+    cut=st.integers(1, 5),
+)
+def test_two_steps_running_states_merged_equal_their_rows_merged_in_one(
+    reduce: str, processes: list[list[float]], cut: int
+) -> None:
+    """``merge_state`` (time buckets carried into a run's first step): the states of two groups of
+    processes merged equal every process's rows merged into one state."""
+    kind = Reduce.get(reduce)
+    rows = []
+    for numbers in processes:
+        acc = kind.accumulator_class(kind)
+        for v in numbers:
+            acc.append(v)
+        rows.append(row_of(reduce, acc.get_state()))
+    cut = min(cut, len(rows) - 1)
+    whole: dict[str, Any] = {}
+    first: dict[str, Any] = {}
+    second: dict[str, Any] = {}
+    for rank, row in enumerate(rows):
+        merge_rows(whole, reduce, ["k"], [row], rank, f"r{rank}")
+        merge_rows(first if rank < cut else second, reduce, ["k"], [row], rank, f"r{rank}")
+    merge_state(first, "k", second["k"])
+    assert same(reduced(reduce, first["k"]), reduced(reduce, whole["k"]))
+    if reduce in ("max", "min"):
+        assert holder(first["k"]) == holder(whole["k"])
+
+
+def test_otel_and_custom_states_merged_equal_their_rows_merged_in_one() -> None:
+    """The plain-OTel derived states (gauge and up-down per stream, explicit and exponential
+    histograms) and a custom type's list merge by ``merge_state`` as their rows would."""
+    exponential = [
+        {"scale": 3, "count": 2, "sum": 3.0, "zero_count": 0, "min": 1.0, "max": 2.0}
+        | {"positive": {8: 1, 0: 1}, "negative": {}},
+        {"scale": 1, "count": 1, "sum": -4.0, "zero_count": 1, "min": -4.0, "max": 0.0}
+        | {"positive": {}, "negative": {4: 1}},
+    ]
+    cases = {
+        "otel.gauge": [(1.0, 10), (2.0, 20), (3.0, 15)],
+        "otel.updown": [(5.0, 10), (-1.0, 30)],
+        "otel.histogram": [
+            ((1.0, 2.0), (1, 0, 2), 3, 7.5, 0.5, 3.0),
+            ((1.0, 2.0, 5.0), (0, 1, 1, 0), 2, 5.0, 1.5, 4.0),
+        ],
+        "otel.exponential": [(state,) for state in exponential],
+        "my_reduce": [({"a": 1},), ({"a": 2},), ({"a": 3},)],
+    }
+    for reduce, rows in cases.items():
+        whole: dict[str, Any] = {}
+        first: dict[str, Any] = {}
+        second: dict[str, Any] = {}
+        for i, row in enumerate(rows):
+            label = f"r{i % 2}"
+            merge_rows(whole, reduce, ["k"], [row], i, label)
+            merge_rows(first if i == 0 else second, reduce, ["k"], [row], i, label)
+        merge_state(first, "k", second["k"])
+        assert first["k"] == whole["k"], (reduce, first["k"], whole["k"])
 
 
 @settings(max_examples=200, deadline=None)

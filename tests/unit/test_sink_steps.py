@@ -206,6 +206,33 @@ def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> 
     assert second.step == 1 and values_of(second)["tokens"] == 5.0
 
 
+def test_a_first_step_longer_than_the_buckets_keeps_what_its_processes_exported_before_they_stepped() -> None:
+    """Two ranks export step 0's first values without a step (no flush yet, so they may never
+    flush): time buckets. Bucket 0 is viewed; bucket 1 is still open when rank 0's first marker
+    comes. Step 0 takes both buckets whole, rewinds over bucket 0's view, and gives a per-process
+    value only to the rank whose whole step it holds (rank 1's bucket-0 part was viewed there)."""
+    clock, wall = Clock(), Clock()
+    wall.now = clock.now = 1000.0
+    e = StepBook("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=2.0), clock=clock, wall=wall)
+    s = 1_000_000_000
+    r0, r1 = resource("p0", 0, 2), resource("p1", 1, 2)
+    ingest(e, r1, metrics({"n": (Reduce.SUM, [1.0]), "t": (Reduce.MAX, [7.0])}, None, at=1000 * s))
+    wall.now = clock.now = 1003.0
+    (bucket,) = e.ready()
+    assert bucket.step == 0 and values_of(bucket)["n"] == 1.0
+    ingest(e, r0, metrics({"n": (Reduce.SUM, [2.0]), "t": (Reduce.MAX, [3.0])}, None, at=1003 * s))
+    ingest(e, r0, metrics({"n": (Reduce.SUM, [4.0])}, step=0, at=1003 * s + 5))
+    ingest(e, r1, metrics({"n": (Reduce.SUM, [8.0])}, step=0, at=1003 * s + 6))
+    (step,) = e.ready()
+    values = values_of(step)
+    assert step.step == 0 and step.rewound and not step.late
+    assert values["n"] == 15.0 and values["t"] == 7.0  # every value of the step, bucketed or not
+    assert {p.label: {m.key: m.value for m in ms} for p, ms in step.per_process.items()} == {
+        "trainer_r0": {"n": 6.0, "t": 3.0}  # rank 1's bucket-0 part went to that view: whole or absent
+    }
+    assert e.counts.abandoned_steps == 0
+
+
 def test_actor_markers_wait_for_their_controller() -> None:
     e = StepBook("x", BookConfig(grace=5), clock=Clock())
     for rank in range(2):

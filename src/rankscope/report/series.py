@@ -98,6 +98,19 @@ class Series:
     def state(self) -> list[Any]:
         return [self.points, self.holders, self.last, self.last_holders, self.seen, self.stride]
 
+    def joined(self, other: Series) -> Series:
+        """This series with ``other``'s points of steps it lacks (a copy): a role's key and its
+        global-only points of steps viewed without a spread."""
+        mine = {point[0] for point in self.points}
+        pairs = sorted(
+            [*zip(self.points, self.holders, strict=True)]
+            + [(p, h) for p, h in zip(other.points, other.holders, strict=True) if p[0] not in mine],
+            key=lambda pair: pair[0][0],
+        )
+        lasts = [(p, h) for p, h in ((self.last, self.last_holders), (other.last, other.last_holders)) if p is not None]
+        last, last_holders = max(lasts, key=lambda pair: pair[0][0]) if lasts else (None, None)
+        return Series([p for p, _ in pairs], [h for _, h in pairs], last, last_holders, self.seen, self.stride)
+
     def data(self, key: str) -> dict[str, Any]:
         """The chart: the kept points and the last one (always drawn)."""
         points, holders = list(self.points), list(self.holders)
@@ -239,8 +252,9 @@ class MetricSeries:
         user_globals: list[dict[str, Any]] = []
         durations: list[dict[str, Any]] = []
         internals: list[dict[str, Any]] = []
-        named = [(role, key, s) for (role, key), s in self.by_role.items()]
-        named += [("", key, s) for key, s in self.globals.items()]
+        by_role, user_global = self._joined()
+        named = [(role, key, s) for (role, key), s in by_role.items()]
+        named += [("", key, s) for key, s in user_global.items()]
         for role, key, series in named:
             kind = kind_of(key)
             if kind == "metric":
@@ -259,6 +273,23 @@ class MetricSeries:
             "internals": internals,
             "series_not_shown": self.not_shown,
         }
+
+    def _joined(self) -> tuple[dict[tuple[str, str], Series], dict[str, Series]]:
+        """The series by role and global only, a global-only series of a key that one role's
+        series has too joined into that one: a step viewed without its spread (a run's first step
+        after time buckets, ``sink.book.buckets``; a step past the spread limit) is not a chart
+        of its own."""
+        roles: dict[str, list[str]] = {}
+        for role, key in self.by_role:
+            roles.setdefault(key, []).append(role)
+        by_role, alone = dict(self.by_role), {}
+        for key, series in self.globals.items():
+            found = roles.get(key, ())
+            if len(found) == 1:
+                by_role[(found[0], key)] = by_role[(found[0], key)].joined(series)
+            else:
+                alone[key] = series
+        return by_role, alone
 
 
 def phase_charts(durations: list[dict[str, Any]]) -> list[dict[str, Any]]:

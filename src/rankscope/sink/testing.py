@@ -9,7 +9,7 @@ from .book.admission import Admission, ExperimentLimits
 from .book.counts import Counts
 from .book.finalize import Finished, view_of
 from .book.late import LateSteps
-from .book.merge import holder, merge_rows, reduced
+from .book.merge import holder, merge_rows, merge_state, reduced
 from .book.outliers import judged_by, outliers
 from .book.retained import HOT, Retained, Retention
 from .book.roster import Roster
@@ -171,6 +171,7 @@ __all__ = [
     "load_tokens",
     "logs_batches",
     "merge_rows",
+    "merge_state",
     "metrics_batches",
     "out_of_descriptors",
     "outliers",

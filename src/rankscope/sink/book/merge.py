@@ -49,6 +49,26 @@ OTEL_GAUGE, OTEL_UPDOWN, OTEL_HISTOGRAM, OTEL_EXPONENTIAL = (
 )
 
 
+def merge_state(into: dict[str, Running], key: str, state: Running) -> None:
+    """Merge another running state of ``key`` into ``into`` (as if its rows had come here): what
+    two steps took, added up (the end of time buckets, ``book.buckets``)."""
+    reduce = state[0]
+    if reduce not in _MERGES:  # a custom type's states, kept as a list
+        _custom(into, reduce, [key] * len(state[1]), [(one,) for one in state[1]])
+    elif reduce in (OTEL_GAUGE, OTEL_UPDOWN):  # per stream: each label's newest
+        for label, (time_unix_nano, value) in state[1].items():
+            merge_rows(into, reduce, [key], [(value, time_unix_nano)], 0, label)
+    elif reduce == OTEL_HISTOGRAM:
+        _, by_bounds, count, total, low, high = state
+        rows = [(bounds, tuple(counts), 0, 0.0, math.nan, math.nan) for bounds, counts in by_bounds.items()]
+        rows.append(((), (), count, total, low, high))  # the totals and extremes once
+        merge_rows(into, reduce, [key] * len(rows), rows, 0, "")
+    elif reduce in ("distribution", OTEL_EXPONENTIAL):
+        merge_rows(into, reduce, [key], [(state[1],)], 0, "")
+    else:  # the adders, MAX/MIN (the row names its holder), LAST: the state is the row
+        merge_rows(into, reduce, [key], [tuple(state[1:])], 0, "")
+
+
 def reduce_of(reduce: str) -> Reduce:
     """The reduce type a view reports for a state (a derived type: the reduction it applies)."""
     derived = DERIVED.get(reduce)

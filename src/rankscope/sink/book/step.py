@@ -44,13 +44,14 @@ class Step:
     samples: dict[str, SampleTable] = field(default_factory=dict)
     """Sample tables (``record_sample``): every process's rows merged into one selection each."""
 
-    def hand_over(self, *, late: bool) -> list[tuple[Process, StateRows]]:
+    def hand_over(self) -> list[tuple[Process, StateRows]]:
         """The rows taken since the step's last view, for the next one (its rows start a new list).
-        A late update leaves out a process seen in an earlier view of the step: it would get a
-        partial value (one that sent part of the step in time keeps its in-time value)."""
+        A process already in a view of the step is left out: it would get a partial value (one that
+        sent part of the step in time keeps its in-time value; one whose part came in a time bucket
+        viewed before the run stepped has its value in that view, ``book.buckets``)."""
         parts, self.parts = self.parts, []
         senders = {process.id for process, _ in parts}
-        if late:
+        if self.viewed:
             parts = [(process, rows) for process, rows in parts if process.id not in self.viewed]
         self.viewed |= senders
         return parts

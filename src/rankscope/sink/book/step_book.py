@@ -51,6 +51,7 @@ from ..checked import OnError, Process, Refusals, ResourceBatch, ended_reason
 from ..views.anomalies import Watch
 from ..views.step import StepView
 from .admission import Admission, ExperimentLimits
+from .buckets import carried
 from .config import BookConfig
 from .counts import Counts
 from .finalize import Finished, view_of
@@ -258,7 +259,11 @@ class StepBook:
 
     def _marker(self, process: Process, marker: Marker, now: float) -> None:
         if self.windows.stop_bucketing():  # the first stepping process: time buckets give way to steps
+            step, lost = carried(self.steps, self.windows.first_bucket, marker.step, now)
             self._new_attempt()
+            self.counts.abandoned_steps += lost
+            if step is not None:  # what the buckets took is the first step's (``book.buckets``)
+                self.steps.open[marker.step] = step
         self.windows.close(marker.step, marker.time_unix_nano)
         if marker.ranks is None:
             self.roster.marked(process, marker.step)
@@ -378,7 +383,7 @@ class StepBook:
             step=bucket.step,
             seq=bucket.seq,
             merged=bucket.merged,
-            parts=bucket.hand_over(late=late),  # the view owns them; late rows start a new list
+            parts=bucket.hand_over(),  # the view owns them; late rows start a new list
             samples=entries(bucket.samples, bucket.step, changed_only=late),
             missing=missing,
             late=late,
