@@ -233,6 +233,33 @@ def test_a_first_step_longer_than_the_buckets_keeps_what_its_processes_exported_
     assert e.counts.abandoned_steps == 0
 
 
+def test_buckets_below_a_first_step_far_ahead_stand_and_the_carried_keys_are_bounded() -> None:
+    """A first marker above every bucket's view (a job numbering from 100) does not rewind them:
+    they stand as written, and only the open bucket is carried (carried too, the viewed ones would
+    count twice). The carried union of many buckets holds at most ``max_keys_per_step`` keys; the
+    rest is refused, counted."""
+    from rankscope.sink.testing import ExperimentLimits
+
+    clock, wall = Clock(), Clock()
+    wall.now = clock.now = 1000.0
+    config = BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=2.0, limits=ExperimentLimits(max_keys_per_step=2))
+    e = StepBook("x", config, clock=clock, wall=wall)
+    s = 1_000_000_000
+    r0 = resource("p0", 0, 1)
+    ingest(e, r0, metrics({"a": (Reduce.SUM, [1.0])}, None, at=1000 * s))
+    wall.now = clock.now = 1003.0
+    (bucket,) = e.ready()
+    assert bucket.step == 0 and values_of(bucket)["a"] == 1.0
+    ingest(e, r0, metrics({"a": (Reduce.SUM, [2.0]), "b": (Reduce.SUM, [3.0])}, None, at=1003 * s))
+    ingest(e, r0, metrics({"c": (Reduce.SUM, [5.0])}, None, at=1004 * s + 1))
+    ingest(e, r0, metrics({"a": (Reduce.SUM, [4.0])}, step=100, at=1004 * s + 5))
+    (step,) = e.ready()
+    values = values_of(step)
+    assert step.step == 100 and not step.rewound
+    assert values["a"] == 6.0 and values["b"] == 3.0 and "c" not in values  # bucket 0's 1.0 stands in its view
+    assert e.counts.refused == 1 and e.counts.abandoned_steps == 0
+
+
 def test_actor_markers_wait_for_their_controller() -> None:
     e = StepBook("x", BookConfig(grace=5), clock=Clock())
     for rank in range(2):

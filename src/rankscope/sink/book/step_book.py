@@ -259,9 +259,10 @@ class StepBook:
 
     def _marker(self, process: Process, marker: Marker, now: float) -> None:
         if self.windows.stop_bucketing():  # the first stepping process: time buckets give way to steps
-            step, lost = carried(self.steps, self.windows.first_bucket, marker.step, now)
+            step, lost, refused = carried(self.steps, self.windows.first_bucket, marker.step, now)
             self._new_attempt()
             self.counts.abandoned_steps += lost
+            self.counts.refused += refused
             if step is not None:  # what the buckets took is the first step's (``book.buckets``)
                 self.steps.open[marker.step] = step
         self.windows.close(marker.step, marker.time_unix_nano)
