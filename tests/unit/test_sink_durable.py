@@ -105,6 +105,59 @@ def test_a_record_of_flush_markers_alone_is_covered_by_its_steps_view_and_its_se
     assert list(ExperimentLog(tmp_path, "x", 200).replay()) == []
 
 
+def test_the_time_buckets_a_first_step_took_over_are_covered_by_its_view(tmp_path: Path) -> None:
+    """A rank exports step-less values for 4 s before its first flush (time buckets 0-3, bucket 0
+    viewed), then runs 2 steps: step 0 takes the buckets over, and its view covers their records,
+    so a restarted sink replays none of them as steps 2 and 3 of their own (values of step 0)."""
+    from rankscope.core import names as attr
+    from rankscope.otlp.markers import Marker
+    from rankscope.sink import BookConfig
+    from rankscope.sink.testing import ExperimentLog, Refusals, ResourceBatch, StateRows, StepBook, encode_record
+
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    experiment = StepBook("x", BookConfig(grace=5.0, time_bucket=1.0, time_bucket_lag=2.0), clock=clock, wall=clock)
+    log = ExperimentLog(tmp_path, "x", 1 << 20)
+    resource = {attr.SERVICE_INSTANCE_ID: "a", attr.ROLE: "trainer", attr.RANK: "0", attr.WORLD_SIZE: "1"}
+    views = []
+
+    def send(states: list[StateRows], markers: list[Marker]) -> None:
+        batch = ResourceBatch("x", dict(resource), states=states, markers=markers)
+        refused = Refusals()
+        taken = experiment.take(batch, refused)
+        assert taken is not None and refused.count == 0
+        seqs = {
+            s: log.append(s, encode_record(b"", p.resource, p.states, p.markers, p.samples))
+            for s, p in taken.parts.items()
+        }
+        experiment.merge(taken, refused, seqs)
+        for view in experiment.ready():  # as ``views.writes`` reports a written view
+            views.append(view)
+            for bucket, seq in view.carried.items():
+                log.written_view(bucket, seq, -1, 0, force=True)
+            log.written_view(view.step, view.seq, view.step, view.attempt, force=True)
+
+    for second in range(4):
+        clock.now = 1000.0 + second
+        send([StateRows("sum", None, ["n"], [(1.0,)], time_unix_nano=int(clock.now * 1e9))], [])
+    assert [(v.step, v.rewound) for v in views] == [(0, False)]  # bucket 0, final 2 s after it ended
+    for step in range(2):
+        send([StateRows("sum", step, ["n"], [(10.0,)])], [Marker(step, 0, False)])
+        clock.now += 6.0
+        send([], [])
+    assert [(v.step, v.rewound) for v in views][1:] == [(0, True), (1, False)]
+    step0 = {m.key: m.value for m in views[1].global_metrics}
+    assert step0["n"] == 14.0 and set(views[1].carried) == {0, 1, 2, 3}
+    assert log.covered()
+    log.close()
+    assert list(ExperimentLog(tmp_path, "x", 1 << 20).replay()) == []
+
+
 def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_path: Path) -> None:
     """A crash between the checkpoint and the journal's truncation leaves lines the checkpoint
     already holds: folding them in again, an older attempt's step does not move the frontier."""

@@ -260,6 +260,35 @@ def test_buckets_below_a_first_step_far_ahead_stand_and_the_carried_keys_are_bou
     assert e.counts.refused == 1 and e.counts.abandoned_steps == 0
 
 
+def test_buckets_carried_from_the_first_steps_number_packed_ones_too_and_a_reduce_type_conflict_refused() -> None:
+    """20 buckets viewed (the oldest packed: past ``retained.HOT``), then ``flush(3)``: the rewind
+    replaces the views from step 3, so buckets 3-19 go into step 3 and buckets 0-2 keep their
+    views (carried too, they would count twice). A key recorded as SUM in one bucket and MAX in
+    another (admission holds one reduce type per key within a step only) is refused, counted, and
+    the run goes on stepping."""
+    clock, wall = Clock(), Clock()
+    wall.now = clock.now = 1000.0
+    e = StepBook("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=2.0), clock=clock, wall=wall)
+    s = 1_000_000_000
+    r0 = resource("p0", 0, 1)
+    viewed = []
+    for second in range(20):
+        k = (Reduce.MAX, [9.0]) if second == 19 else (Reduce.SUM, [1.0])
+        ingest(e, r0, metrics({"n": (Reduce.SUM, [1.0]), "k": k}, None, at=(1000 + second) * s))
+        wall.now = clock.now = 1000.0 + second + 3
+        viewed += e.ready()
+    assert [v.step for v in viewed] == list(range(20))
+    ingest(e, r0, metrics({"n": (Reduce.SUM, [100.0])}, step=3, at=1023 * s))
+    (step,) = e.ready()
+    values = values_of(step)
+    assert step.step == 3 and step.rewound and values["n"] == 117.0  # buckets 3-19 and its own
+    assert values["k"] == 16.0 and e.counts.refused == 1  # bucket 19's MAX of k: refused
+    assert len(step.per_process) == 0  # its part was viewed: whole or absent
+    ingest(e, r0, metrics({"n": (Reduce.SUM, [1.0])}, step=4, at=1024 * s))
+    (after,) = e.ready()
+    assert after.step == 4 and values_of(after)["n"] == 1.0 and e.counts.abandoned_steps == 0
+
+
 def test_actor_markers_wait_for_their_controller() -> None:
     e = StepBook("x", BookConfig(grace=5), clock=Clock())
     for rank in range(2):

@@ -9,16 +9,21 @@ step lacked them. Now the first marker's step takes them over: its window holds 
 it.
 
 * An open bucket (not viewed yet) gives its running states and its per-process rows (spreads).
-* A finalized bucket (viewed, kept for late data in ``retained``) gives its running states when
-  the step is at or below its view, so the step's view rewinds it (``StepView.rewound``): the
-  views end with the step whole, not the buckets. Its processes get no per-process value in the
-  step (whole or absent, as in a late update, ``Step.hand_over``). A step above every bucket's
-  view leaves them as they were written (carried, they would count twice).
-* A finalized bucket no longer kept (past ``retain_seconds``/``retain_bytes``), or not carried,
-  is counted in ``abandoned_steps`` when it had pending late data or was lost. Sample rows of
-  open buckets are not carried (the tables of finalized ones were written with their views).
-* The step takes at most ``max_keys_per_step`` keys (the union of many buckets could hold more);
-  the points of the rest are refused, counted.
+* A finalized bucket (viewed, kept for late data in ``retained``) numbered at or above the step
+  gives its running states: the step's view rewinds over its view (``StepView.rewound``), so the
+  views end with the step whole, not the bucket. Its processes get no per-process value in the
+  step (whole or absent, as in a late update, ``Step.hand_over``). One below the step keeps its
+  view as written (carried, it would count twice); its pending late data is dropped, counted in
+  ``abandoned_steps``.
+* A bucket's state of a key the step holds with another reduce type (admission holds a key to one
+  reduce type within a step, not across steps) is refused, as a state past ``max_keys_per_step``
+  keys (the union of many buckets could hold more): counted in the run's refused points.
+* The step's view covers the buckets' write-ahead-log records (``Step.carried``): a restarted sink
+  replays none of them as a step of its own.
+
+Left as they were: a finalized bucket no longer kept (past ``retain_seconds``/``retain_bytes``), the
+sample rows of open buckets, spans filed under a bucket's number. The work is one pass over the
+kept buckets, unpacked one at a time: linear in ``retain_bytes``, once per run.
 """
 
 from __future__ import annotations
@@ -29,51 +34,57 @@ from .step import Step
 from .steps import StepTable
 
 
-def carried(table: StepTable, first: int, into: int, now: float) -> tuple[Step | None, int, int]:
-    """Every bucket of ``table`` (``first``: the first one's step) as one open step ``into`` (None
-    when there were none), how many buckets are lost (finalized ones no longer kept, pending late
-    updates not carried), and how many points were refused (the key limit). Takes them out of
+def carried(table: StepTable, into: int, now: float) -> tuple[Step | None, int, int]:
+    """The buckets of ``table`` as one open step ``into`` (None when there were none), how many
+    buckets' pending late data was dropped, and how many states were refused. Takes them out of
     ``table``: call before its ``restart``."""
-    buckets = list(table.open.values())
+    open_buckets = list(table.open.values())
     table.open.clear()
-    pending = list(table.late.pending.values())
-    table.late.pending.clear()
-    rewinds = into <= table.last_viewed
-    lost = 0
-    if rewinds:
-        finalized = {bucket.step for bucket in pending}
-        buckets += pending
-        retained = table.retained
-        for number in [*retained.hot, *retained.packed]:
-            found = retained.take(number, now)
-            if found is not None and found.step not in finalized:
-                buckets.append(found)
-                finalized.add(found.step)
-        lost = sum(1 for number in range(first, table.last_finalized + 1) if number not in finalized)
-    else:
-        lost = len(pending)  # their late data: the buckets' views stand as written
-    if not buckets:
-        return None, lost, 0
+    pending = table.late.pending
+    table.late.pending = {}
+    lost = sum(1 for number in pending if number < into)
     step = Step(into, now)  # opened now: its grace runs from the marker, as a step's from its first data
-    limit, refused = table.admission.limits.max_keys_per_step, 0
-    merged = step.merged
-    for bucket in buckets:
-        for key, state in bucket.merged.items():
-            if key in merged or len(merged) < limit:
-                merge_state(merged, key, state)
-            else:
-                refused += 1
-        step.parts += bucket.parts
-        step.viewed |= bucket.viewed
-        step.reporters |= bucket.reporters
-        step.seq = max(step.seq, bucket.seq)
-    if refused:  # no process's value of a key the step does not hold
-        step.parts = [(process, _within(rows, merged)) for process, rows in step.parts]
+    refused = 0
+
+    def take(bucket: Step) -> None:
+        nonlocal refused
+        refused += _merge(step, bucket, table.admission.limits.max_keys_per_step)
+
+    retained = table.retained
+    for number in sorted({*retained.hot, *retained.packed, *pending}):  # oldest first: a custom type's list in order
+        if number < into:
+            continue
+        found = pending.get(number) or retained.take(number, now)  # unpacked one at a time
+        if found is not None:
+            take(found)
+    for bucket in sorted(open_buckets, key=lambda b: b.step):
+        take(bucket)
+    if not step.carried:
+        return None, lost, refused
+    if refused:  # no process's value of a key the step does not hold (or holds with another reduce type)
+        step.parts = [(process, _within(rows, step.merged)) for process, rows in step.parts]
     return step, lost, refused
 
 
+def _merge(step: Step, bucket: Step, limit: int) -> int:
+    """``bucket`` into ``step``; how many of its states were refused."""
+    merged, refused = step.merged, 0
+    for key, state in bucket.merged.items():
+        held = merged.get(key)
+        if (held is None and len(merged) < limit) or (held is not None and held[0] == state[0]):
+            merge_state(merged, key, state)
+        else:
+            refused += 1
+    step.parts += bucket.parts
+    step.viewed |= bucket.viewed
+    step.reporters |= bucket.reporters
+    step.seq = max(step.seq, bucket.seq)
+    step.carried[bucket.step] = bucket.seq
+    return refused
+
+
 def _within(rows: StateRows, merged: dict[str, Running]) -> StateRows:
-    kept = [i for i, key in enumerate(rows.keys) if key in merged]
+    kept = [i for i, key in enumerate(rows.keys) if key in merged and merged[key][0] == rows.reduce]
     within = StateRows(rows.reduce, rows.step, [rows.keys[i] for i in kept], [rows.rows[i] for i in kept])
     if rows.spreads:  # by position: renumbered
         within.spreads = {n: rows.spreads[i] for n, i in enumerate(kept) if i in rows.spreads}

@@ -48,6 +48,8 @@ class Finished:
     seq: int
     """Newest write-ahead-log record merged into the step (what a written view covers)."""
     merged: Mapping[str, Running]
+    carried: Mapping[int, int] = field(default_factory=dict)
+    """Time buckets the step took over, with their newest records (``Step.carried``)."""
     parts: list[tuple[Process, StateRows]]
     """Rows by process for per-process values (a late update: of processes new to the step)."""
     samples: dict[str, list[dict[str, Any]]]
@@ -169,6 +171,7 @@ def view_of(
         done.experiment, done.step, done.seq, global_metrics, missing, done.late, per_process, labels=labels
     )
     view.samples, view.attempt, view.rewound = done.samples, done.attempt, done.rewound
+    view.carried = done.carried
     view.away = len(done.away) if missing else 0
     view.duration = None if done.interrupted else done.duration
     if not done.late:

@@ -259,7 +259,7 @@ class StepBook:
 
     def _marker(self, process: Process, marker: Marker, now: float) -> None:
         if self.windows.stop_bucketing():  # the first stepping process: time buckets give way to steps
-            step, lost, refused = carried(self.steps, self.windows.first_bucket, marker.step, now)
+            step, lost, refused = carried(self.steps, marker.step, now)
             self._new_attempt()
             self.counts.abandoned_steps += lost
             self.counts.refused += refused
@@ -384,6 +384,7 @@ class StepBook:
             step=bucket.step,
             seq=bucket.seq,
             merged=bucket.merged,
+            carried=bucket.carried if not late else {},
             parts=bucket.hand_over(),  # the view owns them; late rows start a new list
             samples=entries(bucket.samples, bucket.step, changed_only=late),
             missing=missing,

@@ -39,8 +39,6 @@ class StepWindows:
         """Steps whose window end is known, ascending, and those ends (ns, never going back)."""
         self.epoch: int | None = None
         """Time buckets (no process steps): the run's first bucket, in buckets since 1970."""
-        self.first_bucket = 0
-        """The step number of the run's first time bucket (the last one's lies with the step table)."""
 
     @property
     def bucketed(self) -> bool:
@@ -81,7 +79,6 @@ class StepWindows:
             # makes every later bucket a huge step; a reopened run goes on after its last step
             first = max(t, int(self.wall() * 1e9) - MAX_CLOCK_SKEW_NS)
             self.epoch = int(first / width) - (last_finalized + 1)
-            self.first_bucket = last_finalized + 1
         return max(0, int(t / width) - self.epoch)
 
     def stop_bucketing(self) -> bool:

@@ -60,6 +60,8 @@ class StepView:
         self.labels = labels or {}
         """Process labels of values that name a process (``{key}/argmax_rank``): the console shows them."""
         self.seq = seq
+        self.carried: Mapping[int, int] = {}
+        """Time buckets this step took over, with their newest records: its write covers them too."""
         self.duration: float | None = None
         """Seconds from the previous step's first close to this one's (``book.windows``), if known:
         the step's time, as a console shows it."""

@@ -153,4 +153,6 @@ class Writes:
                 target.written_step = max(target.written_step, view.step)
         if self._on_written is not None and view.seq:  # a late update moves neither the frontier nor the attempt
             late = view.late
+            for bucket, seq in view.carried.items():  # their records are in this step now (``book.buckets``)
+                self._on_written(bucket, seq, -1, 0)
             self._on_written(view.step, view.seq, -1 if late else view.step, 0 if late else view.attempt)
