@@ -36,6 +36,14 @@ values = st.one_of(
 )
 
 
+def state_of(kind: Reduce, numbers: list[float]) -> Any:
+    """One process's state of ``numbers`` under ``kind``."""
+    acc = kind.accumulator_class(kind)
+    for v in numbers:
+        acc.append(v)
+    return acc.get_state()
+
+
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
@@ -49,12 +57,7 @@ def same(a: Any, b: Any) -> bool:
 )
 def test_running_merge_equals_the_list_reduction(reduce: str, processes: list[list[float]]) -> None:
     kind = Reduce.get(reduce)
-    states = []
-    for numbers in processes:
-        acc = kind.accumulator_class(kind)
-        for v in numbers:
-            acc.append(v)
-        states.append(acc.get_state())
+    states = [state_of(kind, numbers) for numbers in processes]
     into: dict[str, Any] = {}
     for rank, state in enumerate(states):
         merge_rows(into, reduce, ["k"], [row_of(reduce, state)], rank, f"r{rank}")
@@ -74,12 +77,7 @@ def test_two_steps_running_states_merged_equal_their_rows_merged_in_one(
     """``merge_state`` (time buckets carried into a run's first step): the states of two groups of
     processes merged equal every process's rows merged into one state."""
     kind = Reduce.get(reduce)
-    rows = []
-    for numbers in processes:
-        acc = kind.accumulator_class(kind)
-        for v in numbers:
-            acc.append(v)
-        rows.append(row_of(reduce, acc.get_state()))
+    rows = [row_of(reduce, state_of(kind, numbers)) for numbers in processes]
     cut = min(cut, len(rows) - 1)
     whole: dict[str, Any] = {}
     first: dict[str, Any] = {}
