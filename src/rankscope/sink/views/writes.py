@@ -104,7 +104,10 @@ class Writes:
     def _write_step(self, view: StepView) -> None:
         if view.rewound and not view.late:
             run = f" run {self.run[:64]}" if self.run else ""
-            log.warning("rankscope sink: experiment %s%s rewound to step %d", self.experiment[:64], run, view.step)
+            why = " (the time buckets before the first flush: their values are this step's)" if view.carried else ""
+            log.warning(
+                "rankscope sink: experiment %s%s rewound to step %d%s", self.experiment[:64], run, view.step, why
+            )
             for target in self.views:
                 if not target.disabled:
                     self._call(target, target.backend.rewind, view.step)
