@@ -289,6 +289,33 @@ def test_buckets_carried_from_the_first_steps_number_packed_ones_too_and_a_reduc
     assert after.step == 4 and values_of(after)["n"] == 1.0 and e.counts.abandoned_steps == 0
 
 
+def test_sample_rows_of_an_open_bucket_join_the_first_steps_table() -> None:
+    """A rollout row recorded before the first flush went out without a step (a time bucket still
+    open when the marker came): it is in step 0's table, beside the step's own row."""
+    from rankscope.otlp.samples import SampleRow
+    from rankscope.sink.testing import ResourceBatch
+
+    clock, wall = Clock(), Clock()
+    wall.now = clock.now = 1000.0
+    e = StepBook("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=2.0), clock=clock, wall=wall)
+    s = 1_000_000_000
+
+    def row(reward: float, seq: int, step: int | None) -> SampleRow:
+        return SampleRow("rollouts", "reward", 2, "top", reward, seq, {"reward": reward}, step, 1000 * s, "", "", None)
+
+    def send(rows: list[SampleRow]) -> None:
+        refused = Refusals()
+        e.apply(ResourceBatch("x", resource("p0", 0, 1), samples=rows), refused)
+        assert refused.count == 0, refused.reasons
+
+    send([row(0.5, 1, None)])
+    ingest(e, resource("p0", 0, 1), metrics({"n": (Reduce.SUM, [1.0])}, step=0, at=1000 * s + 5))
+    send([row(0.9, 2, 0)])
+    clock.now = 1010.0
+    (step,) = e.ready()
+    assert step.step == 0 and sorted(r["row"]["reward"] for r in step.samples["rollouts"]) == [0.5, 0.9]
+
+
 def test_actor_markers_wait_for_their_controller() -> None:
     e = StepBook("x", BookConfig(grace=5), clock=Clock())
     for rank in range(2):

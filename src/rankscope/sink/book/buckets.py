@@ -21,17 +21,21 @@ it.
 * The step's view covers the buckets' write-ahead-log records (``Step.carried``): a restarted sink
   replays none of them as a step of its own.
 
-Left as they were: a finalized bucket no longer kept (past ``retain_seconds``/``retain_bytes``), the
-sample rows of open buckets, spans filed under a bucket's number. The work is one pass over the
+An open bucket's sample rows join the step's tables (within its limits: the rest refused,
+counted). Left as they were: a finalized bucket no longer kept (past
+``retain_seconds``/``retain_bytes``), spans filed under a bucket's number. The work is one pass over the
 kept buckets, unpacked one at a time: linear in ``retain_bytes``, once per run.
 """
 
 from __future__ import annotations
 
-from ..checked import StateRows
+from ...otlp.samples import SampleRow
+from ..checked import Process, StateRows
+from .admission import ExperimentLimits
 from .merge import Running, merge_state
 from .step import Step
 from .steps import StepTable
+from .tables import take as take_rows
 
 
 def carried(table: StepTable, into: int, now: float) -> tuple[Step | None, int, int]:
@@ -48,7 +52,7 @@ def carried(table: StepTable, into: int, now: float) -> tuple[Step | None, int, 
 
     def take(bucket: Step) -> None:
         nonlocal refused
-        refused += _merge(step, bucket, table.admission.limits.max_keys_per_step)
+        refused += _merge(step, bucket, table.admission.limits)
 
     retained = table.retained
     for number in sorted({*retained.hot, *retained.packed, *pending}):  # oldest first: a custom type's list in order
@@ -66,9 +70,9 @@ def carried(table: StepTable, into: int, now: float) -> tuple[Step | None, int, 
     return step, lost, refused
 
 
-def _merge(step: Step, bucket: Step, limit: int) -> int:
-    """``bucket`` into ``step``; how many of its states were refused."""
-    merged, refused = step.merged, 0
+def _merge(step: Step, bucket: Step, limits: ExperimentLimits) -> int:
+    """``bucket`` into ``step``; how many of its states and sample rows were refused."""
+    merged, refused, limit = step.merged, 0, limits.max_keys_per_step
     for key, state in bucket.merged.items():
         held = merged.get(key)
         if (held is None and len(merged) < limit) or (held is not None and held[0] == state[0]):
@@ -80,6 +84,14 @@ def _merge(step: Step, bucket: Step, limit: int) -> int:
     step.reporters |= bucket.reporters
     step.seq = max(step.seq, bucket.seq)
     step.carried[bucket.step] = bucket.seq
+    for table in bucket.samples.values():  # an open bucket's (a finalized one's were written with its view)
+        rows: dict[Process, list[SampleRow]] = {}
+        for kept in table.kept:
+            process, row = kept.origin
+            rows.setdefault(process, []).append(row)
+        for process, mine in rows.items():
+            found = take_rows(step.samples, process, mine, limits.max_sample_tables, limits.max_sample_chars_per_step)
+            refused += sum(n for n, _ in found)
     return refused
 
 
