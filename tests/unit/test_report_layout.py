@@ -463,3 +463,17 @@ def test_a_step_viewed_without_its_spread_joins_its_keys_role_charts() -> None:
     (chart,) = data["phase_charts"]
     assert chart["role"] == "trainer" and [line["phase"] for line in chart["lines"]] == ["fwd", "total"]
     assert chart["lines"][0]["points"] == [[0, 0.5, None], [1, 0.25, None]]
+
+
+def test_a_step_without_its_spread_costs_no_chart_of_the_series_limit() -> None:
+    """300 keys whose first step came without a spread, then with one: 300 charts, each with its
+    first point, none left out (a global-only series a role's joins is no chart of its own)."""
+    values = {f"k{i:03d}": float(i) for i in range(300)}
+    summary = Summary()
+    summary.add({"kind": "step", "step": 0, "values": values})
+    for n in range(1, 4):
+        summary.add(step(n, values))
+    data = summary.data()
+    keys = data["roles"][0]["keys"]
+    assert data["series_not_shown"] == 0 and data["globals"] == [] and len(keys) == 300
+    assert all(k["points"][0][0] == 0 for k in keys)

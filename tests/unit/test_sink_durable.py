@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def test_records_written_before_rows_still_replay(tmp_path: Path) -> None:
     """A state directory from a sink before running merges (one state dict per point, record
@@ -105,10 +107,12 @@ def test_a_record_of_flush_markers_alone_is_covered_by_its_steps_view_and_its_se
     assert list(ExperimentLog(tmp_path, "x", 200).replay()) == []
 
 
-def test_the_time_buckets_a_first_step_took_over_are_covered_by_its_view(tmp_path: Path) -> None:
+@pytest.mark.parametrize("first", [0, 1])
+def test_the_time_buckets_a_first_step_took_over_are_covered_by_its_view(tmp_path: Path, first: int) -> None:
     """A rank exports step-less values for 4 s before its first flush (time buckets 0-3, bucket 0
-    viewed), then runs 2 steps: step 0 takes the buckets over, and its view covers their records,
-    so a restarted sink replays none of them as steps 2 and 3 of their own (values of step 0)."""
+    viewed, then late data for it), then runs 2 steps from ``first``: the step takes over the
+    buckets from its number on, drops bucket 0's pending late data below it, and its view covers
+    the records of both, so a restarted sink replays none of them as steps of their own."""
     from rankscope.core import names as attr
     from rankscope.otlp.markers import Marker
     from rankscope.sink import BookConfig
@@ -146,16 +150,63 @@ def test_the_time_buckets_a_first_step_took_over_are_covered_by_its_view(tmp_pat
         clock.now = 1000.0 + second
         send([StateRows("sum", None, ["n"], [(1.0,)], time_unix_nano=int(clock.now * 1e9))], [])
     assert [(v.step, v.rewound) for v in views] == [(0, False)]  # bucket 0, final 2 s after it ended
-    for step in range(2):
+    send([StateRows("sum", None, ["n"], [(1.0,)], time_unix_nano=1000 * 10**9 + 5)], [])  # late, for bucket 0
+    for step in range(first, first + 2):
         send([StateRows("sum", step, ["n"], [(10.0,)])], [Marker(step, 0, False)])
         clock.now += 6.0
         send([], [])
-    assert [(v.step, v.rewound) for v in views][1:] == [(0, True), (1, False)]
-    step0 = {m.key: m.value for m in views[1].global_metrics}
-    assert step0["n"] == 14.0 and set(views[1].carried) == {0, 1, 2, 3}
+    assert [(v.step, v.rewound) for v in views][1:] == [(first, first == 0), (first + 1, False)]  # 0: over bucket 0
+    taken = {m.key: m.value for m in views[1].global_metrics}
+    assert taken["n"] == 10.0 + (5.0 if first == 0 else 4.0 - first)  # its own and the buckets from it on
+    assert set(views[1].carried) == {0, 1, 2, 3}  # bucket 0's late data below step 1: dropped, covered
     assert log.covered()
     log.close()
     assert list(ExperimentLog(tmp_path, "x", 1 << 20).replay()) == []
+
+
+def test_a_sink_restarted_after_a_first_step_took_over_its_buckets_replays_none_of_them(tmp_path: Path) -> None:
+    """The sink itself (its views report the carried buckets' records as written): a rank sends
+    step-less values in three time buckets, then its first step; the step's view holds them all,
+    and a sink started again on the state directory writes no step of its own for a bucket."""
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
+
+    from rankscope.metrics.reduce import Reduce
+    from rankscope.otlp.common import encode_resource
+    from rankscope.sink import BookConfig, Sink, SinkConfig
+
+    from .test_sink_steps import metrics, resource
+
+    def sink(path: Path) -> Sink:
+        book = BookConfig(grace=5.0, time_bucket=0.5, time_bucket_lag=30.0)  # every bucket still open at the marker
+        views = {"jsonl": {"logging_mode": "global_reduce", "path": str(path)}}
+        return Sink(SinkConfig(grpc_port=None, http_port=None, state_dir=tmp_path / "state", backends=views, book=book))
+
+    def request(points: list[Any]) -> Any:
+        out = mpb.ExportMetricsServiceRequest()
+        rm = out.resource_metrics.add(resource=encode_resource(resource("p0", 0, 1)))
+        rm.scope_metrics.add().metrics.extend(points)
+        return out
+
+    first = sink(tmp_path / "first.jsonl").start()
+    try:
+        now = time.time_ns()
+        for i in range(3):  # buckets 0, 1 and 2
+            first.export_metrics(request(metrics({"n": (Reduce.SUM, [1.0])}, None, at=now + i * 600_000_000)))
+        first.export_metrics(request(metrics({"n": (Reduce.SUM, [10.0])}, step=0, at=now + 1_900_000_000)))
+        first.finalize("x")
+        assert first.wait_written("x")
+    finally:
+        first.stop()
+    rows = [json.loads(line) for line in (tmp_path / "first.jsonl").read_text().splitlines()]
+    assert {r["step"]: r["value"] for r in rows if r.get("key") == "n"} == {0: 13.0}
+    again = sink(tmp_path / "again.jsonl").start()
+    try:
+        again.finalize("x")
+        again.wait_written("x")
+    finally:
+        again.stop()
+    replayed = tmp_path / "again.jsonl"
+    assert not replayed.exists() or not [r for r in map(json.loads, replayed.read_text().splitlines()) if "key" in r]
 
 
 def test_a_journal_folded_in_twice_never_moves_a_restarted_runs_frontier(tmp_path: Path) -> None:

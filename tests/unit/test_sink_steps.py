@@ -289,9 +289,11 @@ def test_buckets_carried_from_the_first_steps_number_packed_ones_too_and_a_reduc
     assert after.step == 4 and values_of(after)["n"] == 1.0 and e.counts.abandoned_steps == 0
 
 
-def test_sample_rows_of_an_open_bucket_join_the_first_steps_table() -> None:
-    """A rollout row recorded before the first flush went out without a step (a time bucket still
-    open when the marker came): it is in step 0's table, beside the step's own row."""
+def test_sample_rows_of_open_buckets_join_the_first_steps_table_whatever_their_seq() -> None:
+    """Rollout rows recorded before the first flush went out without a step, in two exports (two
+    time buckets still open when the marker came): they are in step 0's table beside the step's
+    own row. A row's seq counts within one export, so all three share seq 0: none is taken for
+    another's retry."""
     from rankscope.otlp.samples import SampleRow
     from rankscope.sink.testing import ResourceBatch
 
@@ -300,20 +302,21 @@ def test_sample_rows_of_an_open_bucket_join_the_first_steps_table() -> None:
     e = StepBook("x", BookConfig(grace=5, time_bucket=1.0, time_bucket_lag=2.0), clock=clock, wall=wall)
     s = 1_000_000_000
 
-    def row(reward: float, seq: int, step: int | None) -> SampleRow:
-        return SampleRow("rollouts", "reward", 2, "top", reward, seq, {"reward": reward}, step, 1000 * s, "", "", None)
+    def row(reward: float, step: int | None, at: int) -> SampleRow:
+        return SampleRow("rollouts", "reward", 3, "top", reward, 0, {"reward": reward}, step, at, "", "", None)
 
     def send(rows: list[SampleRow]) -> None:
         refused = Refusals()
         e.apply(ResourceBatch("x", resource("p0", 0, 1), samples=rows), refused)
         assert refused.count == 0, refused.reasons
 
-    send([row(0.5, 1, None)])
-    ingest(e, resource("p0", 0, 1), metrics({"n": (Reduce.SUM, [1.0])}, step=0, at=1000 * s + 5))
-    send([row(0.9, 2, 0)])
+    send([row(0.5, None, 1000 * s)])
+    send([row(0.7, None, 1001 * s + 1)])
+    ingest(e, resource("p0", 0, 1), metrics({"n": (Reduce.SUM, [1.0])}, step=0, at=1001 * s + 5))
+    send([row(0.9, 0, 1001 * s + 6)])
     clock.now = 1010.0
     (step,) = e.ready()
-    assert step.step == 0 and sorted(r["row"]["reward"] for r in step.samples["rollouts"]) == [0.5, 0.9]
+    assert step.step == 0 and sorted(r["row"]["reward"] for r in step.samples["rollouts"]) == [0.5, 0.7, 0.9]
 
 
 def test_actor_markers_wait_for_their_controller() -> None:

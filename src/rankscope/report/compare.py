@@ -145,9 +145,10 @@ def _named(summary: Summary) -> Iterator[tuple[str, str, Series]]:
     """A run's series in its page's order: by role (the most processes first), then global only,
     then the detector charts and rankscope's own."""
     series = summary.series
+    by_role, alone = series.joined()
     for role in series.roles():
-        yield from ((role, key, s) for (r, key), s in series.by_role.items() if r == role)
-    yield from (("", key, s) for key, s in series.globals.items())
+        yield from ((role, key, s) for (r, key), s in by_role.items() if r == role)
+    yield from (("", key, s) for key, s in alone.items())
     yield from (("", key, s) for key, s in series.meta.items() if meta_charted(key))
 
 

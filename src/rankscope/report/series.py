@@ -171,11 +171,7 @@ class MetricSeries:
     def _point(self, table: dict[Any, Series], name: Any, step: int, value: Any, cell: list[Any] | None) -> None:
         series = table.get(name)
         if series is None:
-            full = (
-                len(self.meta) >= MAX_META_SERIES
-                if table is self.meta
-                else len(self.by_role) + len(self.globals) >= MAX_SERIES
-            )
+            full = len(self.meta) >= MAX_META_SERIES if table is self.meta else self._charts() >= MAX_SERIES
             if full:
                 if len(self._refused) < MAX_NAMES and name not in self._refused:
                     self._refused.add(name)
@@ -252,7 +248,7 @@ class MetricSeries:
         user_globals: list[dict[str, Any]] = []
         durations: list[dict[str, Any]] = []
         internals: list[dict[str, Any]] = []
-        by_role, user_global = self._joined()
+        by_role, user_global = self.joined()
         named = [(role, key, s) for (role, key), s in by_role.items()]
         named += [("", key, s) for key, s in user_global.items()]
         for role, key, series in named:
@@ -274,7 +270,12 @@ class MetricSeries:
             "series_not_shown": self.not_shown,
         }
 
-    def _joined(self) -> tuple[dict[tuple[str, str], Series], dict[str, Series]]:
+    def _charts(self) -> int:
+        """Series that are charts of their own: a global-only one a role's joins (``joined``) is not."""
+        shared = self.globals.keys() & {key for _, key in self.by_role} if self.globals else ()
+        return len(self.by_role) + len(self.globals) - len(shared)
+
+    def joined(self) -> tuple[dict[tuple[str, str], Series], dict[str, Series]]:
         """The series by role and global only, a global-only series of a key that one role's
         series has too joined into that one: a step viewed without its spread (a run's first step
         after time buckets, ``sink.book.buckets``; a step past the spread limit) is not a chart

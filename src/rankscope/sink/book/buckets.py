@@ -13,21 +13,27 @@ it.
   gives its running states: the step's view rewinds over its view (``StepView.rewound``), so the
   views end with the step whole, not the bucket. Its processes get no per-process value in the
   step (whole or absent, as in a late update, ``Step.hand_over``). One below the step keeps its
-  view as written (carried, it would count twice); its pending late data is dropped, counted in
-  ``abandoned_steps``.
+  view as written (carried, it would count twice).
+* The pending late data of a bucket below the step is dropped (its view stands as written),
+  counted in ``abandoned_steps``.
 * A bucket's state of a key the step holds with another reduce type (admission holds a key to one
   reduce type within a step, not across steps) is refused, as a state past ``max_keys_per_step``
   keys (the union of many buckets could hold more): counted in the run's refused points.
-* The step's view covers the buckets' write-ahead-log records (``Step.carried``): a restarted sink
-  replays none of them as a step of its own.
+* The step's view covers the write-ahead-log records of the buckets it took over or dropped
+  (``Step.carried``): a restarted sink replays none of them as a step of its own.
 
-An open bucket's sample rows join the step's tables (within its limits: the rest refused,
-counted). Left as they were: a finalized bucket no longer kept (past
-``retain_seconds``/``retain_bytes``), spans filed under a bucket's number. The work is one pass over the
+The sample rows of an open or live kept bucket join the step's tables (within its limits: the
+rest refused, counted). Lost with the rewind over their views: a finalized bucket no longer kept
+(past ``retain_seconds``/``retain_bytes``), and a packed bucket's sample rows (packing keeps no
+tables). Left where they were: spans filed under a bucket's number. The work is one pass over the
 kept buckets, unpacked one at a time: linear in ``retain_bytes``, once per run.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
 
 from ...otlp.samples import SampleRow
 from ..checked import Process, StateRows
@@ -46,13 +52,13 @@ def carried(table: StepTable, into: int, now: float) -> tuple[Step | None, int, 
     table.open.clear()
     pending = table.late.pending
     table.late.pending = {}
-    lost = sum(1 for number in pending if number < into)
     step = Step(into, now)  # opened now: its grace runs from the marker, as a step's from its first data
-    refused = 0
+    dropped = {number: bucket.seq for number, bucket in pending.items() if number < into}
+    refused, seqs = 0, itertools.count(1)
 
     def take(bucket: Step) -> None:
         nonlocal refused
-        refused += _merge(step, bucket, table.admission.limits)
+        refused += _merge(step, bucket, table.admission.limits, seqs)
 
     retained = table.retained
     for number in sorted({*retained.hot, *retained.packed, *pending}):  # oldest first: a custom type's list in order
@@ -63,14 +69,15 @@ def carried(table: StepTable, into: int, now: float) -> tuple[Step | None, int, 
             take(found)
     for bucket in sorted(open_buckets, key=lambda b: b.step):
         take(bucket)
-    if not step.carried:
-        return None, lost, refused
+    if not step.carried and not dropped:
+        return None, 0, refused
+    step.carried.update(dropped)  # their late data is dropped: its records are covered all the same
     if refused:  # no process's value of a key the step does not hold (or holds with another reduce type)
         step.parts = [(process, _within(rows, step.merged)) for process, rows in step.parts]
-    return step, lost, refused
+    return step, len(dropped), refused
 
 
-def _merge(step: Step, bucket: Step, limits: ExperimentLimits) -> int:
+def _merge(step: Step, bucket: Step, limits: ExperimentLimits, seqs: Iterator[int]) -> int:
     """``bucket`` into ``step``; how many of its states and sample rows were refused."""
     merged, refused, limit = step.merged, 0, limits.max_keys_per_step
     for key, state in bucket.merged.items():
@@ -84,11 +91,14 @@ def _merge(step: Step, bucket: Step, limits: ExperimentLimits) -> int:
     step.reporters |= bucket.reporters
     step.seq = max(step.seq, bucket.seq)
     step.carried[bucket.step] = bucket.seq
-    for table in bucket.samples.values():  # an open bucket's (a finalized one's were written with its view)
+    for table in bucket.samples.values():  # a live bucket's (a packed one's tables are not kept)
         rows: dict[Process, list[SampleRow]] = {}
         for kept in table.kept:
             process, row = kept.origin
-            rows.setdefault(process, []).append(row)
+            # a row's seq counts within one export: rows of two buckets (and the step's own) share them,
+            # and a table takes a (process, seq) it holds for a retry. Carried rows get their own
+            # (negative: a client's are not).
+            rows.setdefault(process, []).append(replace(row, seq=-next(seqs)))
         for process, mine in rows.items():
             found = take_rows(step.samples, process, mine, limits.max_sample_tables, limits.max_sample_chars_per_step)
             refused += sum(n for n, _ in found)

@@ -44,8 +44,8 @@ class Step:
     samples: dict[str, SampleTable] = field(default_factory=dict)
     """Sample tables (``record_sample``): every process's rows merged into one selection each."""
     carried: dict[int, int] = field(default_factory=dict)
-    """The time buckets this step took over (``book.buckets``), each with its newest write-ahead-log
-    record: the step's view covers their records too."""
+    """The time buckets this step took over or dropped (``book.buckets``), each with its newest
+    write-ahead-log record: the step's view covers their records too."""
 
     def hand_over(self) -> list[tuple[Process, StateRows]]:
         """The rows taken since the step's last view, for the next one (its rows start a new list).

@@ -259,7 +259,13 @@ class StepBook:
 
     def _marker(self, process: Process, marker: Marker, now: float) -> None:
         if self.windows.stop_bucketing():  # the first stepping process: time buckets give way to steps
-            step, lost, refused = carried(self.steps, marker.step, now)
+            try:
+                step, lost, refused = carried(self.steps, marker.step, now)
+            except Exception as exc:  # a fault of ours: the buckets are dropped (as before them), the run goes on
+                self.counts.internal_errors += 1
+                if self.on_error is not None:
+                    self.on_error(f"experiment {self.id[:64]!r}: the end of time buckets", exc)
+                step, lost, refused = None, 0, 0
             self._new_attempt()
             self.counts.abandoned_steps += lost
             self.counts.refused += refused
