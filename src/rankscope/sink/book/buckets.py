@@ -54,21 +54,13 @@ def carried(table: StepTable, into: int, now: float) -> tuple[Step | None, int, 
     table.late.pending = {}
     step = Step(into, now)  # opened now: its grace runs from the marker, as a step's from its first data
     dropped = {number: bucket.seq for number, bucket in pending.items() if number < into}
-    refused, seqs = 0, itertools.count(1)
-
-    def take(bucket: Step) -> None:
-        nonlocal refused
-        refused += _merge(step, bucket, table.admission.limits, seqs)
-
-    retained = table.retained
+    refused, seqs, limits, retained = 0, itertools.count(1), table.admission.limits, table.retained
     for number in sorted({*retained.hot, *retained.packed, *pending}):  # oldest first: a custom type's list in order
-        if number < into:
-            continue
-        found = pending.get(number) or retained.take(number, now)  # unpacked one at a time
+        found = (pending.get(number) or retained.take(number, now)) if number >= into else None  # one at a time
         if found is not None:
-            take(found)
+            refused += _merge(step, found, limits, seqs)
     for bucket in sorted(open_buckets, key=lambda b: b.step):
-        take(bucket)
+        refused += _merge(step, bucket, limits, seqs)
     if not step.carried and not dropped:
         return None, 0, refused
     step.carried.update(dropped)  # their late data is dropped: its records are covered all the same
