@@ -20,7 +20,7 @@ from rankscope.otlp.common import key_value
 from rankscope.sink import BookConfig
 from rankscope.sink.testing import RunLimits
 
-from .test_sink_hostile import Http, gauge, request
+from .test_sink_hostile import Http, close_connections, gauge, request  # noqa: F401 (a fixture)
 
 
 def _stepped(experiment: str, pid: str, step: int, rank: int = 0, world: int = 1, keys: int = 1) -> Any:
