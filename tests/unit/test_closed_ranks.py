@@ -135,6 +135,35 @@ def test_a_step_waits_for_every_rank_of_its_group_and_names_the_missing_one_by_r
     assert e.roster.ranks() == 1000
 
 
+def test_the_first_step_through_a_tree_waits_for_its_window_s_rank_sets() -> None:
+    """A window's rank sets come after its states, and the sink takes a request's resources one by
+    one: the finalizer once made a run's first step final between them (nobody had closed a step,
+    so nobody was absent), with one rank's values of six, and the rest came as a late update."""
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=2), clock=clock)
+    own = resource("p2", rank=2, world=4)  # a per-rank key passed through the merge, no marker of its own
+    send(e, (MERGER, merged(0, 6.0)), (own, metrics({"n2": (Reduce.SUM, [2.0])}, step=0, marker=False)))
+    assert e.ready() == []  # the window's rank sets are still to come
+    send(e, (SETS, [rank_sets(0, ("trainer", None, 4, "0-3"))]))
+    (view,) = e.ready()
+    assert seen(view) == {"n": 6.0, attr.MISSING_PROCESSES: 0.0} and not view.late
+    send(e, (MERGER, merged(1, 6.0)))
+    assert e.ready() == [] and e.readiness.missing(1) == ["trainer_r0", "trainer_r1", "trainer_r2", "trainer_r3"]
+    clock.now = 2.5  # the rank sets never come: final by the grace, as any step waiting for someone
+    (view,) = e.ready()
+    assert view.step == 1 and values_of(view)[attr.MISSING_PROCESSES] == 4.0
+
+
+def test_a_merges_states_without_rank_sets_are_final_by_the_grace() -> None:
+    clock = Clock()
+    e = StepBook("x", BookConfig(grace=2), clock=clock)
+    send(e, (MERGER, merged(0, 6.0)))
+    assert e.ready() == []
+    clock.now = 2.5
+    (view,) = e.ready()
+    assert seen(view) == {"n": 6.0, attr.MISSING_PROCESSES: 0.0}
+
+
 def test_a_rank_named_missing_is_not_waited_for_again_until_a_rank_set_names_it() -> None:
     clock = Clock()
     e = StepBook("x", BookConfig(grace=2), clock=clock)

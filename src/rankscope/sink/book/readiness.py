@@ -6,6 +6,10 @@
   goodbye) only by grace (or the end): a process is missing only once it has flushed a step, so
   one that starts a little after the others (a generator spawned by rank 0) would find the first step final without it.
 * A time bucket is final once it is over plus ``time_bucket_lag`` (``windows``).
+* Through a Collector tree a window's rank sets come after its states, and the sink takes a
+  request's resources one at a time: until some process of the run has closed a step, a step
+  holding a merge's states and no closer waits for them (up to the grace), or the finalizer,
+  finding nobody absent yet, would make the run's first step final between two of its resources.
 
 It decides; the book closes (``steps.close``) and names the missing.
 """
@@ -75,7 +79,13 @@ class Readiness:
         # A step holding only sample rows (sent before their process's flush marker) waits
         # for a marker like a step with an absent process, up to the grace period.
         rows_only = not bucket.reporters and not bucket.merged and bool(bucket.samples)
-        if (absent or rows_only or held) and not force and now - bucket.opened < self.grace:
+        unclosed = (  # cheapest first: a step with a closer, or any run past its first step, stops here
+            not bucket.reporters
+            and not self.roster.stepping
+            and not self.windows.bucketed  # a time bucket has its own lag
+            and any(p.merged for p, _ in bucket.parts)
+        )
+        if (absent or rows_only or unclosed or held) and not force and now - bucket.opened < self.grace:
             return None
         if self.windows.bucketed and not force and now < self.windows.bucket_due(step, now):
             return None
