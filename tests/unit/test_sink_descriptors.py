@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,31 @@ def test_when_every_holder_is_in_use_a_newcomer_is_refused_and_a_view_opens_anyw
     budget.forget(a)
     budget.forget(b)
     assert budget.used == 0 and budget.status()["runs_holding"] == 0
+
+
+def test_a_hold_waits_for_holders_another_thread_asked_to_let_go() -> None:
+    """A flood of new runs from eight clients once found the oldest holders all leaving (asked by
+    another thread's ``hold``) and was refused, though their room was coming: it waits for them."""
+    budget = Descriptors(Plan(limit=100, reserved=0, connections=0, runs=1))
+    releasing, go = threading.Event(), threading.Event()
+
+    class Slow(Holder):
+        def release(self) -> bool:
+            releasing.set()
+            go.wait(5)  # a view finishing its last write
+            return super().release()
+
+    old, first, second = Slow("old"), Holder("first"), Holder("second")
+    assert budget.hold(old, 1)
+    got: list[bool] = []
+    taker = threading.Thread(target=lambda: got.append(budget.hold(first, 1)))
+    taker.start()
+    assert releasing.wait(5)  # "old" is leaving for the taker
+    threading.Timer(0.2, go.set).start()
+    assert budget.hold(second, 1)  # waited for "old" to go (then the later of the two made the other let go)
+    taker.join(5)
+    assert got == [True] and budget.refused == 0 and old.released == 1
+    assert budget.used == 1 and budget.holds(first) + budget.holds(second) == 1
 
 
 def test_running_out_is_counted_every_time_and_said_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:

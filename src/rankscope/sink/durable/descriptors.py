@@ -50,6 +50,9 @@ SCAN = 32
 """Holders one ``hold`` asks at most to release (a share full of runs in use is not walked whole)."""
 LOG_INTERVAL = 10.0
 """Seconds between two log lines about running out of descriptors (the others are counted)."""
+LEAVING_WAIT = 2.0
+"""Seconds a ``hold`` waits, at most, for holders other threads asked to let go: the room they
+make is coming, so it is no reason to refuse."""
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 
@@ -115,6 +118,8 @@ class Descriptors:
         self.budget = plan.runs
         self.clock = clock
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        """Notified when a holder asked to let go has answered (``_release``) or gave its share back."""
         self._held: OrderedDict[Holder, int] = OrderedDict()
         """Holder -> descriptors it holds, least recently used first."""
         self._leaving: set[Holder] = set()
@@ -134,25 +139,32 @@ class Descriptors:
         """``holder`` is about to open its ``n`` descriptors: it is the most recently used now, and
         the least recently used others give theirs back (physically, before this returns) until
         its fit. False: they are all in use (the caller refuses, with a reason, what needed
-        them); ``refusable`` False, or a holder growing: it opens them anyway, over the share."""
-        for _ in range(3):
+        them); ``refusable`` False, or a holder growing: it opens them anyway, over the share.
+        Holders other threads asked to let go are waited for (``LEAVING_WAIT``): a flood of new
+        runs from several clients once found the oldest holders all leaving, and was refused."""
+        rounds, until = 0, time.monotonic() + LEAVING_WAIT
+        while rounds < 3:
             with self._lock:
                 held = self._held.pop(holder, None)
                 if held is not None:
                     self.used -= held
                 victims = self._victims(n) if self.used + n > self.budget else []
                 if not victims:
-                    if self.used + n > self.budget and held is None and refusable:
-                        self.refused += 1
-                        return False
-                    self._held[holder] = n
-                    self.used += n
-                    self.peak = max(self.peak, self.used)
-                    return True
+                    if self.used + n <= self.budget or held is not None or not refusable:
+                        self._held[holder] = n
+                        self.used += n
+                        self.peak = max(self.peak, self.used)
+                        return True
+                    if self._leaving and (left := until - time.monotonic()) > 0:
+                        self._answered.wait(left)  # their room is coming
+                        continue
+                    self.refused += 1
+                    return False
                 if held is not None:  # holding on to what it has while others let go
                     self._held[holder] = held
                     self.used += held
             self._release(victims)  # outside the lock: a view's finish may take a while
+            rounds += 1
         return self._last_try(holder, n, refusable)
 
     def _last_try(self, holder: Holder, n: int, refusable: bool) -> bool:
@@ -191,6 +203,7 @@ class Descriptors:
                     self.released += 1
                 elif victim in self._held:
                     self._held.move_to_end(victim)
+                self._answered.notify_all()
 
     def let_go(self, holder: Holder) -> bool:
         """``holder`` gives its descriptors back if it holds any and is not in use (it went quiet)."""
@@ -205,6 +218,7 @@ class Descriptors:
         """``holder`` gave its descriptors back by itself (quiet, ended, closed)."""
         with self._lock:
             self.used -= self._held.pop(holder, 0)
+            self._answered.notify_all()
 
     def holds(self, holder: Holder) -> int:
         with self._lock:
