@@ -64,8 +64,8 @@ def test_when_every_holder_is_in_use_a_newcomer_is_refused_and_a_view_opens_anyw
 
 
 def test_a_hold_waits_for_holders_another_thread_asked_to_let_go() -> None:
-    """A flood of new runs from eight clients once found the oldest holders all leaving (asked by
-    another thread's ``hold``) and was refused, though their room was coming: it waits for them."""
+    """A flood of new runs from eight clients can find the oldest holders all leaving (asked by
+    another thread's ``hold``): it was refused, though their room was coming; it waits for them."""
     budget = Descriptors(Plan(limit=100, reserved=0, connections=0, runs=1))
     releasing, go = threading.Event(), threading.Event()
 

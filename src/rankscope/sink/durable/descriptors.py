@@ -141,7 +141,7 @@ class Descriptors:
         its fit. False: they are all in use (the caller refuses, with a reason, what needed
         them); ``refusable`` False, or a holder growing: it opens them anyway, over the share.
         Holders other threads asked to let go are waited for (``LEAVING_WAIT``): a flood of new
-        runs from several clients once found the oldest holders all leaving, and was refused."""
+        runs from several clients could find the oldest holders all leaving, and be refused."""
         rounds, until = 0, time.monotonic() + LEAVING_WAIT
         while rounds < 3:
             with self._lock:
