@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
@@ -135,14 +136,16 @@ def test_a_step_waits_for_every_rank_of_its_group_and_names_the_missing_one_by_r
     assert e.roster.ranks() == 1000
 
 
-def test_the_first_step_through_a_tree_waits_for_its_window_s_rank_sets() -> None:
+@pytest.mark.parametrize("reduce", [Reduce.SUM, Reduce.MAX])  # a merge's MAX rows are kept for no spread
+def test_the_first_step_through_a_tree_waits_for_its_window_s_rank_sets(reduce: Reduce) -> None:
     """A window's rank sets come after its states, and the sink takes a request's resources one by
     one: the finalizer once made a run's first step final between them (nobody had closed a step,
     so nobody was absent), with one rank's values of six, and the rest came as a late update."""
     clock = Clock()
     e = StepBook("x", BookConfig(grace=2), clock=clock)
     own = resource("p2", rank=2, world=4)  # a per-rank key passed through the merge, no marker of its own
-    send(e, (MERGER, merged(0, 6.0)), (own, metrics({"n2": (Reduce.SUM, [2.0])}, step=0, marker=False)))
+    states = metrics({"n": (reduce, [6.0])}, step=0, marker=False)
+    send(e, (MERGER, states), (own, metrics({"n2": (Reduce.SUM, [2.0])}, step=0, marker=False)))
     assert e.ready() == []  # the window's rank sets are still to come
     send(e, (SETS, [rank_sets(0, ("trainer", None, 4, "0-3"))]))
     (view,) = e.ready()

@@ -88,6 +88,23 @@ def test_a_hold_waits_for_holders_another_thread_asked_to_let_go() -> None:
     assert budget.used == 1 and budget.holds(first) + budget.holds(second) == 1
 
 
+def test_a_holder_whose_release_raised_is_asked_again_not_waited_for() -> None:
+    budget = Descriptors(Plan(limit=100, reserved=0, connections=0, runs=1))
+
+    class Flaky(Holder):
+        def release(self) -> bool:
+            if not self.released:
+                self.released = -1
+                raise OSError(5, "I/O error closing its segment")
+            return super().release()
+
+    flaky, a, b = Flaky("flaky"), Holder("a"), Holder("b")
+    assert budget.hold(flaky, 1)
+    with pytest.raises(OSError):
+        budget.hold(a, 1)  # the caller's request sees it (the sink counts it as the run's error)
+    assert budget.hold(b, 1) and budget.holds(flaky) == 0  # asked again; once stuck "leaving": b waited, refused
+
+
 def test_running_out_is_counted_every_time_and_said_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     budget = Descriptors(Plan.of(1024, 10), clock=lambda: now[0])

@@ -7,9 +7,10 @@
   one that starts a little after the others (a generator spawned by rank 0) would find the first step final without it.
 * A time bucket is final once it is over plus ``time_bucket_lag`` (``windows``).
 * Through a Collector tree a window's rank sets come after its states, and the sink takes a
-  request's resources one at a time: until some process of the run has closed a step, a step
-  holding a merge's states and no closer waits for them (up to the grace), or the finalizer,
-  finding nobody absent yet, would make the run's first step final between two of its resources.
+  request's resources one at a time: until a process has closed a step (of the attempt, for a
+  run fed only by a tree: a restart forgets the rank sets), a step holding a merge's states and no
+  closer waits for them (up to the grace), or the finalizer, finding nobody absent yet, would make
+  the first step final between two of its resources.
 
 It decides; the book closes (``steps.close``) and names the missing.
 """
@@ -79,11 +80,11 @@ class Readiness:
         # A step holding only sample rows (sent before their process's flush marker) waits
         # for a marker like a step with an absent process, up to the grace period.
         rows_only = not bucket.reporters and not bucket.merged and bool(bucket.samples)
-        unclosed = (  # cheapest first: a step with a closer, or any run past its first step, stops here
-            not bucket.reporters
-            and not self.roster.stepping
+        unclosed = (  # cheapest first: the roster's walk comes last
+            bucket.from_merge
+            and not bucket.reporters
             and not self.windows.bucketed  # a time bucket has its own lag
-            and any(p.merged for p, _ in bucket.parts)
+            and not self.roster.stepping
         )
         if (absent or rows_only or unclosed or held) and not force and now - bucket.opened < self.grace:
             return None

@@ -26,6 +26,8 @@ class Step:
     expected: int = 0
     driven: bool = False
     reporters: set[str] = field(default_factory=set)
+    from_merge: bool = False
+    """A Collector's merge sent part of it: its ranks' markers come after, as rank sets (``readiness``)."""
     seq: int = 0
     """Newest write-ahead-log record merged into this step (what a written view covers)."""
     late_points: int = 0

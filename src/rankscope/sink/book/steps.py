@@ -172,6 +172,7 @@ class StepTable:
         if part.samples:  # counted apart from points (``sample_rows``)
             self._samples(process, bucket, part.samples, late, refused)
         taken = 0
+        bucket.from_merge = bucket.from_merge or process.merged
         merged, parts, rank, label = bucket.merged, bucket.parts, process.rank, process.label
         for rows in part.states:
             merge_rows(merged, rows.reduce, rows.keys, rows.rows, rank, label)

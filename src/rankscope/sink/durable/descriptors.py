@@ -155,7 +155,7 @@ class Descriptors:
                         self.used += n
                         self.peak = max(self.peak, self.used)
                         return True
-                    if self._leaving and (left := until - time.monotonic()) > 0:
+                    if self._coming(n) and (left := until - time.monotonic()) > 0:
                         self._answered.wait(left)  # their room is coming
                         continue
                     self.refused += 1
@@ -166,6 +166,12 @@ class Descriptors:
             self._release(victims)  # outside the lock: a view's finish may take a while
             rounds += 1
         return self._last_try(holder, n, refusable)
+
+    def _coming(self, n: int) -> bool:
+        """Whether the holders asked to let go would make room for ``n`` (under the lock): only
+        then is a hold worth waiting for (it holds its run's lock and a transport's thread)."""
+        leaving = sum(self._held.get(holder, 0) for holder in self._leaving)
+        return bool(leaving) and self.used - leaving + n <= self.budget
 
     def _last_try(self, holder: Holder, n: int, refusable: bool) -> bool:
         """After three rounds of asking others: in if it fits, holds already or may not be refused."""
@@ -195,15 +201,18 @@ class Descriptors:
     def _release(self, victims: list[Holder]) -> None:
         """Ask each to let go now; one in use says no and goes to the back of the line."""
         for victim in victims:
-            done = victim.release()
-            with self._lock:
-                self._leaving.discard(victim)
-                if done:
-                    self.used -= self._held.pop(victim, 0)  # 0: it said so itself (``forget``)
-                    self.released += 1
-                elif victim in self._held:
-                    self._held.move_to_end(victim)
-                self._answered.notify_all()
+            done = False
+            try:
+                done = victim.release()
+            finally:  # one that raised is in use: never left "leaving", which holds would wait for
+                with self._lock:
+                    self._leaving.discard(victim)
+                    if done:
+                        self.used -= self._held.pop(victim, 0)  # 0: it said so itself (``forget``)
+                        self.released += 1
+                    elif victim in self._held:
+                        self._held.move_to_end(victim)
+                    self._answered.notify_all()
 
     def let_go(self, holder: Holder) -> bool:
         """``holder`` gives its descriptors back if it holds any and is not in use (it went quiet)."""
