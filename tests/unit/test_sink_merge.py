@@ -35,6 +35,13 @@ values = st.one_of(
     st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan] + ([1e300, -1e300] if EXACT else [])),
 )
 
+dyadic = st.one_of(
+    st.integers(-(2**20), 2**20).map(lambda n: n / 4),
+    st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan]),
+)
+"""Values whose sums are exact in any grouping: two groups' states merged add in another order
+than one group's rows (1.0, 1e300, -1e300: 0 one way, 1 the other, as any float sum would)."""
+
 
 def state_of(kind: Reduce, numbers: list[float]) -> Any:
     """One process's state of ``numbers`` under ``kind``."""
@@ -68,7 +75,7 @@ def test_running_merge_equals_the_list_reduction(reduce: str, processes: list[li
 @settings(max_examples=300, deadline=None)
 @given(
     reduce=st.sampled_from(BUILTIN),
-    processes=st.lists(st.lists(values, min_size=1, max_size=6), min_size=2, max_size=6),
+    processes=st.lists(st.lists(dyadic, min_size=1, max_size=6), min_size=2, max_size=6),
     cut=st.integers(1, 5),
 )
 def test_two_steps_running_states_merged_equal_their_rows_merged_in_one(
@@ -86,7 +93,8 @@ def test_two_steps_running_states_merged_equal_their_rows_merged_in_one(
         merge_rows(whole, reduce, ["k"], [row], rank, f"r{rank}")
         merge_rows(first if rank < cut else second, reduce, ["k"], [row], rank, f"r{rank}")
     merge_state(first, "k", second["k"])
-    assert same(reduced(reduce, first["k"]), reduced(reduce, whole["k"]))
+    got, want = reduced(reduce, first["k"]), reduced(reduce, whole["k"])
+    assert same(got, want) or (reduce == "std" and math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12))
     if reduce in ("max", "min"):
         assert holder(first["k"]) == holder(whole["k"])
 
