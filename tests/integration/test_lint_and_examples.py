@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..conftest import ROOT, run_python
+import pytest
+
+from ..conftest import ROOT, mypy_result, run_python
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -19,9 +21,9 @@ def test_ruff_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_clean() -> None:
-    result = _run("mypy")
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_mypy_clean(request: pytest.FixtureRequest) -> None:
+    status, output = mypy_result(request.config)  # started with the session, at the lowest priority
+    assert status == 0, output
 
 
 def test_import_layers_hold() -> None:
