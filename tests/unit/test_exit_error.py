@@ -74,6 +74,20 @@ def test_the_step_the_job_ended_in_names_who_failed_and_why() -> None:
     assert record.failed == ("trainer_r1",) and record.errors == ("ZeroDivisionError: division by zero",)
 
 
+def test_the_process_that_failed_first_is_named_first_as_the_likeliest_cause() -> None:
+    """Rank 1 raises; rank 0, waiting in a collective with it, fails because its peer is gone.
+    Rank 0 came first to the run, but rank 1's goodbye came first: it is named first."""
+    book = StepBook("x", BookConfig(grace=60), clock=Clock())
+    take(book, request(0, 0, 1.0, closes=True))
+    take(book, request(1, 0, 3.0, closes=True))
+    take(book, request(1, 1, 2.0, closes=False, bye="ZeroDivisionError: division by zero"))
+    take(book, request(0, 1, 1.0, closes=False, bye="RuntimeError: Connection closed by peer"))
+    views = book.ready(force=True)
+    (record,) = [a for v in views for a in v.anomalies if isinstance(a, Interrupted)]
+    assert record.failed == ("trainer_r1", "trainer_r0")
+    assert record.errors == ("ZeroDivisionError: division by zero", "RuntimeError: Connection closed by peer")
+
+
 def goodbye_with(value: object) -> ExportMetricsServiceRequest:
     req = ExportMetricsServiceRequest()
     scope = req.resource_metrics.add(resource=encode_resource(resource(1))).scope_metrics.add(scope=SCOPE)

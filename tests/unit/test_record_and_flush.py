@@ -70,6 +70,13 @@ def test_bad_input_raises_at_the_call_site(key: str, value: object, error: type,
         rs.record_metric(key, value)
 
 
+def test_a_reduce_given_by_name_says_the_reduce_it_was_meant_to_be() -> None:
+    with pytest.raises(TypeError, match=r"'grad_norm'.*\(rankscope\.Reduce\.MAX\), got 'max'"):
+        rs.record_metric("grad_norm", 1.0, "max")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"reduce must be a rankscope Reduce, got 'maximum'"):
+        rs.record_metric("grad_norm", 1.0, "maximum")  # type: ignore[arg-type]
+
+
 def test_two_reduce_types_for_one_key_raise_at_second_call() -> None:
     rs.record_metric("reward", 1.0, rs.Reduce.MEAN)
     rs.flush(0)

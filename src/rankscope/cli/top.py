@@ -673,7 +673,9 @@ def add_parser(commands: Any) -> None:
         "--keys", help="keys to chart, comma-separated (default: six, your own first, then phases, then rankscope's)"
     )
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    t.add_argument("--once", action="store_true", help="print one screen and exit")
+    t.add_argument(
+        "--once", action="store_true", help="print one screen and exit (1 when no sink answers: nothing is waited for)"
+    )
     t.add_argument("--token", help="bearer token of the sink (RANKSCOPE_SINK_TOKEN)")
     t.set_defaults(fn=command)
 

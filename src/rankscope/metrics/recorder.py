@@ -9,6 +9,7 @@ a key, type checks, other device tensors, streaming) goes through ``Recorder.rec
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import threading
@@ -328,7 +329,11 @@ class Recorder:
 
     def _register(self, key: str, reduce: Reduce) -> None:
         if not isinstance(reduce, Reduce):
-            raise TypeError(f"record_metric({key!r}): reduce must be a rankscope Reduce, got {reduce!r}")
+            hint = ""
+            if isinstance(reduce, str):  # reduce="max": say the name it was meant to be
+                with contextlib.suppress(KeyError):
+                    hint = f" (rankscope.Reduce.{Reduce.get(reduce).name})"
+            raise TypeError(f"record_metric({key!r}): reduce must be a rankscope Reduce{hint}, got {reduce!r}")
         check_key(key)
         other = self._lower.get(key.lower())
         if other is not None:

@@ -70,6 +70,10 @@ class Roster:
         self.fallbacks: list[str] = []
         """Processes whose attempt fell back to their node's restart count (``ATTEMPT_FALLBACK``): the first 64."""
         self.fallback_count = 0
+        self._failures: list[Process] = []
+        """Processes whose goodbye said an exception ended them, in the order those goodbyes came:
+        the first is the likeliest cause, as the others often failed because it did (a collective's
+        peer gone)."""
 
     def process_for(self, resource: Mapping[str, Any]) -> Process | None:
         """The sending process (created on first sight), or None past ``max_processes``. A process
@@ -200,14 +204,16 @@ class Roster:
         process.live = False
         if not process.ended:
             self._open[process.attempt] -= 1
+            if process.exit_error:
+                self._failures.append(process)
         process.ended = True
         self.version += 1
 
     def failed(self, most: int = 8) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The processes of the current attempt an exception ended (their goodbye said which): their
-        labels and their errors (``Type: message``), the first ``most``."""
+        labels and their errors (``Type: message``), the first ``most`` in the order their goodbyes came."""
         now = self.attempt
-        kept = [(p.label, p.exit_error) for p in self.processes.values() if p.exit_error and p.attempt == now][:most]
+        kept = [(p.label, p.exit_error) for p in self._failures if p.attempt == now][:most]
         return tuple(label for label, _ in kept), tuple(error or "" for _, error in kept)
 
     @property

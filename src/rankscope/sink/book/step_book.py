@@ -250,8 +250,8 @@ class StepBook:
             points += steps.merge(process, step, part, (seqs or {}).get(step, 0), now, refused)
         self.counts.refused += refused.count - before
         if taken.goodbye:
-            self.roster.ended(process)
             process.exit_error = taken.exit_error or process.exit_error
+            self.roster.ended(process)
         self.counts.points += points
         if process.merged:
             self.counts.merged_points += points
