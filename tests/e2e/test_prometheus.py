@@ -180,6 +180,7 @@ def _check(
     loss = prometheus.query(queries["Loss"])[0]["metric"]
     assert (loss["__name__"], loss["key"], loss["role"]) == ("rankscope_loss", "loss", "trainer")
     assert "step" not in loss  # the step is a series of its own, never a label
+    assert (loss["job"], loss["otel_scope_name"]) == ("rankscope-sink", "rankscope"), loss  # docs/prometheus.md
     # Every panel's query finds its series: step time, stragglers (when and who), missing processes.
     for title, expr in queries.items():
         assert prometheus.query(expr), (title, expr)

@@ -373,3 +373,34 @@ def test_a_server_that_does_not_answer_is_said_in_a_line() -> None:
         cause(Exception("HTTPConnectionPool(host='h', port=1): Read timed out. (read timeout=2)")) == "Read timed out"
     )
     assert cause(ValueError("x" * 500)) == "ValueError: " + "x" * 160
+
+
+LONE = """\
+import rankscope as rs
+for step in range(3):
+    rs.record_metric("loss", 1.0 / (step + 1))
+    rs.flush(step)
+"""
+
+
+def test_a_wrong_address_is_said_once_in_a_line_and_the_job_finishes(server: Server, tmp_path: Path) -> None:
+    """A path that is not the tracking server's answers a web page (404): it is named, once, not
+    printed at every retry; an address without ``http://`` is told the scheme it lacks."""
+    (tmp_path / "lone.py").write_text(LONE)
+    views = '{"console": {}, "mlflow": {"finish_timeout": 3}}'
+    wrong = f"{server.uri}/mlflow"
+    done = _run([sys.executable, "lone.py"], tmp_path, _env(tmp_path, wrong, RANKSCOPE_BACKENDS=views, **SINK))
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert "<html" not in said.lower() and "doctype" not in said.lower(), said[-3000:]
+    page = f"a web page, not MLflow's API: is {wrong} the tracking server's address?"
+    refusals = [line for line in said.splitlines() if "the mlflow view of" in line and page in line]
+    assert len(refusals) == 2, said[-3000:]  # said when it came, and in the count of what was dropped
+    assert "dropped" in refusals[1] and "dropped" not in refusals[0], refusals
+
+    bare = f"127.0.0.1:{server.port}"
+    done = _run([sys.executable, "lone.py"], tmp_path, _env(tmp_path, bare, RANKSCOPE_BACKENDS=views, **SINK))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"the tracking URI '{bare}' has no scheme. Fix: MLFLOW_TRACKING_URI=http://{bare}" in done.stderr, (
+        done.stderr[-3000:]
+    )

@@ -75,7 +75,7 @@ class Rest:
             except ValueError:
                 return {}
             return found if isinstance(found, dict) else {}
-        text = str(response.text or "")[:300]
+        text = self._answer(response)
         if status == 429 or status >= 500:
             raise UnreachableError(f"HTTP {status}: {text}")
         try:
@@ -85,3 +85,12 @@ class Rest:
         if not isinstance(answer, dict):
             answer = {}
         raise RefusedError(str(answer.get("error_code") or f"HTTP {status}"), str(answer.get("message") or text))
+
+    def _answer(self, response: Any) -> str:
+        """An answer that is not MLflow's JSON, in a line: a web page (a proxy's, another server's,
+        a path that is not the tracking server's) is named, not printed."""
+        text = str(response.text or "")
+        kind = str(response.headers.get("Content-Type") or "").lower()
+        if "html" in kind or text.lstrip()[:1] == "<":
+            return f"a web page, not MLflow's API: is {self.uri} the tracking server's address?"
+        return " ".join(text.split())[:200]

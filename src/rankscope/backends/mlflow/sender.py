@@ -181,9 +181,11 @@ class Sender(Draining):
                 self.down(str(exc))
                 self.sleep(min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2))
                 continue
-            except Exception as exc:  # a bug must not end the thread: the buffer would only fill
-                self.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
-                log.warning("rankscope: the mlflow view of %s: %s", self.name, self.last_error)
+            except Exception as exc:  # a bug, or a run MLflow refuses: it must not end the thread
+                error = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if error != self.last_error:  # said once, not at every retry
+                    log.warning("rankscope: the mlflow view of %s: %s", self.name, error)
+                self.last_error = error
                 self.sleep(1.0)
                 continue
             failures = 0

@@ -35,6 +35,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -98,11 +99,7 @@ class MlflowBackend(LoggerBackend):
         self.run = str(kwargs.get("run") or "")
         uri = str(c.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or "")
         if not uri.startswith(("http://", "https://")):
-            self.off_reason = (
-                f"no MLflow tracking server to send to (tracking URI {uri!r}). Fix: start one "
-                "(`mlflow server --port 5000`) and set MLFLOW_TRACKING_URI=http://127.0.0.1:5000, "
-                'or give the view the option "tracking_uri"'
-            )
+            self.off_reason = _why_no_server(uri)
             log.error("rankscope: the mlflow view is off for experiment %r: %s", self.experiment[:64], self.off_reason)
             return
         from mlflow import MlflowClient
@@ -278,3 +275,18 @@ class MlflowBackend(LoggerBackend):
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
             self.sender = None
+
+
+_HOST_PORT = re.compile(r"^[\w.-]+:\d+(/.*)?$")
+"""``127.0.0.1:5000``, ``mlflow.lab:443/path``: a server's address without its scheme."""
+
+
+def _why_no_server(uri: str) -> str:
+    """Why a tracking URI names no server this view sends to (only ``http(s)://`` does), and the fix."""
+    if _HOST_PORT.match(uri):
+        return f"the tracking URI {uri!r} has no scheme. Fix: MLFLOW_TRACKING_URI=http://{uri}"
+    return (
+        f"no MLflow tracking server to send to (tracking URI {uri!r}). Fix: start one "
+        "(`mlflow server --port 5000`) and set MLFLOW_TRACKING_URI=http://127.0.0.1:5000, "
+        'or give the view the option "tracking_uri"'
+    )
