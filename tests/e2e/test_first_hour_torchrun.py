@@ -160,6 +160,17 @@ def test_recording_before_init_names_the_experiment_init_names(tmp_path: Path) -
     assert "step 0  loss 1" in done.stdout
 
 
+def test_the_embedded_sink_with_its_console_off_is_said_so_not_promised_lines(tmp_path: Path) -> None:
+    code = "import rankscope as rs\nfor step in range(2):\n    rs.record_metric('loss', 1.0)\n    rs.flush(step)\n"
+    (tmp_path / "quiet.py").write_text(code)
+    env = _env(tmp_path, RANKSCOPE_SINK="embedded", RANKSCOPE_CONSOLE="off")
+    done = _run([sys.executable, "quiet.py"], tmp_path, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    notices = [line for line in done.stderr.splitlines() if "metrics ->" in line]
+    assert len(notices) == 1 and "embedded sink on this machine (its console off)" in notices[0], done.stderr
+    assert "prints one line per step" not in notices[0] and "step 0" not in done.stdout
+
+
 SLOW_FIRST_STEP = """
 import time
 import torch.distributed as dist

@@ -136,10 +136,11 @@ def test_rejected_points_are_counted_in_partial_success(make_sink) -> None:
     assert "no-such-reduce" in answer.partial_success.error_message
 
 
-def test_bearer_token_on_both_transports(make_sink) -> None:
+def test_bearer_token_on_both_transports(make_sink, caplog: pytest.LogCaptureFixture) -> None:
     sink = make_sink(transport=Transport(token="s3cret"))
     good = metrics_request()
     assert post(sink.http_port, "/v1/metrics", good, PB)[0] == 401
+    assert post(sink.http_port, "/v1/metrics", good, {**PB, "Authorization": "Bearer wrong"})[0] == 401
     assert post(sink.http_port, "/v1/metrics", good, {**PB, "Authorization": "Bearer s3cret"})[0] == 200
     with grpc.insecure_channel(sink.endpoint) as channel:
         stub = mgrpc.MetricsServiceStub(channel)
@@ -148,6 +149,11 @@ def test_bearer_token_on_both_transports(make_sink) -> None:
             stub.Export(request, timeout=10)
         assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
         stub.Export(request, timeout=10, metadata=(("authorization", "Bearer s3cret"),))
+    # A job sending with a wrong token is seen at the sink: counted per transport, said now and then.
+    connections = sink.overview()["connections"]
+    assert (connections["http"]["unauthorized"], connections["grpc"]["unauthorized"]) == (2, 1), connections
+    said = [r.getMessage() for r in caplog.records if "missing or wrong bearer token" in r.getMessage()]
+    assert len(said) == 2 and all("answered 1 request(s)" in line for line in said), said  # each transport's first
 
 
 def test_over_capacity_is_retryable(make_sink) -> None:

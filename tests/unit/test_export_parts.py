@@ -165,6 +165,29 @@ def test_a_refused_request_is_dropped_and_counted_with_its_reason_and_the_rest_g
     assert drops.total == 3 and [_steps_of(p) for _, p in sender.sent] == [[1]]
 
 
+def test_an_endpoint_refusing_every_request_is_one_episode_said_once_until_one_goes_through() -> None:
+    """A wrong token: every request is refused for good. No round ends the episode as if export had
+    recovered (a line a round, for as long as the job runs); the first request taken does."""
+    bound, drops = StepBound(10), _drops()
+    outbox = MetricOutbox(drops, bound, MetricEncoder(RESOURCE_PB, SCOPE))
+    endpoint = Endpoint(ScriptedSender(REFUSED, REFUSED, REFUSED), 10)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step in range(3):
+            outbox.add_steps([_batch(step, 3)], goodbye=False)
+            assert outbox.send(endpoint, None) is None
+            drops.report(final=False)  # the round ended without a failure to retry
+    assert [str(w.message) for w in said] == [
+        "rankscope: dropping metric points because the OTLP endpoint refused an export (INVALID_ARGUMENT: no); "
+        "the job is unaffected and the count is reported when export recovers"
+    ]
+    assert drops.total == 9
+    outbox.add_steps([_batch(3, 3)], goodbye=False)
+    assert outbox.send(endpoint, None) is None  # taken
+    with pytest.warns(RuntimeWarning, match=r"9 metric points were dropped before export recovered \(9 in total\)"):
+        drops.report(final=False)
+
+
 def test_relayed_requests_count_in_the_step_bound_and_go_as_they_came() -> None:
     bound, drops = StepBound(1), _drops()
     outbox = MetricOutbox(drops, bound, MetricEncoder(RESOURCE_PB, SCOPE))

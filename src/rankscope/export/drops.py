@@ -91,6 +91,8 @@ class Drops:
         self.rows = 0
         self._unreported = 0
         self._warned = False
+        self._taken_since_loss = False
+        """A request went through since the last loss: an episode of losses can end (``report``)."""
         self._spans_reported = 0
         self._spans_warned = False
         self._rejections: set[str] = set()
@@ -104,6 +106,7 @@ class Drops:
             self._unreported += n
             first = not self._warned
             self._warned = True
+            self._taken_since_loss = False
         if first and n and warn_first:
             warn(
                 f"rankscope: dropping metric points because {why}; the job is unaffected "
@@ -119,6 +122,7 @@ class Drops:
             self.rows += n
             self.total += n
             self._unreported += n
+            self._taken_since_loss = False
         if first:
             warn(f"{self._who}: dropping sample rows because {why}; the job is unaffected (counted as dropped points)")
 
@@ -157,9 +161,17 @@ class Drops:
             "counted as dropped (rankscope.dropped_points(); each reason said once)"
         )
 
+    def taken(self) -> None:
+        """The endpoint took a request of values (export thread)."""
+        self._taken_since_loss = True
+
     def report(self, final: bool) -> None:
-        """Export works again (or the process shuts down): count the losses on the metric, say so once."""
+        """Export works again (or the process shuts down): count the losses on the metric, say so once.
+        Export works again only once the endpoint took a request since the last loss: one that
+        refuses every request (a wrong token) is one episode, said when it starts and at the end."""
         with self._lock:
+            if not final and not self._taken_since_loss:
+                return
             n, self._unreported = self._unreported, 0
             self._warned = False
         if n:

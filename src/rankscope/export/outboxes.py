@@ -243,7 +243,9 @@ class StreamOutbox(Outbox):
                     self._drops.points(over, "too many streamed values wait for the endpoint")
                 return attempt
             self._frozen = None
-            if not attempt.sent:
+            if attempt.sent:
+                self._drops.taken()
+            else:
                 self._drops.points(n, f"the OTLP endpoint refused streamed values ({attempt.detail})")
         return None
 
@@ -299,7 +301,9 @@ class RowOutbox(Outbox):
         return failed
 
     def _done(self, item: tuple[bytes, int], attempt: Attempt) -> None:
-        if not attempt.sent:
+        if attempt.sent:
+            self._drops.taken()
+        else:
             self._drops.lose_rows(item[1], f"the OTLP endpoint refused them ({attempt.detail})")
 
     def abandon(self, why: str) -> None:
@@ -369,7 +373,9 @@ class MetricOutbox(Outbox):
 
     def _done(self, item: Encoded, attempt: Attempt) -> None:
         self._bound.release(item.steps, item.held_points)
-        if not attempt.sent:
+        if attempt.sent:
+            self._drops.taken()
+        else:
             self._drops.points(item.points, f"the OTLP endpoint refused an export ({attempt.detail})")
 
     def abandon(self, why: str) -> None:

@@ -208,7 +208,9 @@ def _say_where(
     if str(a.get(attr.RANK, "0")) != "0" or (senders is not None and not embedded):
         return
     if embedded:
-        where = "the experiment's embedded sink on this machine, which prints one line per step here"
+        where = "the experiment's embedded sink on this machine" + (
+            ", which prints one line per step here" if settings.console != "off" else " (its console off)"
+        )
         if settings.keep:  # the hint adds a view: the console stays, and the run is kept whatever the views
             directory = f"rankscope_logs/{_component(str(a[attr.EXPERIMENT_ID]))}/"
             where += f" and keeps the run in {directory} (W&B too: RANKSCOPE_BACKENDS='{_WANDB_TOO}')"

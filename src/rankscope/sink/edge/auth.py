@@ -20,7 +20,8 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,24 @@ def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-class Keys:
-    """The sink's tokens and the scope each one writes for."""
+SAY_REFUSED_EVERY = 60.0
+"""Seconds between two log lines about requests refused for their token (each says how many)."""
 
-    def __init__(self, token: str | None = None, tokens: Mapping[str, Scope] | None = None) -> None:
+
+class Keys:
+    """The sink's tokens and the scope each one writes for; the requests refused for their token,
+    told to ``on_refused`` (the status route's ``connections`` count them) and logged at most once
+    a minute (a job sending with a wrong token is otherwise seen nowhere at the sink)."""
+
+    def __init__(
+        self,
+        token: str | None = None,
+        tokens: Mapping[str, Scope] | None = None,
+        on_refused: Callable[[], None] | None = None,
+    ) -> None:
+        self._on_refused = on_refused
+        self._unsaid = 0
+        self._said_at = -SAY_REFUSED_EVERY
         self._scopes: dict[bytes, Scope] = {}
         if token:
             self._scopes[_digest(token.encode())] = ALL
@@ -86,7 +101,25 @@ class Keys:
         is given (two would be read differently by different proxies and transports)."""
         if self.open:
             return ALL
-        return self.scope_of(headers[0]) if len(headers) == 1 else None
+        scope = self.scope_of(headers[0]) if len(headers) == 1 else None
+        if scope is None:
+            self._refused()
+        return scope
+
+    def _refused(self) -> None:
+        """A request answered ``UNAUTHORIZED`` (on its transport's event loop): counted, said now and then."""
+        if self._on_refused is not None:
+            self._on_refused()
+        self._unsaid += 1
+        now = time.monotonic()
+        if now - self._said_at >= SAY_REFUSED_EVERY:
+            log.warning(
+                "rankscope sink: answered %d request(s) with a missing or wrong bearer token "
+                "(401 / UNAUTHENTICATED) since the last such line; the status route counts them "
+                "(connections: unauthorized)",
+                self._unsaid,
+            )
+            self._said_at, self._unsaid = now, 0
 
     def scope_of(self, header: str | bytes | None) -> Scope | None:
         """The scope of the token ``header`` carries; None: missing or wrong (answered ``UNAUTHORIZED``)."""

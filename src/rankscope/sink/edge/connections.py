@@ -62,7 +62,7 @@ class Counts:
     """What the connection rules did, both transports' HTTP side (the status route's ``connections``).
     Written on the server's loop, read by the status route: plain integers, no lock."""
 
-    __slots__ = ("closed", "open", "per_peer", "relay_failed", "timed_out", "turned_away")
+    __slots__ = ("closed", "open", "per_peer", "relay_failed", "timed_out", "turned_away", "unauthorized")
 
     def __init__(self) -> None:
         self.open = 0
@@ -78,6 +78,12 @@ class Counts:
         self.relay_failed = 0
         """gRPC connections closed because the relay could not reach grpcio's end (``front``: out of
         descriptors, grpcio stopping): the client reconnects."""
+        self.unauthorized = 0
+        """Requests answered 401 / UNAUTHENTICATED: a missing or wrong bearer token (``auth.Keys``)."""
+
+    def refused_token(self) -> None:
+        """A request answered 401 / UNAUTHENTICATED (``auth.Keys``)."""
+        self.unauthorized += 1
 
     def status(self) -> dict[str, object]:
         return {
@@ -87,6 +93,7 @@ class Counts:
             "turned_away": dict(self.turned_away),
             "timed_out": self.timed_out,
             "relay_failed": self.relay_failed,
+            "unauthorized": self.unauthorized,
         }
 
 

@@ -149,7 +149,7 @@ def start_grpc(
         on_exhausted=on_exhausted,
     )
     pool = futures.ThreadPoolExecutor(max_workers=config.grpc_workers, thread_name_prefix="rankscope-sink-grpc")
-    keys = Keys(config.token, config.tokens)
+    keys = Keys(config.token, config.tokens, counts.refused_token if counts is not None else None)
     peer_of = relayed_peer_of([front])
 
     async def serve() -> Any:

@@ -53,12 +53,13 @@ class _Routes:
         pool: ThreadPoolExecutor,
         max_id_chars: int,
         backlog: Backlog,
+        counts: Counts | None = None,
     ) -> None:
         self.ingest = ingest
         self.backlog = backlog
         self.config = config
         self.pool = pool
-        self.keys = Keys(config.token, config.tokens)
+        self.keys = Keys(config.token, config.tokens, counts.refused_token if counts is not None else None)
         self.control = ControlRoutes(control, self.keys, self._call, self._body, max_id_chars=max_id_chars)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -188,7 +189,7 @@ class HttpServer:
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rankscope-sink-http")
-        routes = _Routes(ingest, control, config, self.pool, max_id_chars, backlog or Backlog())
+        routes = _Routes(ingest, control, config, self.pool, max_id_chars, backlog or Backlog(), counts)
         server = ConnectionServer(
             routes.handle,
             loop=self.loop,
