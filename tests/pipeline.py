@@ -152,6 +152,10 @@ def jaeger(binary: str, tmp: Path) -> Iterator[dict[str, Any]]:
         yield {"otlp": f"127.0.0.1:{otlp}", "query": f"http://127.0.0.1:{query}", "process": process}
     finally:
         process.stop()
+    # Its query service traces nothing of its own: those traces would go to localhost:4317, where
+    # a sink or a Collector of the machine listens (``enable_tracing: false``).
+    said = (tmp / "jaeger.log").read_text(errors="replace")
+    assert "127.0.0.1:4317" not in said and "localhost:4317" not in said, said[-2000:]
 
 
 def start_sink(tmp: Path, name: str, backends: dict[str, Any], grpc: int, http: int, grace: float = 3.0) -> Process:
