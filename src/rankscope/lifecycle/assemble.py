@@ -213,7 +213,8 @@ def _say_where(
         )
         if settings.keep:  # the hint adds a view: the console stays, and the run is kept whatever the views
             directory = f"rankscope_logs/{_component(str(a[attr.EXPERIMENT_ID]))}/"
-            where += f" and keeps the run in {directory} (W&B too: RANKSCOPE_BACKENDS='{_WANDB_TOO}')"
+            wandb_too = _WANDB_TOO if settings.console != "off" else json.dumps({"wandb": {}})
+            where += f" and keeps the run in {directory} (W&B too: RANKSCOPE_BACKENDS='{wandb_too}')"
         else:
             where += " and keeps nothing on disk (RANKSCOPE_KEEP=0)"
     elif views:

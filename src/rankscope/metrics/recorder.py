@@ -331,7 +331,7 @@ class Recorder:
         if not isinstance(reduce, Reduce):
             hint = ""
             if isinstance(reduce, str):  # reduce="max": say the name it was meant to be
-                with contextlib.suppress(KeyError):
+                with contextlib.suppress(Exception):  # a broken reducer plugin does not replace this error
                     hint = f" (rankscope.Reduce.{Reduce.get(reduce).name})"
             raise TypeError(f"record_metric({key!r}): reduce must be a rankscope Reduce{hint}, got {reduce!r}")
         check_key(key)

@@ -69,15 +69,19 @@ class Rest:
         except Exception as exc:  # a refused connection, a timeout, a reset: MLflow wraps them all
             raise UnreachableError(cause(exc)) from None
         status = int(response.status_code)
+        page = self._web_page(response)
+        wrong = f"a web page, not MLflow's API: is {self.uri} the tracking server's address?"
         if status == 200:
+            if page:  # a login page, an app answering every path: what was sent was not taken
+                raise RefusedError("HTTP 200", wrong)
             try:
                 found = response.json()
             except ValueError:
                 return {}
             return found if isinstance(found, dict) else {}
-        text = self._answer(response)
-        if status == 429 or status >= 500:
-            raise UnreachableError(f"HTTP {status}: {text}")
+        if status == 429 or status >= 500:  # a proxy's page while MLflow restarts is an outage, not a wrong address
+            raise UnreachableError(f"HTTP {status}: " + ("a web page (a proxy's?)" if page else self._text(response)))
+        text = wrong if page else self._text(response)
         try:
             answer = response.json()
         except ValueError:
@@ -86,11 +90,13 @@ class Rest:
             answer = {}
         raise RefusedError(str(answer.get("error_code") or f"HTTP {status}"), str(answer.get("message") or text))
 
-    def _answer(self, response: Any) -> str:
-        """An answer that is not MLflow's JSON, in a line: a web page (a proxy's, another server's,
-        a path that is not the tracking server's) is named, not printed."""
-        text = str(response.text or "")
+    @staticmethod
+    def _web_page(response: Any) -> bool:
+        """Whether an answer is a web page (a proxy's, a login's, another server's), not MLflow's
+        JSON: named in a line, never printed."""
         kind = str(response.headers.get("Content-Type") or "").lower()
-        if "html" in kind or text.lstrip()[:1] == "<":
-            return f"a web page, not MLflow's API: is {self.uri} the tracking server's address?"
-        return " ".join(text.split())[:200]
+        return "html" in kind or str(response.text or "").lstrip()[:1] == "<"
+
+    @staticmethod
+    def _text(response: Any) -> str:
+        return " ".join(str(response.text or "").split())[:200]

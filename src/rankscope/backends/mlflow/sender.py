@@ -161,6 +161,7 @@ class Sender(Draining):
 
     def _loop(self) -> None:
         failures = 0
+        said: str | None = None
         while True:
             with self._cond:
                 while not self._pending() and not self._closing and not self._files_due():
@@ -182,13 +183,13 @@ class Sender(Draining):
                 self.sleep(min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2))
                 continue
             except Exception as exc:  # a bug, or a run MLflow refuses: it must not end the thread
-                error = f"{type(exc).__name__}: {str(exc)[:300]}"
-                if error != self.last_error:  # said once, not at every retry
+                error = self.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if error != said:  # said once while it lasts, not at every retry
                     log.warning("rankscope: the mlflow view of %s: %s", self.name, error)
-                self.last_error = error
+                    said = error
                 self.sleep(1.0)
                 continue
-            failures = 0
+            failures, said = 0, None
             self.up("entries")
 
     def _pending(self) -> bool:

@@ -99,7 +99,9 @@ class MlflowBackend(LoggerBackend):
         self.run = str(kwargs.get("run") or "")
         uri = str(c.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or "")
         if not uri.startswith(("http://", "https://")):
-            self.off_reason = _why_no_server(uri)
+            self.off_reason = _why_no_server(
+                uri, "the view's tracking_uri" if c.get("tracking_uri") else "MLFLOW_TRACKING_URI"
+            )
             log.error("rankscope: the mlflow view is off for experiment %r: %s", self.experiment[:64], self.off_reason)
             return
         from mlflow import MlflowClient
@@ -281,10 +283,12 @@ _HOST_PORT = re.compile(r"^[\w.-]+:\d+(/.*)?$")
 """``127.0.0.1:5000``, ``mlflow.lab:443/path``: a server's address without its scheme."""
 
 
-def _why_no_server(uri: str) -> str:
-    """Why a tracking URI names no server this view sends to (only ``http(s)://`` does), and the fix."""
+def _why_no_server(uri: str, source: str) -> str:
+    """Why a tracking URI (from ``source``) names no server this view sends to (only ``http(s)://``
+    does), and the fix."""
     if _HOST_PORT.match(uri):
-        return f"the tracking URI {uri!r} has no scheme. Fix: MLFLOW_TRACKING_URI=http://{uri}"
+        scheme = "https" if uri.split("/", 1)[0].endswith(":443") else "http"
+        return f"the tracking URI {uri!r} has no scheme. Fix: {source}={scheme}://{uri}"
     return (
         f"no MLflow tracking server to send to (tracking URI {uri!r}). Fix: start one "
         "(`mlflow server --port 5000`) and set MLFLOW_TRACKING_URI=http://127.0.0.1:5000, "

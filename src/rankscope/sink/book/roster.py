@@ -204,7 +204,7 @@ class Roster:
         process.live = False
         if not process.ended:
             self._open[process.attempt] -= 1
-            if process.exit_error:
+            if process.exit_error and process not in self._failures:  # one that came back fails once
                 self._failures.append(process)
         process.ended = True
         self.version += 1

@@ -115,8 +115,8 @@ class Keys:
         if now - self._said_at >= SAY_REFUSED_EVERY:
             log.warning(
                 "rankscope sink: answered %d request(s) with a missing or wrong bearer token "
-                "(401 / UNAUTHENTICATED) since the last such line; the status route counts them "
-                "(connections: unauthorized)",
+                "(401 / UNAUTHENTICATED) since the last such line (at most one a minute); the status "
+                "route counts them all (connections: unauthorized)",
                 self._unsaid,
             )
             self._said_at, self._unsaid = now, 0
