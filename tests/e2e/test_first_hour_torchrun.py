@@ -125,9 +125,11 @@ def test_a_rank_that_raised_is_named_with_its_error_not_as_interrupted(tmp_path:
     failed = re.findall(r"^rankscope sink: (trainer_r\d) of experiment 'crash' run '[^']+' failed: (.*)$", said, re.M)
     assert ("trainer_r1", "ZeroDivisionError: division by zero") in failed, said[-4000:]
     assert "interrupted: the job ended" not in said
-    # Rank 0 fails too (its all-reduce lost its peer), later: the step names the cause first.
+    # Rank 0 fails too (its all-reduce lost its peer), later: the step names the cause first. (When
+    # torchrun's SIGTERM ends rank 0 before the sink finalizes that step, no step line is printed:
+    # the sink's line above is what names the failure then.)
     ended_in = re.search(r"step \d+ failed: (trainer_r\d) raised (\w+)", said)
-    assert ended_in is not None and ended_in.groups() == ("trainer_r1", "ZeroDivisionError"), said[-4000:]
+    assert ended_in is None or ended_in.groups() == ("trainer_r1", "ZeroDivisionError"), said[-4000:]
 
 
 @pytest.mark.timeout(240)
