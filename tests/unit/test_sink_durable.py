@@ -438,6 +438,7 @@ def test_a_run_that_ended_is_retired_when_it_closes_and_a_restart_reads_only_the
         assert sink.closed.retired == 2
         status = sink.status("exp", "ended")
         assert status is not None and (status["open"], status["last_finalized_step"]) == (False, 2)
+        assert {r["run"]: r["last_finalized_step"] for r in status["runs"]} == {"ended": 2, "idle": 1}
     finally:
         sink.stop()
     assert sink.internal_errors == []
@@ -447,6 +448,7 @@ def test_a_run_that_ended_is_retired_when_it_closes_and_a_restart_reads_only_the
         status = again.status("exp", "ended")
         assert status is not None and (status["open"], status["last_finalized_step"], status["points"]) == (False, 2, 3)
         assert {r["run"]: r["ended"] for r in status["runs"]} == {"ended": True, "idle": False}
+        assert {r["run"]: r["last_finalized_step"] for r in status["runs"]} == {"ended": 2, "idle": 1}
         past_linger(said)
         assert again.export_metrics(bye).rejected == 0  # a retry of its goodbye, after the grace: taken
         reused = again.export_metrics(request("ended", [3]))

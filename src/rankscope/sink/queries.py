@@ -106,7 +106,7 @@ class Queries:
         """A run's status (None: the experiment's latest run), with the experiment's runs listed."""
         tenant = self.tenants.find(experiment_id, run)
         if tenant is None:  # closed (ended, idle): its last status, while the sink keeps it
-            return self._closed.status_of(experiment_id, run)
+            return self._statuses.closed(experiment_id, run)
         return self._statuses.of(tenant)
 
     def overview(self, scope: Scope = ALL) -> dict[str, Any]:

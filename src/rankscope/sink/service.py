@@ -96,8 +96,8 @@ class Sink:
         self.wal = WriteAheadLog(self.config.state_dir) if self.config.state_dir is not None else None
         self.tenants = Tenants(self.config, Descriptors(self.plan))
         """The open runs (``runs.registry``)."""
-        self.statuses = RunStatus(self.tenants)
-        self.closed = ClosedRuns(self.tenants, state_dir=c.state_dir, runs_of=self.statuses.runs_of)
+        self.closed = ClosedRuns(self.tenants, state_dir=c.state_dir)
+        self.statuses = RunStatus(self.tenants, self.closed)
         self.views = ViewConfigs(self.config, self.tenants, self.tally, self._internal_error, self.supervisor.spawn)
         """Every run's views and the threads that write them (``runs.view_configs``)."""
         self.connections = Counts()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,9 @@ RUNS, STATUSES = "runs", "statuses"
 class ClosedRuns:
     """The last statuses and tombstones of closed runs, bounded; guarded by the registry's lock.
 
-    ``store``: the state directory's store of retired runs (None: memory only). ``runs_of``: the
-    experiment's runs as the status route lists them (``status.RunStatus.runs_of``), added to a kept
-    status when it is read (kept without them: they change, and would make each status 100 runs long).
+    ``store``: the state directory's store of retired runs (None: memory only). A status is kept
+    without the experiment's runs (they change, and would make each status 100 runs long):
+    ``status.RunStatus.closed`` adds them when it is read.
     """
 
     def __init__(
@@ -42,10 +41,8 @@ class ClosedRuns:
         registry: Tenants,
         *,
         state_dir: Path | None = None,
-        runs_of: Callable[[str], list[dict[str, Any]]] | None = None,
     ) -> None:
         self._registry = registry
-        self._runs_of = runs_of
         self.store = RetiredStore(state_dir, {RUNS: TOMBSTONES, STATUSES: CLOSED_STATUSES}) if state_dir else None
         self.evicted = 0
         """Runs closed (ended, idle, or to make room), all told."""
@@ -77,10 +74,12 @@ class ClosedRuns:
             found = self._statuses.get((experiment_id, runs.target(experiment_id, run)))
             if found is None:
                 return None
-            found = dict(found)
-        if self._runs_of is not None:
-            found["runs"] = self._runs_of(experiment_id)
-        return found
+            return dict(found)
+
+    def last_step(self, key: RunKey) -> int | None:
+        """The last finalized step of a closed run, while its tombstone is kept (under the registry lock)."""
+        tombstone = self._tombstones.get(key)
+        return tombstone[0] if tombstone is not None else None
 
     def count_refused(self, refused: Refused, n: int) -> None:
         """Points refused for a run that is closed, in its kept status (under the registry lock)."""

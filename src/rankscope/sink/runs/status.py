@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..views.writer import DROP_KINDS
+from .closed import ClosedRuns
 from .registry import Tenants
 from .tenant import Tenant
 
@@ -12,8 +13,9 @@ from .tenant import Tenant
 class RunStatus:
     """Reads a run's status under its own lock (the registry's only for the experiment's runs)."""
 
-    def __init__(self, registry: Tenants) -> None:
+    def __init__(self, registry: Tenants, closed: ClosedRuns) -> None:
         self._registry = registry
+        self._closed = closed
 
     def runs_of(self, experiment_id: str) -> list[dict[str, Any]]:
         """The experiment's runs, newest first (at most 100), as the status route lists them."""
@@ -23,7 +25,11 @@ class RunStatus:
             listed = []
             for r in reversed(runs):
                 tenant = registry.open.get((experiment_id, r.run))
-                last = tenant.book.last_finalized if tenant is not None else None
+                last: int | None
+                if tenant is not None:
+                    last = tenant.book.last_finalized
+                else:  # closed: where its tombstone says its steps ended (None once that is forgotten)
+                    last = self._closed.last_step((experiment_id, r.run))
                 listed.append(
                     {
                         "run": r.run,
@@ -37,6 +43,14 @@ class RunStatus:
                     }
                 )
             return listed
+
+    def closed(self, experiment_id: str, run: str | None = None) -> dict[str, Any] | None:
+        """A closed run's last status (run None: the experiment's latest run), if still kept, with the
+        experiment's runs as they are now."""
+        found = self._closed.status_of(experiment_id, run)
+        if found is not None:
+            found["runs"] = self.runs_of(experiment_id)
+        return found
 
     def of(self, tenant: Tenant) -> dict[str, Any]:
         """The status route's answer for an open run (also a closing run's last, kept by ``closed``)."""
