@@ -103,6 +103,7 @@ def test_one_process_refuses_the_misspelled_backend_the_same_way(tmp_path: Path)
 
 
 CRASH = """\
+import time
 import torch, torch.distributed as dist
 import rankscope as rs
 dist.init_process_group("gloo")
@@ -111,25 +112,36 @@ for step in range(6):
     rs.record_metric("loss", 1.0 / (step + 1))
     if rank == 1 and step == 3:
         raise ZeroDivisionError("division by zero")
+    if rank == 0 and step == 3 and {elsewhere}:
+        time.sleep(60)  # not in a collective: torchrun's SIGTERM ends it, nothing said
     dist.all_reduce(torch.ones(4))
     rs.flush(step)
 """
 
 
+def _losses(tmp_path: Path) -> dict[int, float]:
+    (kept,) = (tmp_path / "rankscope_logs" / "crash").glob("*/metrics.jsonl")
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    return {r["step"]: r["value"] for r in rows if r.get("key") == "loss" and r["kind"] == "global_reduce"}
+
+
 @pytest.mark.timeout(240)
-def test_a_rank_that_raised_is_named_with_its_error_not_as_interrupted(tmp_path: Path) -> None:
-    (tmp_path / "crash.py").write_text(CRASH)
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["all_reduce", "sigterm"])
+def test_a_rank_that_raised_is_named_with_its_error_not_as_interrupted(tmp_path: Path, elsewhere: bool) -> None:
+    (tmp_path / "crash.py").write_text(CRASH.format(elsewhere=elsewhere))
     done = _run([*TORCHRUN, "crash.py"], tmp_path, _env(tmp_path))
     assert done.returncode != 0
     said = done.stdout + done.stderr
     failed = re.findall(r"^rankscope sink: (trainer_r\d) of experiment 'crash' run '[^']+' failed: (.*)$", said, re.M)
     assert ("trainer_r1", "ZeroDivisionError: division by zero") in failed, said[-4000:]
     assert "interrupted: the job ended" not in said
-    # Rank 0 fails too (its all-reduce lost its peer), later: the step names the cause first. (When
-    # torchrun's SIGTERM ends rank 0 before the sink finalizes that step, no step line is printed:
-    # the sink's line above is what names the failure then.)
-    ended_in = re.search(r"step \d+ failed: (trainer_r\d) raised (\w+)", said)
-    assert ended_in is None or ended_in.groups() == ("trainer_r1", "ZeroDivisionError"), said[-4000:]
+    # The step the job ended in names the cause first: rank 0 fails later (its all-reduce lost its
+    # peer), or torchrun's SIGTERM ends it without a word.
+    ended_in = re.search(r"step 3 failed: (trainer_r\d) raised (\w+)[^;]*; trainer_r0 (\w+)", said)
+    assert ended_in is not None, said[-4000:]
+    assert ended_in.groups() == ("trainer_r1", "ZeroDivisionError", "had" if elsewhere else "raised"), said[-4000:]
+    # What each rank recorded after its last flush is step 3's, never a step it had closed.
+    assert _losses(tmp_path) == {0: 1.0, 1: 0.5, 2: 1 / 3, 3: 0.25}
 
 
 @pytest.mark.timeout(240)

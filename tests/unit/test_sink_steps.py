@@ -187,6 +187,32 @@ def test_a_point_without_a_step_joins_the_step_whose_window_holds_its_time() -> 
     assert update.late and update.step == 0 and values_of(update)["old"] == 1.0  # its window is step 0's
 
 
+def test_what_a_process_recorded_after_its_last_flush_never_joins_a_step_it_closed() -> None:
+    """A crashed rank's last request: the markers of steps it closed since its previous export and
+    the values it recorded after them (sent at exit, without a step). The windows learn those steps'
+    ends only when the request merges, so by time alone the values would join step 1, whose mean
+    they would change; they are the next step's."""
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
+    s = 1_000_000_000
+    for rank in range(2):
+        ingest(e, resource(f"t{rank}", rank, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=10 * s))
+    assert [view.step for view in e.ready()] == [0]
+    last = [
+        *metrics({"loss": (Reduce.MEAN, [0.5])}, step=1, at=11 * s),
+        *metrics({"loss": (Reduce.MEAN, [0.3])}, step=2, at=12 * s),
+        *metrics({"loss": (Reduce.MEAN, [0.25])}, step=None, at=13 * s),
+    ]
+    ingest(e, resource("t1", 1, 2), last)
+    ingest(e, resource("t0", 0, 2), metrics({"loss": (Reduce.MEAN, [0.5])}, step=1, at=11 * s))
+    ingest(e, resource("t0", 0, 2), metrics({"loss": (Reduce.MEAN, [0.3])}, step=2, at=12 * s))
+    one, two = e.ready()
+    assert (one.step, values_of(one)["loss"]) == (1, 0.5) and (two.step, values_of(two)["loss"]) == (2, 0.3)
+    assert list(e.steps.open) == [3]  # t1's values after its last flush wait for step 3
+    e.clock.now = 10.0  # type: ignore[attr-defined]
+    (three,) = e.ready()
+    assert three.step == 3 and values_of(three)["loss"] == 0.25
+
+
 def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> None:
     """No stepping process: 1 s buckets, final once the bucket is over plus the lag; many
     requests in one bucket are one step."""

@@ -85,6 +85,17 @@ class Taken:
     """What the goodbye said of the exception that ended the process (``rankscope.exit.error``)."""
 
 
+def after_its_closes(step_at: Callable[[int], int], process: Process, batch: ResourceBatch) -> Callable[[int], int]:
+    """``step_at`` for ``process``'s data without a step: never a step the process closed, in an
+    earlier batch or in this one. The windows learn this batch's closes only when it merges, so a
+    job's last request (its last steps' markers and the values it recorded after them, sent at
+    exit) would otherwise put those values into a step it had closed, by that step's window."""
+    closed = max([process.last_marker, *(m.step for m in batch.markers if m.ranks is None)])
+    if closed < 0:
+        return step_at
+    return lambda time_unix_nano: max(step_at(time_unix_nano), closed + 1)
+
+
 class StepBook:
     """The step book of one run of an experiment (``sink.runs.runbook``). Not thread-safe: one thread owns it."""
 
@@ -231,10 +242,9 @@ class StepBook:
             return None
         self.roster.came_back(process)
         self.key_order.place(process.role, batch.order)
-        states = (
-            batch.states if not batch.plain else batch.states + self.streams.rows(process.id, batch.plain, self.step_at)
-        )
-        parts, settled = self.steps.place(batch, states, refused, self.step_at, replayed=replayed)
+        step_at = after_its_closes(self.step_at, process, batch)
+        states = batch.states if not batch.plain else batch.states + self.streams.rows(process.id, batch.plain, step_at)
+        parts, settled = self.steps.place(batch, states, refused, step_at, replayed=replayed)
         return Taken(process, parts, batch.goodbye, settled, batch.exit_error)
 
     def merge(self, taken: Taken, refused: Refusals, seqs: Mapping[int, int] | None = None) -> int:
