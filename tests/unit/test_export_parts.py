@@ -8,6 +8,7 @@ OTLP protobuf classes.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections import deque
@@ -41,6 +42,7 @@ RESOURCE_PB = encode_resource(RESOURCE.attributes)
 SCOPE = InstrumentationScope(name=attr.INSTRUMENTATION_SCOPE, version="0")
 RETRY = Attempt(False, retry=True, detail="UNAVAILABLE: down")
 REFUSED = Attempt(False, detail="INVALID_ARGUMENT: no")
+SLOW = Attempt(False, retry=True, detail="DEADLINE_EXCEEDED: Deadline Exceeded", slow=True)
 
 
 class ScriptedSender:
@@ -186,6 +188,34 @@ def test_an_endpoint_refusing_every_request_is_one_episode_said_once_until_one_g
     assert outbox.send(endpoint, None) is None  # taken
     with pytest.warns(RuntimeWarning, match=r"9 metric points were dropped before export recovered \(9 in total\)"):
         drops.report(final=False)
+
+
+def test_one_slow_answer_is_not_said_as_an_outage_two_in_a_row_are_and_a_refusal_is_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sink still starting on a busy machine misses one deadline and answers the next round: the
+    job says nothing. Missing the next deadline too is an outage; so is a refused connection."""
+    endpoint = Endpoint(ScriptedSender(), 10)
+
+    def said() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if r.name == "rankscope"]
+        caplog.clear()
+        return lines
+
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        endpoint.failed(SLOW)
+        endpoint.recovered()
+        assert said() == [] and endpoint.failures == 0
+        endpoint.failed(SLOW)
+        endpoint.failed(SLOW)
+        (down,) = said()
+        assert "does not take exports (DEADLINE_EXCEEDED: Deadline Exceeded)" in down
+        endpoint.recovered()
+        (back,) = said()
+        assert "the scripted endpoint answers again after" in back
+        endpoint.failed(RETRY)
+        (refused,) = said()
+        assert "does not take exports (UNAVAILABLE: down)" in refused
 
 
 def test_relayed_requests_count_in_the_step_bound_and_go_as_they_came() -> None:

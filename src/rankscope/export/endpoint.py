@@ -8,7 +8,9 @@ When an attempt that may work later fails, the export round stops and ``failed``
 next one: doubling from 0.5 s, capped at 2 s (one small request per 2 s is less than a process
 sends when all is well), jittered, stretched to the endpoint's own hint (gRPC RetryInfo, HTTP
 Retry-After) up to 30 s. While it is away nothing is lost: the outboxes hold their data, within
-their bounds.
+their bounds. It is said away once a round fails for good reason: at once when refused or
+unreachable, at the second round in a row when the first only ran into its deadline (a sink still
+starting on a busy machine answers the next one; one slow answer is not an outage).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class Endpoint:
         self.next_attempt = now + backoff
         if self._down_since is None:
             self._down_since = now
+        if attempt.slow and self.failures == 1:  # one slow answer is not an outage: said if the next fails too
+            return
         if not self._warned_down:  # a log line, not a warning: nothing is lost (yet)
             self._warned_down = True
             log.log(

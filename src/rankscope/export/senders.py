@@ -86,6 +86,8 @@ class Attempt:
     """The endpoint's own hint (gRPC RetryInfo, HTTP Retry-After), seconds."""
     rejected: int = 0
     """Of a request that was taken, the items the endpoint refused (OTLP ``partial_success``; ``detail`` its reason)."""
+    slow: bool = False
+    """The endpoint took the request and did not answer within the deadline: busy, perhaps, not away."""
 
 
 SENT = Attempt(True)
@@ -161,7 +163,8 @@ class _GrpcTransport:
             code = error.code()
             detail = f"{getattr(code, 'name', code)}: {error.details()}"
             retry = code in _otel_sdk.grpc_retryable(self._exporter)
-            return Attempt(False, retry=retry, detail=detail, retry_after=_hint(error))
+            slow = code == grpc.StatusCode.DEADLINE_EXCEEDED
+            return Attempt(False, retry=retry, detail=detail, retry_after=_hint(error), slow=slow)
 
     def shutdown(self, **kwargs: Any) -> None:
         self._exporter.shutdown(**kwargs)
@@ -200,7 +203,8 @@ class _HttpTransport:
                 body = None
             return taken(self._signal, body)
         if status is None:  # no answer: refused connection, timeout, DNS
-            return Attempt(False, retry=True, detail=f"{result.error or result.reason}")
+            slow = type(result.error).__name__ == "ReadTimeout"  # connected, no answer in time (requests')
+            return Attempt(False, retry=True, detail=f"{result.error or result.reason}", slow=slow)
         after = None
         try:
             header = result.headers().get("retry-after")
