@@ -213,6 +213,32 @@ def test_what_a_process_recorded_after_its_last_flush_never_joins_a_step_it_clos
     assert three.step == 3 and values_of(three)["loss"] == 0.25
 
 
+def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles_go_on_with() -> None:
+    """An RL job's trainer finishes first: both ranks close step 1 and say goodbye while the replay
+    buffer still records. Its values open step 2, which is final without naming the trainer
+    missing; a rank whose goodbye said an exception ended it is still missing from the step it died in."""
+    for error in (None, "ZeroDivisionError: division by zero"):
+        e = StepBook("x", BookConfig(grace=5), clock=Clock())
+        s = 1_000_000_000
+        for step in range(2):
+            for rank in range(2):
+                ingest(
+                    e, resource(f"t{rank}", rank, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step, at=(10 + step) * s)
+                )
+        for rank in range(2):
+            bye = pb.Metric(name=attr.GOODBYE)
+            point = bye.sum.data_points.add(as_int=1)
+            if error and rank == 1:
+                point.attributes.append(key_value(attr.EXIT_ERROR, error))
+            ingest(e, resource(f"t{rank}", rank, 2), [bye])
+        assert [view.step for view in e.ready()] == [0, 1]
+        ingest(e, resource("buf", role="replay_buffer"), metrics({"size": (Reduce.MAX, [7.0])}, None, at=12 * s))
+        e.clock.now = 10.0  # type: ignore[attr-defined]
+        (view,) = e.ready()
+        assert view.step == 2 and values_of(view)["size"] == 7.0
+        assert view.missing == ([] if error is None else ["trainer_r1"]), view.missing
+
+
 def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> None:
     """No stepping process: 1 s buckets, final once the bucket is over plus the lag; many
     requests in one bucket are one step."""

@@ -292,7 +292,9 @@ class Roster:
             if not p.stepped or p.attempt < self.attempt:
                 continue
             sizes[p.group] = max(sizes.get(p.group, 1), p.world_size)
-            if p.last_marker >= step or p.live:  # a live laggard is named as itself below
+            # A live laggard is named as itself below. One that said goodbye without an error is
+            # done: a later step (a generator's data after the trainer's last step) has no slot of it.
+            if p.last_marker >= step or p.live or (p.ended and not p.exit_error):
                 present.setdefault(p.group, set()).add(p.rank)
             if p.live and p.last_marker < step:
                 absent.append((p.label, p))
