@@ -9,7 +9,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.core import names as attr
-from rankscope.core.anomalies import Corrected, Partial
+from rankscope.core.anomalies import Corrected, Interrupted, Partial
 from rankscope.metrics.recorder import Recorder
 from rankscope.metrics.reduce import Reduce
 from rankscope.otlp.common import encode_resource, key_value
@@ -187,6 +187,28 @@ def test_a_point_without_a_step_joins_the_step_whose_window_holds_its_time() -> 
     assert update.late and update.step == 0 and values_of(update)["old"] == 1.0  # its window is step 0's
 
 
+def test_one_export_s_values_without_a_step_go_to_one_step_whatever_their_reduce() -> None:
+    """A replay buffer that never flushes exports its size (LAST: the point carries the value's own
+    time) and its writes (SUM: the export's time) together; by their own times they would split
+    over two steps, and the step with the size would lack the writes that made it."""
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
+    s = 1_000_000_000
+    for step, at in ((0, 10), (1, 12)):
+        ingest(e, resource("t0"), metrics({"loss": (Reduce.MEAN, [1.0])}, step=step, at=at * s))
+    assert [view.step for view in e.ready()] == [0, 1]
+    c = Recorder(streams=[])
+    c.record("buffer/size", 20.0, Reduce.LAST)
+    c.accs["buffer/size"].time_unix_nano = int(11.5 * s)  # set in step 1's window
+    size = encode("buffer/size", c.accs["buffer/size"], None, 0, int(12.5 * s), PointAttributes())
+    writes = metrics({"buffer/writes": (Reduce.SUM, [5.0])}, step=None, at=int(12.5 * s))  # exported after it
+    late = ingest(e, resource("buf", role="replay_buffer"), [size, *writes])
+    assert late == [] and list(e.steps.open) == [2]  # not a late update of step 1: both wait in step 2
+    e.clock.now = 10.0  # type: ignore[attr-defined]
+    (view,) = e.ready()
+    values = values_of(view)
+    assert view.step == 2 and (values["buffer/size"], values["buffer/writes"]) == (20.0, 5.0)
+
+
 def test_what_a_process_recorded_after_its_last_flush_never_joins_a_step_it_closed() -> None:
     """A crashed rank's last request: the markers of steps it closed since its previous export and
     the values it recorded after them (sent at exit, without a step). The windows learn those steps'
@@ -216,7 +238,8 @@ def test_what_a_process_recorded_after_its_last_flush_never_joins_a_step_it_clos
 def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles_go_on_with() -> None:
     """An RL job's trainer finishes first: both ranks close step 1 and say goodbye while the replay
     buffer still records. Its values open step 2, which is final without naming the trainer
-    missing; a rank whose goodbye said an exception ended it is still missing from the step it died in."""
+    missing; a rank whose goodbye said an exception ended it is still missing from the step it died in,
+    and so is one that sent part of the step before its goodbye (Ctrl-C cut it short)."""
     for error in (None, "ZeroDivisionError: division by zero"):
         e = StepBook("x", BookConfig(grace=5), clock=Clock())
         s = 1_000_000_000
@@ -237,6 +260,19 @@ def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles
         (view,) = e.ready()
         assert view.step == 2 and values_of(view)["size"] == 7.0
         assert view.missing == ([] if error is None else ["trainer_r1"]), view.missing
+
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
+    ingest(e, resource("t0", 0, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, 0, at=10 * s))
+    ingest(e, resource("t1", 1, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, 0, at=10 * s))
+    for rank in range(2):  # each records some of step 1, then Ctrl-C: its values go out with its goodbye
+        bye = pb.Metric(name=attr.GOODBYE)
+        bye.sum.data_points.add(as_int=1)
+        ingest(e, resource(f"t{rank}", rank, 2), [*metrics({"loss": (Reduce.MEAN, [0.5])}, None, at=11 * s), bye])
+    assert [view.step for view in e.ready()] == [0]  # step 1 waits for both
+    (cut,) = e.ready(force=True)  # the job ended
+    assert cut.step == 1 and [a.processes for a in cut.anomalies if isinstance(a, Interrupted)] == [
+        ("trainer_r0", "trainer_r1")
+    ]
 
 
 def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> None:

@@ -58,8 +58,8 @@ class Readiness:
     def absent(self, step: int) -> list[Absent]:
         """Who ``step`` still waits for: the roster's absent, a controller whose actors closed the
         step, and the processes a controller flushed that have not reported (``+N unnamed``)."""
-        absent = self.roster.absent(step)
         bucket = self.steps.open.get(step)
+        absent = self.roster.absent(step, bucket.sent if bucket is not None else ())
         if bucket is not None and bucket.driven and not bucket.expected:
             absent.append(("controller", None))  # actors closed the step; their controller's count is due
         if bucket is not None and bucket.expected > len(bucket.reporters) + len(absent):

@@ -17,7 +17,7 @@ may have changed, so the step book re-asks only then.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -274,16 +274,17 @@ class Roster:
             total += size - len(self._empty(group, size, held.pop(group, set()), 0))
         return total + sum(len(ranks) for ranks in held.values())
 
-    def absent(self, step: int) -> list[Absent]:
-        """Who ``step`` still waits for: live laggards by their label, empty rank slots by theirs."""
-        return self._walk(step)[0]
+    def absent(self, step: int, sent: Collection[str] = ()) -> list[Absent]:
+        """Who ``step`` still waits for: live laggards by their label, empty rank slots by theirs.
+        ``sent``: the ids of the processes whose own data the step holds (``Step.sent``)."""
+        return self._walk(step, sent)[0]
 
-    def away(self, step: int) -> list[str]:
+    def away(self, step: int, sent: Collection[str] = ()) -> list[str]:
         """Who is absent from ``step`` but not waited for: named missing at an earlier step
         (``give_up``) and not reported since. The step's view still counts them missing."""
-        return self._walk(step)[1]
+        return self._walk(step, sent)[1]
 
-    def _walk(self, step: int) -> tuple[list[Absent], list[str]]:
+    def _walk(self, step: int, sent: Collection[str]) -> tuple[list[Absent], list[str]]:
         absent: list[Absent] = []
         away: list[str] = []
         present: dict[Group, set[int]] = {}
@@ -292,9 +293,10 @@ class Roster:
             if not p.stepped or p.attempt < self.attempt:
                 continue
             sizes[p.group] = max(sizes.get(p.group, 1), p.world_size)
-            # A live laggard is named as itself below. One that said goodbye without an error is
-            # done: a later step (a generator's data after the trainer's last step) has no slot of it.
-            if p.last_marker >= step or p.live or (p.ended and not p.exit_error):
+            # A live laggard is named as itself below. One that said goodbye without an error and
+            # sent nothing of the step is done: the step (a generator's data after the trainer's
+            # last step) has no slot of it. One that sent part of it was cut short (Ctrl-C).
+            if p.last_marker >= step or p.live or (p.ended and not p.exit_error and p.id not in sent):
                 present.setdefault(p.group, set()).add(p.rank)
             if p.live and p.last_marker < step:
                 absent.append((p.label, p))

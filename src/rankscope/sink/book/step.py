@@ -26,6 +26,10 @@ class Step:
     expected: int = 0
     driven: bool = False
     reporters: set[str] = field(default_factory=set)
+    """Processes (by id) that closed the step (their flush markers)."""
+    sent: set[str] = field(default_factory=set)
+    """Processes (by id) whose own data the step holds: one that said goodbye is missing from a step
+    it sent part of (cut short), not from one it never began (``roster``)."""
     from_merge: bool = False
     """A Collector's merge sent part of it: its ranks' markers come after, as rank sets (``readiness``)."""
     seq: int = 0

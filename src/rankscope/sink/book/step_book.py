@@ -365,7 +365,8 @@ class StepBook:
             absent = readiness.final(step, now, held=held, force=force)
             if absent is None:
                 break
-            away = roster.away(step)  # named at an earlier step: counted again, not named again
+            # Named at an earlier step: counted again, not named again.
+            away = roster.away(step, steps.open[step].sent)
             roster.give_up(absent)
             labels = [label for label, _ in absent]
             bucket, rewound = steps.close(step, labels + away, now)

@@ -33,6 +33,22 @@ from .step import Step
 from .tables import take
 
 
+def _together(states: list[StateRows], step_at: Callable[[int], int]) -> Callable[[int | None, int], int]:
+    """(step or None, time) -> step for one batch. Its rows without a step go together, at the
+    newest of their times: a ``LAST`` point carries its value's own time and a ``SUM`` the export's,
+    and by their own times the keys of one export would split over two steps. Its sample rows
+    without a step go with them (alone, each by its own time)."""
+    stepless = [rows.time_unix_nano for rows in states if rows.step is None]
+    together = step_at(max(stepless)) if stepless else None
+
+    def step_of(step: int | None, time_unix_nano: int) -> int:
+        if step is not None:
+            return step
+        return together if together is not None else step_at(time_unix_nano)
+
+    return step_of
+
+
 class StepTable:
     """One run's open, done and late steps. Counts the late points and sample rows it merges."""
 
@@ -92,7 +108,8 @@ class StepTable:
     ) -> tuple[dict[int, ResourceBatch], list[Marker]]:
         """The batch's parts by step, in order, each admitted (``admission``), and the flush markers
         of steps finalized already (they say the process is live: nothing to log). ``states``: the
-        batch's rows, its plain points made rows. A step without one is ``step_at`` its time; what
+        batch's rows, its plain points made rows. Rows without a step are ``step_at`` the newest of
+        their times, all of them (sample rows too; alone, a sample row goes by its own); what
         is beyond the step window or over a limit is refused. A ``replayed`` record was
         acknowledged once: it keeps its step and opens it whatever ``max_open_steps`` says."""
         frontier = self.frontier
@@ -119,15 +136,16 @@ class StepTable:
                 found = parts[step] = ResourceBatch(batch.experiment, batch.resource)
             return found
 
+        step_of = _together(states, step_at)
         for rows in states:
-            step = rows.step if rows.step is not None else step_at(rows.time_unix_nano)
+            step = step_of(rows.step, rows.time_unix_nano)
             found = part(step, len(rows.keys), rows.keys[0])
             if found is not None:  # a resolved step, so a write-ahead-log record always names its step
                 found.states.append(
                     rows if rows.step is not None else StateRows(rows.reduce, step, rows.keys, rows.rows)
                 )
         for row in batch.samples:
-            step = row.step if row.step is not None else step_at(row.time_unix_nano)
+            step = step_of(row.step, row.time_unix_nano)
             found = part(step, 1, "sample row")
             if found is not None:
                 found.samples.append(row if row.step is not None else replace(row, step=step))
@@ -169,6 +187,8 @@ class StepTable:
         else:
             bucket = self.open.get(step) or self.open.setdefault(step, Step(step, now))
         bucket.seq = max(bucket.seq, seq)
+        if not process.merged:
+            bucket.sent.add(process.id)
         if part.samples:  # counted apart from points (``sample_rows``)
             self._samples(process, bucket, part.samples, late, refused)
         taken = 0
