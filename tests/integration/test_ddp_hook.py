@@ -79,13 +79,54 @@ print(json.dumps(out))
 """
 
 
-def _run(tmp_path: Path, **env: str) -> dict[str, object]:
+MADE_BEFORE = """
+import json
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+import rankscope as rs
+from rankscope.core import runtime as slot
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+ddp = DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(3)]), bucket_cap_mb=0.01)
+mine = DistributedDataParallel(torch.nn.Linear(64, 64))
+hooked = []
+def my_hook(state, bucket):
+    hooked.append(bucket.index())
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+mine.register_comm_hook(None, my_hook)
+
+def iterate(model):
+    model.zero_grad()
+    model(torch.randn(8, 64)).pow(2).sum().backward()
+
+def calls():
+    acc = slot.recorder.accs.get("comm/all_reduce/calls") if slot.recorder is not None else None
+    return 0 if acc is None else acc.sum
+
+iterate(ddp)  # before rankscope started: DDP's C++ hook, unseen
+rs.record_metric("loss", 1.0)  # the first call starts rankscope from the environment (no rs.init)
+out = {}
+before = calls()
+for _ in range(2):
+    iterate(ddp)
+out["calls"] = calls() - before
+before = calls()
+iterate(mine)
+out["mine"] = [len(hooked), calls() - before]  # the hook it had runs (through the wrappers), nothing refused
+rs.shutdown()
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def _run(tmp_path: Path, script: str = SCRIPT, **env: str) -> dict[str, object]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_"))}
     # The script reads the calls off the live accumulator: no periodic export may take it meanwhile
     # (a second's interval did, on a loaded box, between one model's two iterations).
     environ |= {"RANKSCOPE_RUNTIME_DIR": str(tmp_path / "run"), "RANKSCOPE_EXPORT_INTERVAL": "3600", **env}
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=environ, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], env=environ, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "internal error" not in result.stderr, result.stderr[-3000:]
@@ -108,3 +149,12 @@ def test_with_the_collectives_off_ddp_keeps_its_own_hook_and_registers_as_before
     assert found["user_equal"] is True and found["user_buckets"] >= 3 and found["user_calls"] == 0, found
     assert found["fp16_close"] is True and found["fp16_calls"] == 0, found
     assert "only be called once" in str(found["second"]), found  # the same refusal without rankscope
+
+
+@pytest.mark.timeout(150)
+def test_a_module_made_before_rankscope_started_is_routed_at_its_next_forward(tmp_path: Path) -> None:
+    """The tutorial's script: no ``rs.init``, its first rankscope call after ``DDP(...)``. Its
+    buckets are seen from the next iteration; a module that had a hook of its own keeps it."""
+    found = _run(tmp_path, MADE_BEFORE, RANKSCOPE_BACKENDS='{"console": {"format": "off"}}')
+    assert found["calls"] >= 2 * 3, found  # ~4 buckets of 16 KiB an iteration, both iterations
+    assert found["mine"] == [1, 1], found

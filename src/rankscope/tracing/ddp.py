@@ -8,6 +8,10 @@ all-reduce): its ``dist.all_reduce(async_op=True)`` goes through the wrappers, s
 a ``comm/all_reduce`` span from its launch to its completion (``rankscope.comm.source`` "ddp"),
 matched across ranks like any collective (``sink.book.stragglers``).
 
+A module made before rankscope started (a script whose first rankscope call comes after
+``DDP(...)``, as the tutorial's may) gets its route at its first forward since: a hook registered
+between two iterations runs from the next backward.
+
 A reducer takes one hook, once. So what is registered is a route to the hook that runs; a hook
 registered later (the user's, ``register_comm_hook``; a built-in one, as its Python form)
 replaces the route's, through ``dist._register_comm_hook`` swapped; a second one is refused as
@@ -40,6 +44,9 @@ _saved: dict[tuple[Any, str], Any] = {}
 _lock = threading.Lock()
 _routes: dict[int, _Route] = {}
 """``id`` of a DDP module's reducer -> its route."""
+_seen: weakref.WeakSet[Any] = weakref.WeakSet()
+"""DDP modules routed (or left with the hook they had) since ``install``: the others are routed at
+their next forward."""
 
 
 class _Route:
@@ -122,16 +129,33 @@ def _patch(module: ModuleType, register: Any) -> None:
             return
         made = ddp_class.__init__
 
+        forward = ddp_class.forward
+
         def init(self: Any, *args: Any, **kwargs: Any) -> None:
             made(self, *args, **kwargs)
-            try:
-                _route(self, register)
-            except Exception as exc:  # DDP keeps its built-in hook: judged from its phases
-                report_internal_error("DDP communication hook", exc)
+            _routed(self, register)
+
+        def routed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self not in _seen:  # made before rankscope started (its first call came after ``DDP(...)``)
+                _routed(self, register)
+            return forward(self, *args, **kwargs)
 
         init.__name__, init.__qualname__, init.__doc__ = "__init__", made.__qualname__, made.__doc__
         init.__wrapped__ = made  # type: ignore[attr-defined]
+        routed_forward.__name__, routed_forward.__qualname__ = "forward", forward.__qualname__
+        routed_forward.__doc__, routed_forward.__wrapped__ = forward.__doc__, forward  # type: ignore[attr-defined]
         swap(ddp_class, "__init__", init, _saved)
+        swap(ddp_class, "forward", routed_forward, _saved)
+
+
+def _routed(module: Any, register: Any) -> None:
+    """Route ``module``'s reducer once: when it is made, or, made before rankscope started, at its
+    first forward since (a hook registered between two iterations runs from the next backward)."""
+    _seen.add(module)
+    try:
+        _route(module, register)
+    except Exception as exc:  # DDP keeps its built-in hook: judged from its phases
+        report_internal_error("DDP communication hook", exc)
 
 
 def _builtin(dist: Any) -> dict[Any, Any]:
