@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from rankscope.backends.base import LoggerBackend, register_backend
 from rankscope.core import names as attr
 from rankscope.otlp.common import key_value
-from rankscope.sink import BookConfig
+from rankscope.sink import KEPT_BACKENDS, BookConfig
 from rankscope.sink.testing import RunLimits
 
 from .test_sink_hostile import Http, close_connections, gauge, request  # noqa: F401 (a fixture)
@@ -165,3 +166,28 @@ def test_a_failing_view_shows_as_failing(make_sink, tmp_path: Path) -> None:
     assert status["last_written_step"] == -1  # not every view has it
     assert len(sink.internal_errors) == 1  # logged once, counted three times
     sink.internal_errors.clear()
+
+
+def test_a_jobs_sink_keeps_the_run_beside_a_jsonl_view_of_the_users_own(
+    make_sink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``KEPT_BACKENDS`` (a job's own sink) adds the run's report page and ``metrics.jsonl`` beside
+    whatever views the run has: a ``jsonl`` view of the user's writes where it says, and the kept
+    one still writes the run's directory; a view of the same backend and path is not doubled."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine.jsonl"
+    sink = make_sink(
+        added_views=KEPT_BACKENDS,
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(mine)}, "report": {}},
+    )
+    conn = Http(sink.http_port)
+    for step in range(2):
+        conn.export(_stepped("kept", "p", step))
+    conn.close()
+    assert sink.wait_written("kept")
+    views = sink.status("kept")["views"]
+    assert sorted(views) == ["jsonl", "metrics", "report"], views  # the user's report view is the kept one
+    kept = Path(views["metrics"]["location"])
+    assert kept.name == "metrics.jsonl" and kept.parent.parent == tmp_path / "rankscope_logs" / "kept"
+    for path in (mine, kept):
+        assert {json.loads(line)["step"] for line in path.read_text().splitlines()} == {0, 1}, path

@@ -27,7 +27,11 @@ REPORT_VIEW: dict[str, dict[str, Any]] = {"report": {"logging_mode": "global_red
 
 KEPT_BACKENDS: dict[str, dict[str, Any]] = {
     **REPORT_VIEW,
-    "jsonl": {"logging_mode": "global_reduce", "path": "rankscope_logs/{experiment}/{run}/metrics.jsonl"},
+    "metrics": {
+        "backend": "jsonl",
+        "logging_mode": "global_reduce",
+        "path": "rankscope_logs/{experiment}/{run}/metrics.jsonl",
+    },
 }
 """What a job's sink adds to every run's views so that the run is kept on disk (``SinkConfig.added_views``):
 its report page and its global values as JSONL, in ``rankscope_logs/EXPERIMENT/RUN/``."""

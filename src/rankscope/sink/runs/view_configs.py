@@ -122,10 +122,13 @@ class ViewConfigs:
 
     def _with_kept(self, config: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
         """With the views the sink adds to every run (``SinkConfig.added_views``), each unless the
-        run's views have one of its backend already."""
+        run's views have one of its backend writing to the same ``path`` already (a ``jsonl`` view
+        of the user's own writes where it says: the run's ``metrics.jsonl`` is kept beside it)."""
         added = self._config.added_views
-        have = {str(v.get("backend", k)) for k, v in config.items()}
-        extra = {k: v for k, v in added.items() if str(v.get("backend", k)) not in have and k not in config}
+        have = {(str(v.get("backend", k)), v.get("path")) for k, v in config.items()}
+        extra = {
+            k: v for k, v in added.items() if (str(v.get("backend", k)), v.get("path")) not in have and k not in config
+        }
         return {**config, **extra} if extra else config
 
     def _backend_bytes(self, name: str) -> int:
