@@ -8,6 +8,7 @@ still finalize on time, and the sink must stay healthy with no internal error (c
 from __future__ import annotations
 
 import http.client
+import logging
 import math
 import random
 import time
@@ -683,3 +684,26 @@ def test_hostile_rank_sets_are_refused_with_their_reason_and_leave_a_victim_on_t
     assert finalized(sink, "steady", 3, time.monotonic() + 8) == 3  # the victim: each step after its grace
     assert rlimit.getrusage(rlimit.RUSAGE_SELF).ru_maxrss - rss < 512 * 1024  # KiB: no set became memory
     assert sink.status("steady")["internal_errors"] == 0 and sink.status("rs-groups")["internal_errors"] == 0
+
+
+def test_an_otlp_grpc_exporter_given_the_http_port_is_answered_400_and_said_by_name(
+    make_sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real OTLP/gRPC exporter pointed at the OTLP/HTTP port opens with HTTP/2's preface: the sink
+    answers it 400 and logs what happened in words, not aiohttp's parser message of raw bytes."""
+    from rankscope.export.senders import make_sender
+
+    sink = make_sink()
+    sender = make_sender(f"http://127.0.0.1:{sink.http_port}", "grpc")
+    with caplog.at_level(logging.WARNING, logger="rankscope.sink.http"):
+        try:
+            attempt = sender.send("metrics", b"", 2.0)
+        finally:
+            sender.shutdown()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not caplog.records:
+            time.sleep(0.05)
+    assert not attempt.sent, attempt
+    said = [r.getMessage() for r in caplog.records if r.name == "rankscope.sink.http"]
+    assert any("an OTLP/gRPC client (HTTP/2) at the OTLP/HTTP port" in m for m in said), said
+    assert not any("PRI/Upgrade" in m for m in said), said
