@@ -33,8 +33,7 @@ if pid == 0:
 started = time.monotonic()
 os.kill(pid, signal.SIGTERM)
 _, status = os.waitpid(pid, 0)
-how = os.WTERMSIG(status) if os.WIFSIGNALED(status) else "exited"
-print(f"child {how} {time.monotonic() - started:.2f}", flush=True)
+print(f"child {os.WTERMSIG(status) if os.WIFSIGNALED(status) else 'exited'} {time.monotonic() - started:.2f}", flush=True)
 os.kill(os.getpid(), signal.SIGTERM)  # at once after the last flush: step 4 is still in the export queue
 time.sleep(60)
 """
