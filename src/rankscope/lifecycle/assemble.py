@@ -42,10 +42,9 @@ from ..steps.clock import StepClock
 from ..tracing import collectives, ddp
 from ..tracing.provider import install_tracer_provider
 from ..tracing.tracer import TracingState, record_event
-from . import terminate
 from .driving import Runtime, installed, started
 from .fork import rearm, register_fork_hooks
-from .shutdown import register_exit_hooks, shutdown_at_exit, shutdown_locked
+from .shutdown import register_exit_hooks, shutdown_locked
 from .state import process
 
 
@@ -496,12 +495,11 @@ def _auto_init() -> Runtime | None:
 
 
 def _register_hooks() -> None:
-    """The process's at-fork, at-exit and SIGTERM hooks, registered by its first ``init`` (or re-arm),
+    """The process's at-fork and at-exit hooks, registered by its first ``init`` (or re-arm),
     never by importing rankscope. Once registered they stay (an at-fork hook cannot be undone,
     and a forked child inherits both) and do nothing while no runtime is live."""
     register_fork_hooks()
     register_exit_hooks()
-    terminate.install(shutdown_at_exit)
 
 
 def _start_child_runtime(resource: Resource, settings: Settings, senders: RelaySender) -> Runtime:
