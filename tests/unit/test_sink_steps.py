@@ -274,6 +274,19 @@ def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles
         ("trainer_r0", "trainer_r1")
     ]
 
+    # Rank 1 leaves early (uneven inputs) while rank 0 goes on: missing from rank 0's steps.
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
+    for rank in range(2):
+        ingest(e, resource(f"t{rank}", rank, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, 0, at=10 * s))
+    bye = pb.Metric(name=attr.GOODBYE)
+    bye.sum.data_points.add(as_int=1)
+    ingest(e, resource("t1", 1, 2), [bye])
+    ingest(e, resource("t0", 0, 2), metrics({"loss": (Reduce.MEAN, [2.0])}, 1, at=11 * s))
+    assert [view.step for view in e.ready()] == [0]  # step 1 waits for rank 1
+    e.clock.now = 10.0  # type: ignore[attr-defined]
+    (alone,) = e.ready()
+    assert alone.step == 1 and alone.missing == ["trainer_r1"], alone.missing
+
 
 def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> None:
     """No stepping process: 1 s buckets, final once the bucket is over plus the lag; many

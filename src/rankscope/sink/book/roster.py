@@ -289,14 +289,16 @@ class Roster:
         away: list[str] = []
         present: dict[Group, set[int]] = {}
         sizes: dict[Group, int] = {}
-        for p in self.processes.values():
-            if not p.stepped or p.attempt < self.attempt:
-                continue
+        stepping = [p for p in self.processes.values() if p.stepped and p.attempt >= self.attempt]
+        going_on = {p.group for p in stepping if p.live or p.last_marker >= step}
+        for p in stepping:
             sizes[p.group] = max(sizes.get(p.group, 1), p.world_size)
-            # A live laggard is named as itself below. One that said goodbye without an error and
-            # sent nothing of the step is done: the step (a generator's data after the trainer's
-            # last step) has no slot of it. One that sent part of it was cut short (Ctrl-C).
-            if p.last_marker >= step or p.live or (p.ended and not p.exit_error and p.id not in sent):
+            # A live laggard is named as itself below. One that said goodbye without an error is
+            # done when none of its group goes on to the step (a generator's data after the
+            # trainer's last step) and it sent nothing of it: one that sent part of it was cut
+            # short (Ctrl-C); one whose peers go on left early (uneven inputs): both are missing.
+            done = p.ended and not p.exit_error and p.id not in sent and p.group not in going_on
+            if p.last_marker >= step or p.live or done:
                 present.setdefault(p.group, set()).add(p.rank)
             if p.live and p.last_marker < step:
                 absent.append((p.label, p))
