@@ -178,7 +178,11 @@ def test_a_jobs_sink_keeps_the_run_beside_a_jsonl_view_of_the_users_own(
     mine = tmp_path / "mine.jsonl"
     sink = make_sink(
         added_views=KEPT_BACKENDS,
-        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(mine)}, "report": {}},
+        backends={
+            "jsonl": {"logging_mode": "global_reduce", "path": str(mine)},
+            "report": {},
+            "metrics": {"backend": "console", "format": "off"},  # named as the kept view: both kept
+        },
     )
     conn = Http(sink.http_port)
     for step in range(2):
@@ -186,8 +190,29 @@ def test_a_jobs_sink_keeps_the_run_beside_a_jsonl_view_of_the_users_own(
     conn.close()
     assert sink.wait_written("kept")
     views = sink.status("kept")["views"]
-    assert sorted(views) == ["jsonl", "metrics", "report"], views  # the user's report view is the kept one
-    kept = Path(views["metrics"]["location"])
+    # The user's report view is the kept one (the same backend and path: not doubled).
+    assert sorted(views) == ["jsonl", "kept_metrics", "metrics", "report"], views
+    kept = Path(views["kept_metrics"]["location"])
     assert kept.name == "metrics.jsonl" and kept.parent.parent == tmp_path / "rankscope_logs" / "kept"
     for path in (mine, kept):
         assert {json.loads(line)["step"] for line in path.read_text().splitlines()} == {0, 1}, path
+
+
+def test_a_posted_view_with_a_path_of_any_json_leaves_the_kept_views_and_the_sink_alone(
+    make_sink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's sink uses its own job's posted paths as given (``trust_posted_paths``): a path that
+    is a list is that view's trouble (off, said), never the run's; the kept views write."""
+    from rankscope.export.senders import post_config
+
+    monkeypatch.chdir(tmp_path)
+    sink = make_sink(added_views=KEPT_BACKENDS, trust_posted_paths=True)
+    post_config(f"http://127.0.0.1:{sink.http_port}", "odd", {"jsonl": {"path": ["x", {"y": 1}]}})
+    conn = Http(sink.http_port)
+    conn.export(_stepped("odd", "p", 0))
+    conn.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (sink.status("odd") or {}).get("views", {}).get("metrics"):
+        time.sleep(0.05)
+    views = sink.status("odd")["views"]
+    assert views["metrics"]["last_written_step"] == 0 and views["jsonl"]["disabled"], views

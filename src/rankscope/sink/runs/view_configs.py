@@ -125,9 +125,13 @@ class ViewConfigs:
         run's views have one of its backend writing to the same ``path`` already (a ``jsonl`` view
         of the user's own writes where it says: the run's ``metrics.jsonl`` is kept beside it)."""
         added = self._config.added_views
-        have = {(str(v.get("backend", k)), v.get("path")) for k, v in config.items()}
+        if not added:
+            return config
+        have = {(str(v.get("backend", k)), str(v.get("path"))) for k, v in config.items()}  # a posted path: any JSON
         extra = {
-            k: v for k, v in added.items() if (str(v.get("backend", k)), v.get("path")) not in have and k not in config
+            (k if k not in config else f"kept_{k}"): v  # a view of the user's own named alike keeps its name
+            for k, v in added.items()
+            if (str(v.get("backend", k)), str(v.get("path"))) not in have
         }
         return {**config, **extra} if extra else config
 
