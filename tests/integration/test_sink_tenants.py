@@ -216,3 +216,5 @@ def test_a_posted_view_with_a_path_of_any_json_leaves_the_kept_views_and_the_sin
         time.sleep(0.05)
     views = sink.status("odd")["views"]
     assert views["metrics"]["last_written_step"] == 0 and views["jsonl"]["disabled"], views
+    assert [e for e in sink.internal_errors if "view 'jsonl' of 'odd' (init)" not in e] == []  # said once, that view's
+    sink.internal_errors.clear()
