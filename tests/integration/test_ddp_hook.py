@@ -95,6 +95,8 @@ def my_hook(state, bucket):
     hooked.append(bucket.index())
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
 mine.register_comm_hook(None, my_hook)
+builtin = DistributedDataParallel(torch.nn.Linear(64, 64))
+builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)  # before: kept, not a second hook
 
 def iterate(model):
     model.zero_grad()
@@ -114,6 +116,9 @@ out["calls"] = calls() - before
 before = calls()
 iterate(mine)
 out["mine"] = [len(hooked), calls() - before]  # the hook it had runs (through the wrappers), nothing refused
+before = calls()
+iterate(builtin)
+out["builtin"] = calls() - before  # DDP's C++ hook: unseen, and no error
 rs.shutdown()
 dist.destroy_process_group()
 print(json.dumps(out))
@@ -154,7 +159,8 @@ def test_with_the_collectives_off_ddp_keeps_its_own_hook_and_registers_as_before
 @pytest.mark.timeout(150)
 def test_a_module_made_before_rankscope_started_is_routed_at_its_next_forward(tmp_path: Path) -> None:
     """The tutorial's script: no ``rs.init``, its first rankscope call after ``DDP(...)``. Its
-    buckets are seen from the next iteration; a module that had a hook of its own keeps it."""
+    buckets are seen from the next iteration; a module that had a hook of its own (Python or
+    built-in) keeps it, with no error."""
     found = _run(tmp_path, MADE_BEFORE, RANKSCOPE_BACKENDS='{"console": {"format": "off"}}')
     assert found["calls"] >= 2 * 3, found  # ~4 buckets of 16 KiB an iteration, both iterations
-    assert found["mine"] == [1, 1], found
+    assert found["mine"] == [1, 1] and found["builtin"] == 0, found

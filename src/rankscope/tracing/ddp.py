@@ -20,8 +20,9 @@ The default hook reads the module's process group when it runs (``_update_proces
 
 Not the same as DDP's C++ hook: ``join(divide_by_initial_world_size=False)`` is not honoured (a
 communication hook always divides by the group's size, as torch documents for hooks). Not
-routed: a module rebuilt by unpickling or ``deepcopy`` (no ``__init__``), and DDP's Python reducer
-under compiled autograd (functional collectives): judged from the phases alone. Installed and
+routed: DDP's Python reducer under compiled autograd (functional collectives): judged from the
+phases alone. (A module rebuilt by unpickling or ``deepcopy``, made without ``__init__``, is routed
+at its first forward, as one made before rankscope started.) Installed and
 removed with the collectives' wrappers (``RANKSCOPE_COLLECTIVES``): off, DDP keeps its C++ hook.
 """
 
@@ -171,7 +172,7 @@ def _builtin(dist: Any) -> dict[Any, Any]:
 def _route(module: Any, register: Any) -> None:
     """Register ``module``'s route, unless DDP registered a hook while it was made."""
     reducer = getattr(module, "reducer", None)
-    if reducer is None or getattr(module, "_comm_hooks", None) or _route_of(reducer) is not None:
+    if reducer is None or getattr(module, "_comm_hooks", None) or _route_of(reducer) is not None or _hooked(module):
         return
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -180,6 +181,15 @@ def _route(module: Any, register: Any) -> None:
     key = id(reducer)
     _routes[key] = route
     weakref.finalize(module, _forget, key, route)
+
+
+def _hooked(module: Any) -> bool:
+    """Whether ``module``'s reducer has a hook already: a built-in one registered before rankscope
+    started (its logging data names it; ``_comm_hooks`` lists only Python hooks)."""
+    try:
+        return bool(module._get_ddp_logging_data().get("comm_hook"))
+    except Exception:  # another torch: as before, the route is tried
+        return False
 
 
 def _forget(key: int, route: _Route) -> None:

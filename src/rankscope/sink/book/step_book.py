@@ -242,8 +242,12 @@ class StepBook:
             return None
         self.roster.came_back(process)
         self.key_order.place(process.role, batch.order)
+        # Plain OTel points go by their own times (another exporter's, they may come after a marker
+        # of the step they were taken in); rankscope's own values without a step came after its last flush.
+        states = (
+            batch.states if not batch.plain else batch.states + self.streams.rows(process.id, batch.plain, self.step_at)
+        )
         step_at = after_its_closes(self.step_at, process, batch)
-        states = batch.states if not batch.plain else batch.states + self.streams.rows(process.id, batch.plain, step_at)
         parts, settled = self.steps.place(batch, states, refused, step_at, replayed=replayed)
         return Taken(process, parts, batch.goodbye, settled, batch.exit_error)
 
