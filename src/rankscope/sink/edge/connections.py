@@ -362,7 +362,7 @@ class QuietLog(logging.LoggerAdapter):  # type: ignore[type-arg]  # generic only
         exc = _exception(kwargs.get("exc_info"))
         if isinstance(exc, HttpProcessingError):  # a client's bad bytes: said, not traced
             level, kwargs["exc_info"] = logging.WARNING, None
-            if "PRI/Upgrade" in str(exc) or "'PRI'" in str(exc):  # HTTP/2's preface (C, Python parser)
+            if "PRI/Upgrade" in str(exc):  # HTTP/2's preface: an OTLP/gRPC exporter given this port
                 msg, args = f"{msg}: an OTLP/gRPC client (HTTP/2) at the OTLP/HTTP port: give it the gRPC port", args
             else:
                 msg, args = f"{msg}: %s", (*args, " ".join(str(exc).split())[:200])
