@@ -248,6 +248,18 @@ def test_a_streak_of_corrected_steps_is_one_line_not_a_line_per_step(capsys, mon
     ]
     backend.log_batch(global_step(3, 0.25), 3, late=True, labels={}, missing=[], phase_times={})  # no arrival
     assert "step 3 (late update)" in capsys.readouterr().out  # a late part of a process that was there
+    # its extent is said once it ends: here a new streak of the same processes after a gap
+    backend.log_anomaly(Corrected(step=9, processes=arrived, count=2, missing=0), 9)
+    assert capsys.readouterr().out.splitlines() == [
+        "!!! steps 0-3 corrected (4 steps): trainer_r4, trainer_r5 arrived late, merged: the exact totals",
+        "!!! step 9 corrected: trainer_r4, trainer_r5 arrived late, merged: the exact total",
+    ]
+    backend.log_anomaly(Corrected(step=10, processes=arrived, count=2, missing=0), 10)
+    backend.log_anomaly(Corrected(step=10, processes=arrived, count=2, missing=0), 10)  # a second late part
+    backend.finish()  # the run's end
+    assert capsys.readouterr().out.splitlines() == [
+        "!!! steps 9-10 corrected (2 steps): trainer_r4, trainer_r5 arrived late, merged: the exact totals"
+    ]
 
 
 def test_full_is_forges_block_and_the_format_comes_from_the_option_or_the_variable(capsys, monkeypatch) -> None:

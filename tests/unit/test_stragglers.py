@@ -346,6 +346,8 @@ def test_a_slow_rank_whose_collectives_no_span_shows_is_named_by_the_shortest_sy
         record = found[f"trainer_r{rank}"]
         assert (record["phase"], record["rule"], record["collective"]) == (phase, rule, None), record
         assert record.get("sync_phase", "") == ("train/backward" if rule == "shortest_sync" else "")
+        if rule == "shortest_sync":  # the others' wait, as the step's waited_s_max says it
+            assert record["waiting"] == world - 1 and 0.14 <= record["waited_s_max"] <= 0.31, record
         judgement = judge(spans)
         assert list(judgement.waiters) == [("trainer", "train/backward")]
         keys = {m.key: m.value for m in straggler_metrics(judgement, 0.0)[0]}

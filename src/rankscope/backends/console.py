@@ -127,6 +127,8 @@ class ConsoleBackend(LoggerBackend):
         """The step the job ended in (``interrupted``): its phases are partial, so no time is shown."""
         self._corrected: int | None = None
         """The step whose late update a ``corrected`` record just said (its value line is left out)."""
+        self._corrections = CorrectedRuns()
+        """How far each streak of ``corrected`` steps went: said once at its start, its extent when it ends."""
         # Highlights in color on a terminal (or with FORCE_COLOR), never with NO_COLOR (no-color.org).
         self._color = (sys.stdout.isatty() or bool(os.environ.get("FORCE_COLOR"))) and "NO_COLOR" not in os.environ
         self.rank, self.world_size, self.role = 0, 1, "main"
@@ -200,6 +202,7 @@ class ConsoleBackend(LoggerBackend):
         if self.format == "off":
             return
         self._streaks.clear()
+        self._say_extents(self._corrections.ended())
         self._write(f"=== rewound to step {step}: the steps from {step} come again and replace the ones above ===")
 
     def log_record(self, record: dict[str, Any], global_step: int | None, *args: Any, **kwargs: Any) -> None:
@@ -247,6 +250,7 @@ class ConsoleBackend(LoggerBackend):
             self._cut_short = global_step
         if isinstance(record, Corrected):
             self._corrected = global_step  # its late update's line is this record's, once per streak
+            self._say_extents(self._corrections.seen(record, global_step))
         since = record.first_step if isinstance(record, Straggler | Outlier) else global_step  # a sink's: said once
         if isinstance(record, Capture) or self._new_streak(record.streak, since):
             text = printable(f"!!! step {global_step} {describe(record)}")
@@ -263,6 +267,13 @@ class ConsoleBackend(LoggerBackend):
         who = printable(f"[{rank}] [{role}-{rank}/{size}]")
         value = format_value(metric.value) if self.format == "full" else short_value(metric.value)
         self._write(f"{who} {stamp} INFO {printable(metric.key)}: {value}")
+
+    def finish(self) -> None:
+        self._say_extents(self._corrections.ended())
+
+    def _say_extents(self, lines: list[str]) -> None:
+        if lines and self.format != "off":
+            self._write("\n".join(self._alert(printable(line)) for line in lines))
 
     def _new_streak(self, key: Hashable, step: int | None) -> bool:
         """Whether ``key`` starts a streak at ``step`` (it was not seen at the step before, nor at this one)."""
@@ -281,6 +292,45 @@ class ConsoleBackend(LoggerBackend):
     def _write(text: str) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
+
+
+class CorrectedRuns:
+    """Streaks of ``corrected`` steps (one group of late processes, consecutive steps): the console
+    says a streak at its first step, and its extent once it ends (a gap, a rewind, the run's end),
+    so a node back after an outage reads as ``steps 0-105 corrected`` rather than ``step 0``."""
+
+    def __init__(self) -> None:
+        self._runs: dict[Hashable, tuple[Corrected, int, int, int]] = {}
+        """streak -> its first record, first and last step, and how many steps it corrected."""
+
+    def seen(self, record: Corrected, step: int | None) -> list[str]:
+        """``record`` at ``step``; the line of the streak it ends, if it starts a new one."""
+        if step is None:
+            return []
+        key = record.streak
+        run = self._runs.get(key)
+        if run is not None and 0 <= step - run[2] <= 1:
+            self._runs[key] = (run[0], run[1], step, run[3] + (step != run[2]))
+            return []
+        said = [] if run is None else self._extent(run)
+        if len(self._runs) >= _MAX_STREAKS:  # bounded: the oldest streak is said and forgotten
+            said += self._extent(self._runs.pop(next(iter(self._runs))))
+        self._runs[key] = (record, step, step, 1)
+        return said
+
+    def ended(self) -> list[str]:
+        """Every streak's line, now that none goes on (a rewind, the run's end)."""
+        said = [line for run in self._runs.values() for line in self._extent(run)]
+        self._runs.clear()
+        return said
+
+    @staticmethod
+    def _extent(run: tuple[Corrected, int, int, int]) -> list[str]:
+        record, first, last, steps = run
+        if steps < 2:
+            return []  # its one line said it all
+        who = _named(record.processes, record.count)
+        return [f"!!! steps {first}-{last} corrected ({steps} steps): {who} arrived late, merged: the exact totals"]
 
 
 def _split(

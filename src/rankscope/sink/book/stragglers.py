@@ -458,9 +458,23 @@ def stragglers(judgement: Judgement, *, ratio: float, min_s: float) -> list[Late
             )
         waiter = next((w for w in judgement.waited_for.get(chosen.process, ()) if _over(w, ratio, min_s)), None)
         if waiter is not None and chosen.collective is None:  # the rule named it: a waiter would have been
-            chosen = replace(chosen, sync_phase=waiter.phase)
+            chosen = _others_waited(chosen, waiter, judgement.phases[(waiter.process.role, waiter.phase)])
         out.append(chosen)
     return out
+
+
+def _others_waited(chosen: Lateness, waiter: Lateness, times: PhaseTimes) -> Lateness:
+    """``chosen`` named by the shortest-sync rule: the others waited for it in ``waiter``'s phase,
+    the furthest of them ``waited_s_max`` longer than it spent there (the step's
+    ``straggler/<phase>/waited_s_max``), ``waiting`` of them longer at all."""
+    own = times.seconds.get(chosen.process, 0.0)
+    others = [s for p, s in times.seconds.items() if p is not chosen.process]
+    return replace(
+        chosen,
+        sync_phase=waiter.phase,
+        waited_s_max=max(0.0, waiter.seconds - own),
+        waiting=sum(s > own for s in others),
+    )
 
 
 def _over(cause: Lateness, ratio: float, min_s: float) -> bool:
