@@ -135,11 +135,13 @@ def test_a_rank_that_raised_is_named_with_its_error_not_as_interrupted(tmp_path:
     failed = re.findall(r"^rankscope sink: (trainer_r\d) of experiment 'crash' run '[^']+' failed: (.*)$", said, re.M)
     assert ("trainer_r1", "ZeroDivisionError: division by zero") in failed, said[-4000:]
     assert "interrupted: the job ended" not in said
-    # The step the job ended in names the cause first: rank 0 fails later (its all-reduce lost its
-    # peer), or torchrun's SIGTERM ends it without a word.
+    # The step the job ended in names the cause first. Rank 0 then either fails (its all-reduce lost
+    # its peer) or is stopped by torchrun's SIGTERM first (asleep, or the race to it): it says
+    # goodbye then, without an error of its own (``lifecycle.stopping``).
     ended_in = re.search(r"step 3 failed: (trainer_r\d) raised (\w+)[^;]*; trainer_r0 (\w+)", said)
     assert ended_in is not None, said[-4000:]
-    assert ended_in.groups() == ("trainer_r1", "ZeroDivisionError", "had" if elsewhere else "raised"), said[-4000:]
+    assert ended_in.groups()[:2] == ("trainer_r1", "ZeroDivisionError"), said[-4000:]
+    assert ended_in.group(3) in (("had",) if elsewhere else ("raised", "had")), said[-4000:]
     # What each rank recorded after its last flush is step 3's, never a step it had closed.
     assert _losses(tmp_path) == {0: 1.0, 1: 0.5, 2: 1 / 3, 3: 0.25}
 

@@ -58,8 +58,8 @@ def test_import_registers_no_process_hooks_and_init_registers_them_once() -> Non
     assert seen == {
         "import": [],
         "runtime_after_import": False,
-        "init": ["at-fork", "atexit"],
-        "again": ["at-fork", "atexit"],
+        "init": ["at-fork", "at-fork", "atexit"],  # the fork relay's, SIGTERM's (``lifecycle.stopping``)
+        "again": ["at-fork", "at-fork", "atexit"],
         "child_registered": 0,
     }, result.stderr
 

@@ -356,6 +356,15 @@ SETTINGS: tuple[Setting, ...] = (
         parse=_parse_positive_int,
     ),
     Setting(
+        "sigterm",
+        "RANKSCOPE_SIGTERM",
+        True,
+        "On SIGTERM (torchrun stops every rank when one fails), send what the process flushed and its "
+        "goodbye (within RANKSCOPE_SHUTDOWN_TIMEOUT), then end as SIGTERM would; only where nothing "
+        "else handles SIGTERM at the first init. 0: Python's default action.",
+        parse=parse_bool,
+    ),
+    Setting(
         "shutdown_timeout",
         "RANKSCOPE_SHUTDOWN_TIMEOUT",
         2.0,
@@ -426,6 +435,7 @@ class Settings:
     host_metrics: bool
     memory_history: int | None
     sample_seed: int | None
+    sigterm: bool
     shutdown_timeout: float
 
     def __post_init__(self) -> None:

@@ -5,6 +5,7 @@ One module per job, in layers (each imports only the ones below it; import-linte
 
 - ``assemble``: ``init`` and auto-init build the ``Runtime`` and install it in the runtime
   slot (``core.runtime``); the first one registers the process's at-fork and at-exit hooks.
+- ``stopping``: SIGTERM (a launcher's stop) taken like an exit: shutdown, then SIGTERM's own end.
 - ``shutdown``: ``shutdown``, ``force_flush``, ``write_report``, ``dropped_points``, and the
   exit hooks (``atexit``, a multiprocessing child's finalizer).
 - ``fork``: the at-fork hooks (a relay socket pair per child) and a forked child's re-arm.

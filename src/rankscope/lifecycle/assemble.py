@@ -46,6 +46,7 @@ from .driving import Runtime, installed, started
 from .fork import rearm, register_fork_hooks
 from .shutdown import register_exit_hooks, shutdown_locked
 from .state import process
+from .stopping import take_sigterm
 
 
 def init(
@@ -115,6 +116,8 @@ def init(
             }
         )
         _register_hooks()
+        if settings.sigterm:
+            take_sigterm()
         previous = installed()
         resource = build_resource(
             experiment=settings.experiment,

@@ -93,6 +93,8 @@ class ProcessState:
         """``os.register_at_fork`` was called (it cannot be undone; a forked child inherits it)."""
         self.exit_hook = False
         """``atexit.register(shutdown)`` was called (a forked child inherits it)."""
+        self.sigterm_fork_hook = False
+        """SIGTERM's at-fork hook was registered (``stopping``; a forked child inherits it)."""
         self.exited = False
         """The exit-time ``shutdown`` ran: first use no longer starts a runtime."""
         self.exit_finalizer: Any = None

@@ -1,0 +1,120 @@
+"""SIGTERM, as torchrun sends it to every rank when one fails: a rank waiting in C++ sends the steps
+it flushed and its goodbye, then ends by SIGTERM (``lifecycle.stopping``); a program's own handler
+is left alone, and one that calls ours gets a flush without an exit; a forked child ends at once."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from rankscope.sink import Sink
+
+from ..conftest import ROOT, run_python
+from ..pipeline import clean_env
+
+WORKER = ROOT / "tests" / "workers" / "sigterm_worker.py"
+
+
+def stopped(sink: Sink, first: str, **env: str) -> tuple[int, float, str]:
+    """The worker SIGTERMed once it waits: its exit status, seconds from SIGTERM to exit, its output."""
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER), sink.endpoint, first],
+        env=clean_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        assert line.startswith("blocked"), line + worker.communicate(timeout=30)[1][-3000:]
+        sent = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+        return worker.returncode, time.monotonic() - sent, out + err
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+
+
+def finalized(sink: Sink, step: int) -> dict[str, Any]:
+    """The experiment's status once it finalized ``step``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = sink.status("sigterm")
+        if status is not None and (status["last_finalized_step"] or -1) >= step:
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} was not finalized: {sink.status('sigterm')}")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_stopped_in_cxx_sends_its_flushed_steps_and_goodbye_then_ends_by_sigterm(make_sink: Any) -> None:
+    """Steps 1-4 were flushed within the export round's wait (0.4 s) and the rank then waited in a
+    C++ store wait: under Python's default action only step 0 arrived and the run never ended."""
+    sink = make_sink()
+    status, took, said = stopped(sink, "none")
+    assert status == -signal.SIGTERM, said[-3000:]  # what the launcher saw before
+    assert took < 10, took  # not the launcher's SIGKILL 30 s later: the C++ wait did not hold it
+    state = finalized(sink, 4)
+    assert state["points"] == 5 and state["runs"][0]["ended"] is True, state
+
+
+@pytest.mark.timeout(120)
+def test_with_the_wakeup_fd_held_by_another_the_handler_alone_stops_the_process(make_sink: Any) -> None:
+    """asyncio's loop holds the wakeup fd for its own handlers: rankscope leaves it, and its
+    handler, run once the main thread is back in Python, stops the process the same way."""
+    sink = make_sink()
+    status, took, said = stopped(sink, "wakeup")
+    assert status == -signal.SIGTERM and took < 10, (took, said[-3000:])
+    state = finalized(sink, 4)
+    assert state["points"] == 5 and state["runs"][0]["ended"] is True, state
+
+
+@pytest.mark.timeout(120)
+def test_the_programs_own_handler_is_left_alone_and_one_that_calls_ours_gets_a_flush(make_sink: Any) -> None:
+    """A handler installed before ``init`` is the program's: rankscope does not take SIGTERM. One
+    installed after it that calls the one it found (Lightning's way) stops the program on its own
+    terms: ours flushes, the process lives on, and its exit says goodbye as usual."""
+    for first in ("handler", "chained"):
+        sink = make_sink()
+        status, _, said = stopped(sink, first)
+        assert status == 0 and "handled [15]" in said, (first, said[-3000:])
+        state = finalized(sink, 4)
+        assert state["points"] == 5 and state["runs"][0]["ended"] is True, (first, state)
+
+
+FORKED = """
+import os, signal, sys, time
+import rankscope as rs
+rs.init(experiment="sigterm-fork", role="trainer")  # no endpoint: local views
+pid = os.fork()
+if pid == 0:
+    time.sleep(30)  # a worker; the parent stops it
+    os._exit(0)
+time.sleep(0.2)
+t = time.monotonic()
+os.kill(pid, signal.SIGTERM)
+_, status = os.waitpid(pid, 0)
+took = time.monotonic() - t
+time.sleep(0.5)  # the parent's reader would have stopped it by now
+rs.record_metric("loss", 1.0)
+rs.flush(0)
+print("child", os.waitstatus_to_exitcode(status), "in", round(took, 1), "parent on", rs.get_resource() is not None)
+"""
+
+
+def test_a_forked_child_ends_at_once_and_its_sigterm_does_not_reach_the_parent() -> None:
+    """A DataLoader worker shares the parent's wakeup pipe unless it gives it up: its SIGTERM would
+    wake the parent's reader and stop the parent."""
+    done = run_python(FORKED, env={"RANKSCOPE_CONSOLE": "off"}, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    child, took, parent = done.stdout.split()[1], float(done.stdout.split()[3]), done.stdout.split()[-1]
+    assert (child, parent) == ("-15", "True") and took < 5, done.stdout
