@@ -57,8 +57,9 @@ def finalized(sink: Sink, step: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(120)
 def test_a_rank_stopped_in_cxx_sends_its_flushed_steps_and_goodbye_then_ends_by_sigterm(make_sink: Any) -> None:
-    """Steps 1-4 were flushed within the export round's wait (0.4 s) and the rank then waited in a
-    C++ store wait: under Python's default action only step 0 arrived and the run never ended."""
+    """Under Python's default action the rank ended at once, without its goodbye (the run never
+    ended), and the steps it had flushed within the last round (0.4 s) were lost; a handler of
+    Python's own waits for the store's timeout (40 s) before it runs."""
     sink = make_sink()
     status, took, said = stopped(sink, "none")
     assert status == -signal.SIGTERM, said[-3000:]  # what the launcher saw before
@@ -68,14 +69,29 @@ def test_a_rank_stopped_in_cxx_sends_its_flushed_steps_and_goodbye_then_ends_by_
 
 
 @pytest.mark.timeout(120)
-def test_with_the_wakeup_fd_held_by_another_the_handler_alone_stops_the_process(make_sink: Any) -> None:
-    """asyncio's loop holds the wakeup fd for its own handlers: rankscope leaves it, and its
-    handler, run once the main thread is back in Python, stops the process the same way."""
+def test_with_no_wakeup_fd_left_by_asyncio_the_handler_wakes_the_watcher(make_sink: Any) -> None:
+    """An asyncio loop with signal handlers of its own, closed, leaves no wakeup fd: the stop comes
+    from our handler, once the main thread runs Python, the same way."""
     sink = make_sink()
-    status, took, said = stopped(sink, "wakeup")
+    status, took, said = stopped(sink, "asyncio")
     assert status == -signal.SIGTERM and took < 10, (took, said[-3000:])
     state = finalized(sink, 4)
     assert state["points"] == 5 and state["runs"][0]["ended"] is True, state
+
+
+NATIVE = """
+import ctypes, signal
+import rankscope as rs
+ctypes.CDLL(None).signal(signal.SIGTERM, ctypes.c_void_p(1))  # SIG_IGN, as a native runtime would set it
+rs.init(experiment="sigterm-native", role="trainer")
+print("left alone", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+"""
+
+
+def test_a_disposition_set_in_c_is_left_alone() -> None:
+    """``signal.getsignal`` does not see what C, C++ or Rust code set after Python started."""
+    done = run_python(NATIVE, env={"RANKSCOPE_CONSOLE": "off"}, timeout=60)
+    assert done.returncode == 0 and "left alone True" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 @pytest.mark.timeout(120)
