@@ -316,3 +316,25 @@ def test_a_mistyped_endpoint_is_refused_at_init_naming_the_variable(monkeypatch,
     assert why in str(raised.value)
     with pytest.raises(ValueError, match=re.escape(f"endpoint={value!r}")):
         rs.init(experiment="typo", endpoint=value)
+
+
+def test_at_a_shared_sink_each_runs_lines_say_whose_they_are_once_another_run_prints(capsys, monkeypatch) -> None:
+    """A sink holds a console per run, all on its stdout: alone (a job's own sink) a run's lines are
+    as everywhere; beside another run's, each line starts with its experiment and run."""
+    monkeypatch.setenv("COLUMNS", "400")
+    first = ConsoleBackend({"logging_mode": "global_reduce"})
+    first.init(None, experiment="grpo", run="20261201-043225-d01632db", role="sink")
+    first.log_batch([M("loss", 0.5, Reduce.MEAN)], 0)
+    assert capsys.readouterr().out.splitlines() == ["step 0  loss 0.5"]
+    second = ConsoleBackend({"logging_mode": "global_reduce"})
+    second.init(None, experiment="sft", run="r1", role="sink")
+    first.log_batch([M("loss", 0.25, Reduce.MEAN)], 1)
+    second.log_anomaly(Corrected(step=0, processes=("trainer_r4",), count=1, missing=0), 0)
+    assert capsys.readouterr().out.splitlines() == [
+        "[grpo · d01632db] step 1  loss 0.25",
+        "[sft · r1] !!! step 0 corrected: trainer_r4 arrived late, merged: the exact total",
+    ]
+    second.finish()  # its run closed: the other is alone again
+    first.log_batch([M("loss", 0.125, Reduce.MEAN)], 2)
+    assert capsys.readouterr().out.splitlines() == ["step 2  loss 0.125"]
+    first.finish()

@@ -117,6 +117,11 @@ class LoggerBackend:
         """Called once at shutdown, after the last batch."""
 
 
+def short_run(run: str) -> str:
+    """The part of a run id a person tells runs apart by: generated ids end in 8 random hex digits."""
+    return run if len(run) <= 12 else run[-8:]
+
+
 def sample_entry(
     table: str,
     step: int | None,

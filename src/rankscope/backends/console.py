@@ -30,6 +30,7 @@ import shutil
 import sys
 import textwrap
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import Any
@@ -50,7 +51,7 @@ from ..core.anomalies import (
 from ..core.settings import resolve
 from ..metrics.catalog import EXTREME_SUFFIXES, key_kind
 from ..metrics.reduce import Reduce
-from .base import LoggerBackend, LoggingMode, Metric
+from .base import LoggerBackend, LoggingMode, Metric, short_run
 
 FORMATS = ("compact", "full", "off")
 _DISTRIBUTION_PARTS = ("mean", "p50", "p90", "p99")
@@ -132,12 +133,18 @@ class ConsoleBackend(LoggerBackend):
         # Highlights in color on a terminal (or with FORCE_COLOR), never with NO_COLOR (no-color.org).
         self._color = (sys.stdout.isatty() or bool(os.environ.get("FORCE_COLOR"))) and "NO_COLOR" not in os.environ
         self.rank, self.world_size, self.role = 0, 1, "main"
+        self._run_label = ""
+        """At a sink: ``[experiment · run] ``, said before each line while other runs print too."""
 
     def init(self, process_name: str | None = None, *args: Any, **kwargs: Any) -> None:
         super().init(process_name)
         self.rank = kwargs.get("rank", 0)
         self.world_size = kwargs.get("world_size", 1)
         self.role = kwargs.get("role", "main")
+        if self.role == "sink":  # one console per run at a sink: a shared sink prints several runs
+            run = str(kwargs.get("run") or "")
+            self._run_label = printable(f"[{kwargs.get('experiment') or '?'}{f' · {short_run(run)}' if run else ''}] ")
+            _AT_SINK.add(self)
 
     def log_batch(self, metrics: list[Metric], global_step: int | None, *args: Any, **kwargs: Any) -> None:
         if self.format == "off":
@@ -270,6 +277,7 @@ class ConsoleBackend(LoggerBackend):
 
     def finish(self) -> None:
         self._say_extents(self._corrections.ended())
+        _AT_SINK.discard(self)
 
     def _say_extents(self, lines: list[str]) -> None:
         if lines and self.format != "off":
@@ -288,10 +296,15 @@ class ConsoleBackend(LoggerBackend):
     def _alert(self, line: str) -> str:
         return f"\x1b[1;31m{line}\x1b[0m" if self._color else line  # bold red: read on dark and light terminals
 
-    @staticmethod
-    def _write(text: str) -> None:
+    def _write(self, text: str) -> None:
+        if self._run_label and len(_AT_SINK) > 1:  # several runs print here: each line says whose
+            text = "\n".join(self._run_label + line for line in text.split("\n"))
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
+
+
+_AT_SINK: weakref.WeakSet[ConsoleBackend] = weakref.WeakSet()
+"""The consoles of the runs a sink in this process has open (their lines share its stdout)."""
 
 
 class CorrectedRuns:

@@ -45,7 +45,7 @@ from typing import Any
 
 from ..core import names as attr
 from ..core.anomalies import Anomaly, Capture, Located
-from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric
+from .base import PROVENANCE_COLUMNS, LoggerBackend, LoggingMode, Metric, short_run
 
 STEP_METRIC = "step"
 LATE_PREFIX = "late/"
@@ -65,11 +65,6 @@ def run_id_for(experiment: str, run: str = "") -> str:
     readable = re.sub(r"[^A-Za-z0-9_-]+", "-", experiment).strip("-")[:48]
     whole = experiment if not run else f"{experiment}\x00{run}"
     return f"{readable}-{hashlib.sha1(whole.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-
-
-def short_run(run: str) -> str:
-    """The part of a run id a person tells runs apart by: generated ids end in 8 random hex digits."""
-    return run if len(run) <= 12 else run[-8:]
 
 
 def series_prefix(process: Any) -> str:
