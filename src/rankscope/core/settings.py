@@ -360,8 +360,8 @@ SETTINGS: tuple[Setting, ...] = (
         "RANKSCOPE_SIGTERM",
         True,
         "On SIGTERM (torchrun stops every rank when one fails), send what the process flushed and its "
-        "goodbye (within RANKSCOPE_SHUTDOWN_TIMEOUT), then end as SIGTERM would; only where nothing "
-        "else handles SIGTERM at the first init. 0: Python's default action.",
+        "goodbye (cut off at RANKSCOPE_SHUTDOWN_TIMEOUT + 1 s), then end as SIGTERM would; only where "
+        "nothing else handles SIGTERM at the first init. 0: Python's default action.",
         parse=parse_bool,
     ),
     Setting(
