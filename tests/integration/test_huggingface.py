@@ -41,7 +41,7 @@ def test_trainer_logs_land_in_the_experiment_at_the_trainers_steps(make_sink, tm
         timeout=200,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    history = json.loads(done.stdout.strip().splitlines()[-1])
+    history = json.loads(done.stdout.strip().splitlines()[-1])["history"]
     sink.finalize("hf")
     assert sink.wait_written("hf")
     rows: dict[int, dict[str, float]] = {}
@@ -58,6 +58,44 @@ def test_trainer_logs_land_in_the_experiment_at_the_trainers_steps(make_sink, tm
     assert done.stdout.count("{'loss': ") == STEPS, done.stdout[-3000:]
     final = history[-1]
     assert rows[final["step"]]["train_runtime"] == pytest.approx(final["train_runtime"], rel=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_the_steps_between_logs_belong_to_the_step_that_logs_next(
+    make_sink, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """``logging_steps=2``: training steps 3 and 4 are step 4, what they record, time and trace
+    (step 3 sleeps 0.4 s: step 4's time, not step 2's). They were step 2's before: it stayed open
+    until step 4 logged, and the step the job died in took the last logged step's number."""
+    monkeypatch.setenv("COLUMNS", "1000")  # a step's line on one line
+    view = tmp_path / "view.jsonl"
+    sink = make_sink(
+        backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}, "console": {}},
+        book=BookConfig(grace=30),
+    )
+    env = clean_env(RANKSCOPE_EXPERIMENT="hf2", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_ROLE="trainer")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "workers" / "hf_trainer.py"), "6", "2", "3"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    watched = json.loads(done.stdout.strip().splitlines()[-1])
+    assert watched["current"] == {"1": 2, "2": 2, "3": 4, "4": 4, "5": 6, "6": 6}, watched["current"]
+    sink.finalize("hf2")
+    assert sink.wait_written("hf2")
+    rows: dict[int, dict[str, float]] = {}
+    for line in view.read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {})[row["key"]] = row["value"]
+    assert sorted(rows) == [2, 4, 6], sorted(rows)
+    said = capsys.readouterr().out  # the sink's console: each step's time, first close to first close
+    times = re.findall(r"^step (\d+) .*\| time ([\d.]+)(ms|s)\b", said, re.M)
+    took = {int(step): float(value) * (1e-3 if unit == "ms" else 1.0) for step, value, unit in times}
+    assert took.get(4, 0.0) >= 0.4 > took.get(6, 1.0), (took, said[-3000:])
 
 
 LONE_TRAINER = """

@@ -9,11 +9,15 @@ The Trainer calls its callbacks on every process. Each process's ``RankscopeCall
 the numbers of every ``on_log`` (loss, learning rate, grad norm, eval metrics ...) with
 ``record_metric`` at the Trainer's ``global_step``, and the sink reduces across processes: MEAN
 unless ``reduces`` names another reduce type for a key (the Trainer's logged loss is already
-averaged over processes, so its mean is itself). A step is closed (``flush``) when a later
-global step logs, and at the end of training; logs of one global step (training and
-evaluation) arrive as one step. Non-numeric entries are skipped; a key that is not a valid
-metric name is renamed by one rule (``metrics.recording.record_logged``). The keys keep the order the
-Trainer logged them in (``loss``, ``grad_norm``, ``learning_rate``, ``epoch``) in every view.
+averaged over processes, so its mean is itself). rankscope's steps are the Trainer's logged
+steps: the training steps since the last log belong to the step that logs next (with
+``logging_steps=10``, steps 11-20 are step 20: their time, collectives and spans; ``set_step``
+at each step's start), and a logged step is closed (``flush``) when the next training step
+begins, or at the end of training, so logs of one global step (training and evaluation) arrive
+as one step. Logging by epoch, the steps between logs take the number after the last logged one.
+Non-numeric entries are skipped; a key that is not a valid metric name is renamed by one rule
+(``metrics.recording.record_logged``). The keys keep the order the Trainer logged them in (``loss``,
+``grad_norm``, ``learning_rate``, ``epoch``) in every view.
 
 The Trainer prints each log itself too: ``{'loss': ..., 'grad_norm': ..., ...}``, from its
 ``ProgressCallback`` (under its tqdm bar) or, with ``disable_tqdm=True``, its ``PrinterCallback``.
@@ -38,7 +42,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 
-from ..api import flush
+from ..api import flush, set_step
 from ..core.errors import report_internal_error
 from ..lifecycle.assemble import follow_launcher
 from ..lifecycle.driving import prints_steps_here
@@ -66,6 +70,16 @@ class RankscopeCallback(TrainerCallback):
         _quiet_printers(_calling_handler())  # also when added after the Trainer was built (add_callback)
         follow_launcher()  # a launcher that made this process a rank after rankscope started in it
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A training step begins: the logged step before it is complete (its evaluation logs
+        too), and what this step records, times and traces belongs to the step that logs next."""
+        if self._open is not None:
+            flush(self._open)
+            self._open = None
+        coming = next_logged_step(args, state)
+        if coming is not None:
+            set_step(coming)
+
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         step = int(state.global_step)
         if self._open is not None and step != self._open:
@@ -78,6 +92,27 @@ class RankscopeCallback(TrainerCallback):
         if self._open is not None:
             flush(self._open)
             self._open = None
+
+
+def next_logged_step(args: Any, state: Any) -> int | None:
+    """The global step the Trainer logs next, from the one about to run on (its
+    ``DefaultFlowCallback`` rule: every ``logging_steps``, the first with ``logging_first_step``,
+    the last); None when it logs by epoch or not at all (the steps between then take the number
+    after the last flushed one)."""
+    try:
+        coming = int(state.global_step) + 1
+        if coming == 1 and getattr(args, "logging_first_step", False):
+            return 1
+        if str(getattr(args, "logging_strategy", "")).rsplit(".", 1)[-1].lower() != "steps":
+            return None
+        every = int(state.logging_steps or 0)
+        if every <= 0:
+            return None
+        logged = -(-coming // every) * every
+        last = int(state.max_steps or 0)
+        return min(logged, last) if last > 0 else logged
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 PRINTERS: tuple[type[TrainerCallback], ...] = (PrinterCallback, ProgressCallback)
