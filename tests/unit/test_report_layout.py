@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from rankscope.backends.base import Metric
 from rankscope.backends.report import ReportBackend
-from rankscope.core.anomalies import Corrected, Partial
+from rankscope.core.anomalies import Corrected, Interrupted, Partial
 from rankscope.metrics.reduce import Reduce
 from rankscope.report import compare, page, perfetto
 from rankscope.report.phases import focus_of
@@ -375,6 +375,21 @@ def test_a_late_update_says_whether_it_was_merged_into_its_step() -> None:
     again.add(json.loads(json.dumps(summary.snapshot())))
     assert again.data() == data
     assert compare._status(summary) == "1 late update not merged (its step's values lack it)"
+
+
+def test_a_run_that_failed_or_was_interrupted_is_not_ok() -> None:
+    """``rankscope report <experiment>/``'s table: the step a job ended in says how it ended."""
+    for record, said in (
+        (Interrupted(step=3, processes=("trainer_r0",), count=1), "interrupted (step 3)"),
+        (
+            Interrupted(step=9, processes=("trainer_r0",), count=1, failed=("trainer_r1",), errors=("E: x",)),
+            "failed: trainer_r1 raised (step 9)",
+        ),
+    ):
+        summary = Summary()
+        summary.add(step(0, {"loss": 1.0}))
+        summary.add({"kind": "anomaly", **record.to_json()})
+        assert compare._status(summary) == said
 
 
 # -- rankscope report: what it would ignore, it refuses ----------------------------------------------

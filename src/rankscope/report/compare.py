@@ -20,6 +20,7 @@ thinned to at most ``MAX_COMPARED_POINTS`` points (its last always drawn).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..core.anomalies import NonFinite, Outlier
+from ..core.anomalies import Interrupted, NonFinite, Outlier
 from . import page
 from .series import Series, kind_of, meta_charted
 from .summary import Summary, read
@@ -117,7 +118,22 @@ def _status(summary: Summary) -> str:
         parts.append(f"{unmerged} late update{'' if unmerged == 1 else 's'} not merged ({lacking})")
     if summary.rewinds:
         parts.append(f"rewound {len(summary.rewinds)}×")
+    ended = next((a for a in summary.health.anomalies() if a.get("type") == Interrupted.KIND), None)
+    if ended is not None:  # the step the job ended in: first, it is what happened to the run
+        failed = _listed(ended.get("failed"))
+        how = f"failed: {', '.join(failed[:3])}{' …' if len(failed) > 3 else ''} raised" if failed else "interrupted"
+        parts.insert(0, f"{how} (step {ended.get('step')})")
     return "; ".join(parts) or "ok"
+
+
+def _listed(value: object) -> list[str]:
+    """A record's list field as the report keeps it (a JSON string, ``health``'s flat records)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return [str(value)]
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def _flat_config(config: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
