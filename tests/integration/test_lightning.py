@@ -5,6 +5,7 @@ prints the keys in the order ``self.log`` logged them, a renamed key said once."
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -134,3 +135,32 @@ def test_the_console_shows_keys_in_logged_order_and_rank_0_says_a_rename_once(tm
     shown = [dict(pair.split(" ") for pair in line.split("  ")) for _, line in lines]
     assert all(values["acc_pct"] == "50.5" for values in shown), shown  # both ranks' mean
     assert all(list(values) == ["loss", "acc_pct", "zeta", "beta", "epoch"] for values in shown), done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_batches_between_logs_belong_to_the_step_lightning_logs_next(
+    make_sink, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """``log_every_n_steps=2``: Lightning logs steps 1, 3, 5; batches 2 and 3 are step 3, what they
+    record, time and trace (batch 2 sleeps 0.4 s: step 3's time). They were step 1's before: it
+    stayed open until step 3 logged, and the step a job died in took the last logged step's number."""
+    monkeypatch.setenv("COLUMNS", "1000")  # a step's line on one line
+    sink = make_sink(backends={"console": {}}, book=BookConfig(grace=30))
+    env = clean_env(RANKSCOPE_EXPERIMENT="pl-steps", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_ROLE="trainer")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "workers" / "lightning_steps.py"), "2"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    current = json.loads(done.stdout.strip().splitlines()[-1])
+    assert current == {"0": 1, "1": 1, "2": 3, "3": 3, "4": 5, "5": 5}, current
+    sink.finalize("pl-steps")
+    assert sink.wait_written("pl-steps")
+    said = capsys.readouterr().out  # the sink's console: each step's time, first close to first close
+    times = re.findall(r"^step (\d+) .*\| time ([\d.]+)(ms|s)\b", said, re.M)
+    took = {int(step): float(value) * (1e-3 if unit == "ms" else 1.0) for step, value, unit in times}
+    assert took.get(3, 0.0) >= 0.4 > took.get(5, 1.0), (took, said[-3000:])
