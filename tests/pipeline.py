@@ -94,6 +94,35 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_worker(
+    script: str, *args: str, env: dict[str, str], cwd: Path, timeout: float = 200
+) -> subprocess.CompletedProcess[str]:
+    """``tests/workers/SCRIPT ARGS`` in a fresh interpreter, which must succeed."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "workers" / script), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def last_json(done: subprocess.CompletedProcess[str]) -> Any:
+    """What a worker printed as JSON on its last line."""
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def console_step_times(text: str) -> dict[int, float]:
+    """Each step's time in seconds as a console printed it (``step N  ... | time 405.2ms``, a line
+    each: a wide ``COLUMNS``)."""
+    times = re.findall(r"^step (\d+) .*\| time ([\d.]+)(us|ms|s)\b", text, re.M)
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+    return {int(step): float(value) * scale[unit] for step, value, unit in times}
+
+
 def jsonl_views(directory: Path) -> dict[str, Any]:
     """A sink's two JSONL views: ``global.jsonl`` (the cross-process view) and ``ranks.jsonl``
     (each process's own reduction)."""

@@ -16,8 +16,7 @@ import pytest
 
 from rankscope.sink import BookConfig
 
-from ..conftest import ROOT
-from ..pipeline import clean_env
+from ..pipeline import clean_env, console_step_times, last_json, run_worker
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -32,16 +31,8 @@ def test_trainer_logs_land_in_the_experiment_at_the_trainers_steps(make_sink, tm
         backends={"jsonl": {"logging_mode": "global_reduce", "path": str(view)}}, book=BookConfig(grace=30)
     )
     env = clean_env(RANKSCOPE_EXPERIMENT="hf", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_ROLE="trainer")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "workers" / "hf_trainer.py"), str(STEPS)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    history = json.loads(done.stdout.strip().splitlines()[-1])["history"]
+    done = run_worker("hf_trainer.py", str(STEPS), env=env, cwd=tmp_path)
+    history = last_json(done)["history"]
     sink.finalize("hf")
     assert sink.wait_written("hf")
     rows: dict[int, dict[str, float]] = {}
@@ -74,16 +65,7 @@ def test_the_steps_between_logs_belong_to_the_step_that_logs_next(
         book=BookConfig(grace=30),
     )
     env = clean_env(RANKSCOPE_EXPERIMENT="hf2", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_ROLE="trainer")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "workers" / "hf_trainer.py"), "6", "2", "3"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    watched = json.loads(done.stdout.strip().splitlines()[-1])
+    watched = last_json(run_worker("hf_trainer.py", "6", "2", "3", env=env, cwd=tmp_path))
     assert watched["current"] == {"1": 2, "2": 2, "3": 4, "4": 4, "5": 6, "6": 6}, watched["current"]
     sink.finalize("hf2")
     assert sink.wait_written("hf2")
@@ -93,8 +75,7 @@ def test_the_steps_between_logs_belong_to_the_step_that_logs_next(
         rows.setdefault(row["step"], {})[row["key"]] = row["value"]
     assert sorted(rows) == [2, 4, 6], sorted(rows)
     said = capsys.readouterr().out  # the sink's console: each step's time, first close to first close
-    times = re.findall(r"^step (\d+) .*\| time ([\d.]+)(ms|s)\b", said, re.M)
-    took = {int(step): float(value) * (1e-3 if unit == "ms" else 1.0) for step, value, unit in times}
+    took = console_step_times(said)
     assert took.get(4, 0.0) >= 0.4 > took.get(6, 1.0), (took, said[-3000:])
 
 

@@ -5,7 +5,6 @@ prints the keys in the order ``self.log`` logged them, a renamed key said once."
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from rankscope.sink import BookConfig
 
 from ..conftest import ROOT
-from ..pipeline import clean_env
+from ..pipeline import clean_env, console_step_times, last_json, run_worker
 from ..wandb_file import by_step, run_files
 
 pytest.importorskip("lightning")
@@ -147,20 +146,10 @@ def test_the_batches_between_logs_belong_to_the_step_lightning_logs_next(
     monkeypatch.setenv("COLUMNS", "1000")  # a step's line on one line
     sink = make_sink(backends={"console": {}}, book=BookConfig(grace=30))
     env = clean_env(RANKSCOPE_EXPERIMENT="pl-steps", RANKSCOPE_ENDPOINT=sink.endpoint, RANKSCOPE_ROLE="trainer")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "workers" / "lightning_steps.py"), "2"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    current = json.loads(done.stdout.strip().splitlines()[-1])
+    current = last_json(run_worker("lightning_steps.py", "2", env=env, cwd=tmp_path))
     assert current == {"0": 1, "1": 1, "2": 3, "3": 3, "4": 5, "5": 5}, current
     sink.finalize("pl-steps")
     assert sink.wait_written("pl-steps")
     said = capsys.readouterr().out  # the sink's console: each step's time, first close to first close
-    times = re.findall(r"^step (\d+) .*\| time ([\d.]+)(ms|s)\b", said, re.M)
-    took = {int(step): float(value) * (1e-3 if unit == "ms" else 1.0) for step, value, unit in times}
+    took = console_step_times(said)
     assert took.get(3, 0.0) >= 0.4 > took.get(5, 1.0), (took, said[-3000:])
