@@ -324,6 +324,8 @@ def test_at_a_shared_sink_each_runs_lines_say_whose_they_are_once_another_run_pr
     monkeypatch.setenv("COLUMNS", "400")
     first = ConsoleBackend({"logging_mode": "global_reduce"})
     first.init(None, experiment="grpo", run="20261201-043225-d01632db", role="sink")
+    per_rank = ConsoleBackend({"logging_mode": "per_rank_reduce"})  # the same run's other console
+    per_rank.init(None, experiment="grpo", run="20261201-043225-d01632db", role="sink")
     first.log_batch([M("loss", 0.5, Reduce.MEAN)], 0)
     assert capsys.readouterr().out.splitlines() == ["step 0  loss 0.5"]
     second = ConsoleBackend({"logging_mode": "global_reduce"})
@@ -338,3 +340,4 @@ def test_at_a_shared_sink_each_runs_lines_say_whose_they_are_once_another_run_pr
     first.log_batch([M("loss", 0.125, Reduce.MEAN)], 2)
     assert capsys.readouterr().out.splitlines() == ["step 2  loss 0.125"]
     first.finish()
+    per_rank.finish()

@@ -297,14 +297,20 @@ class ConsoleBackend(LoggerBackend):
         return f"\x1b[1;31m{line}\x1b[0m" if self._color else line  # bold red: read on dark and light terminals
 
     def _write(self, text: str) -> None:
-        if self._run_label and len(_AT_SINK) > 1:  # several runs print here: each line says whose
+        if self._run_label and _runs_printing() > 1:  # several runs print here: each line says whose
             text = "\n".join(self._run_label + line for line in text.split("\n"))
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
 
 _AT_SINK: weakref.WeakSet[ConsoleBackend] = weakref.WeakSet()
-"""The consoles of the runs a sink in this process has open (their lines share its stdout)."""
+"""The consoles of the runs a sink in this process has open (their lines share its stdout); a run
+may have several (its global view and its per-rank one)."""
+
+
+def _runs_printing() -> int:
+    """How many runs' consoles are open at this process's sink."""
+    return len({console._run_label for console in list(_AT_SINK)})
 
 
 class CorrectedRuns:
