@@ -477,6 +477,8 @@ class ForkRelay:
         self._open: set[socket.socket] = set()
         self._exporting: set[socket.socket] = set()  # children that said hello
         self._awaiting: set[socket.socket] = set()
+        self._drains = [0, 0]
+        """Drains asked (``flush_children``) and done: every socket read until none has more."""
         self._partial: dict[tuple[int, int], list[bytes | None]] = {}
         self._thread = threading.Thread(target=self._run, name="rankscope-fork-relay", daemon=True)
         self._thread.start()
@@ -488,7 +490,9 @@ class ForkRelay:
             os.write(self._wake_w, b"x")
 
     def flush_children(self, timeout: float) -> int:
-        """Ask the live children that export through us to flush; returns how many did not answer in time."""
+        """Ask the live children that export through us to flush, and read what every child sent
+        before (one that exited has its last export in its socket, maybe not read yet); returns
+        how many did not answer in time."""
         with self._lock:
             asked = set()
             for sock in self._exporting:
@@ -496,7 +500,12 @@ class ForkRelay:
                     sock.send(_HEADER.pack(os.getpid(), 0, 0, 1, _FLUSH))
                     asked.add(sock)
             self._awaiting = asked
-            self._lock.wait_for(lambda: not self._awaiting, timeout)
+            self._drains[0] += 1
+            drain = self._drains[0]
+        with contextlib.suppress(BlockingIOError):  # already woken
+            os.write(self._wake_w, b"x")
+        with self._lock:
+            self._lock.wait_for(lambda: not self._awaiting and self._drains[1] >= drain, timeout)
             late, self._awaiting = len(self._awaiting), set()
         return late
 
@@ -513,27 +522,42 @@ class ForkRelay:
 
     def _run(self) -> None:
         while True:
-            for key, _ in self._selector.select():
-                if key.fd == self._wake_r:
-                    self._take_adopted()
-                    continue
-                sock: socket.socket = key.fileobj  # type: ignore[assignment]
-                try:
-                    data = sock.recv(_HEADER.size + _FRAGMENT)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:  # the child exited
-                    self._selector.unregister(sock)
-                    sock.close()
-                    with self._lock:
-                        self._open.discard(sock)
-                        self._exporting.discard(sock)
-                        self._answered(sock)
-                    continue
-                with contextlib.suppress(Exception):  # a malformed record from a child: skip it
-                    self._record(sock, data)
+            self._serve(self._selector.select())
+            with self._lock:
+                asked = self._drains[0]
+            if asked > self._drains[1]:  # read every socket until none has more, then say so
+                while self._serve(self._selector.select(timeout=0)):
+                    pass
+                with self._lock:
+                    self._drains[1] = asked
+                    self._lock.notify_all()
+
+    def _serve(self, ready: list[tuple[selectors.SelectorKey, int]]) -> bool:
+        """Handle one round of ready sockets; whether any child's socket was among them."""
+        read = False
+        for key, _ in ready:
+            if key.fd == self._wake_r:
+                self._take_adopted()
+                continue
+            read = True
+            sock: socket.socket = key.fileobj  # type: ignore[assignment]
+            try:
+                data = sock.recv(_HEADER.size + _FRAGMENT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:  # the child exited
+                self._selector.unregister(sock)
+                sock.close()
+                with self._lock:
+                    self._open.discard(sock)
+                    self._exporting.discard(sock)
+                    self._answered(sock)
+                continue
+            with contextlib.suppress(Exception):  # a malformed record from a child: skip it
+                self._record(sock, data)
+        return read
 
     def _answered(self, sock: socket.socket) -> None:
         if sock in self._awaiting:
