@@ -235,6 +235,28 @@ def test_what_a_process_recorded_after_its_last_flush_never_joins_a_step_it_clos
     assert three.step == 3 and values_of(three)["loss"] == 0.25
 
 
+def test_what_a_process_sent_before_its_first_flush_joins_its_first_step_however_late_it_arrives() -> None:
+    """Rank 0's first steps take long (it starts a generator), so it exports once without a step
+    before its first flush, while its sink is still starting: that request is held back and goes
+    out with the markers of the steps it closed since. Its step-less values came before those
+    closes: they are step 0's, not the step after the last close (the main example's report read
+    a step 6 holding rank 0's step-0 phases, its step 0 three ranks' only)."""
+    e = StepBook("x", BookConfig(grace=5), clock=Clock())
+    s = 1_000_000_000
+    ingest(e, resource("t1", 1, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step=0, at=10 * s))
+    ingest(e, resource("t1", 1, 2), metrics({"loss": (Reduce.MEAN, [0.5])}, step=1, at=12 * s))
+    held = [  # exported after rank 1 closed step 0 (step 1's window), before its own first flush
+        *metrics({"loss": (Reduce.MEAN, [3.0])}, step=None, at=int(10.5 * s)),
+        *metrics({"loss": (Reduce.MEAN, [])}, step=0, at=11 * s),
+        *metrics({"loss": (Reduce.MEAN, [0.5])}, step=1, at=12 * s),
+    ]
+    ingest(e, resource("t0", 0, 2), held)
+    zero, one = e.ready()
+    assert (zero.step, values_of(zero)["loss"]) == (0, 2.0)  # both ranks' values: (1.0 + 3.0) / 2
+    assert (one.step, values_of(one)["loss"]) == (1, 0.5)
+    assert list(e.steps.open) == []
+
+
 def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles_go_on_with() -> None:
     """An RL job's trainer finishes first: both ranks close step 1 and say goodbye while the replay
     buffer still records. Its values open step 2, which is final without naming the trainer

@@ -86,14 +86,26 @@ class Taken:
 
 
 def after_its_closes(step_at: Callable[[int], int], process: Process, batch: ResourceBatch) -> Callable[[int], int]:
-    """``step_at`` for ``process``'s data without a step: never a step the process closed, in an
-    earlier batch or in this one. The windows learn this batch's closes only when it merges, so a
-    job's last request (its last steps' markers and the values it recorded after them, sent at
-    exit) would otherwise put those values into a step it had closed, by that step's window."""
-    closed = max([process.last_marker, *(m.step for m in batch.markers if m.ranks is None)])
-    if closed < 0:
+    """``step_at`` for ``process``'s data without a step: never a step the process had closed when
+    it took the data, in an earlier batch or in this one. The windows learn this batch's closes
+    only when it merges, so a job's last request (its last steps' markers and the values it
+    recorded after them, sent at exit) would otherwise put those values into a step it had closed,
+    by that step's window. A close in this batch counts only if it came before the data: a request
+    held back (a sink still starting) carries what the process sent before its first flush beside
+    the markers of the steps it closed since, and those values are its first step's (at the latest
+    the first step closed after them, whatever the others' windows say)."""
+    earlier = process.last_marker
+    own = [(m.time_unix_nano, m.step) for m in batch.markers if m.ranks is None]
+    if earlier < 0 and not own:
         return step_at
-    return lambda time_unix_nano: max(step_at(time_unix_nano), closed + 1)
+
+    def placed(time_unix_nano: int) -> int:
+        closed = max([earlier, *(step for when, step in own if when <= time_unix_nano)])
+        step = step_at(time_unix_nano) if closed < 0 else max(step_at(time_unix_nano), closed + 1)
+        coming = [step for when, step in own if when > time_unix_nano and step > closed]
+        return min([step, *coming])  # taken before it closed ``coming``: none later than that
+
+    return placed
 
 
 class StepBook:
