@@ -5,6 +5,7 @@ prints the keys in the order ``self.log`` logged them, a renamed key said once."
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -153,3 +154,26 @@ def test_the_batches_between_logs_belong_to_the_step_lightning_logs_next(
     said = capsys.readouterr().out  # the sink's console: each step's time, first close to first close
     took = console_step_times(said)
     assert took.get(3, 0.0) >= 0.4 > took.get(5, 1.0), (took, said[-3000:])
+
+
+def test_a_rank_that_raises_between_logged_steps_leaves_the_record_of_the_step_it_died_in(tmp_path: Path) -> None:
+    """Lightning hands values to its logger only at log steps (4, 9, 14 with ``log_every_n_steps=5``):
+    rank 1 raises in batch 12 with nothing of step 14 sent. The run's folder still holds the record
+    of the job's end in step 14, naming rank 1 first with its error, and the report's table says so."""
+    env = {k: v for k, v in clean_env().items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
+    env["RANKSCOPE_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "workers" / "lightning_crash.py"), "pl-crash"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "boom at 12" in done.stderr, done.stderr[-3000:]
+    (folder,) = (tmp_path / "rankscope_logs" / "pl-crash").iterdir()
+    records = [json.loads(line) for line in (folder / "report.jsonl").read_text().splitlines()]
+    (ended,) = [r for r in records if r.get("kind") == "anomaly" and r.get("type") == "interrupted"]
+    assert ended["step"] == 14 and ended["failed"][0] == "trainer_r1", ended
+    assert ended["errors"][0] == "RuntimeError: boom at 12", ended
+    assert "!!! step 14 failed: trainer_r1 raised RuntimeError: boom at 12" in done.stdout, done.stdout[-2000:]

@@ -40,7 +40,9 @@ def resource(rank: int) -> dict[str, object]:
     }
 
 
-def request(rank: int, step: int | None, value: float | None, *, closes: bool, bye: str | None = None) -> bytes:
+def request(
+    rank: int, step: int | None, value: float | None, *, closes: bool, bye: str | None = None, bye_step: int | None = None
+) -> bytes:
     """Process ``rank``'s request: a value of ``loss`` in ``step`` (closed or not), and a goodbye."""
     encoder = MetricEncoder(encode_resource(resource(rank)), SCOPE)
     metrics: list[bytes] = []
@@ -51,7 +53,7 @@ def request(rank: int, step: int | None, value: float | None, *, closes: bool, b
         if closes:
             metrics.append(encoder.marker(step, 1, 1, 2, 0, False))
     if bye is not None:
-        metrics.append(encoder.goodbye(bye or None))
+        metrics.append(encoder.goodbye(bye or None, bye_step))
     return encoder.request(metrics)
 
 
@@ -135,3 +137,54 @@ def test_each_machine_s_first_rank_speaks_for_it_and_every_rank_names_itself() -
     assert speaker({**many, attr.LOCAL_RANK: "0"}) == ("rankscope [trainer_r5]", True)
     assert speaker(many) == ("rankscope [trainer_r5]", True)  # its machine unknown: it says it
     assert speaker({**many, attr.ROLE: "t\x1b[2J"})[0] == "rankscope [t?[2J_r5]"
+
+
+def test_a_rank_that_raised_before_it_recorded_in_its_step_still_gets_the_record_of_the_jobs_end() -> None:
+    """Lightning hands values to its loggers only at log steps: a rank that raises between them sent
+    nothing of the step it died in, so no step is open at the job's end. The record still comes, in
+    a step of its own after the last one both closed."""
+    book = StepBook("x", BookConfig(grace=60), clock=Clock())
+    for step in (0, 1):
+        take(book, request(0, step, 1.0, closes=True))
+        take(book, request(1, step, 3.0, closes=True))
+    assert [v.step for v in book.ready()] == [0, 1]
+    take(book, request(1, None, None, closes=False, bye="RuntimeError: boom at 12"))
+    take(book, request(0, None, None, closes=False, bye=""))  # torchrun's SIGTERM: a goodbye without an error
+    (view,) = book.ready(force=True)
+    (record,) = view.anomalies
+    assert isinstance(record, Interrupted) and view.step == 2 and view.global_metrics is not None
+    assert record.processes == ("trainer_r0", "trainer_r1") and record.failed == ("trainer_r1",)
+    assert record.errors == ("RuntimeError: boom at 12",)
+    assert book.ready(force=True) == []  # once
+
+
+def test_a_failure_long_before_the_jobs_end_makes_no_step_of_its_own() -> None:
+    """A rank that raised at step 1 while the others went on: its goodbye was named then; the run's
+    end makes no step after the last one."""
+    book = StepBook("x", BookConfig(grace=60), clock=(clock := Clock()))
+    take(book, request(0, 0, 1.0, closes=True))
+    take(book, request(1, 0, 3.0, closes=True))
+    take(book, request(1, None, None, closes=False, bye="RuntimeError: boom"))
+    for step in (1, 2):
+        take(book, request(0, step, 1.0, closes=True))
+    clock.now = 61.0
+    assert [v.step for v in book.ready()] == [0, 1, 2]
+    take(book, request(0, None, None, closes=False, bye=""))
+    assert book.ready(force=True) == []
+
+
+def test_the_record_goes_in_the_step_the_failed_rank_said_it_was_in_when_the_runs_steps_allow_it() -> None:
+    """Lightning logs steps 4, 9, 14: a rank that raised in batch 12 was in step 14 (``set_step``),
+    and its goodbye says so. A step the run could not have reached (past the step window) is not
+    believed: the record goes in the step after the last close."""
+    for said, expected in ((14, 14), (9, 10), (10**12, 10), (None, 10)):
+        book = StepBook("x", BookConfig(grace=60, step_window=64), clock=Clock())
+        for step in (4, 9):
+            take(book, request(0, step, 1.0, closes=True))
+            take(book, request(1, step, 3.0, closes=True))
+        assert [v.step for v in book.ready()] == [4, 9]
+        take(book, request(1, None, None, closes=False, bye="RuntimeError: boom at 12", bye_step=said))
+        (view,) = book.ready(force=True)
+        (record,) = view.anomalies
+        assert isinstance(record, Interrupted) and record.step == view.step == expected, said
+        assert record.failed == ("trainer_r1",) and record.processes == ("trainer_r0", "trainer_r1")

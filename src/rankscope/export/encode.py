@@ -45,9 +45,10 @@ def encode_steps(
     max_points: int = MAX_POINTS_PER_REQUEST,
     pause: Callable[[], None] | None = None,
     exit_error: str | None = None,
+    exit_step: int | None = None,
 ) -> list[Encoded]:
     """The steps (oldest first) as requests; ``goodbye``: "this process is done" after the last
-    (``exit_error``: the exception that ended it);
+    (``exit_error``: the exception that ended it, in ``exit_step``);
     ``before``: a serialized request that leads the first one; ``pause`` runs between steps (the
     export thread hands the GIL back there). Raises on a state it cannot encode."""
     made: list[Encoded] = []
@@ -65,7 +66,7 @@ def encode_steps(
         if pause is not None:
             pause()
     if goodbye:
-        metrics.append(encoder.goodbye(exit_error))
+        metrics.append(encoder.goodbye(exit_error, exit_step))
     if metrics or before:
         made.append(Encoded(encoder.request(metrics, before), steps, points, held))
     return made

@@ -349,11 +349,15 @@ class MetricOutbox(Outbox):
         self._unsent: deque[Encoded] = deque()
         self.exit_error: str | None = None
         """The exception that ended the process, said with its goodbye (set before the shutdown)."""
+        self.exit_step: int | None = None
+        """The step it was in then."""
 
     def add_steps(self, batches: list[StepBatch], goodbye: bool, pause: Callable[[], None] | None = None) -> None:
         """Encode the steps (all or none: a step that cannot be encoded raises, and nothing is added)."""
         before = self._drops.sdk_request()
-        made = encode_steps(self._encoder, batches, goodbye, before, pause=pause, exit_error=self.exit_error)
+        made = encode_steps(
+            self._encoder, batches, goodbye, before, pause=pause, exit_error=self.exit_error, exit_step=self.exit_step
+        )
         self._unsent.extend(made)
 
     def relay(self, payload: bytes) -> None:

@@ -221,12 +221,12 @@ class ExportThread:
         self._inbox.put(Sync(done), urgent=True)
         return done.wait(timeout)
 
-    def shutdown(self, timeout: float, exit_error: str | None = None) -> None:
+    def shutdown(self, timeout: float, exit_error: str | None = None, exit_step: int | None = None) -> None:
         """Send what is held and stop, within ``timeout`` seconds of trying the endpoint; with a sink
         this job owns, also while it starts and, while it is alive, up to ``OWNED_SINK_DRAIN`` (the
         drain moves ``Rounds.drain_until``). ``exit_error``: the exception that ended the process,
-        said with its goodbye."""
-        self.metrics.exit_error = exit_error
+        said with its goodbye, and the step it was in (``exit_step``)."""
+        self.metrics.exit_error, self.metrics.exit_step = exit_error, exit_step
         stop = Stop(time.monotonic(), timeout)
         rounds = self._rounds
         rounds.expect_drain(stop.asked, timeout)

@@ -71,7 +71,8 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
         batch = runtime.recorder.take(_tail_step(runtime))
         if batch is not None:
             runtime.thread.submit(batch)
-    runtime.thread.shutdown(runtime.shutdown_timeout, process.notices.exit_error if process.exited else None)
+    exit_error = process.notices.exit_error if process.exited else None
+    runtime.thread.shutdown(runtime.shutdown_timeout, exit_error, runtime.steps.current if exit_error else None)
     if runtime.thread.captures is not None:
         runtime.thread.captures.finish(runtime.shutdown_timeout)  # the traces finished, sent
     if drain_unflushed:

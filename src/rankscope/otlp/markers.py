@@ -55,13 +55,16 @@ EXIT_ERROR_CHARS = 200
 """What a goodbye says of the exception that ended its process, at most."""
 
 
-def add_goodbye(scope: Any, exit_error: str | None = None) -> None:
-    """The process is done; ``exit_error``: the exception that ended it (``Type: message``)."""
+def add_goodbye(scope: Any, exit_error: str | None = None, step: int | None = None) -> None:
+    """The process is done; ``exit_error``: the exception that ended it (``Type: message``), in
+    ``step`` (the one it was in: ``current_step``)."""
     bye = scope.metrics.add(name=attr.GOODBYE)
     bye.sum.aggregation_temporality = _DELTA
     point = bye.sum.data_points.add(time_unix_nano=time.time_ns(), as_int=1)
     if exit_error:
         point.attributes.append(key_value(attr.EXIT_ERROR, exit_error[:EXIT_ERROR_CHARS]))
+        if step is not None:
+            point.attributes.append(key_value(attr.STEP, step))
 
 
 MAX_WORLD_SIZE = 1 << 20

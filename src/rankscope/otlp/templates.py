@@ -358,9 +358,9 @@ class MetricEncoder:
         add_flush_marker(scope, step_attributes, keys, start_time_unix_nano, time_unix_nano, expected, driven)
         return bytes(scope.SerializeToString())
 
-    def goodbye(self, exit_error: str | None = None) -> bytes:
+    def goodbye(self, exit_error: str | None = None, step: int | None = None) -> bytes:
         scope = pb.ScopeMetrics()
-        add_goodbye(scope, exit_error)
+        add_goodbye(scope, exit_error, step)
         return bytes(scope.SerializeToString())
 
     def request(self, metrics: list[bytes], before: bytes = b"") -> bytes:

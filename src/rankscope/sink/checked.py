@@ -234,6 +234,8 @@ class ResourceBatch:
     goodbye: bool = False
     exit_error: str | None = None
     """The goodbye's ``rankscope.exit.error``: printable, at most ``EXIT_ERROR_CHARS``."""
+    exit_step: int | None = None
+    """...and the step it says the process was in then (``rankscope.step``), unchecked against the run's."""
     streams: list[tuple[str, float, int | None]] = field(default_factory=list)
     foreign: int = 0
     """Points without ``rankscope.reduce``: plain OTel points (counted in the status route)."""
@@ -288,6 +290,8 @@ class Process:
     """It said goodbye (``rankscope.goodbye``): it ended, and does not come back."""
     exit_error: str | None = None
     """What its goodbye said of the exception that ended it (``rankscope.exit.error``), checked."""
+    exit_step: int | None = None
+    """...and the step it said it was in (``roster.died_in`` weighs it against the run's steps)."""
     suspect: bool = False
     """It took the slot of a process that ended, in a run whose processes had all ended, at the
     same attempt: its first data decides whether it is another launch (``reused``)."""

@@ -216,6 +216,22 @@ class Roster:
         kept = [(p.label, p.exit_error) for p in self._failures if p.attempt == now][:most]
         return tuple(label for label, _ in kept), tuple(error or "" for _, error in kept)
 
+    def died_in(self, finalized: int, horizon: int) -> tuple[int, list[str]] | None:
+        """The step the first failure of the current attempt died in, when nothing holds it yet
+        (past ``finalized``, the run's last finalized step), and who was in it. A rank that raised
+        before it recorded anything in its step (a framework that logs only every n steps) leaves
+        no open step for the record of the job's end to go in. The step is the one its goodbye
+        named (``set_step``'s: a logged step ahead) when that is past its last close and within
+        ``horizon``, else the one after its last close; who was in it: the attempt's processes whose
+        last close was the failed one's."""
+        now = self.attempt
+        first = next((p for p in self._failures if p.attempt == now and (p.stepped or p.exit_step is not None)), None)
+        if first is None or first.last_marker < finalized:
+            return None
+        last, said = first.last_marker, first.exit_step
+        step = said if said is not None and last < said <= horizon else last + 1
+        return step, [p.label for p in self.processes.values() if p.attempt == now and p.last_marker == last]
+
     @property
     def all_ended(self) -> bool:
         """Every process said goodbye: the run is over (its views close once it is idle)."""

@@ -83,6 +83,7 @@ class Taken:
     """Flush markers of steps finalized already: they say the process is live, nothing to log."""
     exit_error: str | None = None
     """What the goodbye said of the exception that ended the process (``rankscope.exit.error``)."""
+    exit_step: int | None = None
 
 
 def after_its_closes(step_at: Callable[[int], int], process: Process, batch: ResourceBatch) -> Callable[[int], int]:
@@ -261,7 +262,7 @@ class StepBook:
         )
         step_at = after_its_closes(self.step_at, process, batch)
         parts, settled = self.steps.place(batch, states, refused, step_at, replayed=replayed)
-        return Taken(process, parts, batch.goodbye, settled, batch.exit_error)
+        return Taken(process, parts, batch.goodbye, settled, batch.exit_error, batch.exit_step)
 
     def merge(self, taken: Taken, refused: Refusals, seqs: Mapping[int, int] | None = None) -> int:
         """Merge what ``take`` admitted (``seqs``: each step's write-ahead-log record); returns the
@@ -276,7 +277,8 @@ class StepBook:
             points += steps.merge(process, step, part, (seqs or {}).get(step, 0), now, refused)
         self.counts.refused += refused.count - before
         if taken.goodbye:
-            process.exit_error = taken.exit_error or process.exit_error
+            if taken.exit_error:
+                process.exit_error, process.exit_step = taken.exit_error, taken.exit_step
             self.roster.ended(process)
         self.counts.points += points
         if process.merged:
@@ -392,7 +394,24 @@ class StepBook:
             if done.interrupted:
                 done.failed = roster.failed()
             out.append(done)
+        if force and not any(done.interrupted for done in out):
+            died = self._died_in(now)
+            if died is not None:
+                out.append(died)
         return out
+
+    def _died_in(self, now: float) -> Finished | None:
+        """At the job's end, a step of its own for the record of a failure that no open step holds
+        (``Roster.died_in``): empty, ``interrupted``, naming who failed."""
+        died = self.roster.died_in(self.steps.last_finalized, self.horizon)
+        if died is None or self.steps.open:
+            return None
+        step, labels = died
+        self.steps.open[step] = Step(step, now)
+        bucket, rewound = self.steps.close(step, labels, now)
+        done = self._finished(bucket, labels, rewound=rewound)
+        done.interrupted, done.failed = True, self.roster.failed()
+        return done
 
     def late(self, *, force: bool = False) -> list[Finished]:
         """Late updates due: each step with late data once per ``late_interval`` (all when ``force``),

@@ -259,7 +259,9 @@ def _scope(
             continue
         if name == attr.GOODBYE:
             batch.goodbye = True
-            batch.exit_error = _exit_error(points) or batch.exit_error
+            error = _exit_error(points)
+            if error is not None:
+                batch.exit_error, batch.exit_step = error, _exit_step(points)
             continue
         if not clean or len(name) > limits.max_name_chars:
             why = f"metric name of {len(name)} characters is empty, too long or has control characters"
@@ -384,6 +386,16 @@ def _exit_error(points: Any) -> str | None:
         text = a.get(attr.EXIT_ERROR) if isinstance(a, dict) else None
         if isinstance(text, str) and text:
             return "".join(c if c.isprintable() else "?" for c in text[:EXIT_ERROR_CHARS])
+    return None
+
+
+def _exit_step(points: Any) -> int | None:
+    """The step a failed goodbye says its process was in: a valid ``rankscope.step``, else None."""
+    for p in points:
+        a = decode_attributes(p.attributes)
+        step = decode_step(a.get(attr.STEP)) if isinstance(a, dict) else None
+        if isinstance(step, int):
+            return step
     return None
 
 
