@@ -41,7 +41,13 @@ def resource(rank: int) -> dict[str, object]:
 
 
 def request(
-    rank: int, step: int | None, value: float | None, *, closes: bool, bye: str | None = None, bye_step: int | None = None
+    rank: int,
+    step: int | None,
+    value: float | None,
+    *,
+    closes: bool,
+    bye: str | None = None,
+    bye_step: int | None = None,
 ) -> bytes:
     """Process ``rank``'s request: a value of ``loss`` in ``step`` (closed or not), and a goodbye."""
     encoder = MetricEncoder(encode_resource(resource(rank)), SCOPE)

@@ -394,24 +394,16 @@ class StepBook:
             if done.interrupted:
                 done.failed = roster.failed()
             out.append(done)
-        if force and not any(done.interrupted for done in out):
-            died = self._died_in(now)
-            if died is not None:
-                out.append(died)
+        if force and not any(done.interrupted for done in out):  # a failure no open step holds
+            died = roster.died_in(steps.last_finalized, self.horizon)
+            if died is not None and not steps.open:  # an empty step of its own for the record (``Roster.died_in``)
+                step, labels = died
+                steps.open[step] = Step(step, now)
+                bucket, rewound = steps.close(step, labels, now)
+                done = self._finished(bucket, labels, rewound=rewound)
+                done.interrupted, done.failed = True, roster.failed()
+                out.append(done)
         return out
-
-    def _died_in(self, now: float) -> Finished | None:
-        """At the job's end, a step of its own for the record of a failure that no open step holds
-        (``Roster.died_in``): empty, ``interrupted``, naming who failed."""
-        died = self.roster.died_in(self.steps.last_finalized, self.horizon)
-        if died is None or self.steps.open:
-            return None
-        step, labels = died
-        self.steps.open[step] = Step(step, now)
-        bucket, rewound = self.steps.close(step, labels, now)
-        done = self._finished(bucket, labels, rewound=rewound)
-        done.interrupted, done.failed = True, self.roster.failed()
-        return done
 
     def late(self, *, force: bool = False) -> list[Finished]:
         """Late updates due: each step with late data once per ``late_interval`` (all when ``force``),
