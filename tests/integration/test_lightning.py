@@ -163,7 +163,7 @@ def test_a_rank_that_raises_between_logged_steps_leaves_the_record_of_the_step_i
     env = {k: v for k, v in clean_env().items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
     env["RANKSCOPE_RUNTIME_DIR"] = str(tmp_path / "runtime")
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "workers" / "lightning_crash.py"), "pl-crash"],
+        [sys.executable, str(ROOT / "tests" / "workers" / "lightning_ddp.py"), "30", "pl-crash", "crash"],
         env=env,
         cwd=tmp_path,
         capture_output=True,

@@ -1,9 +1,10 @@
 """A Lightning DDP run on CPU (2 processes) whose ``self.log`` values go to rankscope (tests/test_lightning.py).
 
-Usage: python lightning_ddp.py STEPS [EXPERIMENT]
+Usage: python lightning_ddp.py STEPS [EXPERIMENT [crash]]
 
 With EXPERIMENT, the script starts with ``rs.init(experiment=EXPERIMENT)`` as a newcomer's does:
 before ``trainer.fit``, so Lightning's launcher makes this process rank 0 after rankscope started.
+With ``crash``, it logs every 5 steps and rank 1 raises in batch 12, a step it logs nothing in.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Tiny(lightning.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if CRASH and batch_idx == 12 and self.global_rank == 1:
+            raise RuntimeError("boom at 12")
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.layer(x), y)
         self.log("train/rank", float(self.global_rank))  # per rank: the sink's MEAN over 2 ranks is 0.5
@@ -34,6 +37,8 @@ class Tiny(lightning.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
+
+CRASH = sys.argv[3:4] == ["crash"]
 
 if __name__ == "__main__":
     steps = int(sys.argv[1])
@@ -46,7 +51,7 @@ if __name__ == "__main__":
         devices=2,
         strategy="ddp",
         max_steps=steps,
-        log_every_n_steps=1,
+        log_every_n_steps=5 if CRASH else 1,
         logger=RankscopeLogger(reduces={"train/rank_max": rs.Reduce.MAX}),
         enable_checkpointing=False,
         enable_progress_bar=False,
