@@ -97,6 +97,33 @@ def test_accumulators_the_export_thread_made_for_deferred_phases_are_not_recycle
         recording._follow(None, False)
 
 
+def test_a_steps_phase_durations_come_every_mean_before_every_max() -> None:
+    """The encoder packs a run of one kind's keys in one call: the phases' MEAN keys join the step's
+    MEAN keys and their MAX keys make one run, instead of alternating one by one."""
+    from rankscope.metrics import recording
+
+    recorder = Recorder(streams=[])
+    recording._follow(recorder, False)
+    try:
+        recording.record_metric("loss", 1.0)
+        for name, start in (("fwd", 0), ("bwd", 10**6), ("fwd", 3 * 10**6)):
+            assert recording.defer_phase("t", name, start, start + 10**6, None)
+        batch = recorder.take(0)
+        assert batch is not None
+        recorder.resolve_phases(batch)
+        assert list(batch.accs) == [
+            "loss",
+            "t/fwd/duration_avg_s",
+            "t/bwd/duration_avg_s",
+            "t/fwd/duration_max_s",
+            "t/bwd/duration_max_s",
+        ]
+        assert batch.accs["t/fwd/duration_avg_s"].get_state()["count"] == 2  # fwd twice in the step
+        assert batch.accs["t/bwd/duration_max_s"].get_value() == 0.001
+    finally:
+        recording._follow(None, False)
+
+
 def test_a_users_accumulator_type_is_never_recycled() -> None:
     class Ema(MetricAccumulator):
         def __init__(self, reduction: Reduce) -> None:
@@ -164,6 +191,13 @@ def test_a_mean_keys_first_value_lands_in_its_recycled_accumulator_and_an_unused
         assert second is not None and recorder.drop_unrecorded(second) == 2
         assert set(second.accs) == {"loss"}
         assert second.accs["loss"].get_state() == {"reduction_type": "mean", "sum": 5.0, "count": 1}
+        recorder.recycle(second.accs)
+        for key, reduce in (("loss", Reduce.MEAN), ("spread", Reduce.STD), ("n", Reduce.COUNT), ("peak", Reduce.MAX)):
+            recording.record_metric(key, 2.0, reduce)
+        third = recorder.take(3)  # every key reached (a MAX state has no count): nothing leaves
+        assert third is not None and recorder.drop_unrecorded(third) == 0
+        assert set(third.accs) == {"loss", "spread", "n", "peak"}
+        assert third.accs["loss"].get_state() == {"reduction_type": "mean", "sum": 2.0, "count": 1}
     finally:
         recording._follow(None, False)
 

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from ..core.errors import warn_once
@@ -281,7 +282,11 @@ class Recorder:
         made_here = self._export_keys
         for key, acc in accs.items():
             kind = type(acc)
-            if kind in RECYCLED and key not in made_here:
+            if kind is MeanAccumulator:  # most keys: its ``reset`` inlined (a third of this loop's cost)
+                if key not in made_here:
+                    acc.sum, acc.count = 0.0, 0
+                    prefill[key] = acc
+            elif kind in RECYCLED and key not in made_here:
                 acc.reset()
                 if kind in PREFILLED:
                     prefill[key] = acc
@@ -294,6 +299,10 @@ class Recorder:
         (export thread, before anything reads the step); how many. They are not recycled again: a
         key the step did not record is not waited for in the next one either."""
         accs = batch.accs
+        # Usually every key got a value: one pass of C calls says so (a state without ``count`` reads
+        # 1), ~40 ns a key against ~90 for the check below, on caches the step's compute has cooled.
+        if all(map(getattr, list(accs.values()), repeat("count"), repeat(1))):
+            return 0
         # a snapshot: another thread's late value may still add a key (the race ``take`` describes)
         empty = [key for key, acc in tuple(accs.items()) if type(acc) in PREFILLED and not acc.count]  # type: ignore[attr-defined]
         if empty and batch.device is not None:  # values still on their way from the device (a refused step)
@@ -496,32 +505,26 @@ class Recorder:
 
     def resolve_deferred(self, batch: StepBatch) -> None:
         """Wait for a batch's GPU-timed durations (export thread) and accumulate them."""
+        durations = []
         for avg_key, max_key, start, end, processor in batch.deferred or ():
             try:
                 seconds = processor.elapsed_s(start, end)
             finally:
                 processor.release(start, end)
-            for key, reduce in ((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)):
-                acc = batch.accs.get(key)
-                if acc is None:
-                    acc = batch.accs[key] = reduce.accumulator_class(reduce)
-                acc.append(seconds)
+            durations.append((((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)), seconds))
+        _add_durations(batch.accs, durations)
         batch.deferred = None
 
     def resolve_phases(self, batch: StepBatch) -> None:
         """A batch's CPU-timed phases into their MEAN and MAX durations (export thread)."""
         names = self._phase_keys
-        accs = batch.accs
+        durations = []
         for prefix, name, start, end, _ in batch.phases or ():
             keys = names.get((prefix, name))
             if keys is None:
                 keys = names[(prefix, name)] = self._phase_durations(prefix, name)
-            seconds = (end - start) / 1e9
-            for key, reduce in keys:
-                acc = accs.get(key)
-                if acc is None:
-                    acc = accs[key] = reduce.accumulator_class(reduce)
-                acc.append(seconds)
+            durations.append((keys, (end - start) / 1e9))
+        _add_durations(batch.accs, durations)
 
     def _phase_durations(self, prefix: str, name: str | None) -> tuple[tuple[str, Reduce], ...]:
         """A phase's duration keys, registered once: a key's reduce type is fixed for good, so one
@@ -573,6 +576,23 @@ PREFILLED = frozenset({MeanAccumulator, StdAccumulator, CountAccumulator})
 """Recycled accumulators that wait in the next step's ``accs`` (``recycle``): their count says
 whether a value reached them (a SUM, MAX, MIN or LAST one cannot tell an empty state from a
 recorded 0, -inf, inf: those wait in ``spare``, taken at the key's first value)."""
+
+
+def _add_durations(
+    accs: dict[str, MetricAccumulator], durations: list[tuple[tuple[tuple[str, Reduce], ...], float]]
+) -> None:
+    """Each duration into its keys' accumulators (a MEAN and a MAX), every first key before every
+    second: a step's keys then come in runs of one kind, which the encoder packs in one call each
+    (``otlp.templates``); a phase's MEAN and MAX side by side went key by key, ~35 % of a 100-key
+    step's encoding."""
+    for position in (0, 1):
+        for keys, seconds in durations:
+            if position < len(keys):
+                key, reduce = keys[position]
+                acc = accs.get(key)
+                if acc is None:
+                    acc = accs[key] = reduce.accumulator_class(reduce)
+                acc.append(seconds)
 
 
 def _holds_values(acc: MetricAccumulator) -> bool:
