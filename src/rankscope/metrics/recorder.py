@@ -123,6 +123,9 @@ class StepBatch:
     """The step's root span's start and end (ns), when this process emits it (made on the export thread)."""
 
 
+Durations = tuple[tuple[tuple[str, Reduce], ...], float]
+"""A duration's keys (its MEAN's and MAX's, with their reduce types) and its seconds."""
+
 HandedStep = tuple[int, int, int, dict[str, MetricAccumulator], list[Phase] | None, tuple[int, int] | None]
 """A flushed step of host values and phases as the caller hands it over (``Recorder.hand_off``):
 (step, start ns, end ns, accumulators, phases, root span); the export thread makes its batch."""
@@ -284,7 +287,7 @@ class Recorder:
             kind = type(acc)
             if kind is MeanAccumulator:  # most keys: its ``reset`` inlined (a third of this loop's cost)
                 if key not in made_here:
-                    acc.sum, acc.count = 0.0, 0
+                    acc.sum, acc.count = 0.0, 0  # type: ignore[attr-defined]
                     prefill[key] = acc
             elif kind in RECYCLED and key not in made_here:
                 acc.reset()
@@ -505,7 +508,7 @@ class Recorder:
 
     def resolve_deferred(self, batch: StepBatch) -> None:
         """Wait for a batch's GPU-timed durations (export thread) and accumulate them."""
-        durations = []
+        durations: list[Durations] = []
         for avg_key, max_key, start, end, processor in batch.deferred or ():
             try:
                 seconds = processor.elapsed_s(start, end)
@@ -518,7 +521,7 @@ class Recorder:
     def resolve_phases(self, batch: StepBatch) -> None:
         """A batch's CPU-timed phases into their MEAN and MAX durations (export thread)."""
         names = self._phase_keys
-        durations = []
+        durations: list[Durations] = []
         for prefix, name, start, end, _ in batch.phases or ():
             keys = names.get((prefix, name))
             if keys is None:
@@ -578,9 +581,7 @@ whether a value reached them (a SUM, MAX, MIN or LAST one cannot tell an empty s
 recorded 0, -inf, inf: those wait in ``spare``, taken at the key's first value)."""
 
 
-def _add_durations(
-    accs: dict[str, MetricAccumulator], durations: list[tuple[tuple[tuple[str, Reduce], ...], float]]
-) -> None:
+def _add_durations(accs: dict[str, MetricAccumulator], durations: list[Durations]) -> None:
     """Each duration into its keys' accumulators (a MEAN and a MAX), every first key before every
     second: a step's keys then come in runs of one kind, which the encoder packs in one call each
     (``otlp.templates``); a phase's MEAN and MAX side by side went key by key, ~35 % of a 100-key
