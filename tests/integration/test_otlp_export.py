@@ -189,7 +189,7 @@ def test_a_slow_step_leaves_at_its_flush(receiver: GrpcReceiver) -> None:
 
     rs.init(experiment="cadence", endpoint=receiver.endpoint, export_interval=30.0)
     for step in range(4):
-        time.sleep(0.7)  # slower than the cadence (0.6 s a round of metrics and spans): the export thread is idle at the flush
+        time.sleep(0.7)  # slower than the cadence (a round of metrics and spans: 0.6 s): idle at the flush
         rs.record_metric("loss", 1.0)
         rs.flush(step)
     receiver.wait_for(lambda _: len(_marker_latencies(receiver)) == 4, timeout=10)
