@@ -161,7 +161,7 @@ def _marker_latencies(receiver: GrpcReceiver) -> dict[int, float]:
 
 
 @pytest.mark.timeout(90)
-def test_fast_steps_share_requests_at_most_five_a_second_and_each_arrives_within_a_second(
+def test_fast_steps_share_requests_a_few_a_second_and_each_arrives_within_a_second(
     receiver: GrpcReceiver,
 ) -> None:
     import time
@@ -180,7 +180,7 @@ def test_fast_steps_share_requests_at_most_five_a_second_and_each_arrives_within
     assert sorted(latencies) == list(range(200))
     slowest = sorted(latencies.values())
     assert slowest[int(0.99 * len(slowest))] <= 1.0, slowest[-5:]  # p99 within 1 s of the flush
-    assert requests_during <= 5 * seconds + 2, (requests_during, seconds)  # 200 steps, a handful of requests
+    assert requests_during <= 4 * seconds + 2, (requests_during, seconds)  # 200 steps, a handful of requests
 
 
 @pytest.mark.timeout(60)

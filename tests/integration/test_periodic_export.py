@@ -37,7 +37,7 @@ def test_values_recorded_during_periodic_exports_are_all_exported(tmp_path: Path
     recorded = int(result.stdout.split("recorded")[1])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     ones = [r for r in rows if r["key"] == "ones"]
-    assert len(ones) > 8, len(ones)  # many periodic exports happened while recording (at most 5 a second)
+    assert len(ones) > 5, len(ones)  # many periodic exports happened while recording (at most ~3 a second)
     assert sum(r["value"] for r in ones) == recorded
 
 

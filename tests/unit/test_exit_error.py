@@ -52,12 +52,12 @@ def request(
     """Process ``rank``'s request: a value of ``loss`` in ``step`` (closed or not), and a goodbye."""
     encoder = MetricEncoder(encode_resource(resource(rank)), SCOPE)
     metrics: list[bytes] = []
-    if step is not None and value is not None:
+    if value is not None:  # without a step: recorded after the process's last close
         acc = Reduce.MEAN.accumulator_class(Reduce.MEAN)
         acc.append(value)
         metrics += encoder.step(step, 1, 2, {"loss": acc})
-        if closes:
-            metrics.append(encoder.marker(step, 1, 1, 2, 0, False))
+    if step is not None and closes:
+        metrics.append(encoder.marker(step, 1, 1, 2, 0, False))
     if bye is not None:
         metrics.append(encoder.goodbye(bye or None, bye_step))
     return encoder.request(metrics)
@@ -194,3 +194,20 @@ def test_the_record_goes_in_the_step_the_failed_rank_said_it_was_in_when_the_run
         (record,) = view.anomalies
         assert isinstance(record, Interrupted) and record.step == view.step == expected, said
         assert record.failed == ("trainer_r1",) and record.processes == ("trainer_r0", "trainer_r1")
+
+
+def test_what_a_failed_rank_recorded_after_its_last_close_goes_in_the_step_its_goodbye_named() -> None:
+    """A rank that raised in batch 12 had recorded a value of step 14 (``set_step``) without closing
+    it: the value goes in step 14 with the record of the failure, not in the step after its last
+    close (10), which would hold a value of another step and the record apart from the step named."""
+    for said, expected in ((14, 14), (None, 10), (10**12, 10)):
+        book = StepBook("x", BookConfig(grace=60, step_window=64), clock=Clock())
+        for step in (4, 9):
+            take(book, request(0, step, 1.0, closes=True))
+            take(book, request(1, step, 3.0, closes=True))
+        assert [v.step for v in book.ready()] == [4, 9]
+        take(book, request(1, None, 7.0, closes=False, bye="RuntimeError: boom at 12", bye_step=said))
+        (view,) = book.ready(force=True)
+        (record,) = view.anomalies
+        assert isinstance(record, Interrupted) and record.step == view.step == expected, said
+        assert {m.key: m.value for m in view.global_metrics or ()}.get("loss") == 7.0, said

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankscope.metrics.recorder import Recorder
+from rankscope.metrics.recorder import Recorder, StepBatch
 from rankscope.metrics.reduce import MetricAccumulator, Reduce
 
 
@@ -124,6 +124,37 @@ def test_a_steps_phase_durations_come_every_mean_before_every_max() -> None:
         recording._follow(None, False)
 
 
+def test_gpu_timed_durations_read_before_one_that_fails_are_kept_and_every_event_released() -> None:
+    """The export thread reads a step's CUDA-event durations in one pass: one that cannot be read
+    (its event failed) raises, and the ones read before it still reach the step."""
+
+    class Events:  # the CUDA-event processor's interface, with the events' times as plain numbers
+        def __init__(self) -> None:
+            self.held: list[tuple[int, int]] = []
+
+        def hold(self, start: int, end: int) -> None:
+            self.held.append((start, end))
+
+        def release(self, start: int, end: int) -> None:
+            self.held.remove((start, end))
+
+        def elapsed_s(self, start: int, end: int) -> float:
+            if end < start:
+                raise RuntimeError("an event that never completed")
+            return (end - start) / 1000
+
+    events = Events()
+    recorder = Recorder(streams=[])
+    recorder.defer("g/fwd/duration_avg_s", "g/fwd/duration_max_s", 0, 2, events)
+    recorder.defer("g/bwd/duration_avg_s", "g/bwd/duration_max_s", 5, 4, events)
+    batch = recorder.take(0)
+    assert batch is not None
+    with pytest.raises(RuntimeError, match="never completed"):
+        recorder.resolve_deferred(batch)
+    assert batch.accs["g/fwd/duration_avg_s"].get_value() == batch.accs["g/fwd/duration_max_s"].get_value() == 0.002
+    assert "g/bwd/duration_avg_s" not in batch.accs and events.held == []
+
+
 def test_a_users_accumulator_type_is_never_recycled() -> None:
     class Ema(MetricAccumulator):
         def __init__(self, reduction: Reduce) -> None:
@@ -139,6 +170,41 @@ def test_a_users_accumulator_type_is_never_recycled() -> None:
     recorder = Recorder(streams=[])
     recorder.recycle({"ema": Ema(Reduce.MEAN), "loss": Reduce.MEAN.accumulator_class(Reduce.MEAN)})
     assert [set(d) for d in recorder.spares_waiting] == [{"loss"}]
+
+
+def test_a_users_accumulator_is_never_read_for_whether_the_step_used_it() -> None:
+    """``drop_unrecorded`` takes out only empty built-in MEAN/STD/COUNT states, and never reads a
+    user's state for it: its ``count`` may be a property that raises, a tensor, or 0 by design."""
+
+    class Counted(MetricAccumulator):
+        def __init__(self, reduction: Reduce) -> None:
+            super().__init__(reduction)
+
+        @property
+        def count(self) -> int:
+            raise AssertionError("read by rankscope")
+
+        def append(self, value: float) -> None:
+            pass
+
+    class Zero(MetricAccumulator):
+        count = 0  # its own meaning: not an empty step's state
+
+        def append(self, value: float) -> None:
+            pass
+
+    recorder = Recorder(streams=[])
+    for empty in (True, False):
+        loss = Reduce.MEAN.accumulator_class(Reduce.MEAN)
+        if not empty:
+            loss.append(1.0)
+        accs = {"mine": Counted(Reduce.MEAN), "zero": Zero(Reduce.MEAN), "loss": loss}
+        batch = StepBatch(0, 1, 2, accs, None)
+        assert recorder.drop_unrecorded(batch) == int(empty)
+        assert set(batch.accs) == ({"mine", "zero"} if empty else {"mine", "zero", "loss"})
+    peak = Reduce.MAX.accumulator_class(Reduce.MAX)  # built in, no ``count``: kept
+    batch = StepBatch(0, 1, 2, {"peak": peak, "n": Reduce.COUNT.accumulator_class(Reduce.COUNT)}, None)
+    assert recorder.drop_unrecorded(batch) == 1 and set(batch.accs) == {"peak"}
 
 
 def test_recycled_steps_are_bounded_by_their_accumulators_not_their_count() -> None:

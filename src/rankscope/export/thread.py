@@ -6,8 +6,8 @@ no wake-up while steps come faster than the export cadence). This thread handles
 hands reduced values to the local backends) and runs export rounds (``rounds``): the new steps
 are encoded (``encode``, bytes from per-key templates), then each outbox (``outboxes``: spans,
 streamed values, sample rows, metrics, in the sink's order) sends what it holds through the
-``Endpoint`` (a ``Sender`` and one backoff). Rounds are spaced 0.2 s per request they sent, up to
-0.6 s (5 requests a second per process in a training loop, which sends metrics and spans): steps
+``Endpoint`` (a ``Sender`` and one backoff). Rounds are spaced 0.3 s per request they sent, up to
+0.6 s (~3 requests a second per process in a training loop, which sends metrics and spans): steps
 flushed faster share a request, and a slower step leaves at its flush.
 
 Why it retries itself: the OTel SDK exporters retry with exponential backoff *inside*
@@ -63,14 +63,15 @@ _REQUEST_GAP = 0.3
 """Seconds per OTLP request between export rounds (up to ``_MAX_ROUND_GAP``): a round that sent
 metrics and spans waits 0.6 s. Steps flushed faster than this share a request (a 20 ms training step
 would otherwise pay a gRPC call per step and signal); a slower step leaves at its flush (``Inbox``).
-A gRPC call costs the export thread and gRPC's own threads ~0.5 ms of CPU after a pause: 0.3 s a
-request instead of 0.2 cut the whole process by 7 % [1, 9] a 20 ms step with the training thread's
-calls level (1.02 × [0.99, 1.10]; ``bench_peers.py``, 7 rounds, the 2-core VM, 2026-12-02). A
-longer cadence (0.5 s, at most 1 s) once cost the training thread +33 µs a step (2026-11-27)."""
+A gRPC call costs the export thread and gRPC's own threads ~1 ms of CPU after a pause: at 0.2 s a
+request the whole process read 1.22 × [1.10, 1.28] what it reads at 0.3 s a 20 ms step, the
+training thread's calls 1.08 × [0.94, 1.17] (``bench_peers.py``, 9 rounds, the 2-core VM,
+2026-12-02; docs/benchmarks.md). A longer cadence (0.5 s, at most 1 s) once cost the training
+thread +33 µs a step (2026-11-27)."""
 _MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
 endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
-ask 0.8 s)."""
+ask 1.2 s)."""
 
 
 class ExportThread:

@@ -2,7 +2,7 @@
 
 torchrun stops every rank with SIGTERM when one fails (and SIGKILLs what is left 30 s later). Under
 Python's default action the process ends at once: the steps it flushed and had not sent yet (up to
-a round, 0.2 s of steps) and its goodbye were lost, so the sink counted it missing from steps it
+a round, 0.6 s of steps) and its goodbye were lost, so the sink counted it missing from steps it
 had closed. With ``RANKSCOPE_SIGTERM`` (on by default), where SIGTERM still has its default action
 at the first ``init``, rankscope takes it: it runs the exit's ``shutdown``, cut off at
 ``RANKSCOPE_SHUTDOWN_TIMEOUT`` plus a second (``stop_deadline``; a sink this job owns is not waited

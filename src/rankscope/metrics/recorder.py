@@ -302,9 +302,11 @@ class Recorder:
         (export thread, before anything reads the step); how many. They are not recycled again: a
         key the step did not record is not waited for in the next one either."""
         accs = batch.accs
-        # Usually every key got a value: one pass of C calls says so (a state without ``count`` reads
-        # 1), ~40 ns a key against ~90 for the check below, on caches the step's compute has cooled.
-        if all(map(getattr, list(accs.values()), repeat("count"), repeat(1))):
+        # Usually every key got a value: two passes of C calls say so (a built-in state without
+        # ``count`` reads 1; a user's type is never read: its ``count`` is its own), ~50 ns a key
+        # against ~90 for the scan below, on caches the step's compute has cooled.
+        values = list(accs.values())
+        if RECYCLED.issuperset(map(type, values)) and all(map(getattr, values, repeat("count"), repeat(1))):
             return 0
         # a snapshot: another thread's late value may still add a key (the race ``take`` describes)
         empty = [key for key, acc in tuple(accs.items()) if type(acc) in PREFILLED and not acc.count]  # type: ignore[attr-defined]
@@ -509,13 +511,15 @@ class Recorder:
     def resolve_deferred(self, batch: StepBatch) -> None:
         """Wait for a batch's GPU-timed durations (export thread) and accumulate them."""
         durations: list[Durations] = []
-        for avg_key, max_key, start, end, processor in batch.deferred or ():
-            try:
-                seconds = processor.elapsed_s(start, end)
-            finally:
-                processor.release(start, end)
-            durations.append((((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)), seconds))
-        _add_durations(batch.accs, durations)
+        try:
+            for avg_key, max_key, start, end, processor in batch.deferred or ():
+                try:
+                    seconds = processor.elapsed_s(start, end)
+                finally:
+                    processor.release(start, end)
+                durations.append((((avg_key, Reduce.MEAN), (max_key, Reduce.MAX)), seconds))
+        finally:  # the durations read before one that raised are kept
+            _add_durations(batch.accs, durations)
         batch.deferred = None
 
     def resolve_phases(self, batch: StepBatch) -> None:
@@ -570,7 +574,7 @@ _SAMPLE = Reduce.SAMPLE
 MAX_SPARE_ACCUMULATORS = 65_536
 """Recycled accumulators kept for later steps' first values (~6 MB; at least one step's, whatever its
 size). The pool must outlast an export round: each step's come back only after its request is
-sent (0.2-1 s), and a first value that finds none builds one through ``record``: ~4.5 us a key in a
+sent (0.3-1 s), and a first value that finds none builds one through ``record``: ~4.5 us a key in a
 training loop, mostly the cyclic GC that the training thread's allocations set off. Bounded by steps
 (32) before: a 100-key loop at 5 ms steps (~80 steps a round) paid ~450 us a step inside
 ``record_metric`` instead of ~45."""

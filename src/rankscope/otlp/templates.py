@@ -109,8 +109,8 @@ _PACKED = ("mean", "sum", "count", "max", "min")
 """Kinds whose points a step packs in one ``struct`` call per kind (``_Group``)."""
 _MAX_LAYOUTS = 64
 _MIN_RUN = 4
-"""Keys of one kind in a row that pack in one call; shorter runs (a phase's MEAN and MAX durations,
-side by side) cost less key by key."""
+"""Keys of one kind in a row that pack in one call; shorter runs cost less key by key (a step's
+phase durations come every MEAN before every MAX, ``Recorder.resolve_phases``, so they join runs)."""
 _TAIL = {"mean": 0, "std": 0, "sum": 1, "count": 1, "max": 1, "min": 1, "last": 2}
 """Which of a step's shared tails a kind's points carry after their reduce attribute: the step as a
 histogram point's attribute and both times, as a number point's and both times, or its start only."""

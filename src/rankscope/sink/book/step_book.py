@@ -86,7 +86,9 @@ class Taken:
     exit_step: int | None = None
 
 
-def after_its_closes(step_at: Callable[[int], int], process: Process, batch: ResourceBatch) -> Callable[[int], int]:
+def after_its_closes(
+    step_at: Callable[[int], int], process: Process, batch: ResourceBatch, said: int | None = None
+) -> Callable[[int], int]:
     """``step_at`` for ``process``'s data without a step: never a step the process had closed when
     it took the data, in an earlier batch or in this one. The windows learn this batch's closes
     only when it merges, so a job's last request (its last steps' markers and the values it
@@ -94,16 +96,20 @@ def after_its_closes(step_at: Callable[[int], int], process: Process, batch: Res
     by that step's window. A close in this batch counts only if it came before the data: a request
     held back (a sink still starting) carries what the process sent before its first flush beside
     the markers of the steps it closed since, and those values are its first step's (at the latest
-    the first step closed after them, whatever the others' windows say)."""
+    the first step closed after them, whatever the others' windows say). ``said``: the step the
+    batch's failed goodbye named (``set_step``'s, checked against the step window): what the process
+    recorded after its last close is that step's, where the record of its failure goes too."""
     earlier = process.last_marker
     own = [(m.time_unix_nano, m.step) for m in batch.markers if m.ranks is None]
-    if earlier < 0 and not own:
+    if earlier < 0 and not own and said is None:
         return step_at
 
     def placed(time_unix_nano: int) -> int:
         closed = max([earlier, *(step for when, step in own if when <= time_unix_nano)])
-        step = step_at(time_unix_nano) if closed < 0 else max(step_at(time_unix_nano), closed + 1)
         coming = [step for when, step in own if when > time_unix_nano and step > closed]
+        if said is not None and said > closed and not coming:
+            return said
+        step = step_at(time_unix_nano) if closed < 0 else max(step_at(time_unix_nano), closed + 1)
         return min([step, *coming])  # taken before it closed ``coming``: none later than that
 
     return placed
@@ -260,7 +266,8 @@ class StepBook:
         states = (
             batch.states if not batch.plain else batch.states + self.streams.rows(process.id, batch.plain, self.step_at)
         )
-        step_at = after_its_closes(self.step_at, process, batch)
+        said = batch.exit_step if batch.exit_step is not None and batch.exit_step <= self.horizon else None
+        step_at = after_its_closes(self.step_at, process, batch, said)
         parts, settled = self.steps.place(batch, states, refused, step_at, replayed=replayed)
         return Taken(process, parts, batch.goodbye, settled, batch.exit_error, batch.exit_step)
 
