@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import logging
+import math
 import resource
 import select
 import socket
@@ -353,6 +354,7 @@ def test_a_flood_of_one_refusal_writes_a_bounded_log_and_leaves_the_other_notes(
 
             # what an operator reads first: a resume that found nothing to continue (taken, as a new run)
             assert export(resuming("fresh", "launch-1", "latest")).partial_success.rejected_data_points == 0
+            flood_began = time.monotonic()
             with grpc.insecure_channel(f"127.0.0.1:{sink.grpc_port}") as channel:
                 stub = mgrpc.MetricsServiceStub(channel)
                 for i in range(2000):  # a client resuming runs that do not exist, over both transports
@@ -361,21 +363,28 @@ def test_a_flood_of_one_refusal_writes_a_bounded_log_and_leaves_the_other_notes(
                     assert answer.partial_success.rejected_data_points == 3  # two points and the flush marker
                     assert "has no run" in answer.partial_success.error_message
             conn.close()
+            refusals_took = time.monotonic() - flood_began
+            malformed_began = time.monotonic()
             for _ in range(500):  # and requests aiohttp cannot parse, each on its own connection
                 with socket.create_connection(("127.0.0.1", sink.http_port), timeout=10) as s:
                     s.sendall(b"POST /v1/metrics HTTP/1.1\r\nBad Header\r\n\r\n")
                     assert s.recv(4096).split(b" ", 2)[1] == b"400"
+            malformed_took = time.monotonic() - malformed_began
             overview = status_of(sink.http_port)
         victim.check(min_steps=5, within=2.0)
     finally:
         logger.removeHandler(handler)
     refused = [r for r in lines if "has no run 'no-such-run" in r.getMessage()]
-    assert 1 <= len(refused) <= 2, len(refused)  # once per 10 s, and the flood took less than 20 s
+    # once per 10 s of each flood (on a busy box the 2,000 refusals took 20 s and more), never once a request
+    most_refused, most_malformed = 1 + math.ceil(refusals_took / 10), 1 + math.ceil(malformed_took / 10)
+    assert 1 <= len(refused) <= most_refused, (len(refused), refusals_took)
     assert all(r.levelno == logging.WARNING for r in refused)
     malformed = [r for r in lines if r.name == "rankscope.sink.http"]
-    assert 1 <= len(malformed) <= 2 and all(r.levelno == logging.WARNING and not r.exc_info for r in malformed)
+    assert 1 <= len(malformed) <= most_malformed, (len(malformed), malformed_took)
+    assert all(r.levelno == logging.WARNING and not r.exc_info for r in malformed)
     assert "400, message: Invalid header token" in malformed[0].getMessage()
-    assert len([r for r in lines if r.levelno >= logging.WARNING]) <= 6, [r.getMessage()[:100] for r in lines]
+    others = [r for r in lines if r.levelno >= logging.WARNING and r not in refused and r not in malformed]
+    assert len(others) <= 2, [r.getMessage()[:100] for r in lines]
     notes = overview["run_notes"]
     assert any("has no run to continue; run 'launch-1' is new" in note for note in notes), notes
     assert [note for note in notes if "no-such-run" in note] == [
