@@ -74,6 +74,7 @@ class Victim(threading.Thread):
         interval: float = 0.1,
         token: str | None = None,
         patience: float = 30.0,
+        grace: float | None = None,
     ) -> None:
         super().__init__(name=f"victim-{experiment}", daemon=True)
         self.http_port = http_port
@@ -83,6 +84,13 @@ class Victim(threading.Thread):
         self.interval = interval
         self.token = token
         self.patience = patience
+        self.grace = grace
+        """The sink's grace, where a test set it short: a step the victim's own sends took longer than
+        that to deliver may be finalized without its last rank, and must then be made exact by the
+        sink's late update (``slow_sends``). None: any step finalized inexact is wrong."""
+        self.slow_sends: list[str] = []
+        """Steps whose two sends spanned more than ``grace`` (the victim's own thread late, e.g. behind
+        the GIL of a test's attacker threads) and were finalized partial, then corrected exactly."""
         self.latencies: list[float] = []
         """Per finalized step: seconds from its last rank's report to its view at the sink."""
         self.wrong: list[str] = []
@@ -153,10 +161,11 @@ class Victim(threading.Thread):
         try:
             while not self._halt.is_set():
                 try:
+                    began = time.monotonic()
                     for rank in range(RANKS):
                         self._send(send, stub, step_request(self.experiment, self.run_id, rank, step))
                     sent = time.monotonic()
-                    self._await(read, step, sent)
+                    self._await(read, step, sent, sent - began)
                 except (OSError, http.client.HTTPException, grpc.RpcError, RuntimeError, ValueError) as exc:
                     self.errors.append(f"step {step}: {type(exc).__name__}: {exc}"[:300])
                     send.close()
@@ -171,22 +180,39 @@ class Victim(threading.Thread):
             if channel is not None:
                 channel.close()
 
-    def _await(self, read: http.client.HTTPConnection, step: int, sent: float) -> None:
+    def _await(self, read: http.client.HTTPConnection, step: int, sent: float, sending: float) -> None:
+        """Wait for ``step``'s view; ``sending``: seconds from the first send's start to the last's answer."""
         while time.monotonic() - sent < self.patience:
             found = next((s for s in self._recent(read) if s["step"] == step), None)
             if found is not None:
                 self.latencies.append(time.monotonic() - sent)
                 values = {k: found["values"].get(k) for k in expected(step)}
-                if values != expected(step):
-                    self.wrong.append(f"step {step}: {values} != {expected(step)}")
+                if values == expected(step):
+                    return
+                missing = found["missing"]
+                said = f"step {step}: {values} != {expected(step)} (missing {missing}, sent in {sending:.2f} s)"
+                if self.grace is not None and missing and sending > self.grace:
+                    self._await_correction(read, step, sent, said)
+                else:
+                    self.wrong.append(said)
                 return
             time.sleep(0.02)
         self.errors.append(f"step {step} not finalized within {self.patience:g} s")
+
+    def _await_correction(self, read: http.client.HTTPConnection, step: int, sent: float, said: str) -> None:
+        """A step the victim itself delivered slower than the grace: its late update must make it exact."""
+        while time.monotonic() - sent < self.patience:
+            found = next((s for s in self._recent(read) if s["step"] == step), None)
+            if found is not None and {k: found["values"].get(k) for k in expected(step)} == expected(step):
+                self.slow_sends.append(said)
+                return
+            time.sleep(0.02)
+        self.wrong.append(f"{said}, not corrected within {self.patience:g} s")
 
     def check(self, *, min_steps: int, within: float) -> None:
         """The victim finalized at least ``min_steps`` steps, each within ``within`` seconds of its
         last report, with exactly the values its ranks sent, and no request of it failed."""
         assert self.errors == [], self.errors[:5]
-        assert self.wrong == [], self.wrong[:5]
+        assert self.wrong == [], (self.wrong[:5], self.slow_sends[:5])
         assert len(self.latencies) >= min_steps, f"{len(self.latencies)} steps finalized"
         assert max(self.latencies) <= within, f"slowest step {max(self.latencies):.2f} s (bound {within:g} s)"

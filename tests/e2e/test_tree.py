@@ -89,11 +89,14 @@ def test_sixteen_processes_of_three_roles_give_the_direct_values_through_the_tre
             node = {"trainer": 0, "generator": 1, "replay": 1}  # trainers on one node, the rest on another
             commands = []
             in_step = {"TREE_START_AT": str(time.time() + 8)}  # all 32 start together and close steps together
-            for command, env in workers(clean_env(RANKSCOPE_EXPERIMENT="tree", **in_step), steps, 0.5):
+            # Steps of 0.7 s, slower than the export thread's 0.6 s round of metrics and spans: each
+            # step leaves at its flush, so the 32 processes' requests of a step reach the agents
+            # together (0.5 s steps left on each process's own round, over up to 4 gateway windows).
+            for command, env in workers(clean_env(RANKSCOPE_EXPERIMENT="tree", **in_step), steps, 0.7):
                 endpoint = agents[node[command[2]]]["endpoint"]
                 commands.append((command, {**env, "RANKSCOPE_ENDPOINT": endpoint}))
             direct = clean_env(RANKSCOPE_EXPERIMENT="direct", RANKSCOPE_ENDPOINT=f"127.0.0.1:{grpc}", **in_step)
-            outputs = run_workers(commands + workers(direct, steps, 0.5))
+            outputs = run_workers(commands + workers(direct, steps, 0.7))
             assert all("dropped=0" in out for out in outputs), outputs
             for experiment in ("tree", "direct"):
                 wait_until_settled(http, experiment, last_step=steps - 1, quiet=2.0)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rankscope.core import names as attr
 from rankscope.sink import BookConfig
 
-from ..victim import step_request
+from ..victim import Victim, step_request
 
 
 def _recent(sink: Any, experiment: str) -> list[dict[str, Any]]:
@@ -57,3 +58,38 @@ def test_the_recent_route_shows_a_corrected_step_as_its_exact_total(make_sink) -
     corrected = _finalized(sink, "top", when=lambda rows: rows and rows[0].get("late"))
     assert corrected["values"]["loss"] == 0.5 and corrected["values"]["top"] == 1.0
     assert corrected["missing"] == [] and corrected["late"] is True
+
+
+class _LateSecondRank(Victim):
+    """A victim whose thread stalls before step 2's rank-1 send (as behind a test's attacker threads)."""
+
+    stall = 1.2
+
+    def _send(self, conn: Any, stub: Any, r: Any) -> None:
+        attributes = {kv.key: kv.value.string_value for kv in r.resource_metrics[0].resource.attributes}
+        step = r.resource_metrics[0].scope_metrics[0].metrics[0].histogram.data_points[0].attributes[1].value.int_value
+        if attributes[attr.RANK] == "1" and step == 2:
+            time.sleep(self.stall)
+        super()._send(conn, stub, r)
+
+
+def test_a_victim_late_past_the_grace_by_itself_is_held_to_the_correction_not_the_first_view(make_sink) -> None:
+    """The flood tests' victim (``tests.victim``) with a short grace: a step its own thread delivered
+    slower than the grace is finalized partial, and counts only once the sink's late update made it
+    exact (``slow_sends``); without ``grace`` the same step is wrong."""
+    sink = make_sink(book=BookConfig(grace=0.5, late_interval=0.2))
+    with _LateSecondRank(sink.http_port, grpc_port=sink.grpc_port, run="told", interval=0.05, grace=0.5) as told:
+        _wait(lambda: len(told.latencies) >= 4)
+    told.check(min_steps=4, within=3.0)
+    assert [s.split(":")[0] for s in told.slow_sends] == ["step 2"], told.slow_sends
+    assert "missing ['trainer_r1']" in told.slow_sends[0], told.slow_sends
+    with _LateSecondRank(sink.http_port, grpc_port=sink.grpc_port, run="strict", interval=0.05) as strict:
+        _wait(lambda: len(strict.latencies) >= 4)
+    assert [s.split(":")[0] for s in strict.wrong] == ["step 2"], strict.wrong
+
+
+def _wait(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert condition()

@@ -273,7 +273,7 @@ def test_a_restart_after_ten_thousand_ended_runs_answers_within_seconds_and_know
         with pytest.raises(urllib.error.HTTPError, match="404"):  # the status route keeps the last 1,000 closed
             control(http_port, "/rankscope/v1/status?experiment=flood&run=run-0")
         retried_and_reused()
-        with Victim(http_port, grpc_port=grpc_port, run="victim-after", interval=0.05) as after:
+        with Victim(http_port, grpc_port=grpc_port, run="victim-after", interval=0.05, grace=0.5) as after:
             time.sleep(1.0)
         after.check(min_steps=5, within=20.0)
     finally:

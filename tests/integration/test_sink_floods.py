@@ -374,7 +374,7 @@ def test_five_addresses_keeping_runs_busy_cannot_fill_the_sink_nor_starve_anothe
             client.close()
 
     attackers = [threading.Thread(target=attack, args=(source,), daemon=True) for source in FLOOD_SOURCES]
-    with Victim(http_port, grpc_port=grpc_port, interval=0.1) as victim:
+    with Victim(http_port, grpc_port=grpc_port, interval=0.1, grace=1.0) as victim:
         for thread in attackers:
             thread.start()
         wait_for("every address at its share", lambda: all(len(a) >= 2 * runs_each for a in answers.values()), 90)
@@ -427,7 +427,7 @@ def test_a_flood_of_runs_with_the_report_view_on_is_held_to_its_disk_budget(
         book=BookConfig(grace=0.5),
     )
     runs = [(f"pages-{i % 10}", f"run-{i}") for i in range(1500)]
-    with Victim(sink.http_port, grpc_port=sink.grpc_port, interval=0.1) as victim:
+    with Victim(sink.http_port, grpc_port=sink.grpc_port, interval=0.1, grace=0.5) as victim:
         answers = flood(sink.http_port, None, runs, source="127.0.0.2", threads=4)
         wait_for("the flood's runs closed", lambda: sink.overview()["runs"] <= 1, timeout=120)
         # and their pages written and charged (a busy box's pool finishes them after the runs close)

@@ -101,7 +101,7 @@ def victim(sink: Sink, request: pytest.FixtureRequest) -> Iterator[Victim]:
     test's ``transport`` (OTLP/HTTP where it has none)."""
     params = getattr(request.node, "callspec", None)
     grpc_port = sink.grpc_port if params is not None and params.params.get("transport") == "grpc" else None
-    with Victim(sink.http_port, grpc_port=grpc_port, token=VICTIMS) as running:
+    with Victim(sink.http_port, grpc_port=grpc_port, token=VICTIMS, grace=GRACE) as running:
         wait_for(lambda: len(running.latencies) >= 3, what="the victim's first steps")
         yield running
 
@@ -449,7 +449,7 @@ def test_a_runs_scope_and_its_end_survive_a_sink_restart(make_sink: Any, tmp_pat
     time.sleep(GRACE + 0.5)  # finished before the restart
     first.stop()
     again: Sink = make_sink(**config)
-    with Victim(again.http_port, grpc_port=again.grpc_port, token=VICTIMS) as victim:
+    with Victim(again.http_port, grpc_port=again.grpc_port, token=VICTIMS, grace=GRACE) as victim:
         wait_for(lambda: len(victim.latencies) >= 3, what="the victim's first steps")
         attacker, team = Sender(again, "grpc", ADMIN), Sender(again, "grpc", VICTIMS)
         try:
@@ -584,7 +584,7 @@ def test_a_prefix_scope_cannot_reach_its_neighbours_nor_find_their_names(neighbo
     admin = TokenClient(neighbours, ADMIN)
     theirs = ("team-ab-victim", "team-a")  # a neighbour by prefix, and the exact id its prefix's stem names
     grpc_port, http_port = neighbours
-    with Victim(http_port, grpc_port=grpc_port, experiment="team-ab-victim", token=ALPHABET) as victim:
+    with Victim(http_port, grpc_port=grpc_port, experiment="team-ab-victim", token=ALPHABET, grace=GRACE) as victim:
         wait_for(lambda: len(victim.latencies) >= 3, what="the neighbour's first steps")
         for transport in ("http", "grpc"):  # write: its data, and a guessable run id taken first
             for experiment in theirs:
