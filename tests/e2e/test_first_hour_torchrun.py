@@ -144,6 +144,9 @@ def test_a_rank_that_raised_is_named_with_its_error_not_as_interrupted(tmp_path:
     assert ended_in.group(3) in (("had",) if elsewhere else ("raised", "had")), said[-4000:]
     # What each rank recorded after its last flush is step 3's, never a step it had closed.
     assert _losses(tmp_path) == {0: 1.0, 1: 0.5, 2: 1 / 3, 3: 0.25}
+    # Both said once (the order: ``tests/integration/test_report_line_order.py``).
+    out = done.stdout
+    assert out.count("!!! step 3 failed") == 1 and out.count("\nreport: ") == 1, out[-3000:]
 
 
 @pytest.mark.timeout(240)

@@ -4,7 +4,7 @@ hold, and its line was once missing 1 run in 3)."""
 
 from __future__ import annotations
 
-from rankscope.lifecycle.shutdown import _UNSAID, _page_of
+from rankscope.lifecycle.shutdown import _UNSAID, _page_of, _run_over
 
 PAGE = "/runs/main/20261130-1/report.html"
 
@@ -31,3 +31,16 @@ def test_a_run_without_a_page_says_nothing_once_its_last_step_is_written() -> No
     disabled = _status(5, PAGE)
     disabled["views"]["report"]["disabled"] = True  # type: ignore[index]
     assert _page_of(disabled, last=5) is None
+
+
+def test_the_run_is_over_once_every_process_said_goodbye_and_every_step_is_written() -> None:
+    """The starter of the job's sink says where the report is after the job's last lines: once the
+    run ended (a failed rank's step is final at the last goodbye) and the views wrote it."""
+    over = {**_status(3, PAGE), "run": "r1", "open_steps": 0, "last_finalized_step": 3}
+    over["runs"] = [{"run": "r0", "ended": True}, {"run": "r1", "ended": True}]
+    assert _run_over(over)
+    assert not _run_over({**over, "runs": [{"run": "r1", "ended": False}, {"run": "r0", "ended": True}]})
+    assert not _run_over({**over, "open_steps": 1})  # the last goodbye came, its step not final yet
+    assert not _run_over({**over, "last_written_step": 2})  # final, not yet written (printed)
+    for odd in (None, {}, {**over, "open_steps": None}, {**over, "last_written_step": "3"}, {**over, "runs": "r1"}):
+        assert not _run_over(odd)  # a sink of another version, or an odd answer: not over, never raised

@@ -261,7 +261,8 @@ def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles
     """An RL job's trainer finishes first: both ranks close step 1 and say goodbye while the replay
     buffer still records. Its values open step 2, which is final without naming the trainer
     missing; a rank whose goodbye said an exception ended it is still missing from the step it died in,
-    and so is one that sent part of the step before its goodbye (Ctrl-C cut it short)."""
+    and so is one that sent part of the step before its goodbye (Ctrl-C cut it short): that step is
+    final once every process said goodbye."""
     for error in (None, "ZeroDivisionError: division by zero"):
         e = StepBook("x", BookConfig(grace=5), clock=Clock())
         s = 1_000_000_000
@@ -290,11 +291,12 @@ def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles
         bye = pb.Metric(name=attr.GOODBYE)
         bye.sum.data_points.add(as_int=1)
         ingest(e, resource(f"t{rank}", rank, 2), [*metrics({"loss": (Reduce.MEAN, [0.5])}, None, at=11 * s), bye])
-    assert [view.step for view in e.ready()] == [0]  # step 1 waits for both
-    (cut,) = e.ready(force=True)  # the job ended
-    assert cut.step == 1 and [a.processes for a in cut.anomalies if isinstance(a, Interrupted)] == [
-        ("trainer_r0", "trainer_r1")
-    ]
+    # Both said goodbye: nothing more comes to step 1, final now (not after the grace, nor only at
+    # the job's end), cut short by both.
+    zero, cut = e.ready()
+    assert (zero.step, cut.step) == (0, 1)
+    assert [a.processes for a in cut.anomalies if isinstance(a, Interrupted)] == [("trainer_r0", "trainer_r1")]
+    assert e.ready(force=True) == []  # the job's end finds nothing more
 
     # Rank 1 leaves early (uneven inputs) while rank 0 goes on: missing from rank 0's steps.
     e = StepBook("x", BookConfig(grace=5), clock=Clock())
@@ -308,6 +310,29 @@ def test_ranks_that_said_goodbye_are_not_missing_from_the_steps_that_other_roles
     e.clock.now = 10.0  # type: ignore[attr-defined]
     (alone,) = e.ready()
     assert alone.step == 1 and alone.missing == ["trainer_r1"], alone.missing
+
+
+def test_a_step_a_rank_raised_in_is_final_once_the_last_rank_said_goodbye_and_names_the_failure() -> None:
+    """torchrun: rank 1 raises in step 3, rank 0 (stopped in its all-reduce) says goodbye after it.
+    Step 3 is final at rank 0's goodbye, naming the failure, not only when the job's sink stops:
+    its launcher's terminal reads the failed step before ``report:``."""
+    e = StepBook("x", BookConfig(grace=30), clock=Clock())
+    s = 1_000_000_000
+    for step in range(3):
+        for rank in range(2):
+            ingest(e, resource(f"t{rank}", rank, 2), metrics({"loss": (Reduce.MEAN, [1.0])}, step, at=(10 + step) * s))
+    bye = pb.Metric(name=attr.GOODBYE)
+    bye.sum.data_points.add(as_int=1, attributes=[key_value(attr.EXIT_ERROR, "ZeroDivisionError: division by zero")])
+    ingest(e, resource("t1", 1, 2), [*metrics({"loss": (Reduce.MEAN, [0.5])}, None, at=13 * s), bye])
+    assert [view.step for view in e.ready()] == [0, 1, 2]  # step 3 waits for rank 0
+    bye = pb.Metric(name=attr.GOODBYE)
+    bye.sum.data_points.add(as_int=1)
+    ingest(e, resource("t0", 0, 2), [*metrics({"loss": (Reduce.MEAN, [0.25])}, None, at=13 * s), bye])
+    (failed,) = e.ready()  # no grace, no force: nobody is left to send to it
+    (cut,) = [a for a in failed.anomalies if isinstance(a, Interrupted)]
+    assert failed.step == 3 and values_of(failed)["loss"] == 0.375
+    assert (cut.failed, cut.errors) == (("trainer_r1",), ("ZeroDivisionError: division by zero",)), cut
+    assert e.ready(force=True) == []
 
 
 def test_processes_that_never_step_get_time_buckets_not_a_step_per_request() -> None:

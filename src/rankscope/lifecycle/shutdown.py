@@ -35,6 +35,10 @@ sink's views: a sink gone refuses at once, a sink busy with the job's last sends
 SAY_REPORT_WAIT_S = 30.0
 """How long the process that started the sink waits for it to say where the report is: a sink
 alive but busy with the job's last sends answers late, and the line is what the user looks for."""
+SAY_AFTER_END_WAIT_S = 2.0
+"""How long, of that, it waits for the run to be over (every process said goodbye, every step
+written) before it says where the report is anyway: the line comes after the job's last steps (a
+failed rank's step is final at the last goodbye), unless another process goes on past that."""
 
 
 def shutdown() -> None:
@@ -150,7 +154,13 @@ def _say_report(runtime: Runtime) -> None:
     end (with the steps of processes still running then). Said on stdout, where the steps' lines
     went; a status request, asked again while a sink busy with the job's last sends does not answer
     (up to ``SAY_REPORT_WAIT_S``), never a page rendered while the job waits to exit. Nothing when
-    the run has no report view, nor when this process already asked for it (``write_report``)."""
+    the run has no report view, nor when this process already asked for it (``write_report``).
+
+    Said after the job's last lines where it can be: once the run is over, up to
+    ``SAY_AFTER_END_WAIT_S``; at once by a process an exception ended (the others may wait for it
+    in a collective: their sockets close, and torchrun stops them, only once it has exited). A
+    launcher's SIGTERM meanwhile holds the main thread in its handler: the stop says the line then
+    (``say_report_line``)."""
     notices = process.notices
     control = getattr(runtime.thread.sender, "control_url", None)
     if notices.sink_starter != os.getpid() or control is None or notices.reported is not None:
@@ -158,28 +168,42 @@ def _say_report(runtime: Runtime) -> None:
     a = runtime.resource.attributes
     experiment = str(a[attr.EXPERIMENT_ID])
     run = str(a.get(attr.RUN_ID) or "") or None
-    deadline = time.monotonic() + SAY_REPORT_WAIT_S
+    begun = time.monotonic()
+    deadline = begun + SAY_REPORT_WAIT_S
+    patience = 0.0 if notices.exit_error is not None else SAY_AFTER_END_WAIT_S
     try:
         page: object = _UNSAID
-        while page is _UNSAID and time.monotonic() < deadline:  # its pool busy with the job's last sends
+        while time.monotonic() < deadline:  # its pool busy with the job's last sends
             status = sink_status(control, experiment, timeout=max(0.5, deadline - time.monotonic()), run=run)
             page = _UNSAID if status is None else _page_of(status, runtime.steps.last)
-            if page is _UNSAID:
-                time.sleep(0.2)
+            if isinstance(page, str) and notices.reported is None:
+                shown = shown_path(page)
+                notices.reported = str(shown)
+                compare = shown.parent.parent if attr.RUN_ID in a else shown.parent
+                every = f"every run of {printable(experiment)}: rankscope report {compare}/"
+                notices.report_line.append(f"report: {shown}  ({every})")
+            if page is not _UNSAID and (time.monotonic() - begun >= patience or _run_over(status)):
+                break
+            time.sleep(0.2 if page is _UNSAID else 0.05)
         if page is _UNSAID:
             warn(
                 f"rankscope: the sink did not say where the report is in {SAY_REPORT_WAIT_S:.0f} s; the run's "
                 "directory under rankscope_logs/ holds it (`rankscope report DIR` writes it again)"
             )
             return
-    except Exception as exc:  # a sink answering oddly: nothing to say, never raised into the exit
+    except Exception as exc:  # a sink answering oddly: nothing more to learn, never raised into the exit
         report_internal_error("saying where the report is", exc)
+    say_report_line()
+
+
+def say_report_line() -> None:
+    """Print where the report is, once, if ``_say_report`` learned it (any thread: SIGTERM's stop
+    too, while the main thread may wait in the handler anywhere: no lock, ``list.pop`` is atomic)."""
+    try:
+        line = process.notices.report_line.pop()
+    except IndexError:
         return
-    if isinstance(page, str):
-        shown = shown_path(page)
-        notices.reported = str(shown)
-        compare = shown.parent.parent if attr.RUN_ID in a else shown.parent
-        print(f"report: {shown}  (every run of {printable(experiment)}: rankscope report {compare}/)", flush=True)
+    print(line, flush=True)
 
 
 _UNSAID = object()
@@ -195,6 +219,20 @@ def _page_of(status: dict[str, Any], last: int | None) -> object:
     if page is None and last is not None and status.get("last_written_step", -1) < last:
         return _UNSAID
     return page
+
+
+def _run_over(status: dict[str, Any] | None) -> bool:
+    """The status's run is over and its views wrote every step: every process of it said goodbye
+    (its entry in ``runs``), no step is open, the last finalized one is written."""
+    if status is None:
+        return False
+    written, final = status.get("last_written_step"), status.get("last_finalized_step")
+    if status.get("open_steps") != 0 or not isinstance(written, int) or not isinstance(final, int) or written < final:
+        return False
+    runs = status.get("runs")
+    return isinstance(runs, list) and any(
+        isinstance(r, dict) and r.get("run") == status.get("run") and r.get("ended") is True for r in runs
+    )
 
 
 def _is_page(view: object) -> bool:

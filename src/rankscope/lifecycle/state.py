@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.settings import Settings
@@ -78,7 +78,10 @@ class Notices:
     """The pid that started its launch's embedded sink, in that process (a forked child's pid
     differs): it says where the run's report is at shutdown."""
     reported: str | None = None
-    """The report page this process had the sink write (``write_report``): not said again at shutdown."""
+    """The report page this process had the sink write (``write_report``), or learned at shutdown:
+    not said again."""
+    report_line: list[str] = field(default_factory=list)
+    """Where the report is, learned at shutdown and not printed yet (``shutdown.say_report_line``)."""
     exit_error: str | None = None
     """The exception that ended the program (``sys.excepthook`` saw it): said with the goodbye."""
 

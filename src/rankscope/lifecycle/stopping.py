@@ -39,7 +39,7 @@ from types import FrameType
 
 from ..core.errors import report_internal_error
 from .driving import installed
-from .shutdown import force_flush, shutdown_at_exit
+from .shutdown import force_flush, say_report_line, shutdown_at_exit
 from .state import process
 
 FLUSH = b"\xff"
@@ -152,6 +152,10 @@ def _stop() -> None:
     worker = threading.Thread(target=_shut_down, name="rankscope-sigterm-shutdown", daemon=True)
     worker.start()
     worker.join(stop_deadline())
+    try:  # a shutdown under way when SIGTERM came waits in the handler: where the report is, said now
+        say_report_line()
+    except Exception as exc:
+        report_internal_error("SIGTERM report line", exc)
     _default_and_raise()
 
 

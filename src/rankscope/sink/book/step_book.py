@@ -379,15 +379,19 @@ class StepBook:
         return view_of(done, traces=self.traces, watch=self.watch, on_error=failed, order=self.key_order)
 
     def finished(self, *, force: bool = False, until: float | None = None) -> list[Finished]:
-        """Close every step that is complete, or past its grace period (all when ``force``), in order;
-        a grace passes by ``until`` at the latest (the sink's ``edge.backlog``: a request received in
-        time and not yet taken holds it)."""
+        """Close every step that is complete, or past its grace period (all when ``force``, or once
+        every process of the attempt said goodbye), in order; a grace passes by ``until`` at the
+        latest (the sink's ``edge.backlog``: a request received in time and not yet taken holds it)."""
         out: list[Finished] = []
         now = self.clock() if until is None else min(self.clock(), until)
         steps, readiness, roster = self.steps, self.readiness, self.roster
         held = readiness.held(now)
+        # Every process of the attempt said goodbye: nothing more comes to its open steps, final now
+        # as at the job's end (a failed rank's step says so before its launcher's last lines). Not
+        # a step of its own for a failure no open step holds: a role yet to report may still open it.
+        ended = force or (bool(steps.open) and roster.finished)
         for step in sorted(steps.open):  # in order; nothing opens meanwhile (the tenant's lock)
-            absent = readiness.final(step, now, held=held, force=force)
+            absent = readiness.final(step, now, held=held, force=ended)
             if absent is None:
                 break
             # Named at an earlier step: counted again, not named again.
@@ -397,7 +401,7 @@ class StepBook:
             bucket, rewound = steps.close(step, labels + away, now)
             done = self._finished(bucket, labels, rewound=rewound)
             done.away = away
-            done.interrupted = force and bool(absent)  # the job ended while these had not closed it
+            done.interrupted = ended and bool(absent)  # the job ended while these had not closed it
             if done.interrupted:
                 done.failed = roster.failed()
             out.append(done)

@@ -69,6 +69,7 @@ class RunStatus:
                 "attempt": e.attempt,
                 "runs": runs,
                 "last_finalized_step": e.last_finalized,
+                "open_steps": len(e.steps.open),
                 "processes": processes,
                 "ranks": e.roster.ranks(),
                 "unplaced_rank_sets": e.roster.unplaced_rank_sets,
