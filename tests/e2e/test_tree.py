@@ -88,9 +88,11 @@ def test_sixteen_processes_of_three_roles_give_the_direct_values_through_the_tre
         with tree(binaries, tmp_path, grpc, agents=2, RANKSCOPE_PER_RANK_KEYS="['*/samples']") as agents:
             node = {"trainer": 0, "generator": 1, "replay": 1}  # trainers on one node, the rest on another
             commands = []
-            # All 32 start together and close steps together, however long the box takes to start them.
+            # All 32 (the roles twice: through the tree and straight) start together and close steps
+            # together, however long the box takes to start them.
             (tmp_path / "ready").mkdir()
-            in_step = {"TREE_READY_DIR": str(tmp_path / "ready"), "TREE_PROCESSES": "32"}
+            processes = str(2 * sum(n for _, n in ROLES))
+            in_step = {"TREE_READY_DIR": str(tmp_path / "ready"), "TREE_PROCESSES": processes}
             for command, env in workers(clean_env(RANKSCOPE_EXPERIMENT="tree", **in_step), steps, 0.5):
                 endpoint = agents[node[command[2]]]["endpoint"]
                 commands.append((command, {**env, "RANKSCOPE_ENDPOINT": endpoint}))

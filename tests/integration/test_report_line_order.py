@@ -8,7 +8,10 @@ test's to choose), the real embedded sink they share, the terminal read as a per
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +48,7 @@ def test_a_failed_step_is_said_before_where_the_report_is(tmp_path: Path) -> Non
         RANKSCOPE_EXPERIMENT="order",
         RANKSCOPE_RUN_ID="order-1",
         RANKSCOPE_RUNTIME_DIR=str(tmp_path / "runtime"),
+        RANKSCOPE_SHUTDOWN_TIMEOUT="20",  # a busy box: rank 0 waits for its last step to be written
         WORLD_SIZE="2",
         OMP_NUM_THREADS="1",
     )
@@ -65,9 +69,13 @@ def test_a_failed_step_is_said_before_where_the_report_is(tmp_path: Path) -> Non
         (tmp_path / "rank1-exited").touch()
         out, err = rank0.communicate(timeout=90)  # until the sink, which prints here too, has exited
     finally:
+        for info in (tmp_path / "runtime").rglob("sink.json"):  # the job's sink, in a session of its own
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(json.loads(info.read_text())["pid"]), signal.SIGKILL)
         if rank0.poll() is None:
             rank0.kill()
-            rank0.communicate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            rank0.communicate(timeout=10)
     assert rank0.returncode == 0, err[-3000:]
     assert out.count("!!! step 1 failed: trainer_r1 raised ZeroDivisionError: division by zero") == 1, out
     assert out.count("\nreport: ") == 1, out

@@ -4,7 +4,9 @@ hold, and its line was once missing 1 run in 3)."""
 
 from __future__ import annotations
 
-from rankscope.lifecycle.shutdown import _UNSAID, _page_of, _run_over
+import time
+
+from rankscope.lifecycle.shutdown import _UNSAID, _page_of, _run_over, _waits_for_end
 
 PAGE = "/runs/main/20261130-1/report.html"
 
@@ -44,3 +46,18 @@ def test_the_run_is_over_once_every_process_said_goodbye_and_every_step_is_writt
     assert not _run_over({**over, "last_written_step": 2})  # final, not yet written (printed)
     for odd in (None, {}, {**over, "open_steps": None}, {**over, "last_written_step": "3"}, {**over, "runs": "r1"}):
         assert not _run_over(odd)  # a sink of another version, or an odd answer: not over, never raised
+
+
+def test_only_a_failed_run_is_waited_for_and_only_so_long() -> None:
+    """A run nobody failed in is said at once (no exit delay where the roster never ends: a node's
+    own sink of a multi-node job); a failed one until it is over, or its patience ran out."""
+    going = {**_status(3, PAGE), "run": "r1", "open_steps": 1, "last_finalized_step": 2, "failed": []}
+    going["runs"] = [{"run": "r1", "ended": False}]
+    now = time.monotonic()
+    assert not _waits_for_end(going, now, patience=5.0)
+    failed = {**going, "failed": ["trainer_r1"]}
+    assert _waits_for_end(failed, now, patience=5.0)
+    assert not _waits_for_end(failed, now - 6.0, patience=5.0)  # waited long enough
+    over = {**failed, "open_steps": 0, "last_finalized_step": 3, "runs": [{"run": "r1", "ended": True}]}
+    assert not _waits_for_end(over, now, patience=5.0)
+    assert not _waits_for_end(None, now, patience=5.0) and not _waits_for_end({"failed": "x"}, now, 0.0)

@@ -11,6 +11,7 @@ child (which leaves through ``os._exit``), as a multiprocessing finalizer.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import time
@@ -35,10 +36,10 @@ sink's views: a sink gone refuses at once, a sink busy with the job's last sends
 SAY_REPORT_WAIT_S = 30.0
 """How long the process that started the sink waits for it to say where the report is: a sink
 alive but busy with the job's last sends answers late, and the line is what the user looks for."""
-SAY_AFTER_END_WAIT_S = 2.0
-"""How long, of that, it waits for the run to be over (every process said goodbye, every step
-written) before it says where the report is anyway: the line comes after the job's last steps (a
-failed rank's step is final at the last goodbye), unless another process goes on past that."""
+SAY_AFTER_END_WAIT_S = 5.0
+"""How long, of that, it waits for a failed run to be over (every process said goodbye, every step
+written) before it says where the report is anyway: the line comes after the failed step's (final
+at the last goodbye), unless another process goes on past that. A run nobody failed in: no wait."""
 
 
 def shutdown() -> None:
@@ -156,11 +157,11 @@ def _say_report(runtime: Runtime) -> None:
     (up to ``SAY_REPORT_WAIT_S``), never a page rendered while the job waits to exit. Nothing when
     the run has no report view, nor when this process already asked for it (``write_report``).
 
-    Said after the job's last lines where it can be: once the run is over, up to
-    ``SAY_AFTER_END_WAIT_S``; at once by a process an exception ended (the others may wait for it
-    in a collective: their sockets close, and torchrun stops them, only once it has exited). A
-    launcher's SIGTERM meanwhile holds the main thread in its handler: the stop says the line then
-    (``say_report_line``)."""
+    When the sink says a process failed, said after the failed step where it can be: once the run
+    is over, up to ``SAY_AFTER_END_WAIT_S``; at once by a process an exception ended (the others may
+    wait for it in a collective: their sockets close, and torchrun stops them, only once it has
+    exited). A launcher's SIGTERM meanwhile holds the main thread in its handler: the stop says the
+    line then (``say_report_line``)."""
     notices = process.notices
     control = getattr(runtime.thread.sender, "control_url", None)
     if notices.sink_starter != os.getpid() or control is None or notices.reported is not None:
@@ -182,7 +183,7 @@ def _say_report(runtime: Runtime) -> None:
                 compare = shown.parent.parent if attr.RUN_ID in a else shown.parent
                 every = f"every run of {printable(experiment)}: rankscope report {compare}/"
                 notices.report_line.append(f"report: {shown}  ({every})")
-            if page is not _UNSAID and (time.monotonic() - begun >= patience or _run_over(status)):
+            if page is None or (page is not _UNSAID and not _waits_for_end(status, begun, patience)):
                 break
             time.sleep(0.2 if page is _UNSAID else 0.05)
         if page is _UNSAID:
@@ -196,6 +197,13 @@ def _say_report(runtime: Runtime) -> None:
     say_report_line()
 
 
+def _waits_for_end(status: dict[str, Any] | None, begun: float, patience: float) -> bool:
+    """Whether to ask again before saying where the report is: a process failed (the status says
+    so), the run is not over yet, and ``patience`` has not run out."""
+    failed = status.get("failed") if status is not None else None
+    return bool(failed) and time.monotonic() - begun < patience and not _run_over(status)
+
+
 def say_report_line() -> None:
     """Print where the report is, once, if ``_say_report`` learned it (any thread: SIGTERM's stop
     too, while the main thread may wait in the handler anywhere: no lock, ``list.pop`` is atomic)."""
@@ -203,7 +211,8 @@ def say_report_line() -> None:
         line = process.notices.report_line.pop()
     except IndexError:
         return
-    print(line, flush=True)
+    with contextlib.suppress(OSError, ValueError):  # stdout closed or a pipe gone (``| head``): nobody to tell
+        print(line, flush=True)
 
 
 _UNSAID = object()

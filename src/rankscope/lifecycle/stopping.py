@@ -152,11 +152,19 @@ def _stop() -> None:
     worker = threading.Thread(target=_shut_down, name="rankscope-sigterm-shutdown", daemon=True)
     worker.start()
     worker.join(stop_deadline())
-    try:  # a shutdown under way when SIGTERM came waits in the handler: where the report is, said now
+    # A shutdown under way when SIGTERM came waits in the handler: where the report is, said now, on a
+    # thread of its own (the parked main thread may hold stdout's lock), a second at most.
+    speaker = threading.Thread(target=_say_report_line, name="rankscope-sigterm-report", daemon=True)
+    speaker.start()
+    speaker.join(1.0)
+    _default_and_raise()
+
+
+def _say_report_line() -> None:
+    try:
         say_report_line()
     except Exception as exc:
         report_internal_error("SIGTERM report line", exc)
-    _default_and_raise()
 
 
 def _shut_down() -> None:

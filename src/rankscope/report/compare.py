@@ -118,8 +118,8 @@ def _status(summary: Summary) -> str:
         parts.append(f"{unmerged} late update{'' if unmerged == 1 else 's'} not merged ({lacking})")
     if summary.rewinds:
         parts.append(f"rewound {len(summary.rewinds)}×")
-    ended = next((a for a in summary.health.anomalies() if a.get("type") == Interrupted.KIND), None)
-    if ended is not None:  # the step the job ended in: first, it is what happened to the run
+    ended = next((a for a in reversed(summary.health.anomalies()) if a.get("type") == Interrupted.KIND), None)
+    if ended is not None:  # the step the job ended in (the last: an attempt before a restart ended too): first
         failed = _listed(ended.get("failed"))
         how = f"failed: {', '.join(failed[:3])}{' …' if len(failed) > 3 else ''} raised" if failed else "interrupted"
         parts.insert(0, f"{how} (step {ended.get('step')})")

@@ -380,16 +380,20 @@ class StepBook:
 
     def finished(self, *, force: bool = False, until: float | None = None) -> list[Finished]:
         """Close every step that is complete, or past its grace period (all when ``force``, or once
-        every process of the attempt said goodbye), in order; a grace passes by ``until`` at the
+        every process of the attempt said goodbye and one of them failed), in order; a grace passes by ``until`` at the
         latest (the sink's ``edge.backlog``: a request received in time and not yet taken holds it)."""
         out: list[Finished] = []
         now = self.clock() if until is None else min(self.clock(), until)
         steps, readiness, roster = self.steps, self.readiness, self.roster
         held = readiness.held(now)
-        # Every process of the attempt said goodbye: nothing more comes to its open steps, final now
-        # as at the job's end (a failed rank's step says so before its launcher's last lines). Not
-        # a step of its own for a failure no open step holds: a role yet to report may still open it.
-        ended = force or (bool(steps.open) and roster.finished)
+        # A crash: every process of the attempt said goodbye, one with an exception. Its open steps
+        # are final now, as at the job's end, so the failed step is said before its launcher's last
+        # lines. Only then: a run that ended cleanly, or time buckets (plain OTel exporters send
+        # after the goodbye), keep their grace for a role yet to report; and no step of its own for
+        # a failure no open step holds (``died_in``: at the job's end).
+        ended = force or (
+            bool(steps.open) and not self.windows.bucketed and roster.finished and bool(roster.failed(1)[0])
+        )
         for step in sorted(steps.open):  # in order; nothing opens meanwhile (the tenant's lock)
             absent = readiness.final(step, now, held=held, force=ended)
             if absent is None:

@@ -70,6 +70,7 @@ class RunStatus:
                 "runs": runs,
                 "last_finalized_step": e.last_finalized,
                 "open_steps": len(e.steps.open),
+                "failed": list(e.roster.failed()[0]),  # the attempt's processes an exception ended (first 8)
                 "processes": processes,
                 "ranks": e.roster.ranks(),
                 "unplaced_rank_sets": e.roster.unplaced_rank_sets,
