@@ -380,8 +380,9 @@ class StepBook:
 
     def finished(self, *, force: bool = False, until: float | None = None) -> list[Finished]:
         """Close every step that is complete, or past its grace period (all when ``force``, or once
-        every process of the attempt said goodbye and one of them failed), in order; a grace passes by ``until`` at the
-        latest (the sink's ``edge.backlog``: a request received in time and not yet taken holds it)."""
+        every process of the attempt said goodbye and one of them failed), in order; a grace passes
+        by ``until`` at the latest (the sink's ``edge.backlog``: a request received in time and not
+        yet taken holds it)."""
         out: list[Finished] = []
         now = self.clock() if until is None else min(self.clock(), until)
         steps, readiness, roster = self.steps, self.readiness, self.roster
