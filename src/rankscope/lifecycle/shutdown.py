@@ -160,8 +160,9 @@ def _say_report(runtime: Runtime) -> None:
     When the sink says a process failed, said after the failed step where it can be: once the run
     is over, up to ``SAY_AFTER_END_WAIT_S``; at once by a process an exception ended (the others may
     wait for it in a collective: their sockets close, and torchrun stops them, only once it has
-    exited). A launcher's SIGTERM meanwhile holds the main thread in its handler: the stop says the
-    line then (``say_report_line``)."""
+    exited). A launcher's SIGTERM meanwhile leaves an exit's shutdown to go on (``lifecycle.stopping``,
+    bounded by ``stop_deadline``) and holds the main thread in its handler otherwise: the stop says
+    the line then (``say_report_line``)."""
     notices = process.notices
     control = getattr(runtime.thread.sender, "control_url", None)
     if notices.sink_starter != os.getpid() or control is None or notices.reported is not None:

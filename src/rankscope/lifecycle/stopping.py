@@ -17,7 +17,8 @@ thread's only). The wakeup fd is taken only when nobody holds it; the Python-lev
 writes to the pipe, so the stop comes whoever holds the wakeup fd later (asyncio's loop, for its own
 handlers), once the main thread runs Python. The handler starts nothing itself (a thread's start
 takes locks the interrupted code may hold): it wakes the watcher and waits, so the training loop
-runs no further meanwhile.
+runs no further meanwhile; a process already exiting (torchrun stops a rank that raised too, while
+its exit's shutdown runs) goes on with its exit, which the watcher bounds.
 
 Others' handlers come first: SIGTERM handled before ``init``, by Python code or by a C/C++/Rust
 runtime (the C library's disposition is read too), is left alone, and so is PID 1 (a container's
@@ -123,7 +124,10 @@ def _watch(taken: _Taken) -> None:
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's handler, on the main thread between two bytecodes (maybe inside rankscope, holding
     a lock the shutdown needs): it only wakes the watcher. Ours installed, the process stops, and the
-    main thread waits for it; called by a handler installed after ours, a flush only."""
+    main thread waits for it, unless it is exiting already: parked inside the exit's shutdown, it
+    would hold the lifecycle lock, and what that shutdown had still to send or say (the report's
+    line, torchrun's SIGTERM to a sink's starter that raised) was lost. Called by a handler
+    installed after ours, a flush only."""
     taken = _taken
     if taken is None:
         return
@@ -131,6 +135,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         _poke(taken, FLUSH)
         return
     _poke(taken, bytes([signal.SIGTERM]))  # whoever holds the wakeup fd now
+    if process.exited:
+        return  # the exit's shutdown, under way on this thread, goes on: the watcher bounds it
     time.sleep(stop_deadline() + 2.0)  # the watcher ends the process meanwhile; nothing more runs here
 
 
