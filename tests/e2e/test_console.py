@@ -1,6 +1,7 @@
 """The console a newcomer reads (issue 41): `python examples/main.py` prints a few lines a step, the
 user's keys in one order, 4 significant digits, the step's time and who held it up, its straggler
-said once; a torchrun job stopped with Ctrl-C ends on a step called interrupted, not judged."""
+said once; a torchrun job stopped with Ctrl-C ends on a step called interrupted, not judged; a tqdm
+bar on the same terminal, in the process or in a rank whose steps the sink prints, is never run into."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ROOT
+from ..pane import Pane
 
 STEPS = 8
 VALUE = re.compile(r"(?<![\w/])([A-Za-z_][\w/]*) (-?\d[\d.]*(?:e[+-]\d+)?|nan|-?inf)(?= |$)")
@@ -158,6 +160,56 @@ def test_a_jobs_last_step_after_ctrl_c_is_interrupted_and_not_judged(tmp_path: P
         assert f"step {step} finalized without" not in "".join(err)
         for line in text.splitlines():  # its phases were cut short: no time, nobody held it up
             assert not (line.startswith(f"step {step}  ") and "| time" in line), line
+
+
+BARRED = """\
+import os, sys, time
+from tqdm import tqdm
+import rankscope as rs
+if len(sys.argv) > 1:
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+rank = int(os.environ.get("RANK", "0"))
+for step in tqdm(range(10), disable=rank != 0, mininterval=0):
+    rs.record_metric("loss", 1.0 / (step + 1))
+    time.sleep(0.2)
+    if len(sys.argv) > 1:
+        dist.all_reduce(torch.ones(4))
+    rs.flush(step)
+"""
+RUN_INTO = re.compile(r"(it/s|s/it)\]\S")
+"""A tqdm bar's rate, then text on the same line: something printed into the bar."""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("launch", ["python", "torchrun"])
+def test_a_tqdm_bar_on_the_terminal_is_never_run_into_by_the_steps_lines(
+    tmp_path: Path, tmux_ready: None, launch: str
+) -> None:
+    """A tqdm bar over the loop, in a real terminal (a tmux pane): rankscope's lines (where the metrics
+    go, each step's, where the report is) each start a line of their own, whether this process prints
+    them or, under torchrun, the job's embedded sink, which cannot call ``tqdm.write``."""
+    (tmp_path / "job.py").write_text(BARRED)
+    python = sys.executable
+    command = f"{python} job.py" if launch == "python" else f"{python} -m torch.distributed.run --standalone "
+    if launch == "torchrun":
+        command += "--nproc_per_node=2 job.py dist"
+    env = clean_env(tmp_path, OMP_NUM_THREADS="1", TERM="xterm-256color", SHELL="/bin/sh", LC_ALL="C.UTF-8")
+    env = {k: v for k, v in env.items() if not k.startswith("TMUX") and k != "COLUMNS"}
+    pane = Pane(env, tmp_path, command, width=200, height=60)
+    try:
+        screen = pane.until(lambda s: "pane command exited" in s, 180, "the job's end", history=True)
+    finally:
+        pane.close()
+        _stop_the_sink(tmp_path)
+    lines = screen.splitlines()
+    assert "pane command exited 0" in screen, screen
+    assert any("10/10 [" in line for line in lines), screen  # the bar was drawn
+    assert not [line for line in lines if RUN_INTO.search(line)], screen
+    for step in range(10):
+        assert sum(line.startswith(f"step {step}  loss ") for line in lines) == 1, screen
+    assert sum(line.startswith("rankscope: experiment job") for line in lines) == 1, screen
+    assert sum(line.startswith("report: ") for line in lines) == (1 if launch == "torchrun" else 0), screen
 
 
 def _stop_the_sink(tmp_path: Path) -> None:

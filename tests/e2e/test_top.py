@@ -18,8 +18,6 @@ import subprocess
 import sys
 import termios
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ import pytest
 from rankscope.sink import BookConfig
 
 from ..conftest import ROOT
+from ..pane import Pane
 from ..pipeline import clean_env
 
 WORKER = str(ROOT / "tests" / "workers" / "anomaly_worker.py")
@@ -143,42 +142,6 @@ dist.destroy_process_group()
 '''
 
 
-class Pane:
-    """``rankscope top`` in a tmux pane of 80 columns, on a private tmux server, read back as text."""
-
-    def __init__(self, env: dict[str, str], cwd: Path) -> None:
-        self.server = f"rankscope-top-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        top = f"{shlex.quote(sys.executable)} -m rankscope.cli top --interval 0.3"
-        shell = f'{top}; echo "top exited $?"; sleep 600'  # the pane stays: what top left on it
-        self.tmux("new-session", "-d", "-s", "top", "-x", "80", "-y", "50", "-c", str(cwd), shell, env=env)
-
-    def tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
-        done = subprocess.run(
-            ["tmux", "-L", self.server, "-f", "/dev/null", *args], env=env, capture_output=True, text=True, timeout=10
-        )
-        return done.stdout
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", "top")
-
-    def until(self, shown: Callable[[str], bool], seconds: float, what: str) -> str:
-        deadline = time.monotonic() + seconds
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if shown(screen):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"{what} never shown in {seconds:.0f}s; the screen:\n{screen}")
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            socket = self.tmux("display-message", "-p", "#{socket_path}").strip()
-            self.tmux("kill-server")  # top and the pane's shell get SIGHUP
-            if socket:
-                Path(socket).unlink(missing_ok=True)
-
-
 def _keys_rows(screen: str) -> list[str]:
     """The keys table's rows: each row's key as shown."""
     lines = screen.splitlines()
@@ -205,7 +168,8 @@ def test_top_at_80_columns_waits_for_the_first_step_follows_the_job_and_keeps_it
     script.write_text(JOB)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSCOPE_", "OTEL_", "TMUX"))}
     base |= {"RANKSCOPE_RUNTIME_DIR": str(tmp_path / "run")}  # this test's sinks only: discovered by this top
-    pane = Pane({**base, "TERM": "xterm-256color", "SHELL": "/bin/sh", "LC_ALL": "C.UTF-8"}, tmp_path)
+    top = f"{shlex.quote(sys.executable)} -m rankscope.cli top --interval 0.3"
+    pane = Pane({**base, "TERM": "xterm-256color", "SHELL": "/bin/sh", "LC_ALL": "C.UTF-8"}, tmp_path, top)
     job: subprocess.Popen[bytes] | None = None
     log = (tmp_path / "job.log").open("wb")
     try:
@@ -250,8 +214,8 @@ def test_top_at_80_columns_waits_for_the_first_step_follows_the_job_and_keeps_it
 
         (gates / "stop").touch()
         assert job.wait(timeout=60) == 0, (tmp_path / "job.log").read_text()[-3000:]
-        after = pane.until(lambda s: "top exited" in s, 60, "top exiting by itself")
-        assert "top exited 0" in after, after
+        after = pane.until(lambda s: "pane command exited" in s, 60, "top exiting by itself")
+        assert "pane command exited 0" in after, after
         assert re.search(r"^run ended \((every process said goodbye|the sink at \S+ is gone)\)", after, re.M), after
         last = stepping.pattern.replace("  lag \\S+", "")  # no lag once the run ended
         kept = re.search(last, after, re.M)

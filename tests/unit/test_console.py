@@ -3,13 +3,15 @@ on request, and what a process with nothing configured shows and says."""
 
 from __future__ import annotations
 
+import os
+import pty
 import re
 from typing import Any
 
 import pytest
 
 import rankscope as rs
-from rankscope.backends.console import ConsoleBackend, short_value
+from rankscope.backends.console import ERASE_LINE, ConsoleBackend, fresh_line, short_value
 from rankscope.core.anomalies import Corrected, Interrupted, NonFinite, Straggler
 from rankscope.metrics.reduce import Reduce
 from rankscope.sink.testing import Process
@@ -341,3 +343,20 @@ def test_at_a_shared_sink_each_runs_lines_say_whose_they_are_once_another_run_pr
     assert capsys.readouterr().out.splitlines() == ["step 2  loss 0.125"]
     first.finish()
     per_rank.finish()
+
+
+def test_a_line_starts_by_clearing_a_bar_only_on_a_terminal_that_takes_ansi(tmp_path, monkeypatch) -> None:
+    """``fresh_line``: a terminal gets a carriage return and erase-in-line (a progress bar there is
+    cleared, not run into); a file, a closed stream and ``TERM=dumb`` get nothing."""
+    monkeypatch.setenv("TERM", "xterm")
+    master, slave = pty.openpty()
+    try:
+        with open(slave, "w", closefd=False) as terminal, open(tmp_path / "log", "w") as file:
+            assert fresh_line(terminal) == ERASE_LINE == "\r\x1b[K"
+            assert fresh_line(file) == ""
+            monkeypatch.setenv("TERM", "dumb")
+            assert fresh_line(terminal) == ""
+        assert fresh_line(file) == ""  # closed
+    finally:
+        os.close(master)
+        os.close(slave)

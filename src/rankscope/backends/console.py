@@ -33,7 +33,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import IO, Any
 
 from ..core import names as attr
 from ..core.anomalies import (
@@ -98,6 +98,23 @@ def printable(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+ERASE_LINE = "\r\x1b[K"
+"""A carriage return and ANSI's erase-in-line: the cursor back to the line's start, the line cleared."""
+
+
+def fresh_line(stream: IO[str]) -> str:
+    """What a line rankscope prints on a terminal starts with: ``ERASE_LINE``, so a progress bar
+    drawn on the current line (tqdm's, on stderr, from this process or a rank under torchrun whose
+    steps the sink prints) is cleared, not run into, and redrawn below at its next refresh, as
+    ``tqdm.write`` does in-process. Nothing when the stream is not a terminal (a file, a pipe,
+    Jupyter's) or the terminal is ``TERM=dumb``."""
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError, OSError):  # a stand-in without it, or closed
+        return ""
+    return ERASE_LINE if terminal and os.environ.get("TERM") != "dumb" else ""
 
 
 _SHOWN_SEVERITIES = frozenset({"WARN", "WARNING", "ERROR", "FATAL", "CRITICAL"})
@@ -299,7 +316,7 @@ class ConsoleBackend(LoggerBackend):
     def _write(self, text: str) -> None:
         if self._run_label and _runs_printing() > 1:  # several runs print here: each line says whose
             text = "\n".join(self._run_label + line for line in text.split("\n"))
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(fresh_line(sys.stdout) + text + "\n")
         sys.stdout.flush()
 
 

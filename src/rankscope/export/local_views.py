@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..backends.base import LoggerBackend, LoggingMode, Metric, sample_entry
+from ..backends.console import fresh_line
 from ..core.paths import shown_path
 from ..metrics.recorder import StepBatch
 from ..metrics.reduce import reduced_items
@@ -116,6 +118,6 @@ class BackendSet:
             page = backend.location if type(backend).report is not LoggerBackend.report else None
             if page and page not in _SAID_PAGES and Path(page).is_file():  # a re-init finishes them too
                 _SAID_PAGES.add(page)
-                print(f"report: {shown_path(page)}", flush=True)
+                print(f"{fresh_line(sys.stdout)}report: {shown_path(page)}", flush=True)
         if self._loop is not None:
             self._loop.close()
