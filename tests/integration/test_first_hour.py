@@ -146,3 +146,28 @@ def test_a_lone_scripts_hint_followed_literally_keeps_its_console_and_says_where
     )  # as before: no [main_r0]
     pages = re.findall(r"^report: (\S+)$", again.stdout, re.M)
     assert len(pages) == 1 and (tmp_path / pages[0]).is_file(), again.stdout
+
+
+EARLY = """
+import glob, os, time
+import rankscope as rs
+
+rs.init(experiment="early")
+announced = os.path.join(os.environ["RANKSCOPE_RUNTIME_DIR"], "rankscope-*", "*", "sink.json")
+deadline = time.monotonic() + 30
+while not glob.glob(announced) and time.monotonic() < deadline:  # the job's setup: nothing recorded
+    time.sleep(0.05)
+print("sink up before the first step:", bool(glob.glob(announced)), flush=True)
+rs.record_metric("loss", 1.0)
+rs.flush(0)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_jobs_embedded_sink_starts_at_init_while_the_job_sets_up(tmp_path: Path) -> None:
+    """``rs.init`` in a job with an embedded sink starts the sink on the export thread at once: its
+    start (seconds on a busy box) no longer comes after the first step, holding back its line."""
+    done = run_script(tmp_path, EARLY, {"RANKSCOPE_SINK": "embedded"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sink up before the first step: True" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert re.search(r"^step 0  loss 1\b", done.stdout, re.M), done.stdout

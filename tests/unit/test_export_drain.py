@@ -70,8 +70,9 @@ def _steps(payload: bytes) -> list[int]:
     ]
 
 
-def _thread(sender: OwnedSink) -> ExportThread:
+def _thread(sender: EmbeddedSender, connect_at_start: bool = False) -> ExportThread:
     return ExportThread(
+        connect_at_start=connect_at_start,
         resource=RESOURCE,
         recorder=Recorder(streams=[]),
         backends=BackendSet([], {}, "trainer_r0"),
@@ -144,3 +145,60 @@ def test_the_drain_past_the_deadline_is_bounded() -> None:
         rounds.OWNED_SINK_DRAIN = saved
     assert time.monotonic() - began < 4.0 and len(sink.timeouts) >= 2  # retried past the deadline, then gave up
     assert thread.dropped_total == 2 and any("dropped at shutdown" in w for w in warned), warned
+
+
+class Starts:
+    """A sink's ``connect`` function: each call counted; it starts, or fails with ``error``."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls = 0
+        self.error = error
+
+    def __call__(self) -> tuple[str, str]:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return "127.0.0.1:1", "http://127.0.0.1:2"
+
+
+class Starting(EmbeddedSender):
+    """A sink this job owns whose start is ``starts``; its sends go nowhere, answered as taken."""
+
+    def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+        self.connect()
+        return SENT
+
+    def alive(self) -> bool:
+        return False
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        pass
+
+
+def test_an_explicit_init_starts_the_sink_as_its_export_thread_starts_not_at_the_first_send() -> None:
+    """The sink's start (seconds on a busy box) overlaps the job's setup: before, the first steps'
+    lines waited for it. An automatic init (``connect_at_start`` off) still starts it at its first send."""
+    for connect_at_start in (True, False):
+        starts = Starts()
+        thread = _thread(Starting(starts, "http/protobuf"), connect_at_start=connect_at_start)
+        assert thread.flush(10.0)  # the thread is past its start, nothing flushed: no send
+        assert starts.calls == (1 if connect_at_start else 0), connect_at_start
+        _shutdown(thread, timeout=0.2)  # the goodbye: a send, which starts a sink not started yet
+        assert starts.calls == 1
+
+
+def test_a_sink_that_could_not_start_is_tried_once_and_said_by_the_first_send() -> None:
+    """The start's error is not lost at the thread's start: the first send raises it (the endpoint
+    warns once and counts the drop), later sends are refused without another start."""
+    starts = Starts(OSError("the embedded sink did not start in 60 s"))
+    sink = EmbeddedSender(starts, "grpc")
+    sink.connect()
+    assert starts.calls == 1 and not sink.connecting and sink.control_url is None
+    try:
+        sink.send("metrics", b"")
+    except OSError as exc:
+        assert "did not start" in str(exc)
+    else:
+        raise AssertionError("the first send did not say why the sink is missing")
+    again = sink.send("metrics", b"")
+    assert not again.sent and again.detail == "no sink" and starts.calls == 1

@@ -312,9 +312,11 @@ def make_sender(endpoint: str | None, protocol: str) -> GrpcSender | HttpSender:
 
 
 class EmbeddedSender:
-    """A sink this job owns (the experiment's embedded sink, found or started on the first send, on
-    the export thread; or ``rankscope run``'s): a shutdown waits while it starts, and keeps retrying
-    what it did not take in time while it is ``alive`` (``ExportThread.shutdown``)."""
+    """A sink this job owns (the experiment's embedded sink, or ``rankscope run``'s), found or
+    started by ``connect``: as the export thread starts after an explicit ``init`` (the sink's
+    start, seconds on a busy box, overlaps the job's setup instead of holding back its first steps'
+    lines), else at the first send; a shutdown waits while it starts, and keeps retrying what it
+    did not take in time while it is ``alive`` (``ExportThread.shutdown``)."""
 
     def __init__(self, connect: Callable[[], tuple[str, str]], protocol: str) -> None:
         _otel_sdk.report_problems()
@@ -324,28 +326,38 @@ class EmbeddedSender:
         self._failed = False
         self.control_url: str | None = None
         self.connecting = False
-        """True while the first send finds or starts the sink (bounded by the sink's start timeout)."""
+        """True while ``connect`` finds or starts the sink (bounded by the sink's start timeout)."""
         self.ready_at: float | None = None
         """When (``time.monotonic``) the sink was found or started: a shutdown's drain counts from here."""
+        self._unsaid: Exception | None = None
+        """Why ``connect`` failed, raised by the first send (the endpoint says it, and counts the drop)."""
 
     @property
     def target(self) -> str:
         return self._inner.target if self._inner is not None else "the experiment's sink"
 
+    def connect(self) -> None:
+        """Find or start the sink, once; a failure is kept for the first send to raise."""
+        if self._inner is not None or self._failed:
+            return
+        self.connecting = True
+        try:
+            endpoint, self.control_url = self._connect()
+        except Exception as exc:
+            self._failed, self._unsaid = True, exc  # counted as dropped by the caller; the job goes on
+            return
+        finally:
+            self.connecting = False
+        self._inner = make_sender(endpoint or None, self._protocol)
+        self.ready_at = time.monotonic()
+
     def send(self, signal: Signal, payload: bytes, timeout: float | None = None) -> Attempt:
+        self.connect()
         if self._inner is None:
-            if self._failed:
-                return Attempt(False, detail="no sink")
-            self.connecting = True
-            try:
-                endpoint, self.control_url = self._connect()
-            except Exception:
-                self._failed = True  # counted as dropped by the caller; the job goes on
-                raise
-            finally:
-                self.connecting = False
-            self._inner = make_sender(endpoint or None, self._protocol)
-            self.ready_at = time.monotonic()
+            unsaid, self._unsaid = self._unsaid, None
+            if unsaid is not None:
+                raise unsaid
+            return Attempt(False, detail="no sink")
         return self._inner.send(signal, payload, timeout)
 
     def alive(self) -> bool:

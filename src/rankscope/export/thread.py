@@ -94,8 +94,12 @@ class ExportThread:
         spans: SpanBuffer | None = None,
         captures: Captures | None = None,
         taken: Callable[[int | None, tuple[int, int] | None], None] | None = None,
+        connect_at_start: bool = False,
     ) -> None:
         self.recorder = recorder
+        self._connect_at_start = connect_at_start
+        """Find or start a sink this job owns as the thread starts, not at its first send: an
+        explicit ``init`` (an automatic one may yet be renamed by the program's own ``init``)."""
         self.backends = backends
         self.sender = sender
         self.captures = captures
@@ -266,6 +270,9 @@ class ExportThread:
             self.backends.init()
         except Exception as exc:
             self._on_error("backend init", exc)
+        sink = self._owned_sink()
+        if sink is not None and self._connect_at_start:  # the sink starts while the job sets up
+            self._guarded(sink.connect)
         handlers = self._messages.handlers
         pending: list[StepBatch] = []  # prepared steps waiting for the next export round
         last_export = 0.0

@@ -340,6 +340,7 @@ def _start_runtime(
         on_error=report_internal_error,
         spans=tracing.buffer,
         taken=tracing.taken,
+        connect_at_start=not process.notices.auto_initializing,
     )
     runtime = Runtime(resource, settings, recorder, steps, thread, tracing)
     recorder.on_take = thread.submit  # periodic steps taken on the caller's thread
