@@ -109,7 +109,7 @@ import rankscope as rs
 
 rs.init(experiment="capture-on-cpu")
 for step in range(60):
-    if step == 10:  # the sink is found at the first export: from then on it takes requests
+    if step == 0:  # before the job's sink took anything of this process: the request waits for it
         rs.capture("look", steps=1)
     torch.randn(64, 64) @ torch.randn(64, 64)
     rs.record_metric("loss", 1.0)

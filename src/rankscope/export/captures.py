@@ -52,8 +52,12 @@ class Captures:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         poll_interval: float = 2.0,
         label: str = "process",
+        control_coming: Callable[[], bool] = lambda: False,
     ) -> None:
         self._control = control
+        self._control_coming = control_coming
+        """Whether ``control``, None now, is still to come (the job's own sink, before it took this
+        process's first request: it knows the experiment only then): requests wait for it."""
         self.experiment = experiment
         self.process_id = process_id
         self.experiment_dir = safe_component(experiment)
@@ -128,7 +132,7 @@ class Captures:
         """Post our requests, poll for requests to us, upload finished traces (export thread)."""
         control = self._control()
         if control is None:
-            if self._ours:
+            if self._ours and not self._control_coming():
                 self._ours.clear()
                 log.warning("rankscope: rs.capture needs a sink control URL (RANKSCOPE_SINK_CONTROL); not sent")
             return

@@ -331,6 +331,8 @@ class EmbeddedSender:
         """When (``time.monotonic``) the sink was found or started: a shutdown's drain counts from here."""
         self._unsaid: Exception | None = None
         """Why ``connect`` failed, raised by the first send (the endpoint says it, and counts the drop)."""
+        self.delivered = False
+        """Whether the sink took a request of this process: it knows the experiment from then on."""
 
     @property
     def target(self) -> str:
@@ -358,7 +360,14 @@ class EmbeddedSender:
             if unsaid is not None:
                 raise unsaid
             return Attempt(False, detail="no sink")
-        return self._inner.send(signal, payload, timeout)
+        attempt = self._inner.send(signal, payload, timeout)
+        self.delivered = self.delivered or attempt.sent
+        return attempt
+
+    @property
+    def failed(self) -> bool:
+        """Whether the sink could not be found or started (nothing will reach it)."""
+        return self._failed
 
     def alive(self) -> bool:
         """Whether the sink still runs: its HTTP port takes a connection (a sink too busy to answer in
