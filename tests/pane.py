@@ -19,7 +19,28 @@ class Pane:
         self.server = f"rankscope-pane-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         shell = f'{command}; echo "pane command exited $?"; sleep 600'  # what it left stays on the pane
         size = ["-x", str(width), "-y", str(height)]
-        self.tmux("new-session", "-d", "-s", "pane", *size, "-c", str(cwd), shell, env=env)
+        started = subprocess.run(
+            [
+                "tmux",
+                "-L",
+                self.server,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                "pane",
+                *size,
+                "-c",
+                str(cwd),
+                shell,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        assert started.returncode == 0, f"tmux did not start: {started.stderr}"
 
     def tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(

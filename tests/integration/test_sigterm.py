@@ -5,6 +5,7 @@ is left alone, and one that calls ours gets a flush without an exit; a forked ch
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -134,3 +135,48 @@ def test_a_forked_child_ends_at_once_and_its_sigterm_does_not_reach_the_parent()
     assert done.returncode == 0, done.stderr[-3000:]
     child, took, parent = done.stdout.split()[1], float(done.stdout.split()[3]), done.stdout.split()[-1]
     assert (child, parent) == ("-15", "True") and took < 5, done.stdout
+
+
+BACK_FROM_C = """
+import hashlib, sys
+import rankscope as rs
+
+rs.init(experiment="sigterm", endpoint=sys.argv[1])
+data = bytes(16 << 20)
+for step in range(400):
+    print(f"step {step} started", flush=True)
+    hashlib.sha256(data).digest()  # C without the GIL, deaf to signals: the watcher's stop begins meanwhile
+    rs.record_metric("loss", 1.0)
+    rs.flush(step)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_back_from_c_after_sigterm_runs_no_further_step() -> None:
+    """SIGTERM while the main thread computes in C with the GIL released (a backward pass): the
+    watcher's stop starts at once, and the main thread, back in Python, waits in the handler until
+    the process ends by SIGTERM. It is not exiting itself: it must not go on to another step while
+    the stop drains (3 s here, to an endpoint that takes connections and never answers)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody answers
+        worker = subprocess.Popen(
+            [sys.executable, "-c", BACK_FROM_C, f"127.0.0.1:{silent.getsockname()[1]}"],
+            env=clean_env(RANKSCOPE_SHUTDOWN_TIMEOUT="3"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            assert worker.stdout is not None
+            for line in worker.stdout:
+                if line.startswith("step 3 started"):
+                    break
+            worker.send_signal(signal.SIGTERM)
+            out, err = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+    assert worker.returncode == -signal.SIGTERM, err[-3000:]
+    assert "step 5 started" not in out, out[-500:] + err[-3000:]  # step 4 may have begun as the signal came
+    assert "called after its exit-time shutdown" not in err, err[-3000:]  # nothing recorded once the stop began

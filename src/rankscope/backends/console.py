@@ -112,7 +112,7 @@ def fresh_line(stream: IO[str]) -> str:
     Jupyter's) or the terminal is ``TERM=dumb``."""
     try:
         terminal = stream.isatty()
-    except (AttributeError, ValueError, OSError):  # a stand-in without it, or closed
+    except Exception:  # a stand-in without it (or whose own raises), or closed: never into the caller
         return ""
     return ERASE_LINE if terminal and os.environ.get("TERM") != "dumb" else ""
 

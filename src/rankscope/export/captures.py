@@ -39,6 +39,11 @@ from ..core.paths import safe_component
 
 log = logging.getLogger("rankscope")
 
+ASK_PATIENCE_S = 60.0
+"""How long a capture request is asked again (each second) while the sink knows nothing of the
+experiment: it learns it from the first request of any process of the job (asked at step 0, or by
+a driver that records nothing)."""
+
 
 class Captures:
     """One process's capture requests, its running profiler and its finished traces."""
@@ -56,8 +61,8 @@ class Captures:
     ) -> None:
         self._control = control
         self._control_coming = control_coming
-        """Whether ``control``, None now, is still to come (the job's own sink, before it took this
-        process's first request: it knows the experiment only then): requests wait for it."""
+        """Whether ``control``, None now, is still to come (the job's own sink, being found or
+        started): requests wait for it."""
         self.experiment = experiment
         self.process_id = process_id
         self.experiment_dir = safe_component(experiment)
@@ -68,8 +73,10 @@ class Captures:
         self._next_poll = 0.0
         self._asked: deque[dict[str, Any]] = deque()
         """Requests picked up from the sink, waiting for the next flush (caller's thread takes them)."""
-        self._ours: deque[dict[str, Any]] = deque()
-        """Captures this process asks for (``rs.capture``), posted on the export thread."""
+        self._ours: deque[tuple[float, dict[str, Any]]] = deque()
+        """Captures this process asks for (``rs.capture``), posted on the export thread (with when
+        asked: a sink that does not know the experiment yet is asked again, ``ASK_PATIENCE_S``)."""
+        self._next_ask = 0.0
         self._finished: deque[tuple[str, Any]] = deque()
         """(capture id, stopped profiler) whose trace the export thread writes and uploads."""
         self._running: tuple[str, Any, Any, int] | None = None
@@ -124,7 +131,8 @@ class Captures:
 
     def ask(self, reason: str, steps: int, ranks: list[int] | None) -> None:
         """``rs.capture``: ask the sink for a capture (sent on the export thread)."""
-        self._ours.append({"experiment": self.experiment, "reason": reason, "steps": steps, "ranks": ranks})
+        body = {"experiment": self.experiment, "reason": reason, "steps": steps, "ranks": ranks}
+        self._ours.append((time.monotonic(), body))
 
     # -- export thread -------------------------------------------------------------------
 
@@ -134,14 +142,21 @@ class Captures:
         if control is None:
             if self._ours and not self._control_coming():
                 self._ours.clear()
-                log.warning("rankscope: rs.capture needs a sink control URL (RANKSCOPE_SINK_CONTROL); not sent")
+                log.warning(
+                    "rankscope: rs.capture needs a sink: the job's own (none could be reached) or the one "
+                    "RANKSCOPE_SINK_CONTROL names; not sent"
+                )
             return
-        while self._ours:
-            body = self._ours.popleft()
+        now = time.monotonic()
+        while self._ours and now >= self._next_ask:
+            asked, body = self._ours[0]
             answer = _request(control, "POST", "/rankscope/v1/captures", {}, json.dumps(body).encode())
+            if _unknown_yet(answer) and now - asked < ASK_PATIENCE_S:
+                self._next_ask = now + 1.0  # the sink learns the experiment from its first request
+                break
+            self._ours.popleft()
             if answer is None or "id" not in answer:
                 log.warning("rankscope: the sink did not take the capture request (%s)", answer)
-        now = time.monotonic()
         if now >= self._next_poll:
             query = {"experiment": self.experiment, "process": self.process_id}
             found = _request(control, "GET", "/rankscope/v1/captures", query, timeout=0.5)
@@ -155,6 +170,13 @@ class Captures:
         """At shutdown, once the export thread has stopped: drop a capture still profiling, send the
         finished ones and wait up to ``timeout`` seconds for every upload under way."""
         self.abort()
+        if self._ours:
+            log.warning(
+                "rankscope: %d capture request(s) not sent: the sink did not know experiment %r yet",
+                len(self._ours),
+                self.experiment[:64],
+            )
+            self._ours.clear()
         control = self._control()
         if control is not None:
             self._send_finished(control)
@@ -232,6 +254,11 @@ def _start_profiler() -> Any:
 
 _KINETO_SILENT = "6"
 """Above Kineto's highest level (errors are 4, its USDT marks 5): nothing printed."""
+
+
+def _unknown_yet(answer: Any) -> bool:
+    """The sink's answer to a request for an experiment it has no data of yet (404)."""
+    return isinstance(answer, dict) and str(answer.get("error", "")).startswith("404:")
 
 
 def _request(

@@ -331,8 +331,6 @@ class EmbeddedSender:
         """When (``time.monotonic``) the sink was found or started: a shutdown's drain counts from here."""
         self._unsaid: Exception | None = None
         """Why ``connect`` failed, raised by the first send (the endpoint says it, and counts the drop)."""
-        self.delivered = False
-        """Whether the sink took a request of this process: it knows the experiment from then on."""
 
     @property
     def target(self) -> str:
@@ -360,9 +358,7 @@ class EmbeddedSender:
             if unsaid is not None:
                 raise unsaid
             return Attempt(False, detail="no sink")
-        attempt = self._inner.send(signal, payload, timeout)
-        self.delivered = self.delivered or attempt.sent
-        return attempt
+        return self._inner.send(signal, payload, timeout)
 
     @property
     def failed(self) -> bool:

@@ -72,6 +72,9 @@ _MAX_ROUND_GAP = 0.6
 """The longest wait between rounds, however many requests the last one sent: a step reaches the
 endpoint within about this long of its flush (streams, rows, spans and metrics in one round would
 ask 1.2 s)."""
+MAX_START_WAIT = 90.0
+"""How long a shutdown waits, at most, for the job's own sink to be found or started (its start is
+bounded at 60 s, the lock before it only by the process holding it)."""
 
 
 class ExportThread:
@@ -239,7 +242,9 @@ class ExportThread:
         self._inbox.put(stop, urgent=True)
         while self._thread.is_alive():  # the thread bounds its own attempts by the drain's deadlines
             sink = self._owned_sink()
-            if time.monotonic() >= rounds.drain_until + 1.0 and not (sink is not None and sink.connecting):
+            now = time.monotonic()
+            starting = sink is not None and sink.connecting and now < stop.asked + MAX_START_WAIT
+            if now >= rounds.drain_until + 1.0 and not starting:
                 break
             self._thread.join(0.05)
         if self._thread.is_alive():

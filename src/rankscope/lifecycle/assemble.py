@@ -322,12 +322,12 @@ def _start_runtime(
     if not isinstance(senders, RelaySender):  # forked children (DataLoader workers) are not profiled
         owned = senders if isinstance(senders, EmbeddedSender) else None
         captures = Captures(
-            lambda: (owned.control_url if owned.delivered else None) if owned is not None else settings.sink_control,
+            lambda: getattr(senders, "control_url", None) or settings.sink_control,
             str(a[attr.EXPERIMENT_ID]),
             process_id,
             on_event=_capture_event,
             label=process_label(a),
-            control_coming=lambda: owned is not None and not owned.failed,
+            control_coming=lambda: owned is not None and not owned.failed,  # found or started: a moment
         )
     thread = ExportThread(
         resource=resource,

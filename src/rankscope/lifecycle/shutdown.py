@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 import time
 from types import TracebackType
 from typing import Any
@@ -54,6 +55,8 @@ def shutdown_locked(drain_unflushed: bool = True) -> None:
     """``shutdown`` under the lifecycle lock; ``init`` calls it with ``drain_unflushed=False`` to
     replace a runtime (the recorder and step clock live on in the new one)."""
     runtime = installed()
+    if runtime is not None:
+        process.stopping_timeout = runtime.shutdown_timeout
     if runtime is not None and drain_unflushed:
         say_where_at_first_flush()  # a process that never flushed hears it now
         try:
@@ -255,6 +258,8 @@ def shutdown_at_exit() -> None:
     handler the program registered before that runs after it: a rankscope call from such a handler
     is not recorded (auto-init warns once) rather than starting a runtime nothing would shut down."""
     process.exited = True
+    if process.exit_thread is None:
+        process.exit_thread = threading.get_ident()
     shutdown()
 
 

@@ -100,6 +100,11 @@ class ProcessState:
         """SIGTERM's at-fork hook was registered (``stopping``; a forked child inherits it)."""
         self.exited = False
         """The exit-time ``shutdown`` ran: first use no longer starts a runtime."""
+        self.exit_thread: int | None = None
+        """The thread that ran the exit-time ``shutdown`` first: the main thread at exit, or the SIGTERM
+        watcher's stop (``lifecycle.stopping``: the main thread, exiting already, goes on)."""
+        self.stopping_timeout: float | None = None
+        """The shutdown timeout of the runtime being shut down (``stop_deadline`` once it is uninstalled)."""
         self.exit_finalizer: Any = None
         """In a multiprocessing child: the finalizer that shuts rankscope down before ``os._exit``."""
         self.fan_outs: list[Callable[[int], int]] = []
@@ -129,6 +134,8 @@ class ProcessState:
         self.fan_outs.clear()  # the processes the parent drives are the parent's
         self.dropped_before_shutdown = 0
         self.exited = False
+        self.exit_thread = None
+        self.stopping_timeout = None
         self.notices = Notices(said_where=self.notices.said_where)
         self.forks = ForkState(
             refusal_page=inherited.refusal_page,

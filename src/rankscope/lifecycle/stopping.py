@@ -101,7 +101,7 @@ def stop_deadline() -> float:
     """Seconds the stop's shutdown may take before the process ends anyway: the shutdown timeout
     and a second, at most 20 (torchrun's SIGKILL comes 30 s after its SIGTERM)."""
     runtime = installed()
-    timeout = runtime.shutdown_timeout if runtime is not None else 2.0
+    timeout = runtime.shutdown_timeout if runtime is not None else process.stopping_timeout or 2.0
     return min(timeout + 1.0, 20.0)
 
 
@@ -124,10 +124,11 @@ def _watch(taken: _Taken) -> None:
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     """SIGTERM's handler, on the main thread between two bytecodes (maybe inside rankscope, holding
     a lock the shutdown needs): it only wakes the watcher. Ours installed, the process stops, and the
-    main thread waits for it, unless it is exiting already: parked inside the exit's shutdown, it
-    would hold the lifecycle lock, and what that shutdown had still to send or say (the report's
-    line, torchrun's SIGTERM to a sink's starter that raised) was lost. Called by a handler
-    installed after ours, a flush only."""
+    main thread waits for it, unless it is running the exit's shutdown itself (``exit_thread``; not
+    the watcher's stop, which a main thread back from C must not outrun): parked there, it would
+    hold the lifecycle lock, and what that shutdown had still to send or say (the report's line,
+    torchrun's SIGTERM to a sink's starter that raised) was lost. Called by a handler installed
+    after ours, a flush only."""
     taken = _taken
     if taken is None:
         return
@@ -135,7 +136,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         _poke(taken, FLUSH)
         return
     _poke(taken, bytes([signal.SIGTERM]))  # whoever holds the wakeup fd now
-    if process.exited:
+    if process.exit_thread == threading.get_ident():
         return  # the exit's shutdown, under way on this thread, goes on: the watcher bounds it
     time.sleep(stop_deadline() + 2.0)  # the watcher ends the process meanwhile; nothing more runs here
 
@@ -155,9 +156,10 @@ def _flush_only() -> None:
 def _stop() -> None:
     """Shut down as at exit, on a thread of its own cut off at ``stop_deadline``, then end the
     process by SIGTERM's default action."""
+    deadline = stop_deadline()  # before the shutdown uninstalls the runtime
     worker = threading.Thread(target=_shut_down, name="rankscope-sigterm-shutdown", daemon=True)
     worker.start()
-    worker.join(stop_deadline())
+    worker.join(deadline)
     # A shutdown under way when SIGTERM came waits in the handler: where the report is, said now, on a
     # thread of its own (the parked main thread may hold stdout's lock), a second at most.
     speaker = threading.Thread(target=_say_report_line, name="rankscope-sigterm-report", daemon=True)

@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -112,12 +113,30 @@ def connect(
     return str(found["endpoint"]), str(found["control"])
 
 
+_SPAWNING = threading.Lock()
+"""Held while ``Popen`` starts the sink, and by an ``os.fork`` of another thread (a DataLoader
+worker's) meanwhile: a child forked between ``Popen``'s pipes and their closing holds its error
+pipe open, and ``Popen`` then waits for that child to exit (with the lock every other rank waits on)."""
+_fork_guarded = False
+
+
+def _guard_forks() -> None:
+    global _fork_guarded
+    if not _fork_guarded:
+        _fork_guarded = True
+        os.register_at_fork(
+            before=_SPAWNING.acquire, after_in_parent=_SPAWNING.release, after_in_child=_SPAWNING.release
+        )
+
+
 def _start(experiment: str, run: str, info: Path, timeout: float) -> dict[str, Any]:
     info.unlink(missing_ok=True)
     # JSON (ASCII) in argv: an id may hold NUL or lone surrogates, which argv cannot carry.
     command = [sys.executable, "-m", "rankscope.sink.embedded", "--experiment-json", json.dumps(experiment)]
     command += ["--run-json", json.dumps(run), "--info", str(info), "--starter-pid", str(os.getpid())]
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    _guard_forks()
+    with _SPAWNING:  # Popen forks in C, without the at-fork hooks: no wait on itself
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = _read_live(info, experiment, run)
