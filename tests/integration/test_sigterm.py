@@ -21,28 +21,33 @@ from ..pipeline import clean_env
 WORKER = ROOT / "tests" / "workers" / "sigterm_worker.py"
 
 
-def stopped(sink: Sink, first: str, **env: str) -> tuple[int, float, str]:
-    """The worker SIGTERMed once it waits: its exit status, seconds from SIGTERM to exit, its output."""
+def sigterm_once(command: list[str], ready: str, **env: str) -> tuple[int, float, str, str]:
+    """``command`` SIGTERMed once a line of its stdout starts with ``ready``: its exit status,
+    seconds from SIGTERM to exit, its stdout and its stderr."""
     worker = subprocess.Popen(
-        [sys.executable, str(WORKER), sink.endpoint, first],
-        env=clean_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+        command, env=clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
     try:
         assert worker.stdout is not None
-        line = worker.stdout.readline()
-        assert line.startswith("blocked"), line + worker.communicate(timeout=30)[1][-3000:]
+        for line in worker.stdout:
+            if line.startswith(ready):
+                break
+        else:
+            raise AssertionError(f"never said {ready!r}: {worker.communicate(timeout=30)[1][-3000:]}")
         sent = time.monotonic()
         worker.send_signal(signal.SIGTERM)
         out, err = worker.communicate(timeout=60)
-        return worker.returncode, time.monotonic() - sent, out + err
+        return worker.returncode, time.monotonic() - sent, out, err
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait(10)
+
+
+def stopped(sink: Sink, first: str, **env: str) -> tuple[int, float, str]:
+    """The worker SIGTERMed once it waits: its exit status, seconds from SIGTERM to exit, its output."""
+    status, took, out, err = sigterm_once([sys.executable, str(WORKER), sink.endpoint, first], "blocked", **env)
+    return status, took, out + err
 
 
 def finalized(sink: Sink, step: int) -> dict[str, Any]:
@@ -158,25 +163,8 @@ def test_a_rank_back_from_c_after_sigterm_runs_no_further_step() -> None:
     the process ends by SIGTERM. It is not exiting itself: it must not go on to another step while
     the stop drains (3 s here, to an endpoint that takes connections and never answers)."""
     with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody answers
-        worker = subprocess.Popen(
-            [sys.executable, "-c", BACK_FROM_C, f"127.0.0.1:{silent.getsockname()[1]}"],
-            env=clean_env(RANKSCOPE_SHUTDOWN_TIMEOUT="3"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        try:
-            assert worker.stdout is not None
-            for line in worker.stdout:
-                if line.startswith("step 3 started"):
-                    break
-            worker.send_signal(signal.SIGTERM)
-            out, err = worker.communicate(timeout=60)
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait(10)
-    assert worker.returncode == -signal.SIGTERM, err[-3000:]
+        command = [sys.executable, "-c", BACK_FROM_C, f"127.0.0.1:{silent.getsockname()[1]}"]
+        status, _, out, err = sigterm_once(command, "step 3 started", RANKSCOPE_SHUTDOWN_TIMEOUT="3")
+    assert status == -signal.SIGTERM, err[-3000:]
     assert "step 5 started" not in out, out[-500:] + err[-3000:]  # step 4 may have begun as the signal came
     assert "called after its exit-time shutdown" not in err, err[-3000:]  # nothing recorded once the stop began
