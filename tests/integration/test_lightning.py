@@ -113,6 +113,13 @@ if __name__ == "__main__":
         logger=RankscopeLogger(), enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(Net(), DataLoader(data, batch_size=4))
+    if trainer.global_rank == 0:
+        from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
+
+        import rankscope as rs
+
+        run = rs.get_resource().attributes["rankscope.run.id"]
+        print(f"bar v_num {get_standard_metrics(trainer)['v_num']} run {run}", file=sys.stderr)
 """
 
 
@@ -135,6 +142,9 @@ def test_the_console_shows_keys_in_logged_order_and_rank_0_says_a_rename_once(tm
     shown = [dict(pair.split(" ") for pair in line.split("  ")) for _, line in lines]
     assert all(values["acc_pct"] == "50.5" for values in shown), shown  # both ranks' mean
     assert all(list(values) == ["loss", "acc_pct", "zeta", "beta", "epoch"] for values in shown), done.stdout
+    # Lightning's bar shows the last 4 characters of the logger's version: the run's, told apart
+    bar = re.search(r"^bar v_num (\S+) run (\S+)$", done.stderr, re.M)
+    assert bar is not None and len(bar[2]) > 8 and bar[1] == bar[2][-4:], done.stderr[-2000:]
 
 
 @pytest.mark.timeout(240)

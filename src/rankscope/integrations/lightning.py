@@ -81,10 +81,14 @@ class RankscopeLogger(Logger):
 
     @property
     def version(self) -> str | None:
-        """The experiment id (None when rankscope is disabled)."""
+        """This launch's run id (each fit a run, as each of Lightning's versions; its progress bar
+        shows the last 4 characters as ``v_num``, random hex for a generated id), else the
+        experiment id; None when rankscope is disabled."""
         resource = get_resource()
-        experiment = None if resource is None else resource.attributes.get(attr.EXPERIMENT_ID)
-        return None if experiment is None else str(experiment)
+        if resource is None:
+            return None
+        found = resource.attributes.get(attr.RUN_ID) or resource.attributes.get(attr.EXPERIMENT_ID)
+        return None if found is None else str(found)
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
         pass
