@@ -24,6 +24,7 @@ goes through ``printable``, which shows such characters escaped instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -115,6 +116,31 @@ def fresh_line(stream: IO[str]) -> str:
     except Exception:  # a stand-in without it (or whose own raises), or closed: never into the caller
         return ""
     return ERASE_LINE if terminal and os.environ.get("TERM") != "dumb" else ""
+
+
+def write_line(stream: IO[str], text: str) -> None:
+    """One of rankscope's lines on ``stream``, flushed, past a progress bar: where this process
+    draws tqdm bars, ``tqdm.write``'s way (under tqdm's lock its bars are cleared, the line written,
+    the bars redrawn, so neither runs into the other, nor is a bar's last frame cleared), and
+    ``fresh_line`` first in any case (a bar of another process: a rank's, where a sink prints)."""
+    line = fresh_line(stream) + text + "\n"
+    bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)  # never imported here: only if the program did
+    if bars is not None:
+        try:
+            mode = bars.external_write_mode(file=stream)
+            mode.__enter__()
+        except Exception:  # a tqdm without it, or a lock it could not make: the plain way
+            mode = None
+        if mode is not None:
+            try:
+                stream.write(line)
+                stream.flush()
+            finally:
+                with contextlib.suppress(Exception):
+                    mode.__exit__(None, None, None)
+            return
+    stream.write(line)
+    stream.flush()
 
 
 _SHOWN_SEVERITIES = frozenset({"WARN", "WARNING", "ERROR", "FATAL", "CRITICAL"})
@@ -316,8 +342,7 @@ class ConsoleBackend(LoggerBackend):
     def _write(self, text: str) -> None:
         if self._run_label and _runs_printing() > 1:  # several runs print here: each line says whose
             text = "\n".join(self._run_label + line for line in text.split("\n"))
-        sys.stdout.write(fresh_line(sys.stdout) + text + "\n")
-        sys.stdout.flush()
+        write_line(sys.stdout, text)
 
 
 _AT_SINK: weakref.WeakSet[ConsoleBackend] = weakref.WeakSet()

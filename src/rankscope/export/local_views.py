@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import LoggerBackend, LoggingMode, Metric, sample_entry
-from ..backends.console import fresh_line
+from ..backends.console import write_line
 from ..core.paths import shown_path
 from ..metrics.recorder import StepBatch
 from ..metrics.reduce import reduced_items
@@ -118,6 +118,6 @@ class BackendSet:
             page = backend.location if type(backend).report is not LoggerBackend.report else None
             if page and page not in _SAID_PAGES and Path(page).is_file():  # a re-init finishes them too
                 _SAID_PAGES.add(page)
-                print(f"{fresh_line(sys.stdout)}report: {shown_path(page)}", flush=True)
+                write_line(sys.stdout, f"report: {shown_path(page)}")
         if self._loop is not None:
             self._loop.close()

@@ -44,7 +44,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger
 
 from ..api import flush, get_resource, set_step
-from ..backends.console import fresh_line
+from ..backends.console import write_line
 from ..core import names as attr
 from ..core.errors import report_internal_error
 from ..core.identity import pin_run
@@ -196,5 +196,4 @@ def _say_renamed(key: str) -> None:
     resource = get_resource()
     if resource is None or str(resource.attributes.get(attr.RANK, "0")) != "0":
         return
-    sys.stderr.write(f"{fresh_line(sys.stderr)}rankscope: Lightning key {key!r} is recorded as {name!r}\n")
-    sys.stderr.flush()
+    write_line(sys.stderr, f"rankscope: Lightning key {key!r} is recorded as {name!r}")

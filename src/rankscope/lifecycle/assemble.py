@@ -23,7 +23,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 
 from ..backends.base import LoggerBackend, LoggingMode, check_views, make_view
-from ..backends.console import fresh_line, printable
+from ..backends.console import printable, write_line
 from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn, warn_once
@@ -231,8 +231,7 @@ def _say_where(
         notices.unsaid_where = message
     elif message != notices.said_where:
         notices.said_where = message
-        sys.stderr.write(fresh_line(sys.stderr) + message + "\n")
-        sys.stderr.flush()
+        write_line(sys.stderr, message)
 
 
 def follow_launcher() -> None:

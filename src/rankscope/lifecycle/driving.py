@@ -16,7 +16,7 @@ from typing import cast
 
 from opentelemetry.sdk.resources import Resource
 
-from ..backends.console import ConsoleBackend, fresh_line
+from ..backends.console import ConsoleBackend, write_line
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error
 from ..core.settings import Settings
@@ -240,8 +240,7 @@ def say_where_at_first_flush() -> None:
     message, notices.unsaid_where = notices.unsaid_where, None
     if message and message != notices.said_where:
         notices.said_where = message
-        sys.stderr.write(fresh_line(sys.stderr) + message + "\n")
-        sys.stderr.flush()
+        write_line(sys.stderr, message)
 
 
 def prints_steps_here() -> bool:

@@ -19,7 +19,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from ..backends.console import fresh_line, printable
+from ..backends.console import printable, write_line
 from ..core import names as attr
 from ..core import runtime as _slot
 from ..core.errors import report_internal_error, warn
@@ -216,7 +216,7 @@ def say_report_line() -> None:
     except IndexError:
         return
     with contextlib.suppress(OSError, ValueError):  # stdout closed or a pipe gone (``| head``): nobody to tell
-        print(fresh_line(sys.stdout) + line, flush=True)
+        write_line(sys.stdout, line)
 
 
 _UNSAID = object()
