@@ -326,7 +326,7 @@ def _start_runtime(
             process_id,
             on_event=_capture_event,
             label=process_label(a),
-            control_coming=lambda: owned is not None and not owned.failed,  # found or started: a moment
+            control_coming=lambda: owned is not None and not owned.failed,  # the job's sink, not found yet
         )
     thread = ExportThread(
         resource=resource,
