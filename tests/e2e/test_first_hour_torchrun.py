@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ROOT
+from ..pipeline import console_step_times
 
 SCRIPT = ROOT / "examples" / "mytrain.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -228,3 +229,34 @@ def test_a_first_step_of_four_seconds_is_whole_in_the_kept_run(tmp_path: Path) -
         "early": 2.0,
         "late": 2.0,
     }
+
+
+SETUP_THEN_STEPS = """
+import time
+import torch.distributed as dist
+import rankscope as rs
+
+dist.init_process_group("gloo")
+rs.init(role="trainer")
+rs.record_metric("params", 1.0, rs.Reduce.SUM)  # set-up's own value: exported meanwhile, without a step
+time.sleep(3.0)  # building the model, loading the data
+for step in range(3):
+    rs.record_metric("loss", 1.0 / (step + 1))
+    time.sleep(0.2)
+    rs.flush(step)
+rs.shutdown()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_the_first_step_is_timed_from_the_start_however_it_was_exported_before(tmp_path: Path) -> None:
+    """The console's first line had no ``| time`` under torchrun (a step's time was first close to
+    first close), and a periodic export before the first flush moved the step's start: timed from
+    it, step 0 read 160 µs. Now a run's first window starts when its closer began."""
+    (tmp_path / "setup_first.py").write_text(SETUP_THEN_STEPS)
+    done = _run([*TORCHRUN, "setup_first.py"], tmp_path, _env(tmp_path, COLUMNS="200"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    took = console_step_times(done.stdout)
+    assert sorted(took) == [0, 1, 2], done.stdout[-2000:]
+    assert took[0] >= 3.0 and 0.0 < took[1] < took[0] and 0.0 < took[2] < took[0], took

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ..conftest import ROOT, free_port
+from ..pipeline import console_step_times
 
 _LAUNCHER = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 
@@ -64,6 +65,20 @@ def test_a_lone_script_with_nothing_configured_says_where_and_prints_each_step_a
     assert re.findall(r"^!!! .*$", done.stdout, re.M) == ["!!! step 2 non-finite value: loss (nan)"]  # once a streak
     said = [line for line in done.stderr.splitlines() if line.startswith("rankscope: experiment newcomer")]
     assert len(said) == 1 and "metrics -> this console, one line per step" in said[0], done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_scripts_first_step_is_timed_from_its_start_past_a_periodic_export(tmp_path: Path) -> None:
+    """Before its first flush a process exports what it recorded each second, without a step; that
+    export had moved the step's start, and step 0's time read from it."""
+    script = NEWCOMER.replace(
+        'rs.init(experiment="newcomer")',
+        'rs.init(experiment="newcomer")\nimport time\nrs.record_metric("params", 1.0)\ntime.sleep(2.5)',
+    )
+    done = run_script(tmp_path, script, {"COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    took = console_step_times(done.stdout)
+    assert sorted(took) == list(range(6)) and took[0] >= 2.5 and took[1] < 2.5, done.stdout
 
 
 def test_a_mistyped_endpoint_fails_at_init_naming_the_variable(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from rankscope.export.endpoint import RETRY_AFTER_MAX, Endpoint
 from rankscope.export.inbox import Inbox
 from rankscope.export.outboxes import MetricOutbox, RowOutbox, SpanOutbox, StepBound, StreamOutbox
 from rankscope.export.senders import SENT, Attempt, Signal
-from rankscope.metrics.recorder import StepBatch
+from rankscope.metrics.recorder import Recorder, StepBatch
 from rankscope.metrics.reduce import MetricAccumulator, Reduce
 from rankscope.metrics.samples import Kept, Provenance
 from rankscope.otlp.common import encode_resource
@@ -123,6 +123,42 @@ def test_encode_steps_of_nothing_is_no_request_and_a_periodic_step_has_no_marker
     assert encode_steps(encoder, [], goodbye=False) == []
     (made,) = encode_steps(encoder, [_batch(None, 3)], goodbye=False)
     assert _metric_names(made.request) == ["k0", "k1", "k2"] and _steps_of(made.request) == []
+
+
+def test_a_first_step_after_periodic_exports_is_timed_from_the_processs_start_its_points_after_them() -> None:
+    """A process asked for a periodic export before its first flush (torchrun's first collective
+    served the ask): the step's start stays the recorder's, so its flush marker (what the sink times a
+    run's first step from) and the in-process views count from it; its points start where the
+    periodic export's ended, so delta intervals never overlap."""
+    recorder = Recorder(streams=[])
+    began = recorder._step_start
+    recorder.record("loss", 1.0, Reduce.MEAN)
+    periodic = recorder.take(None)
+    recorder.record("loss", 2.0, Reduce.MEAN)
+    first = recorder.take(0)
+    recorder.record("loss", 3.0, Reduce.MEAN)
+    second = recorder.take(1)
+    assert periodic is not None and first is not None and second is not None
+    assert periodic.start_time_unix_nano == first.start_time_unix_nano == began < periodic.time_unix_nano
+    assert second.start_time_unix_nano == first.time_unix_nano  # each step from the one before
+    outbox = MetricOutbox(_drops(), StepBound(10), MetricEncoder(RESOURCE_PB, SCOPE))
+    outbox.add_steps([periodic], goodbye=False)
+    outbox.add_steps([first, second], goodbye=False)
+    points = [
+        (m.name, p.start_time_unix_nano, p.time_unix_nano)
+        for encoded in outbox._unsent
+        for rm in ExportMetricsServiceRequest.FromString(encoded.request).resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in (m.sum.data_points or m.gauge.data_points or m.histogram.data_points)
+    ]
+    t0, t1, t2 = periodic.time_unix_nano, first.time_unix_nano, second.time_unix_nano
+    assert [(name, start, end) for name, start, end in points if name == attr.FLUSH_MARKER] == [
+        (attr.FLUSH_MARKER, began, t1),
+        (attr.FLUSH_MARKER, t1, t2),
+    ]
+    data = sorted((start, end) for name, start, end in points if name != attr.FLUSH_MARKER)
+    assert data[0] == (began, t0) and (t0, t1) in data and (t1, t2) in data
 
 
 def test_row_chunks_are_bounded_by_rows_and_characters_and_take_at_least_one() -> None:

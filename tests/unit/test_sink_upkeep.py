@@ -153,6 +153,44 @@ def test_a_run_closed_before_its_views_finished_keeps_its_disk_reservation_until
     assert disk.status()["most_used_bytes"] > wrote  # charged now: both runs' files, one client's
 
 
+def test_a_closed_run_counts_as_settling_from_its_close_until_its_views_are_charged(sink: Sink, clock: Clock) -> None:
+    """``settling_runs`` is what a caller waits on before reading the disk charge: it read 0 while a
+    closed run's page was still being written before its log closed, and a flood test read the
+    charge a page short."""
+    assert sink.export_metrics(step("exp", "slow")).rejected == 0
+    assert sink.export_metrics(step("exp", "slow", goodbye=True)).rejected == 0
+    settle(sink)
+    tenant = sink.tenants.find("exp", "slow")
+    assert tenant is not None and tenant.writer is not None
+    release = hold(tenant.writer)  # a busy pool thread: its views cannot finish
+    clock.now += 1.0 + ENDED_MARGIN + 0.1
+    sink.upkeep.round()
+    assert sink.tenants.find("exp", "slow") is None
+    time.sleep(0.3)  # the closer's rounds go by: the run's log waits for its views (stop_timeout, 10 s)
+    status = sink.overview()
+    assert status["closing_runs"] == 1 and status["settling_runs"] == 1, status
+    assert tenant.claim in sink.tenants.disk._reserved
+    release()
+    charged(sink.tenants.disk, tenant.claim)
+    assert sink.overview()["settling_runs"] == 0 and sink.tenants.disk.status()["most_used_bytes"] > 0
+
+
+def test_a_run_taken_back_before_the_closer_reached_it_gives_its_reservation_back(sink: Sink, clock: Clock) -> None:
+    """A run closed and reopened before the closer thread took it: its old opening's views are closed
+    by the reopening, and what they wrote is charged. Its reservation was held for ever before, a
+    client's budget 5 MiB (a report page) smaller each time."""
+    assert sink.export_metrics(step("exp", "back")).rejected == 0
+    settle(sink)
+    tenant = sink.tenants.find("exp", "back")
+    assert tenant is not None and tenant.claim in sink.tenants.disk._reserved
+    clock.now += 121.0  # idle: it may close
+    with sink.tenants.lock:  # the closer thread waits for this lock to take the runs to close
+        assert sink.closer.retire(tenant)
+        sink.closer.take_back(tenant.key)  # data came back for it, as opening does
+    charged(sink.tenants.disk, tenant.claim)
+    assert sink.overview()["settling_runs"] == 0
+
+
 def test_views_that_never_finish_are_charged_what_they_hold_after_a_while(
     tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from rankscope.core import names as attr
 from rankscope.core.anomalies import Corrected, NonFinite, Partial
+from rankscope.otlp.markers import Marker, Ranks
 from rankscope.sink import BookConfig
 from rankscope.sink.testing import (
     HOT,
@@ -167,6 +168,30 @@ def test_step_windows_place_stepless_data_by_time_and_never_go_back() -> None:
     assert windows.duration(1) == 100.0 and windows.duration(0) is None
     far = int(wall.now * 1e9) + MAX_CLOCK_SKEW_NS + s
     assert windows.clamped(far) == int(wall.now * 1e9)  # a clock far ahead counts as now
+
+
+def test_a_runs_first_window_starts_when_its_closer_began() -> None:
+    """The first step's time: from when the step began for the process that closed it first (its
+    marker's start), kept through the write-ahead log's record."""
+    windows = StepWindows(wall=Wall(1000.0))
+    s = 10**9
+    windows.close(3, 100 * s, 40 * s)  # a run resumed at step 3, whose closer began at 40 s
+    windows.close(4, 130 * s, 100 * s)
+    assert windows.duration(3) == 60.0 and windows.duration(4) == 30.0
+    windows.clear()  # a restarted run: its first window again
+    windows.close(0, 200 * s, 250 * s)  # a start after its end is not believed
+    assert windows.duration(0) is None
+    windows.clear()
+    windows.close(0, 200 * s)
+    assert windows.duration(0) is None  # a closer that did not say when it began (an older client)
+    for marker in (
+        Marker(0, 0, False, 5, None, 3),
+        Marker(0, 0, False, 5, Ranks("trainer", None, 4, ((0, 3),)), 3),
+        Marker(0, 0, False, 5, Ranks("trainer", None, 4, ((0, 3),))),
+        Marker(0, 2, True, 5),
+    ):
+        assert Marker.of_record(marker.record()) == marker
+    assert Marker.of_record((7, 0, False)) == Marker(7, 0, False)  # a record from before times
 
 
 def test_time_buckets_count_from_the_first_and_give_way_to_steps() -> None:

@@ -46,11 +46,15 @@ def encode_steps(
     pause: Callable[[], None] | None = None,
     exit_error: str | None = None,
     exit_step: int | None = None,
+    after: int = 0,
 ) -> list[Encoded]:
     """The steps (oldest first) as requests; ``goodbye``: "this process is done" after the last
     (``exit_error``: the exception that ended it, in ``exit_step``);
     ``before``: a serialized request that leads the first one; ``pause`` runs between steps (the
-    export thread hands the GIL back there). Raises on a state it cannot encode."""
+    export thread hands the GIL back there); ``after``: the end of the last step encoded before,
+    where these steps' data intervals start at the earliest (a periodic export does not move a
+    step's start: its flush marker is timed from it, its points from the export before them,
+    so delta intervals never overlap). Raises on a state it cannot encode."""
     made: list[Encoded] = []
     metrics: list[bytes] = []
     steps = points = held = 0
@@ -59,7 +63,8 @@ def encode_steps(
             made.append(Encoded(encoder.request(metrics, before), steps, points, held))
             metrics, before, steps, points, held = [], b"", 0, 0, 0
         t0, t1 = batch.start_time_unix_nano, batch.time_unix_nano
-        metrics += encoder.step(batch.step, t0, t1, batch.accs)
+        metrics += encoder.step(batch.step, max(t0, min(after, t1)), t1, batch.accs)
+        after = t1
         if batch.step is not None:  # "this process closed step N" (value: number of keys)
             metrics.append(encoder.marker(batch.step, len(batch.accs), t0, t1, batch.expected, batch.driven))
         steps, points, held = steps + 1, points + len(batch.accs), held + batch.held_points

@@ -351,14 +351,25 @@ class MetricOutbox(Outbox):
         """The exception that ended the process, said with its goodbye (set before the shutdown)."""
         self.exit_step: int | None = None
         """The step it was in then."""
+        self._encoded_until = 0
+        """The end of the last step encoded: the next one's points start there at the earliest."""
 
     def add_steps(self, batches: list[StepBatch], goodbye: bool, pause: Callable[[], None] | None = None) -> None:
         """Encode the steps (all or none: a step that cannot be encoded raises, and nothing is added)."""
         before = self._drops.sdk_request()
         made = encode_steps(
-            self._encoder, batches, goodbye, before, pause=pause, exit_error=self.exit_error, exit_step=self.exit_step
+            self._encoder,
+            batches,
+            goodbye,
+            before,
+            pause=pause,
+            exit_error=self.exit_error,
+            exit_step=self.exit_step,
+            after=self._encoded_until,
         )
         self._unsent.extend(made)
+        if batches:
+            self._encoded_until = batches[-1].time_unix_nano
 
     def relay(self, payload: bytes) -> None:
         """A forked child's request: held in the step bound like one of our steps, sent as it came."""

@@ -104,6 +104,8 @@ class StepBatch:
 
     step: int | None
     start_time_unix_nano: int
+    """When the step began (the last step's take, else the recorder's start); a periodic export's
+    data is sent from the previous export's end (``encode_steps``)."""
     time_unix_nano: int
     accs: dict[str, MetricAccumulator]
     device: DeviceValues | None
@@ -198,6 +200,9 @@ class Recorder:
         # The hot path may skip ``record`` only when nothing else must see the value.
         self.fast = not streams
         self._step_start = time.time_ns()
+        """When the step in progress began: the last step's take, else this recorder's start. A periodic
+        export (a process that has not flushed yet) does not move it: it had made the first step's
+        time the gap since that export (160 µs under torchrun, whose first collective served an ask)."""
         self._lock = threading.Lock()
         self._asked_at: float | None = None
         self.on_take: Callable[[StepBatch], None] | None = None
@@ -488,7 +493,9 @@ class Recorder:
         else:
             self.accs = {}
         now = time.time_ns()
-        start, self._step_start = self._step_start, now
+        start = self._step_start  # a periodic batch's data overlaps the next one's: the encoder trims it
+        if step is not None:
+            self._step_start = now
         device: DeviceValues | None = None
         if self.device.items:
             device, self.device = self.device, DeviceValues()

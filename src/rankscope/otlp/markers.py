@@ -127,7 +127,7 @@ def _clean(text: Any) -> bool:
     return text.isprintable() or not any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn") for c in text)
 
 
-def decode_ranks(point_attributes: dict[str, Any], time_unix_nano: int = 0) -> Marker | str:
+def decode_ranks(point_attributes: dict[str, Any], time_unix_nano: int = 0, start_unix_nano: int = 0) -> Marker | str:
     """A merged marker's meaning (``rankscope.flush.ranks``), or why it is refused."""
     step = decode_step(point_attributes.get(attr.STEP))
     if isinstance(step, str) or step is None:
@@ -145,7 +145,7 @@ def decode_ranks(point_attributes: dict[str, Any], time_unix_nano: int = 0) -> M
     spans = parse_spans(text, size)
     if isinstance(spans, str):
         return f"bad merged flush marker ({spans})"
-    return Marker(step, 0, False, time_unix_nano, Ranks(role, replica, size, spans))
+    return Marker(step, 0, False, time_unix_nano, Ranks(role, replica, size, spans), start_unix_nano)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,24 +157,31 @@ class Marker:
     """When the process closed the step (its clock): the step's wall-clock window ends here."""
     ranks: Ranks | None = None
     """A merged marker's ranks (``rankscope.flush.ranks``): the ranks closed the step, not its sender."""
+    start_unix_nano: int = 0
+    """When the step began for its closer (its previous flush, else its start): a run's first step
+    is timed from it."""
 
     def record(self) -> tuple[Any, ...]:
         """As a write-ahead-log record holds it (``Marker.of_record`` reads it back)."""
         fields = (self.step, self.expected, self.driven, self.time_unix_nano)
-        return fields if self.ranks is None else (*fields, self.ranks.record())
+        ranks = None if self.ranks is None else self.ranks.record()
+        if self.start_unix_nano:
+            return (*fields, ranks, self.start_unix_nano)
+        return fields if ranks is None else (*fields, ranks)
 
     @classmethod
     def of_record(cls, fields: Any) -> Marker:
-        """A marker from ``record``'s tuple (four fields before rank sets, three before times)."""
+        """A marker from ``record``'s tuple (five fields before starts, four before rank sets,
+        three before times)."""
         step, expected, driven, *rest = fields
         ranks = None
         if len(rest) > 1 and rest[1] is not None:
             role, replica, size, spans = rest[1]
             ranks = Ranks(role, replica, size, tuple((a, b) for a, b in spans))
-        return cls(step, expected, driven, rest[0] if rest else 0, ranks)
+        return cls(step, expected, driven, rest[0] if rest else 0, ranks, rest[2] if len(rest) > 2 else 0)
 
 
-def decode_marker(point_attributes: dict[str, Any], time_unix_nano: int = 0) -> Marker | str:
+def decode_marker(point_attributes: dict[str, Any], time_unix_nano: int = 0, start_unix_nano: int = 0) -> Marker | str:
     """A flush marker point's meaning, or why it is refused."""
     step = decode_step(point_attributes.get(attr.STEP))
     expected = point_attributes.get(attr.EXPECTED_PROCESSES, 0)
@@ -186,4 +193,5 @@ def decode_marker(point_attributes: dict[str, Any], time_unix_nano: int = 0) -> 
         return "bad flush marker (no step)"
     if isinstance(expected, bool) or not isinstance(expected, int) or not 0 <= expected < 2**31:
         return f"bad flush marker ({attr.EXPECTED_PROCESSES} {str(expected)[:32]!r})"
-    return Marker(step, expected, point_attributes.get(attr.DRIVEN) is True, time_unix_nano)
+    driven = point_attributes.get(attr.DRIVEN) is True
+    return Marker(step, expected, driven, time_unix_nano, None, start_unix_nano)

@@ -40,7 +40,7 @@ def recent_of(view: StepView) -> dict[str, Any]:
     return {
         "step": view.step,
         "time": time.time(),
-        "duration": view.duration,  # the job's seconds from the previous step's first close to this one's
+        "duration": view.duration,  # job's seconds from the previous step's first close (or the start) to this one's
         "values": values,
         "missing": view.missing[:64],
         "anomalies": [a.to_json() for a in view.anomalies[:16]],

@@ -306,7 +306,7 @@ class StepBook:
             self.counts.refused += refused
             if step is not None:  # what the buckets took is the first step's (``book.buckets``)
                 self.steps.open[marker.step] = step
-        self.windows.close(marker.step, marker.time_unix_nano)
+        self.windows.close(marker.step, marker.time_unix_nano, marker.start_unix_nano)
         if marker.ranks is None:
             self.roster.marked(process, marker.step)
         else:  # a Collector's merged markers: its ranks closed the step, not the merge itself

@@ -1,8 +1,10 @@
 """Steps for data that has none: each step's wall-clock window, or fixed time buckets.
 
 * A step's window ends when its first process closes it (the flush marker's time; windows
-  never go back). A point or span without a step joins the step whose window holds its
-  timestamp, or the step after the newest window when it is newer than all of them.
+  never go back). The run's first window starts when the step began for that process (its
+  marker's start: its previous flush, else its start), so the first step has a time too. A
+  point or span without a step joins the step whose window holds its timestamp, or the step
+  after the newest window when it is newer than all of them.
 * A run none of whose processes steps gets fixed time buckets instead (``time_bucket``
   seconds): bucket N is step N counted from the run's first bucket, and is final
   ``time_bucket_lag`` seconds after it ends.
@@ -39,17 +41,22 @@ class StepWindows:
         """Steps whose window end is known, ascending, and those ends (ns, never going back)."""
         self.epoch: int | None = None
         """Time buckets (no process steps): the run's first bucket, in buckets since 1970."""
+        self._origin: tuple[int, int] | None = None
+        """The run's first window: (its step, its start in ns), when its closer said when it began."""
 
     @property
     def bucketed(self) -> bool:
         """Whether steps are time buckets (no process of the run steps yet)."""
         return self.epoch is not None
 
-    def close(self, step: int, time_unix_nano: int) -> None:
-        """A process closed ``step`` at ``time_unix_nano``: the first close of a step ends its window."""
+    def close(self, step: int, time_unix_nano: int, start_unix_nano: int = 0) -> None:
+        """A process closed ``step`` at ``time_unix_nano``: the first close of a step ends its window
+        (the run's first window starts at ``start_unix_nano``, when the step began for that process)."""
         if self._steps and step <= self._steps[-1]:
             return
         end = max(self.clamped(time_unix_nano), self._ends[-1] if self._ends else 0)
+        if not self._steps and 0 < start_unix_nano <= end:
+            self._origin = (step, start_unix_nano)
         self._steps.append(step)
         self._ends.append(end)
         if len(self._steps) > MAX_WINDOWS:
@@ -59,6 +66,7 @@ class StepWindows:
         """A restarted run: its steps start again, so do their windows."""
         self._steps.clear()
         self._ends.clear()
+        self._origin = None
 
     def clamped(self, time_unix_nano: int) -> int:
         """A sender's time, or now when it is absent or more than ``MAX_CLOCK_SKEW_NS`` ahead."""
@@ -98,8 +106,12 @@ class StepWindows:
         return (self.epoch + step) * self.time_bucket
 
     def duration(self, step: int) -> float | None:
-        """Seconds between the end of ``step``'s window and the previous step's (None if unknown)."""
+        """Seconds between the end of ``step``'s window and the previous step's, or the run's first
+        window's start (None if unknown)."""
         i = bisect.bisect_left(self._steps, step)
-        if i == 0 or i >= len(self._steps) or self._steps[i] != step:
+        if i >= len(self._steps) or self._steps[i] != step:
             return None
+        if i == 0:
+            origin = self._origin
+            return (self._ends[0] - origin[1]) / 1e9 if origin is not None and origin[0] == step else None
         return (self._ends[i] - self._ends[i - 1]) / 1e9

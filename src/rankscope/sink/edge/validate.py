@@ -402,7 +402,7 @@ def _exit_step(points: Any) -> int | None:
 def _markers(batch: ResourceBatch, points: Any, refused: Refusals) -> None:
     for p in points:
         a = decode_attributes(p.attributes)
-        marker = a if isinstance(a, str) else decode_marker(a, p.time_unix_nano)
+        marker = a if isinstance(a, str) else decode_marker(a, p.time_unix_nano, p.start_time_unix_nano)
         if isinstance(marker, str):
             refused.add(1, f"{attr.FLUSH_MARKER}: {marker}")
         else:
@@ -423,7 +423,7 @@ def _rank_sets(batch: ResourceBatch, points: Any, refused: Refusals, spans: list
         if isinstance(text, str) and text.count(",") >= spans[0]:
             refused.add(1, f"{name}: more than {MAX_SPANS} ranges in one request")
             continue
-        marker = a if isinstance(a, str) else decode_ranks(a, p.time_unix_nano)
+        marker = a if isinstance(a, str) else decode_ranks(a, p.time_unix_nano, p.start_time_unix_nano)
         if isinstance(marker, str):
             refused.add(1, f"{name}: {marker}")
         elif marker.ranks is not None:

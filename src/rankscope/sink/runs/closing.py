@@ -82,10 +82,11 @@ class Closer:
         client's next runs were admitted past its budget. Guarded by ``_settling``: ``stop`` may
         finish the closing while a closer thread that did not join in time still runs."""
         self._settling = threading.Lock()
-        self._measuring = 0
-        """Runs ``_settle`` took out of ``_unsettled`` and has not charged or put back yet (the
-        status route's ``settling_runs`` counts them: it read 0 while one was being charged, and a
-        test found the disk charge a page short)."""
+        self._uncharged: set[Claim] = set()
+        """Claims of the runs taken out of the registry whose views' bytes are not charged yet, from
+        their retirement to their charge (the status route's ``settling_runs``). Counted from the
+        list of runs waiting to be charged only, it read 0 while a page was still being written, and a
+        test found the disk charge a page short."""
         self._settle_timeout = max(SETTLE_TIMEOUT, 10 * config.stop_timeout)
 
     @property
@@ -112,6 +113,8 @@ class Closer:
             key = tenant.key
             self._registry.remove(key)
             self._closed.bury(key, tenant.book.last_finalized, tenant.book.attempt)
+            with self._settling:
+                self._uncharged.add(tenant.claim)
             self._closing.append(tenant)
             self._closing_now[key] = tenant
             self._to_close.set()
@@ -125,9 +128,12 @@ class Closer:
         closing = self._closing_now.pop(key, None)
         if closing is None:
             return
-        if closing in self._closing:
+        if closing in self._closing:  # not reached by finish_closing: charged from here
             self._closing.remove(closing)
             self._close_views(closing, final=False)  # its status would need the registry's lock
+            until = time.monotonic() + self._settle_timeout
+            with self._settling:  # left out, its reservation was held for ever: a client lost 5 MiB a time
+                self._unsettled.append(Unsettled(closing.claim, closing.client, closing.writer, closing.name, until))
         if closing.writer is not None:  # a moment for its views, not their whole finish
             closing.writer.join(1.0)
         self._close_log(closing)
@@ -174,10 +180,10 @@ class Closer:
 
     @property
     def settling(self) -> int:
-        """Closed runs whose views still write or are being charged: their disk reservation held
-        until they finish."""
+        """Runs out of the registry not charged yet (their views still write, or are being
+        measured): their disk reservation is held until then."""
         with self._settling:
-            return len(self._unsettled) + self._measuring
+            return len(self._uncharged)
 
     def _settle(self) -> None:
         """What the views of closed runs wrote, charged to their clients (``disk``: each view's
@@ -186,7 +192,6 @@ class Closer:
         their reservation held."""
         with self._settling:
             unsettled, self._unsettled = self._unsettled, []
-            self._measuring += len(unsettled)
         now, waiting = time.monotonic(), []
         try:
             for run in unsettled:
@@ -204,10 +209,11 @@ class Closer:
                 views = writer.status() if writer is not None else {}
                 found = [str(v.get("location") or "") for v in views.values()]
                 self._registry.disk.settle(run.claim, run.client, [w for w in found if w.startswith("/")])
-        finally:  # a charge that raised: the runs counted as settling never stay counted
+        finally:  # a charge that raised: the run is not charged again, nor counted as settling for ever
             with self._settling:
                 self._unsettled += waiting
-                self._measuring -= len(unsettled)
+                done = {run.claim for run in unsettled} - {run.claim for run in waiting}
+                self._uncharged -= done
 
     def close_found(self, tenants: list[Tenant]) -> None:
         """Runs found in the state directory on start with nothing to replay: closed at once, as the

@@ -7,9 +7,9 @@ say whose values they are: ``per_process`` (global views: every process's values
 ``process_name``/``process`` (per-process views and streams), ``late`` (a late update),
 ``labels`` (global views: the process a value names, e.g. who holds ``{key}/argmax_rank``),
 and for global views ``missing`` (labels of processes the step went without), ``phase_times``
-(phase → process → seconds), ``step_seconds`` (the step's time, first close to first close)
-and ``spans`` (a callable giving the step's spans in their JSONL form: a view that wants them
-pays for them).
+(phase → process → seconds), ``step_seconds`` (the step's time, first close to first close; the
+first step's from its closer's start) and ``spans`` (a callable giving the step's spans in their
+JSONL form: a view that wants them pays for them).
 
 Each run's ``ViewWriter`` holds a bounded inbox of typed messages; the ``ViewPool`` runs a writer
 with mail on one of its threads, a few messages at a time, so one run's messages are handled in
