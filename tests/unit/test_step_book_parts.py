@@ -178,6 +178,7 @@ def test_a_runs_first_window_starts_when_its_closer_began() -> None:
     windows.close(3, 100 * s, 40 * s)  # a run resumed at step 3, whose closer began at 40 s
     windows.close(4, 130 * s, 100 * s)
     assert windows.duration(3) == 60.0 and windows.duration(4) == 30.0
+    assert windows.from_start(3) and not windows.from_start(4)
     windows.clear()  # a restarted run: its first window again
     windows.close(0, 200 * s, 250 * s)  # a start after its end is not believed
     assert windows.duration(0) is None

@@ -96,6 +96,9 @@ def _finished(durations: list[float | None]) -> list[dict[str, Any]]:
 def test_the_step_rate_is_the_jobs_not_how_fast_the_sink_finalized_a_backlog() -> None:
     recent = _finished([None, *[0.5] * 20])
     assert step_rate(recent) == 2.0
+    first = _finished([30.0, 0.5, 0.5])
+    first[0]["from_start"] = True  # the first step, timed from the job's start: its set-up is not the pace
+    assert step_rate(first) == 2.0
     assert step_rate(_finished([None, None])) is None  # unknown: no step's time
     assert step_rate([{"step": 1, "time": 1.0}, {"step": 2, "time": 1.001}]) is None  # a sink without durations
     assert "2 steps/s" in _screen(recent, 80)

@@ -190,8 +190,10 @@ def default_keys(recent: list[dict[str, Any]], n: int = DEFAULT_KEYS) -> list[st
 def step_rate(recent: list[dict[str, Any]]) -> float | None:
     """Steps per second of the job's wall time over the last ``RATE_STEPS`` steps: their count over
     their ``duration``s (the recent route's: from the previous step's first close to this one's);
-    None when the sink gave none (a step without one, the first or one after a restart, is left out)."""
-    seconds = [d for d in (_number(r.get("duration")) for r in recent[-RATE_STEPS:]) if d is not None and d > 0]
+    None when the sink gave none (a step without one, after a restart, is left out, and so is the
+    first step, timed from the job's start: its set-up is not a step's pace)."""
+    durations = (_number(r.get("duration")) for r in recent[-RATE_STEPS:] if r.get("from_start") is not True)
+    seconds = [d for d in durations if d is not None and d > 0]
     return len(seconds) / sum(seconds) if seconds else None
 
 

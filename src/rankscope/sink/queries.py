@@ -31,7 +31,8 @@ RECENT_KEYS = 256
 
 def recent_of(view: StepView) -> dict[str, Any]:
     """A finalized step as the recent route shows it (``rankscope top``): ``time`` is when the sink
-    finalized it, ``duration`` the job's wall time of the step (``StepView.duration``; None: unknown)."""
+    finalized it, ``duration`` the job's wall time of the step (``StepView.duration``; None: unknown),
+    ``from_start`` whether it counts from the job's start (its first step: set-up and all)."""
     values: dict[str, float] = {}
     for metric in view.global_metrics:
         if len(values) >= RECENT_KEYS:
@@ -41,6 +42,7 @@ def recent_of(view: StepView) -> dict[str, Any]:
         "step": view.step,
         "time": time.time(),
         "duration": view.duration,  # job's seconds from the previous step's first close (or the start) to this one's
+        "from_start": view.from_start,  # the run's first step: its duration holds the job's set-up
         "values": values,
         "missing": view.missing[:64],
         "anomalies": [a.to_json() for a in view.anomalies[:16]],

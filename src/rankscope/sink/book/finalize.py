@@ -68,6 +68,9 @@ class Finished:
     rewound: bool = False
     duration: float | None = None
     """Seconds since the previous step's window ended (the slow-step detector), if known."""
+    from_start: bool = False
+    """``duration`` counts from the start of the process that closed the step first (the run's
+    first step: the job's set-up is in it)."""
     bucket_time: float | None = None
     """A time bucket's start (Unix seconds), when the run's steps are time buckets."""
     late_points: int = 0
@@ -174,6 +177,7 @@ def view_of(
     view.carried = done.carried
     view.away = len(done.away) if missing else 0
     view.duration = None if done.interrupted else done.duration
+    view.from_start = done.from_start
     if not done.late:
         _judge(view, done, bad, traces, watch, stamp, done.internal_errors + errors)
     else:

@@ -454,6 +454,7 @@ class StepBook:
             attempt=self.attempt,
             rewound=rewound,
             duration=None if late else self.windows.duration(bucket.step),
+            from_start=not late and self.windows.from_start(bucket.step),
             bucket_time=self.windows.bucket_start(bucket.step) if self.windows.bucketed else None,
             late_points=self.counts.late_points,
             internal_errors=self.counts.internal_errors,

@@ -105,6 +105,11 @@ class StepWindows:
         assert self.epoch is not None
         return (self.epoch + step) * self.time_bucket
 
+    def from_start(self, step: int) -> bool:
+        """Whether ``step``'s duration counts from its closer's start (the run's first window: its
+        set-up is in it)."""
+        return self._origin is not None and self._origin[0] == step and bool(self._steps) and self._steps[0] == step
+
     def duration(self, step: int) -> float | None:
         """Seconds between the end of ``step``'s window and the previous step's, or the run's first
         window's start (None if unknown)."""

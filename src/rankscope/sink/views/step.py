@@ -65,6 +65,8 @@ class StepView:
         self.duration: float | None = None
         """Seconds from the previous step's first close to this one's (``book.windows``), if known:
         the step's time, as a console shows it."""
+        self.from_start = False
+        """``duration`` counts from its first closer's start (the run's first step, set-up and all)."""
         self.attempt = 0
         """The run's attempt when the step was finalized (what the write-ahead log's checkpoint records)."""
         self.rewound = False
