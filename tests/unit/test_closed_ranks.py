@@ -20,7 +20,7 @@ from rankscope.otlp.markers import MAX_SPANS, Marker, Ranks, decode_ranks, forma
 from rankscope.sink import BookConfig, StepBook
 from rankscope.sink.testing import Limits, Refusals, decode_record, encode_record, metrics_batches
 
-from .test_sink_steps import Clock, metrics, resource, values_of
+from .test_sink_steps import Clock, ingest, metrics, resource, values_of
 
 MERGER = {
     attr.EXPERIMENT_ID: "x",
@@ -33,7 +33,7 @@ SETS = {**MERGER, attr.MERGE_PART: "ranks"}
 """The resource a merger's rank sets travel on, after its window's states."""
 
 
-def rank_sets(step: int, *sets: tuple[str, str | None, int, str]) -> pb.Metric:
+def rank_sets(step: int, *sets: tuple[str, str | None, int, str], start: int = 0) -> pb.Metric:
     """A merger's ``rankscope.flush.ranks``: one point per (role, replica, world size, ranks)."""
     m = pb.Metric(name=attr.FLUSH_RANKS)
     for role, replica, world, ranks in sets:
@@ -41,7 +41,7 @@ def rank_sets(step: int, *sets: tuple[str, str | None, int, str]) -> pb.Metric:
         if replica is not None:
             attributes.append(key_value(attr.REPLICA, replica))
         attributes.append(key_value(attr.RANKS, ranks))
-        m.sum.data_points.add(as_int=1, attributes=attributes, time_unix_nano=5)
+        m.sum.data_points.add(as_int=1, attributes=attributes, time_unix_nano=5, start_time_unix_nano=start)
     return m
 
 
@@ -155,6 +155,23 @@ def test_the_first_step_through_a_tree_waits_for_its_window_s_rank_sets(reduce: 
     clock.now = 2.5  # the rank sets never come: final by the grace, as any step waiting for someone
     (view,) = e.ready()
     assert view.step == 1 and values_of(view)[attr.MISSING_PROCESSES] == 4.0
+
+
+def test_a_runs_first_step_is_timed_from_a_processs_own_marker_only() -> None:
+    """A process's first marker says when its step began (its start): the run's first step is timed
+    from it. A merger's rank sets hold their ranks' earliest start, on other hosts' clocks: not used."""
+    s = 10**9
+    own = StepBook("x", BookConfig(grace=2), clock=Clock())
+    ingest(own, resource("p0"), metrics({"n": (Reduce.SUM, [1.0])}, step=0, at=10 * s, start=4 * s))
+    (view,) = own.ready()
+    assert view.duration == 6.0 and view.from_start
+    ingest(own, resource("p0"), metrics({"n": (Reduce.SUM, [1.0])}, step=1, at=12 * s, start=10 * s))
+    (view,) = own.ready()
+    assert view.duration == 2.0 and not view.from_start
+    tree = StepBook("x", BookConfig(grace=2), clock=Clock())
+    send(tree, (MERGER, [*merged(0, 4.0), rank_sets(0, ("trainer", None, 4, "0-3"), start=1)]))
+    (view,) = tree.ready()
+    assert view.duration is None and not view.from_start
 
 
 def test_a_merges_states_without_rank_sets_are_final_by_the_grace() -> None:

@@ -39,9 +39,10 @@ def resource(pid: str, rank: int = 0, world: int = 1, role: str = "trainer", **e
 
 
 def metrics(
-    values: dict[str, tuple[Reduce, list[float]]], step: int | None, marker: bool = True, at: int = 1
+    values: dict[str, tuple[Reduce, list[float]]], step: int | None, marker: bool = True, at: int = 1, start: int = 0
 ) -> list[Any]:
-    """The points (and flush marker) one process sends; ``at``: their time (ns since 1970)."""
+    """The points (and flush marker) one process sends; ``at``: their time (ns since 1970); ``start``:
+    the marker's (when the step began for the process)."""
     c = Recorder(streams=[])
     for key, (reduce, numbers) in values.items():
         for n in numbers:
@@ -49,7 +50,8 @@ def metrics(
     out = [encode(k, acc, step, 0, at, PointAttributes()) for k, acc in c.accs.items()]
     if marker and step is not None:
         m = pb.Metric(name=attr.FLUSH_MARKER)
-        m.sum.data_points.add(as_int=len(values), attributes=[key_value(attr.STEP, step)], time_unix_nano=at)
+        point = m.sum.data_points.add(as_int=len(values), attributes=[key_value(attr.STEP, step)], time_unix_nano=at)
+        point.start_time_unix_nano = start
         out.append(m)
     return out
 

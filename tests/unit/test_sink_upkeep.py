@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
@@ -189,6 +190,36 @@ def test_a_run_taken_back_before_the_closer_reached_it_gives_its_reservation_bac
         sink.closer.take_back(tenant.key)  # data came back for it, as opening does
     charged(sink.tenants.disk, tenant.claim)
     assert sink.overview()["settling_runs"] == 0
+
+
+def test_a_charge_that_fails_gives_that_runs_reservation_back_and_the_others_are_charged(
+    sink: Sink, clock: Clock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A charge that raised (a failing disk, a bug) dropped the runs after it in the same round:
+    neither charged nor reserved, yet no longer counted as settling."""
+    disk = sink.tenants.disk
+    real, calls = disk.settle, []
+
+    def failing_once(claim: Claim, client: str, locations: Any) -> int:
+        calls.append(claim)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+        return real(claim, client, locations)
+
+    monkeypatch.setattr(disk, "settle", failing_once)
+    for run in ("one", "two", "three"):
+        assert sink.export_metrics(step("exp", run)).rejected == 0
+        assert sink.export_metrics(step("exp", run, goodbye=True)).rejected == 0
+    settle(sink)
+    tenants = [sink.tenants.find("exp", run) for run in ("one", "two", "three")]
+    clock.now += 1.0 + ENDED_MARGIN + 0.1
+    settle(sink)
+    for tenant in tenants:
+        assert tenant is not None
+        charged(disk, tenant.claim)
+    assert len(calls) == 3 and sink.overview()["settling_runs"] == 0
+    assert disk.status()["reserved_bytes"] == 0 and disk.status()["most_used_bytes"] > 0
+    assert "charging what the views of" in caplog.text and "Input/output error" in caplog.text
 
 
 def test_views_that_never_finish_are_charged_what_they_hold_after_a_while(

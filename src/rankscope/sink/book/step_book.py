@@ -306,7 +306,10 @@ class StepBook:
             self.counts.refused += refused
             if step is not None:  # what the buckets took is the first step's (``book.buckets``)
                 self.steps.open[marker.step] = step
-        self.windows.close(marker.step, marker.time_unix_nano, marker.start_unix_nano)
+        # the run's first step is timed from its first closer's start: a process's own marker (a merged
+        # one's start is its ranks' earliest, on other hosts' clocks), before any step of the attempt
+        first = marker.ranks is None and self.steps.last_finalized < 0
+        self.windows.close(marker.step, marker.time_unix_nano, marker.start_unix_nano if first else 0)
         if marker.ranks is None:
             self.roster.marked(process, marker.step)
         else:  # a Collector's merged markers: its ranks closed the step, not the merge itself

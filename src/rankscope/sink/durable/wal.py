@@ -526,7 +526,7 @@ def encode_record(
 
 
 def decode_record(payload: bytes) -> tuple[bytes, dict[str, Any], list[Any], list[Any], list[Any]]:
-    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven[, time[, ranks]])],
+    """(digest, resource, [(reduce, step, keys, rows)], [(step, expected, driven[, time[, ranks[, start]]])],
     [sample row fields]) of a payload (``Marker.of_record`` reads a marker's tuple)."""
     record = marshal.loads(payload)
     if len(record) == 4:  # version 1 (before rows): one (key, reduce, step, state) per point

@@ -193,27 +193,33 @@ class Closer:
         with self._settling:
             unsettled, self._unsettled = self._unsettled, []
         now, waiting = time.monotonic(), []
-        try:
-            for run in unsettled:
-                writer = run.writer
-                if writer is not None and not writer.closed.is_set():
-                    if now < run.until:
-                        waiting.append(run)
-                        continue
-                    log.warning(
-                        "rankscope sink: the views of %s had not finished %.0f s after the run closed: charged "
-                        "what they hold now",
-                        run.name[:96],
-                        self._settle_timeout,
-                    )
-                views = writer.status() if writer is not None else {}
-                found = [str(v.get("location") or "") for v in views.values()]
-                self._registry.disk.settle(run.claim, run.client, [w for w in found if w.startswith("/")])
-        finally:  # a charge that raised: the run is not charged again, nor counted as settling for ever
-            with self._settling:
-                self._unsettled += waiting
-                done = {run.claim for run in unsettled} - {run.claim for run in waiting}
-                self._uncharged -= done
+        for run in unsettled:
+            writer = run.writer
+            if writer is not None and not writer.closed.is_set() and now < run.until:
+                waiting.append(run)
+                continue
+            try:
+                self._charge(run)
+            except Exception as exc:  # a bug (or a failing disk): this run's reservation goes back, the others go on
+                log.error("rankscope sink: charging what the views of %s wrote: %r", run.name[:96], exc)
+                self._registry.disk.forget(run.claim)
+        with self._settling:
+            self._unsettled += waiting
+            self._uncharged -= {run.claim for run in unsettled} - {run.claim for run in waiting}
+
+    def _charge(self, run: Unsettled) -> None:
+        """What a closed run's views hold, charged to its client in place of its reservation."""
+        writer = run.writer
+        if writer is not None and not writer.closed.is_set():
+            log.warning(
+                "rankscope sink: the views of %s had not finished %.0f s after the run closed: charged what they "
+                "hold now",
+                run.name[:96],
+                self._settle_timeout,
+            )
+        views = writer.status() if writer is not None else {}
+        found = [str(v.get("location") or "") for v in views.values()]
+        self._registry.disk.settle(run.claim, run.client, [w for w in found if w.startswith("/")])
 
     def close_found(self, tenants: list[Tenant]) -> None:
         """Runs found in the state directory on start with nothing to replay: closed at once, as the
