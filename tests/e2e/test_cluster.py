@@ -173,7 +173,7 @@ def finish(made: Job, procs: list[Process], last_step: int, timeout: float = 240
     wait_until_settled(SINK_HTTP, EXPERIMENT, last_step, quiet=quiet, timeout=left, status_of=made.status)
 
 
-def rank_logs(tmp: Path) -> list[dict[str, Any]]:
+def _log_lines(tmp: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted((tmp / "ranks").glob("*.jsonl")):
         attempt = int(path.name[1 : path.name.index("-")])
@@ -181,6 +181,21 @@ def rank_logs(tmp: Path) -> list[dict[str, Any]]:
             if line.endswith("}"):
                 rows.append({**json.loads(line), "attempt": attempt})
     return rows
+
+
+def rank_logs(tmp: Path) -> list[dict[str, Any]]:
+    """Each rank's flushed steps, as it logged them after each flush."""
+    return [row for row in _log_lines(tmp) if not row.get("recorded")]
+
+
+def unsure_logs(tmp: Path) -> list[dict[str, Any]]:
+    """Steps a rank had recorded when it stopped (its ``recorded`` line without the line after the
+    flush): torchrun's SIGTERM in between, and rankscope still sent what was recorded (flushed, or
+    without a step, placed in the step by its time). Such a step's values may be in the views or
+    not, and its rank named missing (it did not close the step)."""
+    rows = _log_lines(tmp)
+    done = {(r["attempt"], r["rank"], r["step"]) for r in rows if not r.get("recorded")}
+    return [r for r in rows if r.get("recorded") and (r["attempt"], r["rank"], r["step"]) not in done]
 
 
 def view_rows(tmp: Path, name: str) -> list[dict[str, Any]]:
@@ -246,7 +261,8 @@ def judge(
     them (a late update's row replaces the step's first, a rewind row drops the rows of its step on);
     of a step logged by two attempts, the later attempt's ranks. A rank of ``lost`` (attempt 0's
     ranks on a node lost for good, with its agent) may be absent from its last steps, counted missing
-    there; every other logged value is in the views. Returns what a test checks further."""
+    there; every other logged value is in the views. A step a rank was stopped in (``unsure_logs``)
+    counts as logged when its view holds it. Returns what a test checks further."""
     logged = rank_logs(tmp)
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in sorted(logged, key=lambda r: -r["attempt"]):
@@ -254,6 +270,10 @@ def judge(
             by_step[row["step"]].append(row)
     global_view, written, late, missing, rewinds = read_global(tmp)
     per_rank = read_per_rank(tmp)
+    for row in unsure_logs(tmp):
+        rows = by_step[row["step"]]
+        if (not rows or rows[0]["attempt"] == row["attempt"]) and (row["step"], f"trainer_r{row['rank']}") in per_rank:
+            rows.append(row)
     twice = []
     for step, rows in sorted(by_step.items()):
         ranks = {r["rank"] for r in rows}
@@ -435,6 +455,15 @@ def test_a_node_lost_for_good_the_job_comes_back_on_two_nodes_as_a_new_attempt(b
     assert all(found["global"][s]["rankscope/missing_processes"] == 0 for s in range(resumed, STEPS))
     # Each lost rank named once, at the first step without it: a node's ranks may stop a step or two
     # apart (what one had handed its node's agent, killed with it, is lost with the agent).
-    named = [label for step, processes in found["missing"].items() if step < resumed for label in processes]
+    # A surviving rank that torchrun stopped inside the step the others failed in did not close it:
+    # it may be named missing there too (its values still came, without the step's close).
+    stopped = {(r["step"], f"trainer_r{r['rank']}") for r in unsure_logs(tmp_path) if r["attempt"] == 0}
+    named = [
+        label
+        for step, processes in found["missing"].items()
+        if step < resumed
+        for label in processes
+        if (step, label) not in stopped or int(label.rpartition("r")[2]) in lost
+    ]
     assert sorted(named) == sorted(f"trainer_r{r}" for r in lost), found["missing"]
     assert status["attempt"] == again, status

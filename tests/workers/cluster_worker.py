@@ -6,8 +6,11 @@ Each step it records values that depend only on its rank, the world's size and t
 sums are exact in any order), joins one gloo all-reduce with every rank on every node, flushes
 the step to its node's agent, and appends what it recorded to its own log
 (``DIR/ranks/a{attempt}-r{rank}.jsonl``, one line per flushed step, written before the next
-step begins): the record each test judges the sink's views against. Rank 0 keeps the last step
-the whole job finished in ``DIR/checkpoint`` (after the all-reduce: every rank reached it); a
+step begins): the record each test judges the sink's views against. A line marked ``recorded``
+comes before the step's all-reduce: a rank that torchrun's SIGTERM stops before the step's own
+line leaves it alone (rankscope still sends what was recorded: flushed, in its step, or not yet
+flushed, without a step, placed by its time), and the step's values may be in the views.
+Rank 0 keeps the last step the whole job finished in ``DIR/checkpoint`` (after the all-reduce: every rank reached it); a
 job restarted by torchrun (a new attempt: the rendezvous round) resumes after it, as a
 job resumes from its checkpoint.
 """
@@ -45,11 +48,14 @@ for step in range(first, steps):
     }
     for key, (v, reduce) in recorded.items():
         rs.record_metric(key, v, reduce)
+    node = os.environ["CLUSTER_NODE"]
+    values = {k: v for k, (v, _) in recorded.items()}
+    log.write(json.dumps({"step": step, "rank": rank, "size": size, "node": node, "values": values, "recorded": True}))
+    log.write("\n")
+    log.flush()
     together = torch.tensor([1.0])
     dist.all_reduce(together)  # the job is one: a rank cut off holds every other rank here
     rs.flush(step)
-    node = os.environ["CLUSTER_NODE"]
-    values = {k: v for k, (v, _) in recorded.items()}
     flushed = time.time()  # when: a test's failure says how far apart the ranks went on after a fault
     log.write(json.dumps({"step": step, "rank": rank, "size": size, "node": node, "values": values, "at": flushed}))
     log.write("\n")
