@@ -220,6 +220,8 @@ def test_a_charge_that_fails_gives_that_runs_reservation_back_and_the_others_are
     assert len(calls) == 3 and sink.overview()["settling_runs"] == 0
     assert disk.status()["reserved_bytes"] == 0 and disk.status()["most_used_bytes"] > 0
     assert "charging what the views of" in caplog.text and "Input/output error" in caplog.text
+    assert sink.overview()["internal_errors"] == 1  # counted where the status route shows it
+    sink.internal_errors.clear()  # the fixture checks none were left: this one was the test's
 
 
 def test_views_that_never_finish_are_charged_what_they_hold_after_a_while(

@@ -104,7 +104,9 @@ class Sink:
         """What the HTTP transport's connection rules did (``edge.connections``), for the status route."""
         self.grpc_connections = Counts()
         """...and the gRPC transport's (``edge.front``)."""
-        self.closer = Closer(self.tenants, self.closed, self.config, final_status=self.statuses.of)
+        self.closer = Closer(
+            self.tenants, self.closed, self.config, final_status=self.statuses.of, on_error=self._internal_error
+        )
         self.queries = Queries(
             self.config,
             self.tenants,

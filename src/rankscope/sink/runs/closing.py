@@ -63,11 +63,14 @@ class Closer:
         closed: ClosedRuns,
         config: SinkConfig,
         final_status: Callable[[Tenant], dict[str, Any]],
+        on_error: Callable[[str, BaseException], None],
     ) -> None:
         self._registry = registry
         self._closed = closed
         self._stop_timeout = config.stop_timeout
         self._final_status = final_status
+        self._on_error = on_error
+        """The sink's internal errors (logged, and counted in the status route)."""
         """A closing run's status (``status.RunStatus.of``): its report page's last, and what the
         status route answers for it once closed."""
         self._closing: list[Tenant] = []
@@ -201,7 +204,7 @@ class Closer:
             try:
                 self._charge(run)
             except Exception as exc:  # a bug (or a failing disk): this run's reservation goes back, the others go on
-                log.error("rankscope sink: charging what the views of %s wrote: %r", run.name[:96], exc)
+                self._on_error(f"charging what the views of {run.name[:96]!r} wrote", exc)
                 self._registry.disk.forget(run.claim)
         with self._settling:
             self._unsettled += waiting
