@@ -168,6 +168,11 @@ def test_a_runs_first_step_is_timed_from_a_processs_own_marker_only() -> None:
     ingest(own, resource("p0"), metrics({"n": (Reduce.SUM, [1.0])}, step=1, at=12 * s, start=10 * s))
     (view,) = own.ready()
     assert view.duration == 2.0 and not view.from_start
+    for hostile in (2**64 - 1, 10 * s + 1):  # a start past the close: taken, never believed
+        book = StepBook("x", BookConfig(grace=2), clock=Clock())
+        ingest(book, resource("p0"), metrics({"n": (Reduce.SUM, [1.0])}, step=0, at=10 * s, start=hostile))
+        (view,) = book.ready()
+        assert view.duration is None and not view.from_start and values_of(view)["n"] == 1.0
     tree = StepBook("x", BookConfig(grace=2), clock=Clock())
     send(tree, (MERGER, [*merged(0, 4.0), rank_sets(0, ("trainer", None, 4, "0-3"), start=1)]))
     (view,) = tree.ready()
