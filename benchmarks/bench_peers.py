@@ -18,8 +18,11 @@ Every arm records the 4 phases' durations too. Each arm calls its library the wa
 - ``bare``: nothing (the same clock reads around empty sections);
 - ``floor``: ``bench_overhead.FloorAPI``, rankscope's calls doing the least pure Python can (not a peer);
 - ``rankscope``: ``Tracer("train").start()``, ``step(phase)`` after each phase (a span and the
-  phase's duration metrics), ``stop()``, 100 ``record_metric``, ``flush(step)``; OTLP/gRPC to the
-  receiver, a null receiver in another process (its CPU is not the job's);
+  phase's duration metrics), ``stop()``, 100 ``record_metric``, ``flush(step)``; OTLP/HTTP to the
+  receiver, a null receiver in another process (its CPU is not the job's), as a job sends to its
+  own sink (the embedded sink, without an endpoint: ``export.kept_alive``);
+- ``rankscope-grpc``: the same over OTLP/gRPC, as a job sends to a Collector's (or a sink's) gRPC
+  port with ``endpoint=`` and the default protocol;
 - ``otel``: the OpenTelemetry SDK: a ``MeterProvider`` with a ``PeriodicExportingMetricReader``
   (its default interval) and the OTLP/gRPC metric exporter, a ``Histogram`` per key recorded once a
   step without attributes; a ``TracerProvider`` with a ``BatchSpanProcessor`` and the OTLP/gRPC
@@ -40,7 +43,7 @@ Every arm records the 4 phases' durations too. Each arm calls its library the wa
 
 Every arm must show its data: after its loop, what it wrote or sent must hold the last step's 100
 keys and 4 phases, or the arm fails loudly (an arm that drops data cannot win). The floor: its last
-closed step. rankscope and ``otel-step``: the receiver decodes what it was sent and finds the 100
+closed step. rankscope (either transport) and ``otel-step``: the receiver decodes what it was sent and finds the 100
 keys and the 4 phases with the last step's attribute (rankscope's ``rankscope.step``); ``otel``:
 each key's histogram counts every step and each phase has a span per step. ``wandb``: the run's
 offline ``.wandb`` file's history row of the last step; ``tensorboard``: the event file read back
@@ -56,10 +59,11 @@ that difference swings by hundreds of µs a step between rounds, more than the b
 judge, and once read a peer's whole process below its own calls (docs/benchmarks.md). Each is
 judged per round on the margin (rankscope's figure minus the budget times the other's: no
 division, so a figure near zero cannot swing it) by its median and IQR, and printed with the ratio
-beside it. ``--before DIR`` adds rankscope from another checkout's ``src``, in the
+beside it, for each rankscope arm. ``--before DIR`` adds rankscope from another checkout's ``src``, in the
 same rounds, with its own budget lines.
 
-The receiver accepts requests up to 256 MiB: ``otel-step``'s cumulative export of every step's
+The receiver takes OTLP/gRPC and OTLP/HTTP (the standard library's server, kept-alive) and accepts
+requests up to 256 MiB: ``otel-step``'s cumulative export of every step's
 series passes gRPC's (and a Collector's) 4 MiB default within 200 steps, and is then refused.
 
 Run from the repository root:  python benchmarks/bench_peers.py [--quick] [--pairs N] ...
@@ -92,9 +96,13 @@ HERE = os.path.abspath(__file__)
 KEYS = [f"train/metric_{i}" for i in range(100)]
 WEIGHTS = [1.0 + i / 100 for i in range(100)]
 PHASE_KEY = "phase/{}"  # the dict-logging peers' 4 more scalars: a phase's duration in seconds
-ARMS = ["bare", "floor", "rankscope", "otel", "otel-step", "wandb", "tensorboard", "torchtitan", "csv"]
-NOT_PEERS = {"bare", "floor", "rankscope"}
-PER_STEP = {"rankscope", "otel-step", "wandb", "tensorboard", "torchtitan", "csv"}
+ARMS = ["bare", "floor", "rankscope", "rankscope-grpc", "otel", "otel-step"]
+ARMS += ["wandb", "tensorboard", "torchtitan", "csv"]
+OURS = ("rankscope", "rankscope-grpc")
+"""rankscope as it sends to the job's own sink (OTLP/HTTP, the default without an endpoint), and as it
+sends to a Collector's OTLP/gRPC port (``endpoint=``, the default protocol)."""
+NOT_PEERS = {"bare", "floor", *OURS}
+PER_STEP = {*OURS, "otel-step", "wandb", "tensorboard", "torchtitan", "csv"}
 """The arms that keep a per-step record of all 100 keys and 4 phases (``otel`` folds steps into histograms)."""
 BUDGETS = {"floor": 2.0, "cheapest peer": 0.5, "process": 1.0}
 """Issue 43's ratios: inside the calls <= 2 x the floor's (1.5 x the aim) and <= 0.5 x the cheapest
@@ -402,13 +410,14 @@ def make_arm(name: str, phases: Sequence[str], endpoint: str, directory: str, sr
         return None
     if name == "floor":
         return FloorArm(phases, overhead.floor_module())
-    if name == "rankscope":
+    if name in OURS:
         if src is not None:  # --before: another checkout's rankscope
             sys.path.insert(0, src)
         import rankscope
 
         os.environ.setdefault("RANKSCOPE_CONSOLE", "off")
-        rankscope.init(experiment="bench-peers", role="trainer", endpoint=endpoint)
+        protocol = "grpc" if name == "rankscope-grpc" else "http/protobuf"
+        rankscope.init(experiment="bench-peers", role="trainer", endpoint=endpoint, protocol=protocol)
         return RankscopeArm(phases, rankscope)
     if name in ("otel", "otel-step"):
         return OtelArm(phases, endpoint, step_attribute=name == "otel-step")
@@ -579,15 +588,18 @@ def receiver_main(max_seconds: float) -> None:
     counts = {kind: [0, 0] for kind in overhead.OTLP_SERVICES}  # requests, bytes
     kept: list[tuple[str, bytes]] = []
 
+    def export(kind: str, request: bytes) -> None:
+        with lock:
+            counts[kind][0] += 1
+            counts[kind][1] += len(request)
+            kept.append((kind, request))
+
     def handler(kind: str) -> grpc.RpcMethodHandler:
-        def export(request: bytes, context: grpc.ServicerContext) -> bytes:
-            with lock:
-                counts[kind][0] += 1
-                counts[kind][1] += len(request)
-                kept.append((kind, request))
+        def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
+            export(kind, request)
             return b""  # an empty Export*ServiceResponse
 
-        return grpc.unary_unary_rpc_method_handler(export)  # no (de)serializers: raw bytes
+        return grpc.unary_unary_rpc_method_handler(answer)  # no (de)serializers: raw bytes
 
     # otel-step's cumulative export of every step's series passes gRPC's (and a Collector's) 4 MiB default
     server = grpc.server(
@@ -601,18 +613,49 @@ def receiver_main(max_seconds: float) -> None:
     )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    http_server = _http_receiver(lambda kind, body: export(kind, body))
+    threading.Thread(target=http_server.serve_forever, daemon=True).start()
     cpu0 = time.process_time()
     watchdog = threading.Timer(max_seconds, lambda: os._exit(3))  # bounded even if stdin never closes
     watchdog.daemon = True
     watchdog.start()
-    print(f"127.0.0.1:{port}", flush=True)
+    print(f"127.0.0.1:{port} http://127.0.0.1:{http_server.server_address[1]}", flush=True)
     while line := sys.stdin.readline():
         with lock:
             taken = kept[:]
             kept.clear()
         print(RESULT + json.dumps(summarize(taken, int(line.split()[1]))), flush=True)
     server.stop(None)
+    http_server.shutdown()
     print(RESULT + json.dumps({"counts": counts, "cpu_s": time.process_time() - cpu0}), flush=True)
+
+
+def _http_receiver(export: Callable[[str, bytes], None]) -> Any:
+    """The same null receiver over OTLP/HTTP (``/v1/metrics``, ``/v1/traces``, ``/v1/logs``), kept-alive
+    connections, an empty 200 answer: the standard library's server (its CPU is this process's, not the job's)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    kinds = {"/v1/metrics": "metrics", "/v1/traces": "traces", "/v1/logs": "logs"}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            kind = kinds.get(self.path)
+            if kind is not None:
+                export(kind, body)
+            self.send_response(200 if kind is not None else 404)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # the base class's name
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    return server
 
 
 class PeerReceiver(Receiver):
@@ -620,6 +663,7 @@ class PeerReceiver(Receiver):
 
     def __init__(self, max_seconds: float) -> None:
         super().__init__(max_seconds, script=HERE)
+        self.endpoint, self.http_endpoint = self.endpoint.split()
 
     def collect(self, step: int) -> dict[str, Any]:
         stdin, stdout = self.process.stdin, self.process.stdout
@@ -689,8 +733,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown arms {unknown}: choose from {ARMS}")
     args.arm_list = ["bare"] + [a for a in ARMS if a in arms and a != "bare"]
-    if args.before is not None and "rankscope" not in args.arm_list:
-        parser.error("--before measures rankscope: keep the rankscope arm")
+    if args.before is not None and not set(OURS) & set(args.arm_list):
+        parser.error("--before measures rankscope: keep a rankscope arm")
     if args.pairs < 1 or args.steps < 1 or args.warmup < 1 or args.step_ms <= 0:
         parser.error("--pairs, --steps, --warmup and --step-ms must be positive")
     return args
@@ -710,7 +754,8 @@ def benchmark(args: argparse.Namespace) -> int:
     """Calibrate once, start the receiver, run the rounds of children, print the report; 1 when a data check failed."""
     arms: list[str] = list(args.arm_list)
     if args.before is not None:
-        arms.insert(arms.index("rankscope") + 1, "rankscope" + BEFORE)
+        for ours in reversed([a for a in arms if a in OURS]):
+            arms.insert(arms.index(ours) + 1, ours + BEFORE)
     load_before = os.getloadavg()
     calibration = run_child(["--child", "calibrate", "--step-ms", str(args.step_ms), "--phases", str(args.phases)], 120)
     reps = int(calibration["reps"])
@@ -728,10 +773,11 @@ def benchmark(args: argparse.Namespace) -> int:
                 command = ["--child", arm.removesuffix(BEFORE), "--reps", str(reps), "--phases", str(args.phases)]
                 if arm.endswith(BEFORE):
                     command += ["--src", str(args.before / "src")]
-                command += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--endpoint", receiver.endpoint]
+                endpoint = receiver.http_endpoint if arm.removesuffix(BEFORE) == "rankscope" else receiver.endpoint
+                command += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--endpoint", endpoint]
                 result = run_child(command, child_timeout, script=HERE)
                 summary = receiver.collect(last)  # also clears what this child sent
-                if arm.removesuffix(BEFORE) in ("rankscope", "otel", "otel-step"):
+                if arm.removesuffix(BEFORE) in (*OURS, "otel", "otel-step"):
                     result["data"] = received(arm.removesuffix(BEFORE), summary, total, phases)
                 results[arm].append(result)
             line = ", ".join(f"{a} {1000 * float(results[a][-1]['wall_s']) / args.steps:.2f}" for a in order)
@@ -876,7 +922,7 @@ def report(
     failed = [a for a in arms if data[a] not in ("ok", "n/a")]
     for arm in failed:
         print(f"DATA CHECK FAILED ({arm}): {data[arm]}")
-    for rankscope in [a for a in measured if a.removesuffix(BEFORE) == "rankscope"]:
+    for rankscope in [a for a in measured if a.removesuffix(BEFORE) in OURS]:
         print()
         for line in budget_lines(rankscope, measured, inside, process, direct, data):
             print(line)

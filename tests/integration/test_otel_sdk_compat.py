@@ -17,6 +17,7 @@ import opentelemetry.sdk.metrics as sdk_metrics
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
+from opentelemetry.exporter.http.transport._base import BaseHTTPResult, BaseHTTPTransport
 from opentelemetry.exporter.otlp.common.http import _OTLPHTTPClient
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
@@ -177,7 +178,8 @@ def test_every_private_name_resolves_in_the_installed_versions() -> None:
     assert problems == [] and _otel_sdk.PROBLEMS == []
     assert _otel_sdk.SdkGauge is sdk_metrics._Gauge
     assert _otel_sdk.ConfiguratorBase is _BaseConfigurator
-    assert set(found) == {"gauge", "receive", "configurator", "grpc logs", "http logs"}
+    assert _otel_sdk.HttpTransportBase is BaseHTTPTransport and _otel_sdk.HttpResultBase is BaseHTTPResult
+    assert set(found) == {"gauge", "receive", "configurator", "grpc logs", "http logs", "http transport", "http result"}
     for protocol in ("grpc", "http/protobuf"):
         for signal in ("metrics", "logs", "spans"):
             exporter = _otel_sdk.make_exporter(protocol, signal, endpoint="http://127.0.0.1:9/x")  # type: ignore[arg-type]

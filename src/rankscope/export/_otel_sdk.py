@@ -20,7 +20,10 @@ opentelemetry-exporter-otlp-proto-grpc and -http 1.45.2, and the opentelemetry-e
   as they are through a call of the service's ``Export`` method on the exporter's channel, with
   the exporter's headers, compression and TLS).
 - On an HTTP exporter: ``_client`` and ``_shutdown``; on that client (``_OTLPHTTPClient``):
-  ``_timeout``, ``_compress(data)``, ``_submit(data, timeout)`` (``http_post``).
+  ``_timeout``, ``_compress(data)``, ``_submit(data, timeout)`` (``http_post``), ``_endpoint`` and
+  ``_transport`` (``keep_alive``: a plain ``http://`` endpoint's requests go through ``kept_alive``).
+- ``opentelemetry.exporter.http.transport._base.BaseHTTPTransport`` and ``BaseHTTPResult``
+  (opentelemetry-exporter-http-transport 0.66b2): the transport interface ``kept_alive`` implements.
 
 What is checked when: at import, that each package's version is in the range rankscope requires
 (``SUPPORTED``, the ``~=1.45`` of its dependencies) and that every name on a module or class
@@ -61,18 +64,21 @@ SDK = "opentelemetry-sdk"
 GRPC = "opentelemetry-exporter-otlp-proto-grpc"
 HTTP = "opentelemetry-exporter-otlp-proto-http"
 HTTP_CLIENT = "opentelemetry-exporter-otlp-common"
+HTTP_TRANSPORT = "opentelemetry-exporter-http-transport"
 
-READ_FROM = {SDK: "1.45.2", GRPC: "1.45.2", HTTP: "1.45.2", HTTP_CLIENT: "0.66b2"}
+READ_FROM = {SDK: "1.45.2", GRPC: "1.45.2", HTTP: "1.45.2", HTTP_CLIENT: "0.66b2", HTTP_TRANSPORT: "0.66b2"}
 SUPPORTED: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
     SDK: ((1, 45), (2, 0)),
     GRPC: ((1, 45), (2, 0)),
     HTTP: ((1, 45), (2, 0)),
     HTTP_CLIENT: ((0, 66), (1, 0)),
+    HTTP_TRANSPORT: ((0, 66), (1, 0)),
 }
 """(lowest, below) as (major, minor) per package: rankscope's own ``~=1.45``; the client package is
 the one the 1.45 exporters pin, and older ones lack the client altogether."""
 
 _SENDS_FAIL = "{what} cannot be sent over {protocol}: every send is refused and counted as dropped"
+_KEEPS_SDK_TRANSPORT = "OTLP/HTTP goes through the SDK's own transport (requests: ~1 ms more CPU a request)"
 _STATIC = (
     # (key, package, module, attribute path, what turns off without it)
     (
@@ -109,6 +115,20 @@ _STATIC = (
         "opentelemetry.exporter.otlp.proto.http._log_exporter",
         "OTLPLogExporter",
         _SENDS_FAIL.format(what="streamed values (OTLP logs)", protocol="http/protobuf"),
+    ),
+    (
+        "http transport",
+        HTTP_TRANSPORT,
+        "opentelemetry.exporter.http.transport._base",
+        "BaseHTTPTransport",
+        _KEEPS_SDK_TRANSPORT,
+    ),
+    (
+        "http result",
+        HTTP_TRANSPORT,
+        "opentelemetry.exporter.http.transport._base",
+        "BaseHTTPResult",
+        _KEEPS_SDK_TRANSPORT,
     ),
 )
 _GRPC_ATTRIBUTES = ("_channel", "_headers", "_timeout", "_shutdown", "_retryable_error_codes")
@@ -171,6 +191,14 @@ def check() -> tuple[dict[str, Any], list[str]]:
     return found, problems
 
 
+class _StandInTransport:
+    """``BaseHTTPTransport``'s place when the SDK's has moved (then ``keep_alive`` uses none)."""
+
+
+class _StandInResult:
+    """``BaseHTTPResult``'s place when the SDK's has moved."""
+
+
 class _StandInConfigurator:
     """``_BaseConfigurator``'s contract, used only when the SDK's has moved."""
 
@@ -185,6 +213,9 @@ _found, PROBLEMS = check()
 SdkGauge: type = _found.get("gauge", ObservableGauge)
 """The SDK's synchronous gauge class (ObservableGauge stands in: a repeated key is harmless there)."""
 ConfiguratorBase: type = _found.get("configurator", _StandInConfigurator)
+HttpTransportBase: type = _found.get("http transport", _StandInTransport)
+"""The SDK's HTTP transport interface (``kept_alive.KeptAlive`` implements it)."""
+HttpResultBase: type = _found.get("http result", _StandInResult)
 _EXPORTERS: dict[tuple[str, str], type | None] = {
     ("grpc", "metrics"): GrpcMetricExporter,
     ("grpc", "spans"): GrpcSpanExporter,
@@ -245,6 +276,19 @@ def _transport_problem(exporter: Any, protocol: str, what: str) -> str | None:
         except (AttributeError, TypeError, ValueError):
             return _mismatch(HTTP_CLIENT, f"{client_name}.{name}{shape}", what)
     return None
+
+
+def keep_alive(exporter: Any, transport: Any) -> bool:
+    """Send an HTTP exporter's requests through ``transport`` when its endpoint is plain ``http://``
+    (``https://`` keeps the SDK's transport, with its certificates); whether it was swapped."""
+    client = exporter._client
+    if HttpTransportBase is _StandInTransport or not isinstance(getattr(client, "_transport", None), HttpTransportBase):
+        return False
+    if not str(getattr(client, "_endpoint", "")).lower().startswith("http://"):
+        return False
+    old, client._transport = client._transport, transport
+    old.close()
+    return True
 
 
 def grpc_export(exporter: Any, signal: Signal, payload: bytes, timeout: float | None) -> bytes | None:

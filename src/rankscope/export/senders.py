@@ -3,8 +3,10 @@
 rankscope encodes its OTLP requests itself (its states are already aggregated; metric requests
 from per-key templates, ``otlp.templates``), then hands the bytes to the SDK exporter's
 transport, so endpoint, headers, TLS, compression and timeouts follow the SDK and its
-``OTEL_EXPORTER_OTLP_*`` variables. Every sender (gRPC, HTTP, the embedded sink's, a forked
-child's relay) is a ``Sender``: bytes in, one ``Attempt`` out.
+``OTEL_EXPORTER_OTLP_*`` variables, except that a plain ``http://`` endpoint's requests go through one
+kept-alive ``http.client`` connection (``kept_alive``: about half the CPU of the SDK's ``requests``
+or of gRPC). Every sender (gRPC, HTTP, the embedded sink's, a forked child's relay) is a ``Sender``:
+bytes in, one ``Attempt`` out. The embedded sink is sent to over OTLP/HTTP (its HTTP port).
 
 Each ``send`` is **one attempt**, never the SDK's retry loop: the SDK exporters retry with
 exponential backoff inside ``export()`` for up to ``OTEL_EXPORTER_OTLP_TIMEOUT`` and then
@@ -65,6 +67,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from ..core.errors import report_internal_error
 from . import _otel_sdk
+from .kept_alive import KeptAlive, NoAnswerError
 
 _RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
 _MAX_RECONNECT_BACKOFF_MS = 1000
@@ -203,7 +206,8 @@ class _HttpTransport:
                 body = None
             return taken(self._signal, body)
         if status is None:  # no answer: refused connection, timeout, DNS
-            slow = type(result.error).__name__ == "ReadTimeout"  # connected, no answer in time (requests')
+            # connected and sent, no answer in time (kept_alive's, or requests')
+            slow = isinstance(result.error, NoAnswerError) or type(result.error).__name__ == "ReadTimeout"
             return Attempt(False, retry=True, detail=f"{result.error or result.reason}", slow=slow)
         after = None
         try:
@@ -232,12 +236,16 @@ class _Refused:
         pass
 
 
-def _transport(protocol: _otel_sdk.Protocol, signal: Signal, **kwargs: Any) -> _Transport:
+def _transport(
+    protocol: _otel_sdk.Protocol, signal: Signal, kept_alive: KeptAlive | None = None, **kwargs: Any
+) -> _Transport:
     try:
         exporter = _otel_sdk.make_exporter(protocol, signal, **kwargs)
     except _otel_sdk.OtelSdkMismatchError as exc:
         report_internal_error(f"OTLP {signal} export over {protocol}", exc)
         return _Refused(str(exc))
+    if kept_alive is not None:
+        _otel_sdk.keep_alive(exporter, kept_alive)
     return _GrpcTransport(exporter, signal) if protocol == "grpc" else _HttpTransport(exporter, signal)
 
 
@@ -297,13 +305,23 @@ class GrpcSender(_OtlpSender):
 
 
 class HttpSender(_OtlpSender):
-    """OTLP/HTTP (protobuf): ``/v1/metrics``, ``/v1/traces``, ``/v1/logs`` under the endpoint's base."""
+    """OTLP/HTTP (protobuf): ``/v1/metrics``, ``/v1/traces``, ``/v1/logs`` under the endpoint's base,
+    to a plain ``http://`` endpoint on one kept-alive connection the signals share (``kept_alive``)."""
 
     _PATHS: ClassVar[dict[Signal, str]] = {"metrics": "/v1/metrics", "spans": "/v1/traces", "logs": "/v1/logs"}
 
+    def __init__(self, endpoint: str | None) -> None:
+        self._kept_alive = KeptAlive()
+        super().__init__(endpoint)
+
     def _make(self, signal: Signal) -> _Transport:
         base = None if self._url is None else self._url.rstrip("/").removesuffix("/v1/metrics")
-        return _transport("http/protobuf", signal, endpoint=None if base is None else base + self._PATHS[signal])
+        endpoint = None if base is None else base + self._PATHS[signal]
+        return _transport("http/protobuf", signal, self._kept_alive, endpoint=endpoint)
+
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        super().shutdown(timeout_millis)
+        self._kept_alive.close()
 
 
 def make_sender(endpoint: str | None, protocol: str) -> GrpcSender | HttpSender:

@@ -424,11 +424,16 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
 
             run = str(resource.attributes.get(attr.RUN_ID) or "")
             notices = process.notices
-            found = connect_embedded(experiment, run, on_start=lambda: setattr(notices, "sink_starter", os.getpid()))
-            _post_views(found[1], experiment, views)
-            return found
 
-        return EmbeddedSender(connect, "grpc"), True
+            def started() -> None:
+                notices.sink_starter = os.getpid()
+
+            _, control = connect_embedded(experiment, run, on_start=started)
+            _post_views(control, experiment, views)
+            return control, control  # its HTTP port takes OTLP too
+
+        # OTLP/HTTP on one kept-alive connection: ~0.6 ms of CPU a request against gRPC's ~1.3 (``kept_alive``)
+        return EmbeddedSender(connect, "http/protobuf"), True
     return None, False
 
 

@@ -299,7 +299,9 @@ class ConnectionServer(web.Server):
 
     def connection_lost(self, handler: web.RequestHandler, exc: BaseException | None = None) -> None:
         super().connection_lost(handler, exc)
-        self.counts.open = sum(1 for c in self.connections if c.transport is not None)
+        # aiohttp tells the server before the handler lets go of its transport, and forgets the
+        # handler only once its task ends: the lost one is still listed here, looking open.
+        self.counts.open = sum(1 for c in self.connections if c.transport is not None and c is not handler)
 
     def _make_room(self, newcomer: Connection, among: Sequence[web.RequestHandler], bound: str) -> None:
         """Close the first of ``among`` (but the newcomer) by the module's order; else the newcomer."""

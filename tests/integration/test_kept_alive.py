@@ -1,0 +1,178 @@
+"""OTLP/HTTP on one kept-alive connection (``export.kept_alive``), against the real sink's HTTP edge
+and, for what a sink never does, real sockets that misbehave on purpose."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from rankscope.core import names as attr
+from rankscope.export.kept_alive import MAX_ANSWER_BYTES, KeptAlive, NoAnswerError
+from rankscope.export.senders import make_sender
+from rankscope.otlp.common import encode_resource
+from rankscope.sink import Sink, Transport
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _metrics(experiment: str, value: float) -> bytes:
+    resource = encode_resource({attr.EXPERIMENT_ID: experiment, attr.ROLE: "trainer", attr.RANK: "0"})
+    point = NumberDataPoint(as_double=value, time_unix_nano=time.time_ns())
+    metric = Metric(name="loss")
+    metric.gauge.data_points.append(point)
+    scope = ScopeMetrics(metrics=[metric])
+    return ExportMetricsServiceRequest(
+        resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope])]
+    ).SerializeToString()
+
+
+def _spans(experiment: str) -> bytes:
+    resource = encode_resource({attr.EXPERIMENT_ID: experiment, attr.ROLE: "trainer", attr.RANK: "0"})
+    now = time.time_ns()
+    span = Span(
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="step", start_time_unix_nano=now, end_time_unix_nano=now
+    )
+    scope = ScopeSpans(spans=[span])
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(resource=resource, scope_spans=[scope])]
+    ).SerializeToString()
+
+
+def _wait(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_a_process_sends_every_signal_on_one_kept_alive_connection(make_sink: Callable[..., Sink]) -> None:
+    """Metrics and spans, many rounds: one connection the whole time (the SDK's ``requests`` kept one a signal)."""
+    sink = make_sink()
+    sender = make_sender(f"http://127.0.0.1:{sink.http_port}", "http/protobuf")
+    try:
+        for i in range(20):
+            assert sender.send("spans", _spans("kept-alive")).sent
+            assert sender.send("metrics", _metrics("kept-alive", float(i))).sent
+        assert sink.connections.open == 1, sink.connections.status()
+    finally:
+        sender.shutdown()
+    assert _wait(lambda: sink.connections.open == 0)  # shutdown closes it
+
+
+def test_a_connection_the_sink_closed_while_idle_is_opened_again_and_nothing_is_lost(
+    make_sink: Callable[..., Sink],
+) -> None:
+    """The sink closes a connection idle past its timeout; the next request opens a new one and is taken once."""
+    sink = make_sink(transport=Transport(idle_connection_timeout=0.3))
+    sender = make_sender(f"http://127.0.0.1:{sink.http_port}", "http/protobuf")
+    try:
+        assert sender.send("metrics", _metrics("reopened", 1.0)).sent
+        assert _wait(lambda: sink.connections.open == 0)  # the sink closed it
+        for value in (2.0, 3.0):
+            attempt = sender.send("metrics", _metrics("reopened", value))
+            assert attempt.sent, attempt
+        assert sink.connections.open == 1
+    finally:
+        sender.shutdown()
+    assert sink.overview()["foreign_points"] == 3  # each request's one point (not rankscope's: foreign), once
+
+
+@contextmanager
+def _answering(answer: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A listening socket whose every connection gets ``answer`` after its request head arrives."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            answer(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def test_an_answer_longer_than_an_otlp_answer_is_cut_and_its_connection_closed() -> None:
+    """A hostile endpoint's endless body: the transport reads at most ``MAX_ANSWER_BYTES`` and hangs up."""
+    length = 64 * MAX_ANSWER_BYTES
+
+    def endless(conn: socket.socket) -> None:
+        conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n".encode())
+        with_zeros = b"\0" * 65536
+        try:
+            for _ in range(4 * MAX_ANSWER_BYTES // 65536):  # more than the cut, less than it says
+                conn.sendall(with_zeros)
+        except OSError:
+            pass  # the client hung up
+
+    with _answering(endless) as port:
+        transport = KeptAlive()
+        try:
+            started = time.monotonic()
+            result = transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x", timeout=10)
+            assert result.status_code == 200 and len(result.content()) == MAX_ANSWER_BYTES
+            assert time.monotonic() - started < 10
+            assert not transport._connections[("127.0.0.1", port)].sock  # closed, not read on
+        finally:
+            transport.close()
+
+
+def test_a_request_taken_and_never_answered_is_no_answer_not_a_refusal() -> None:
+    """Sent, then silence past the deadline: ``NoAnswerError`` (slow, as gRPC's DEADLINE_EXCEEDED)."""
+    with _answering(lambda conn: None) as port:
+        transport = KeptAlive()
+        try:
+            result = transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x" * 1000, timeout=0.5)
+            assert isinstance(result.error, NoAnswerError), result
+            assert not transport.is_connection_error(result.error)  # the SDK's client does not resend it at once
+        finally:
+            transport.close()
+
+
+def test_a_plain_http_endpoint_shares_one_kept_alive_transport_and_https_keeps_the_sdks() -> None:
+    """``http://``: every signal's SDK client sends through the sender's one ``KeptAlive``; ``https://``
+    keeps the SDK's transport (its certificates and client keys come from the SDK's variables)."""
+    plain, tls = (
+        make_sender("http://127.0.0.1:4318", "http/protobuf"),
+        make_sender("https://example.org", "http/protobuf"),
+    )
+    try:
+        clients = [plain._make(signal)._exporter._client for signal in ("metrics", "spans", "logs")]  # type: ignore[attr-defined]
+        assert all(client._transport is plain._kept_alive for client in clients)  # type: ignore[attr-defined]
+        tls_client = tls._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
+        assert not isinstance(tls_client._transport, KeptAlive)
+    finally:
+        plain.shutdown()
+        tls.shutdown()
