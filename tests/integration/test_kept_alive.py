@@ -176,3 +176,25 @@ def test_a_plain_http_endpoint_shares_one_kept_alive_transport_and_https_keeps_t
     finally:
         plain.shutdown()
         tls.shutdown()
+
+
+def test_an_endpoint_behind_a_proxy_keeps_the_sdks_transport_and_loopback_is_never_proxied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``http_proxy`` sends a remote endpoint through the SDK's ``requests`` (which honours it, as
+    before); ``no_proxy`` and the loopback interface (the embedded sink's) go on the kept-alive one."""
+    monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")
+    monkeypatch.setenv("no_proxy", "collector.direct")
+    cases = {
+        "http://collector.example:4318": False,
+        "http://collector.direct:4318": True,
+        "http://127.0.0.1:4318": True,
+        "http://localhost:4318": True,
+    }
+    for url, kept in cases.items():
+        sender = make_sender(url, "http/protobuf")
+        try:
+            client = sender._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
+            assert (client._transport is sender._kept_alive) is kept, url  # type: ignore[attr-defined]
+        finally:
+            sender.shutdown()

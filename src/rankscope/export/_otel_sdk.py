@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from importlib import import_module, metadata
 from typing import Any, Literal
 
@@ -278,13 +278,13 @@ def _transport_problem(exporter: Any, protocol: str, what: str) -> str | None:
     return None
 
 
-def keep_alive(exporter: Any, transport: Any) -> bool:
-    """Send an HTTP exporter's requests through ``transport`` when its endpoint is plain ``http://``
-    (``https://`` keeps the SDK's transport, with its certificates); whether it was swapped."""
+def keep_alive(exporter: Any, transport: Any, takes: Callable[[str], bool]) -> bool:
+    """Send an HTTP exporter's requests through ``transport`` when ``takes`` its endpoint (the URL the
+    SDK resolved: an argument or its variables); whether it was swapped."""
     client = exporter._client
     if HttpTransportBase is _StandInTransport or not isinstance(getattr(client, "_transport", None), HttpTransportBase):
         return False
-    if not str(getattr(client, "_endpoint", "")).lower().startswith("http://"):
+    if not takes(str(getattr(client, "_endpoint", ""))):
         return False
     old, client._transport = client._transport, transport
     old.close()

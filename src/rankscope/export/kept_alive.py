@@ -8,7 +8,9 @@ requests a round that is the largest part of what the export thread pays that is
 ours. So a process sends its HTTP signals through ``http.client``: one connection per endpoint,
 shared by the signals (the export thread sends them one after another), opened again when the
 server has closed it while it idled (the sink closes an idle one after 15 s). ``https://`` keeps
-the SDK's transport: its certificates and client keys come from the SDK's variables.
+the SDK's transport: its certificates and client keys come from the SDK's variables; so does an
+endpoint that the ``http_proxy`` / ``no_proxy`` variables send through a proxy (``takes``), as
+``requests`` would, except on the loopback interface (the embedded sink's), never proxied.
 
 What a transport must answer is the SDK's (``BaseHTTPTransport``): a status and body, or the error
 that stopped the request; the SDK's client retries a connection error once at once (a connection
@@ -24,6 +26,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.message import Message
@@ -122,6 +125,19 @@ class KeptAlive(HttpTransportBase):  # type: ignore[misc]  # the SDK's BaseHTTPT
             for connection in self._connections.values():
                 connection.close()
             self._connections.clear()
+
+
+def takes(url: str) -> bool:
+    """Whether ``KeptAlive`` sends to ``url``: plain ``http://``, not through a proxy."""
+    return url.lower().startswith("http://") and not proxied(url)
+
+
+def proxied(url: str) -> bool:
+    """Whether the proxy variables send ``url`` through a proxy (the loopback interface never)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return False
+    return "http" in urllib.request.getproxies() and not urllib.request.proxy_bypass(host)
 
 
 def _readable(sock: socket.socket) -> bool:

@@ -67,7 +67,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from ..core.errors import report_internal_error
 from . import _otel_sdk
-from .kept_alive import KeptAlive, NoAnswerError
+from .kept_alive import KeptAlive, NoAnswerError, takes
 
 _RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
 _MAX_RECONNECT_BACKOFF_MS = 1000
@@ -245,7 +245,7 @@ def _transport(
         report_internal_error(f"OTLP {signal} export over {protocol}", exc)
         return _Refused(str(exc))
     if kept_alive is not None:
-        _otel_sdk.keep_alive(exporter, kept_alive)
+        _otel_sdk.keep_alive(exporter, kept_alive, takes)
     return _GrpcTransport(exporter, signal) if protocol == "grpc" else _HttpTransport(exporter, signal)
 
 
