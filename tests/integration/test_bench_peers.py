@@ -1,6 +1,7 @@
-"""``benchmarks/bench_peers.py`` short: every arm (rankscope, the floor and each peer) runs its
-child and its data check holds, so the peers table (docs/benchmarks.md) compares loggers that
-really kept the last step's 100 keys and 4 phases. The figures of a 2 ms step mean nothing."""
+"""``benchmarks/bench_peers.py`` short: every arm (rankscope over OTLP/HTTP and over OTLP/gRPC, the
+floor and each peer) runs its child and its data check holds, so the peers table
+(docs/benchmarks.md) compares loggers that really kept the last step's 100 keys and 4 phases. The
+figures of a 2 ms step mean nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from ..conftest import ROOT
 
-ARMS = ("floor", "rankscope", "otel", "otel-step", "wandb", "tensorboard", "torchtitan", "csv")
+ARMS = ("floor", "rankscope", "rankscope-grpc", "otel", "otel-step", "wandb", "tensorboard", "torchtitan", "csv")
 
 
 @pytest.mark.timeout(240)
@@ -30,3 +31,4 @@ def test_every_arm_of_the_peers_benchmark_keeps_the_same_data(tmp_path) -> None:
     judged = r"rankscope's whole-process CPU \(calls \+ other threads\) <= 1 x csv's: .*: (HOLDS|NOT MET|INCONCLUSIVE)"
     assert re.search(judged, done.stdout), done.stdout  # the budget is judged on the direct reading
     assert "(cross-check, two processes' totals differenced: noisier)" in done.stdout
+    assert re.search(r"rankscope-grpc's training thread inside its calls <= 2 x floor's: ", done.stdout)  # both judged
