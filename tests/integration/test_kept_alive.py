@@ -8,15 +8,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
+import requests
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from rankscope.core import names as attr
-from rankscope.export.kept_alive import MAX_ANSWER_BYTES, KeptAlive, NoAnswerError
+from rankscope.export import _otel_sdk
+from rankscope.export.kept_alive import MAX_ANSWER_BYTES, KeptAlive, NoAnswerError, takes
 from rankscope.export.senders import make_sender
 from rankscope.otlp.common import encode_resource
 from rankscope.sink import Sink, Transport
@@ -198,3 +201,125 @@ def test_an_endpoint_behind_a_proxy_keeps_the_sdks_transport_and_loopback_is_nev
             assert (client._transport is sender._kept_alive) is kept, url  # type: ignore[attr-defined]
         finally:
             sender.shutdown()
+
+
+def test_a_trickled_answer_is_cut_at_the_deadline_not_per_read() -> None:
+    """A server sending one header line every 0.2 s: ``http.client``'s timeout restarts at each read,
+    the request's does not (it ends near its 1 s, as no answer)."""
+
+    def trickle(conn: socket.socket) -> None:
+        try:
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for i in range(60):
+                time.sleep(0.2)
+                conn.sendall(f"X-Slow-{i}: 1\r\n".encode())
+        except OSError:
+            pass  # the client hung up
+
+    with _answering(trickle) as port:
+        transport = KeptAlive()
+        try:
+            started = time.monotonic()
+            result = transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x", timeout=1.0)
+            took = time.monotonic() - started
+            assert isinstance(result.error, NoAnswerError), result
+            assert took < 3.0, took  # 12 s one read at a time
+        finally:
+            transport.close()
+
+
+def test_close_returns_at_once_and_ends_a_request_in_flight() -> None:
+    """Shutdown's escape from a stuck send: ``close`` does not wait for the request, which returns."""
+    with _answering(lambda conn: None) as port:
+        transport = KeptAlive()
+        results: list[object] = []
+        worker = threading.Thread(
+            target=lambda: results.append(
+                transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x", timeout=30)
+            )
+        )
+        worker.start()
+        time.sleep(0.5)  # the request is waiting for its answer
+        started = time.monotonic()
+        transport.close()
+        worker.join(5)
+        assert not worker.is_alive() and time.monotonic() - started < 5
+        assert results and results[0].error is not None  # type: ignore[attr-defined]
+        later = transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x", timeout=1)
+        assert later.error is not None and not transport.is_connection_error(later.error)  # closed for good
+
+
+def test_a_bad_header_or_url_is_an_answer_with_its_error_never_raised(make_sink: Callable[..., Sink]) -> None:
+    sink = make_sink()
+    transport = KeptAlive()
+    try:
+        url = f"http://127.0.0.1:{sink.http_port}/v1/metrics"
+        bad = transport.request("POST", url, headers={"X-Name": "caf\u00e9\u2603"}, data=b"", timeout=5)
+        assert bad.error is not None and bad.status_code is None
+        assert transport.request("POST", "http://[::1/v1/metrics", data=b"", timeout=5).error is not None
+        good = transport.request("POST", url, headers={"Content-Type": "application/x-protobuf"}, data=b"", timeout=5)
+        assert good.status_code == 200, good  # the connection the bad header left half-used was not reused
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "kept"),
+    [
+        ("http://user:secret@collector.example:4318", {}, False),  # requests sends them as Basic auth
+        ("http://collector.example:4318", {"ALL_PROXY": "http://proxy.invalid:3128"}, False),
+        ("http://127.evil.example:4318", {"http_proxy": "http://proxy.invalid:3128"}, False),  # a name, not loopback
+        ("http://[::1]:4318", {"http_proxy": "http://proxy.invalid:3128"}, True),
+        ("http://collector.example:4318", {}, True),
+    ],
+)
+def test_an_endpoint_with_credentials_or_any_proxy_keeps_the_sdks_transport(
+    url: str, env: dict[str, str], kept: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    sender = make_sender(url, "http/protobuf")
+    try:
+        client = sender._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
+        assert (client._transport is sender._kept_alive) is kept  # type: ignore[attr-defined]
+    finally:
+        sender.shutdown()
+
+
+def test_a_netrc_entry_for_the_host_keeps_the_sdks_transport(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine collector.example login user password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    for url, kept in (("http://collector.example:4318", False), ("http://other.example:4318", True)):
+        sender = make_sender(url, "http/protobuf")
+        try:
+            client = sender._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
+            assert (client._transport is sender._kept_alive) is kept, url  # type: ignore[attr-defined]
+        finally:
+            sender.shutdown()
+
+
+def test_a_session_of_the_users_own_keeps_the_sdks_transport() -> None:
+    """A credential provider's session (``OTEL_PYTHON_EXPORTER_OTLP_HTTP_*CREDENTIAL_PROVIDER``), or one
+    with auth, signs requests ``http.client`` would not: the swap is skipped; a plain one is swapped."""
+
+    class Signed(requests.Session):
+        pass
+
+    with_auth = requests.Session()
+    with_auth.auth = ("user", "secret")
+    for session, swapped in ((Signed(), False), (with_auth, False), (requests.Session(), True)):
+        exporter = _otel_sdk.make_exporter(
+            "http/protobuf",
+            "metrics",
+            endpoint="http://collector.example:4318/v1/metrics",
+            session=session,  # type: ignore[arg-type]
+        )
+        try:
+            assert _otel_sdk.keep_alive(exporter, KeptAlive(), takes) is swapped
+        finally:
+            exporter.shutdown()

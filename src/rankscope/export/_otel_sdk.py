@@ -21,7 +21,8 @@ opentelemetry-exporter-otlp-proto-grpc and -http 1.45.2, and the opentelemetry-e
   the exporter's headers, compression and TLS).
 - On an HTTP exporter: ``_client`` and ``_shutdown``; on that client (``_OTLPHTTPClient``):
   ``_timeout``, ``_compress(data)``, ``_submit(data, timeout)`` (``http_post``), ``_endpoint`` and
-  ``_transport`` (``keep_alive``: a plain ``http://`` endpoint's requests go through ``kept_alive``).
+  ``_transport`` (``keep_alive``: a plain ``http://`` endpoint's requests go through ``kept_alive``),
+  and on the SDK's ``requests`` transport ``_session`` (one a credential provider made keeps it).
 - ``opentelemetry.exporter.http.transport._base.BaseHTTPTransport`` and ``BaseHTTPResult``
   (opentelemetry-exporter-http-transport 0.66b2): the transport interface ``kept_alive`` implements.
 
@@ -49,6 +50,7 @@ from collections.abc import Callable, Collection
 from importlib import import_module, metadata
 from typing import Any, Literal
 
+import requests
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
@@ -286,6 +288,9 @@ def keep_alive(exporter: Any, transport: Any, takes: Callable[[str], bool]) -> b
         return False
     if not takes(str(getattr(client, "_endpoint", ""))):
         return False
+    session = getattr(client._transport, "_session", None)  # the SDK's requests transport's
+    if session is not None and (type(session) is not requests.Session or session.auth is not None):
+        return False  # a credential provider's session (OTEL_PYTHON_EXPORTER_OTLP_HTTP_*CREDENTIAL_PROVIDER)
     old, client._transport = client._transport, transport
     old.close()
     return True

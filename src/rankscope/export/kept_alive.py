@@ -20,17 +20,23 @@ took the request and is slow, not gone (``senders`` backs off for it as for gRPC
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import io
+import ipaddress
+import math
+import netrc
+import os
 import select
 import socket
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import Message
-from typing import cast
+from typing import Any, cast
 
 from ._otel_sdk import HttpResultBase, HttpTransportBase
 
@@ -59,11 +65,13 @@ class Answer(HttpResultBase):  # type: ignore[misc]  # the SDK's BaseHTTPResult
 
 
 class KeptAlive(HttpTransportBase):  # type: ignore[misc]  # the SDK's BaseHTTPTransport
-    """``http.client`` connections kept open between requests, one per host and port."""
+    """``http.client`` connections kept open between requests, one per host and port; closed for good by ``close``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._connections: dict[tuple[str, int], http.client.HTTPConnection] = {}
+        """Held by a request (the export thread's, one at a time); ``close`` never waits for it."""
+        self._connections: dict[tuple[str, int], _Connection] = {}
+        self._closed = False
 
     def request(
         self,
@@ -74,70 +82,156 @@ class KeptAlive(HttpTransportBase):  # type: ignore[misc]  # the SDK's BaseHTTPT
         timeout: float | None = None,
         data: bytes | None = None,
     ) -> Answer:
-        parts = urllib.parse.urlsplit(url)
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
+        """One request, within ``timeout`` in all (connecting, sending and the answer), never raising."""
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._lock:
+            if self._closed:
+                return Answer(error=ConnectionAbortedError("the transport is shut down"))
             try:
+                parts = urllib.parse.urlsplit(url)
                 where = (parts.hostname or "", parts.port or 80)
-            except ValueError as exc:  # a port that is not a number
+            except ValueError as exc:  # not a URL, or a port that is not a number
                 return Answer(error=exc)
-            connection = self._open(where, timeout)
-            deadline = None if timeout is None else time.monotonic() + timeout
+            path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+            connection = self._open(where)
+            connection.deadline = deadline
             sent = False
             try:
                 connection.request(method, path, body=data, headers=headers or {})
                 sent = True
-                if deadline is not None and connection.sock is not None:
-                    connection.sock.settimeout(max(0.001, deadline - time.monotonic()))
                 response = connection.getresponse()
                 body = response.read(MAX_ANSWER_BYTES)
                 if not response.isclosed():  # longer than an answer is: not read on
                     connection.close()
             except TimeoutError as exc:
-                connection.close()
+                self._drop(where)
                 return Answer(error=NoAnswerError(f"no answer within {timeout}s") if sent else exc)
-            except (OSError, http.client.HTTPException) as exc:
-                connection.close()
+            except Exception as exc:  # refused, reset, a malformed answer or header: never raised to the SDK
+                self._drop(where)
                 return Answer(error=exc)
             return Answer(status_code=response.status, reason=response.reason, body=body, head=response.headers)
 
-    def _open(self, where: tuple[str, int], timeout: float | None) -> http.client.HTTPConnection:
+    def _open(self, where: tuple[str, int]) -> _Connection:
         """The connection to ``where``, a new one if the server closed it (readable while idle: its end)."""
         connection = self._connections.get(where)
         if connection is None:
-            connection = self._connections[where] = http.client.HTTPConnection(*where, timeout=timeout)
-        elif connection.sock is not None:
-            if _readable(connection.sock):
-                connection.close()  # reconnects on its next request
-            else:
-                connection.sock.settimeout(timeout)
-        connection.timeout = timeout
+            connection = self._connections[where] = _Connection(*where)
+        elif connection.sock is not None and _readable(connection.sock):
+            connection.close()  # reconnects on its request
         return connection
+
+    def _drop(self, where: tuple[str, int]) -> None:
+        """Close and forget a connection a request failed on: ``http.client`` keeps what a failed
+        request had buffered, which the next one on it would send first."""
+        connection = self._connections.pop(where, None)
+        if connection is not None:
+            connection.close()
 
     def is_connection_error(self, exception: Exception | None) -> bool:
         """Whether the SDK's client may try again at once: no connection, or one the server closed."""
-        return isinstance(exception, ConnectionError)
+        return isinstance(exception, ConnectionError) and not self._closed
 
     def close(self) -> None:
+        """Close every connection, a request in flight too (its socket shut down: it returns at once,
+        as a stuck send at shutdown must), and take no more requests."""
+        self._closed = True
+        for connection in list(self._connections.values()):
+            sock = connection.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
             for connection in self._connections.values():
                 connection.close()
             self._connections.clear()
 
 
+class _Connection(http.client.HTTPConnection):
+    """A connection whose every wait (connecting, each send, each read of the answer) takes only the
+    time left before ``deadline``: ``http.client``'s own timeout starts again at each socket call,
+    so a server trickling its answer a byte at a time would hold a request for ever."""
+
+    deadline = math.inf
+
+    def _left(self) -> float | None:
+        if self.deadline == math.inf:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        return left
+
+    def connect(self) -> None:
+        self.timeout = self._left()
+        super().connect()
+
+    def send(self, data: Any) -> None:
+        if self.sock is not None:
+            self.sock.settimeout(self._left())  # sendall's timeout bounds the whole call
+        super().send(data)
+
+    def response_class(self, sock: socket.socket, method: str | None = None) -> http.client.HTTPResponse:  # type: ignore[override]
+        response = http.client.HTTPResponse(sock, method=method)
+        response.fp.close()  # the buffered file ``http.client`` made: read through the deadline's instead
+        response.fp = io.BufferedReader(_UntilDeadline(sock, self._left))
+        return response
+
+
+class _UntilDeadline(io.RawIOBase):
+    """A socket's reads, each waiting only the time its connection's deadline leaves. Made by the
+    socket's ``makefile``, as ``http.client``'s own file is, so the socket stays open while an answer
+    that closes its connection is read."""
+
+    def __init__(self, sock: socket.socket, left: Callable[[], float | None]) -> None:
+        self._sock, self._left = sock, left
+        self._raw = sock.makefile("rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        self._sock.settimeout(self._left())
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def takes(url: str) -> bool:
-    """Whether ``KeptAlive`` sends to ``url``: plain ``http://``, not through a proxy."""
-    return url.lower().startswith("http://") and not proxied(url)
-
-
-def proxied(url: str) -> bool:
-    """Whether the proxy variables send ``url`` through a proxy (the loopback interface never)."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost" or host.startswith("127.") or host == "::1":
+    """Whether ``KeptAlive`` sends to ``url``: plain ``http://``, with no credentials of its own (the
+    URL's user and password, a ``.netrc`` entry: ``requests`` sends them) and not through a proxy."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        if parts.scheme.lower() != "http" or parts.username is not None or not host:
+            return False
+        return not proxied(host) and not _netrc_has(host)
+    except ValueError:  # a malformed URL: the SDK's transport says what is wrong with it
         return False
-    return "http" in urllib.request.getproxies() and not urllib.request.proxy_bypass(host)
+
+
+def proxied(host: str) -> bool:
+    """Whether the proxy variables send requests to ``host`` through a proxy (the loopback interface never)."""
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return False
+    except ValueError:  # a name
+        if host.lower() == "localhost":
+            return False
+    proxies = urllib.request.getproxies()
+    return bool({"http", "all"} & proxies.keys()) and not urllib.request.proxy_bypass(host)
+
+
+def _netrc_has(host: str) -> bool:
+    """Whether ``$NETRC`` or ``~/.netrc`` holds credentials for ``host`` (``requests`` sends them)."""
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    if not os.path.isfile(path):
+        return False
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return True  # unreadable: keep the SDK's transport, which reads it its own way
 
 
 def _readable(sock: socket.socket) -> bool:
