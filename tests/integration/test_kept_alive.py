@@ -164,6 +164,16 @@ def test_a_request_taken_and_never_answered_is_no_answer_not_a_refusal() -> None
             transport.close()
 
 
+def sends_on_kept_alive(url: str) -> bool:
+    """Whether an OTLP/HTTP sender to ``url`` swapped its metrics client's transport for its ``KeptAlive``."""
+    sender = make_sender(url, "http/protobuf")
+    try:
+        client = sender._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
+        return client._transport is sender._kept_alive  # type: ignore[attr-defined,no-any-return]
+    finally:
+        sender.shutdown()
+
+
 def test_a_plain_http_endpoint_shares_one_kept_alive_transport_and_https_keeps_the_sdks() -> None:
     """``http://``: every signal's SDK client sends through the sender's one ``KeptAlive``; ``https://``
     keeps the SDK's transport (its certificates and client keys come from the SDK's variables)."""
@@ -195,12 +205,7 @@ def test_an_endpoint_behind_a_proxy_keeps_the_sdks_transport_and_loopback_is_nev
         "http://localhost:4318": True,
     }
     for url, kept in cases.items():
-        sender = make_sender(url, "http/protobuf")
-        try:
-            client = sender._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
-            assert (client._transport is sender._kept_alive) is kept, url  # type: ignore[attr-defined]
-        finally:
-            sender.shutdown()
+        assert sends_on_kept_alive(url) is kept, url
 
 
 def test_a_trickled_answer_is_cut_at_the_deadline_not_per_read() -> None:
@@ -281,12 +286,7 @@ def test_an_endpoint_with_credentials_or_any_proxy_keeps_the_sdks_transport(
     monkeypatch.setenv("NETRC", str(tmp_path / "none"))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    sender = make_sender(url, "http/protobuf")
-    try:
-        client = sender._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
-        assert (client._transport is sender._kept_alive) is kept  # type: ignore[attr-defined]
-    finally:
-        sender.shutdown()
+    assert sends_on_kept_alive(url) is kept
 
 
 def test_a_netrc_entry_for_the_host_keeps_the_sdks_transport(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -295,12 +295,7 @@ def test_a_netrc_entry_for_the_host_keeps_the_sdks_transport(monkeypatch: pytest
     netrc.chmod(0o600)
     monkeypatch.setenv("NETRC", str(netrc))
     for url, kept in (("http://collector.example:4318", False), ("http://other.example:4318", True)):
-        sender = make_sender(url, "http/protobuf")
-        try:
-            client = sender._transports["metrics"]._exporter._client  # type: ignore[attr-defined]
-            assert (client._transport is sender._kept_alive) is kept, url  # type: ignore[attr-defined]
-        finally:
-            sender.shutdown()
+        assert sends_on_kept_alive(url) is kept, url
 
 
 def test_a_session_of_the_users_own_keeps_the_sdks_transport() -> None:
