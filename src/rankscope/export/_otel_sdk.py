@@ -45,6 +45,7 @@ name and sends one request through each exporter path to a real receiver.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Callable, Collection
 from importlib import import_module, metadata
@@ -280,6 +281,27 @@ def _transport_problem(exporter: Any, protocol: str, what: str) -> str | None:
     return None
 
 
+_CREDENTIAL_PROVIDERS = tuple(
+    f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{signal}CREDENTIAL_PROVIDER" for signal in ("", "LOGS_", "TRACES_", "METRICS_")
+)
+"""The SDK's variables naming a function that makes the HTTP exporters' ``requests.Session``."""
+_SESSION_SETTINGS = ("headers", "auth", "proxies", "hooks", "params", "verify", "cert", "trust_env", "max_redirects")
+
+
+def _as_made(session: Any) -> bool:
+    """Whether ``session`` is a ``requests.Session`` as the SDK makes one when given none: nothing of its
+    own (headers, auth, proxies, hooks, cookies, mounted adapters) that ``http.client`` would not send."""
+    if type(session) is not requests.Session:
+        return False
+    with requests.Session() as fresh:
+        return (
+            all(getattr(session, name, None) == getattr(fresh, name) for name in _SESSION_SETTINGS)
+            and not session.cookies
+            and {prefix: type(a) for prefix, a in session.adapters.items()}
+            == {prefix: type(a) for prefix, a in fresh.adapters.items()}
+        )
+
+
 def keep_alive(exporter: Any, transport: Any, takes: Callable[[str], bool]) -> bool:
     """Send an HTTP exporter's requests through ``transport`` when ``takes`` its endpoint (the URL the
     SDK resolved: an argument or its variables); whether it was swapped."""
@@ -289,8 +311,8 @@ def keep_alive(exporter: Any, transport: Any, takes: Callable[[str], bool]) -> b
     if not takes(str(getattr(client, "_endpoint", ""))):
         return False
     session = getattr(client._transport, "_session", None)  # the SDK's requests transport's
-    if session is not None and (type(session) is not requests.Session or session.auth is not None):
-        return False  # a credential provider's session (OTEL_PYTHON_EXPORTER_OTLP_HTTP_*CREDENTIAL_PROVIDER)
+    if any(os.environ.get(name) for name in _CREDENTIAL_PROVIDERS) or (session is not None and not _as_made(session)):
+        return False  # a credential provider's or the user's own session: its headers, auth, hooks go with it
     old, client._transport = client._transport, transport
     old.close()
     return True

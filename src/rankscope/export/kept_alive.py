@@ -10,7 +10,8 @@ shared by the signals (the export thread sends them one after another), opened a
 server has closed it while it idled (the sink closes an idle one after 15 s). ``https://`` keeps
 the SDK's transport: its certificates and client keys come from the SDK's variables; so does an
 endpoint that the ``http_proxy`` / ``no_proxy`` variables send through a proxy (``takes``), as
-``requests`` would, except on the loopback interface (the embedded sink's), never proxied.
+``requests`` would, except on the loopback interface (the embedded sink's), never proxied, and one
+with credentials ``requests`` would send (the URL's, ``.netrc``'s, a session's: ``_otel_sdk.keep_alive``).
 
 What a transport must answer is the SDK's (``BaseHTTPTransport``): a status and body, or the error
 that stopped the request; the SDK's client retries a connection error once at once (a connection
@@ -85,37 +86,47 @@ class KeptAlive(HttpTransportBase):  # type: ignore[misc]  # the SDK's BaseHTTPT
         """One request, within ``timeout`` in all (connecting, sending and the answer), never raising."""
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._lock:
-            if self._closed:
-                return Answer(error=ConnectionAbortedError("the transport is shut down"))
             try:
-                parts = urllib.parse.urlsplit(url)
-                where = (parts.hostname or "", parts.port or 80)
-            except ValueError as exc:  # not a URL, or a port that is not a number
-                return Answer(error=exc)
+                return self._request(method, url, headers, timeout, deadline, data)
+            finally:
+                if self._closed:  # ``close`` came while this request was connecting: its socket closes here
+                    self._close_all()
+
+    def _request(
+        self, method: str, url: str, headers: dict[str, str] | None, timeout: float | None, deadline: float, data: Any
+    ) -> Answer:
+        if self._closed:
+            return Answer(error=ConnectionAbortedError("the transport is shut down"))
+        try:
+            parts = urllib.parse.urlsplit(url)
+            where = (parts.hostname or "", parts.port or 80)
             path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
             connection = self._open(where)
-            connection.deadline = deadline
-            sent = False
-            try:
-                connection.request(method, path, body=data, headers=headers or {})
-                sent = True
-                response = connection.getresponse()
-                body = response.read(MAX_ANSWER_BYTES)
-                if not response.isclosed():  # longer than an answer is: not read on
-                    connection.close()
-            except TimeoutError as exc:
-                self._drop(where)
-                return Answer(error=NoAnswerError(f"no answer within {timeout}s") if sent else exc)
-            except Exception as exc:  # refused, reset, a malformed answer or header: never raised to the SDK
-                self._drop(where)
-                return Answer(error=exc)
-            return Answer(status_code=response.status, reason=response.reason, body=body, head=response.headers)
+        except (ValueError, http.client.HTTPException) as exc:  # not a URL, a port or host that is not one
+            return Answer(error=exc)
+        connection.deadline = deadline
+        sent = False
+        try:
+            connection.request(method, path, body=data, headers=headers or {})
+            sent = True
+            response = connection.getresponse()
+            body = response.read(MAX_ANSWER_BYTES)
+            if not response.isclosed():  # longer than an answer is: not read on
+                connection.close()
+        except TimeoutError as exc:
+            self._drop(where)
+            return Answer(error=NoAnswerError(f"no answer within {timeout}s") if sent else exc)
+        except Exception as exc:  # refused, reset, a malformed answer or header: never raised to the SDK
+            self._drop(where)
+            return Answer(error=exc)
+        return Answer(status_code=response.status, reason=response.reason, body=body, head=response.headers)
 
     def _open(self, where: tuple[str, int]) -> _Connection:
         """The connection to ``where``, a new one if the server closed it (readable while idle: its end)."""
         connection = self._connections.get(where)
         if connection is None:
             connection = self._connections[where] = _Connection(*where)
+            connection.closed = lambda: self._closed
         elif connection.sock is not None and _readable(connection.sock):
             connection.close()  # reconnects on its request
         return connection
@@ -133,17 +144,24 @@ class KeptAlive(HttpTransportBase):  # type: ignore[misc]  # the SDK's BaseHTTPT
 
     def close(self) -> None:
         """Close every connection, a request in flight too (its socket shut down: it returns at once,
-        as a stuck send at shutdown must), and take no more requests."""
+        as a stuck send at shutdown must), and take no more requests. Never waits: a request still
+        resolving or connecting (no socket to shut down yet) closes its connection as it ends."""
         self._closed = True
         for connection in list(self._connections.values()):
             sock = connection.sock
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-        with self._lock:
-            for connection in self._connections.values():
-                connection.close()
-            self._connections.clear()
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close_all()
+            finally:
+                self._lock.release()
+
+    def _close_all(self) -> None:
+        for connection in list(self._connections.values()):
+            connection.close()
+        self._connections.clear()
 
 
 class _Connection(http.client.HTTPConnection):
@@ -152,6 +170,8 @@ class _Connection(http.client.HTTPConnection):
     so a server trickling its answer a byte at a time would hold a request for ever."""
 
     deadline = math.inf
+    closed: Callable[[], bool] = staticmethod(lambda: False)
+    """Whether its transport was closed (``KeptAlive.close`` found no socket to shut down while it connected)."""
 
     def _left(self) -> float | None:
         if self.deadline == math.inf:
@@ -164,6 +184,9 @@ class _Connection(http.client.HTTPConnection):
     def connect(self) -> None:
         self.timeout = self._left()
         super().connect()
+        if self.closed():
+            raise ConnectionAbortedError("the transport was shut down while connecting")
+        self.sock.settimeout(self._left())  # the request's first send: what connecting left of the deadline
 
     def send(self, data: Any) -> None:
         if self.sock is not None:
@@ -206,8 +229,9 @@ def takes(url: str) -> bool:
         host = parts.hostname or ""
         if parts.scheme.lower() != "http" or parts.username is not None or not host:
             return False
+        http.client.HTTPConnection(host, parts.port)  # checks the host as a request would (connects nowhere)
         return not proxied(host) and not _netrc_has(host)
-    except ValueError:  # a malformed URL: the SDK's transport says what is wrong with it
+    except (ValueError, http.client.HTTPException):  # a malformed URL: the SDK's transport says what is wrong
         return False
 
 
