@@ -265,7 +265,9 @@ def test_a_restart_after_ten_thousand_ended_runs_answers_within_seconds_and_know
         begun = time.monotonic()
         sink = start_sink(tmp_path, "sink", backends, grpc_port, http_port, grace=0.5)
         restart = time.monotonic() - begun
-        assert restart < 5.0, f"the restarted sink answered /healthz after {restart:.1f} s"
+        # a fresh sink's own start (a Python process importing its servers) took up to 5.8 s in a busy
+        # fresh clone; replaying the 10,000 runs took 17.9 s on a quiet box before the fix
+        assert restart < 15.0, f"the restarted sink answered /healthz after {restart:.1f} s"
 
         assert not runs_dir.exists() or list(runs_dir.iterdir()) == []  # nothing per run of them
         status = control(http_port, "/rankscope/v1/status?experiment=flood&run=run-9999")
