@@ -17,7 +17,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,12 +70,24 @@ def _wait_for(path: Path, job: subprocess.Popen[bytes], log: Path, seconds: floa
         time.sleep(0.2)
 
 
+def _connections_once_both_ranks_sent(url: str) -> dict[str, Any]:
+    """The sink's connection counts (its status route), once both ranks have sent it data (or 60 s passed)."""
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(f"{url}/rankscope/v1/status", timeout=10) as answer:
+            status = json.load(answer)
+        runs = [r for r in status["experiment_list"] if r["id"] == "newcomer-tiny"]
+        if (runs and runs[0]["processes"] == 2) or time.monotonic() > deadline:
+            return {"runs": runs, **status["connections"]}
+        time.sleep(0.2)
+
+
 @pytest.mark.timeout(360)
 def test_run_follows_the_experiment_named_in_code_and_top_and_report_find_its_sink(tmp_path: Path) -> None:
     (tmp_path / "tiny.py").write_text(TINY)
     gate, runtime = tmp_path / "gate", tmp_path / "runtime"
     gate.mkdir()
-    env = _env(runtime)
+    env = _env(runtime) | {"RANKSCOPE_PROTOCOL": "grpc"}  # a setting for other endpoints: not the run's sink's
     log = tmp_path / "run.log"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd = [sys.executable, "-m", "rankscope.cli", "run", "--report", "--gantt", "steps.json", "--", *torchrun]
@@ -93,6 +107,11 @@ def test_run_follows_the_experiment_named_in_code_and_top_and_report_find_its_si
         assert http, said[-2000:]
         url = http.group(1)
         assert f"rankscope top --sink {url}\n" in said and f"rankscope report --sink {url}\n" in said, said
+        # The ranks sent OTLP/HTTP to that port, whatever RANKSCOPE_PROTOCOL says: no gRPC connection
+        # was ever made (one that went quiet is counted as timed out). They sent gRPC before.
+        seen = _connections_once_both_ranks_sent(url)
+        assert seen["runs"] and seen["runs"][0]["processes"] == 2, seen
+        assert seen["grpc"]["open"] == 0 and seen["grpc"]["timed_out"] == 0, seen
 
         deadline = time.monotonic() + 60
         while True:  # no flags: it finds the `rankscope run` sink on this host

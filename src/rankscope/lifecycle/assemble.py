@@ -400,7 +400,8 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
     """Where this process's OTLP goes, and whether its views run in that sink.
 
     An endpoint: export there; views run in the sink only when it takes posted configs
-    (``rankscope run`` sets ``RANKSCOPE_SINK_CONTROL``). No endpoint: a multi-process job
+    (``rankscope run`` sets ``RANKSCOPE_SINK_CONTROL``, and the endpoint to that same HTTP port:
+    OTLP/HTTP on one kept-alive connection, whatever the protocol setting says). No endpoint: a multi-process job
     (or ``RANKSCOPE_SINK=embedded``) uses its launch's embedded sink (one per experiment and
     run on this machine); a lone process keeps its views to itself.
     """
@@ -409,6 +410,8 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
     if has_endpoint(endpoint):
         if control is None:
             return make_sender(endpoint, protocol), False
+        if endpoint is not None and endpoint.rstrip("/") == control.rstrip("/"):
+            protocol = "http/protobuf"  # the sink's control port (``rankscope run``'s) takes OTLP/HTTP only
 
         def post_then_send() -> tuple[str, str]:
             _post_views(control, experiment, views)
