@@ -47,10 +47,11 @@ def _torchrun(
     """Run the worker under torchrun into ``sink`` (its control route too: captures); the job's
     process group is killed if the test ends first (torchrun's ranks outlive a killed agent).
     ``mode``: how the worker averages its gradients (``python``, ``ddp``, ``fsdp``)."""
-    env = clean_env(
+    control = f"http://127.0.0.1:{sink.http_port}"
+    env = clean_env(  # as `rankscope run` sets them: OTLP/HTTP to the control port (test_anomalies: gRPC)
         RANKSCOPE_EXPERIMENT=experiment,
-        RANKSCOPE_ENDPOINT=sink.endpoint,
-        RANKSCOPE_SINK_CONTROL=f"http://127.0.0.1:{sink.http_port}",
+        RANKSCOPE_ENDPOINT=control,
+        RANKSCOPE_SINK_CONTROL=control,
         **env_more,
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", WORKER]

@@ -29,7 +29,7 @@ from rankscope.export.encode import MAX_ROW_CHARS_PER_REQUEST, encode_steps, row
 from rankscope.export.endpoint import RETRY_AFTER_MAX, Endpoint
 from rankscope.export.inbox import Inbox
 from rankscope.export.outboxes import MetricOutbox, RowOutbox, SpanOutbox, StepBound, StreamOutbox
-from rankscope.export.senders import SENT, Attempt, Signal
+from rankscope.export.senders import SENT, Attempt, Signal, is_sink_http_port
 from rankscope.metrics.recorder import Recorder, StepBatch
 from rankscope.metrics.reduce import MetricAccumulator, Reduce
 from rankscope.metrics.samples import Kept, Provenance
@@ -478,3 +478,23 @@ def test_a_taken_requests_partial_success_is_read_and_a_bad_answer_is_taken_as_s
     assert taken("logs", ExportMetricsServiceResponse().SerializeToString()) is SENT
     answer.partial_success.error_message = "quota\x1b[2J\x07 full"  # a terminal escape from the wire
     assert taken("metrics", answer.SerializeToString()).detail == "quota [2J full"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "control", "is_it"),
+    [
+        ("http://127.0.0.1:4318", "http://127.0.0.1:4318", True),  # as ``rankscope run`` sets both
+        ("http://127.0.0.1:4318/", "http://127.0.0.1:4318", True),
+        ("127.0.0.1:4318", "http://127.0.0.1:4318/", True),  # a bare host:port is plaintext
+        ("HTTP://Sink.Local:4318", "http://sink.local:4318", True),
+        ("http://sink.local", "http://sink.local:80", True),
+        ("127.0.0.1:4317", "http://127.0.0.1:4318", False),  # the sink's gRPC port: the protocol set stays
+        ("http://localhost:4318", "http://127.0.0.1:4318", False),  # no lookup
+        ("https://sink.example", "https://sink.example", False),  # an ingress may route gRPC there
+        ("http://127.0.0.1:4318/otlp", "http://127.0.0.1:4318", False),
+        ("http://127.0.0.1:4318", "http://[::1:4318", False),  # a malformed control URL
+        (None, "http://127.0.0.1:4318", False),
+    ],
+)
+def test_the_sinks_own_http_port_is_known_by_its_control_url(endpoint: str | None, control: str, is_it: bool) -> None:
+    assert is_sink_http_port(endpoint, control) is is_it

@@ -220,7 +220,8 @@ SETTINGS: tuple[Setting, ...] = (
         "protocol",
         "RANKSCOPE_PROTOCOL",
         "grpc",
-        "OTLP transport: grpc or http/protobuf.",
+        "OTLP transport: grpc or http/protobuf (an endpoint equal to RANKSCOPE_SINK_CONTROL, the sink's "
+        "HTTP port as `rankscope run` sets it, is always sent http/protobuf).",
         parse=_parse_protocol,
         otel_env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
     ),

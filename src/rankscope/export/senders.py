@@ -255,6 +255,26 @@ def _url(endpoint: str | None) -> str | None:
     return endpoint
 
 
+def is_sink_http_port(endpoint: str | None, control: str) -> bool:
+    """Whether ``endpoint`` names the sink's control port (``RANKSCOPE_SINK_CONTROL``), as ``rankscope
+    run`` sets both: a port that takes OTLP/HTTP only, so it is sent that whatever the protocol setting.
+    Plain ``http://`` only (a bare ``host:port`` is plaintext too), the host compared case-blind, the
+    port with its default; no lookup (``localhost`` is not ``127.0.0.1``)."""
+    if endpoint is None:
+        return False
+    try:
+        a, b = urllib.parse.urlsplit(_url(endpoint) or ""), urllib.parse.urlsplit(control)
+        return (
+            a.scheme.lower() == b.scheme.lower() == "http"
+            and bool(a.hostname)
+            and a.hostname == b.hostname  # ``hostname`` is lower-cased
+            and (a.port or 80) == (b.port or 80)
+            and a.path.strip("/") == b.path.strip("/") == ""
+        )
+    except ValueError:  # a malformed control URL: nothing to match
+        return False
+
+
 def has_endpoint(endpoint: str | None) -> bool:
     return endpoint is not None or bool(
         os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -33,7 +33,15 @@ from ..core.policy_version import policy_version_in_effect
 from ..core.settings import Settings, resolve, unknown_variables
 from ..export.captures import Captures
 from ..export.local_views import BackendSet
-from ..export.senders import EmbeddedSender, RelaySender, Sender, has_endpoint, make_sender, post_config
+from ..export.senders import (
+    EmbeddedSender,
+    RelaySender,
+    Sender,
+    has_endpoint,
+    is_sink_http_port,
+    make_sender,
+    post_config,
+)
 from ..export.thread import ExportThread
 from ..metrics.recorder import Recorder
 from ..metrics.recording import bind_compile_check
@@ -77,7 +85,9 @@ def init(
             (``RANKSCOPE_ENDPOINT``).
         replica: replica index of this role (``RANKSCOPE_REPLICA``).
         mesh: a torch ``DeviceMesh``; each named dimension's rank and size join the Resource.
-        protocol: ``grpc`` (default) or ``http/protobuf`` (``RANKSCOPE_PROTOCOL``).
+        protocol: ``grpc`` (default) or ``http/protobuf`` (``RANKSCOPE_PROTOCOL``); the sink's own
+            HTTP port (an endpoint equal to ``RANKSCOPE_SINK_CONTROL``, as ``rankscope run`` sets) is
+            always sent OTLP/HTTP.
         export_interval: seconds between periodic exports before the first flush
             (``RANKSCOPE_EXPORT_INTERVAL``).
         disable: make every call a no-op (``RANKSCOPE_DISABLE``).
@@ -410,12 +420,13 @@ def _make_senders(resource: Resource, settings: Settings, views: dict[str, Any])
     if has_endpoint(endpoint):
         if control is None:
             return make_sender(endpoint, protocol), False
-        if endpoint is not None and endpoint.rstrip("/") == control.rstrip("/"):
-            protocol = "http/protobuf"  # the sink's control port (``rankscope run``'s) takes OTLP/HTTP only
+        to = endpoint or ""
+        if is_sink_http_port(endpoint, control):  # ``rankscope run``'s: OTLP/HTTP on one kept-alive connection
+            protocol, to = "http/protobuf", control
 
         def post_then_send() -> tuple[str, str]:
             _post_views(control, experiment, views)
-            return endpoint or "", control
+            return to, control
 
         return EmbeddedSender(post_then_send, protocol), True
     mode = settings.sink
