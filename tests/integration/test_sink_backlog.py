@@ -73,8 +73,11 @@ class _LateSecondRank(Victim):
 def test_a_victim_late_past_the_grace_by_itself_is_held_to_the_correction_not_the_first_view(make_sink) -> None:
     """The flood tests' victim (``tests.victim``) with a short grace: a step its own thread delivered
     slower than the grace is finalized partial, and counts only once the sink's late update made it
-    exact (``slow_sends``); without ``grace`` the same step is wrong."""
-    sink = make_sink(book=BookConfig(grace=0.5, late_interval=0.2))
+    exact (``slow_sends``); without ``grace`` the same step is wrong. The late update waits for
+    ``late_interval`` from the run's start (``LateSteps``): 5 s, so the victim, which reads the step
+    only after its late send, always meets the partial view first (with 0.2 s, a busy box's victim
+    read the correction first, and the first view went unseen: 1 run in 3 under two busy loops)."""
+    sink = make_sink(book=BookConfig(grace=0.5, late_interval=5.0))
     with _LateSecondRank(sink.http_port, grpc_port=sink.grpc_port, run="told", interval=0.05, grace=0.5) as told:
         _wait(lambda: len(told.latencies) >= 8)
     told.check(min_steps=8, within=3.0)
