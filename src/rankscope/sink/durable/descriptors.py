@@ -163,8 +163,11 @@ class Descriptors:
                 if held is not None:  # holding on to what it has while others let go
                     self._held[holder] = held
                     self.used += held
-            self._release(victims)  # outside the lock: a view's finish may take a while
-            rounds += 1
+            # Outside the lock: a view's finish may take a while. A round whose victims let go
+            # counts only past the wait: the room it made may have gone to another thread's hold
+            # (a flood from several clients), and the next round asks the next least recent.
+            if not self._release(victims) or time.monotonic() > until:
+                rounds += 1
         return self._last_try(holder, n, refusable)
 
     def _coming(self, n: int) -> bool:
@@ -198,8 +201,9 @@ class Descriptors:
         self._leaving.update(found)
         return found
 
-    def _release(self, victims: list[Holder]) -> None:
-        """Ask each to let go now; one in use says no and goes to the back of the line."""
+    def _release(self, victims: list[Holder]) -> int:
+        """Ask each to let go now; one in use says no and goes to the back of the line. How many let go."""
+        freed = 0
         for victim in victims:
             done = False
             try:
@@ -210,9 +214,11 @@ class Descriptors:
                     if done:
                         self.used -= self._held.pop(victim, 0)  # 0: it said so itself (``forget``)
                         self.released += 1
+                        freed += 1
                     elif victim in self._held:
                         self._held.move_to_end(victim)
                     self._answered.notify_all()
+        return freed
 
     def let_go(self, holder: Holder) -> bool:
         """``holder`` gives its descriptors back if it holds any and is not in use (it went quiet)."""
