@@ -492,3 +492,26 @@ def test_a_step_without_its_spread_costs_no_chart_of_the_series_limit() -> None:
     keys = data["roles"][0]["keys"]
     assert data["series_not_shown"] == 0 and data["globals"] == [] and len(keys) == 300
     assert all(k["points"][0][0] == 0 for k in keys)
+
+
+def test_a_phase_whose_first_step_came_without_its_spread_keeps_its_place() -> None:
+    """A run's first step after time buckets (a periodic export before the first flush carried the
+    data phase's seconds): that step's ``data`` is global only, its spread comes from step 1 on.
+    It charted after ``backward`` (CI: forward, backward, data); it keeps its first place, across a
+    snapshot too."""
+    values = {
+        "train/data/duration_avg_s": 0.1,
+        "train/forward/duration_avg_s": 0.2,
+        "train/backward/duration_avg_s": 0.3,
+        "train/total_duration_avg_s": 0.6,
+    }
+    spread_without_data = {"trainer": {k: cell(v) for k, v in values.items() if "/data/" not in k}}
+    summary = Summary()
+    summary.add({"kind": "step", "step": 0, "values": values, "spread": spread_without_data})
+    summary.add(step(1, values))
+    again = Summary()
+    again.add(json.loads(json.dumps(summary.snapshot())))
+    for pages in (summary, again):
+        (chart,) = pages.data()["phase_charts"]
+        assert [line["phase"] for line in chart["lines"]] == ["data", "forward", "backward", "total"]
+        assert [point[0] for point in chart["lines"][0]["points"]] == [0, 1]  # step 0's global value joined in

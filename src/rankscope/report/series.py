@@ -134,6 +134,8 @@ class MetricSeries:
         self.not_shown = 0
         self._refused: set[Any] = set()
         self._labels: dict[str, str] = {}
+        self._order: dict[str, int] = {}
+        """Each charted key's place: the order keys first came in, by role or global only (``joined``)."""
 
     def step(self, step: int, values: dict[str, Any], spread: dict[str, dict[str, list[Any]]]) -> None:
         """A step's points: a role's key where it has a spread, else global only. New series come in
@@ -178,6 +180,8 @@ class MetricSeries:
                     self.not_shown += 1
                 return
             series = table[name] = Series()
+            if table is not self.meta:
+                self._order.setdefault(name[1] if type(name) is tuple else name, len(self._order))
         low, low_by, high, high_by, median = cell[:5] if cell else (None, None, None, None, None)
         point = [step, number(value), number(median), number(low), number(high)]
         series.add(point, [self._label(low_by), self._label(high_by)])
@@ -198,6 +202,7 @@ class MetricSeries:
             "meta": [[key, s.state()] for key, s in self.meta.items()],
             "series_not_shown": self.not_shown,
             "refused": [list(name) if isinstance(name, tuple) else name for name in self._refused],
+            "order": list(self._order),
         }
 
     @classmethod
@@ -217,6 +222,10 @@ class MetricSeries:
             (string(n[0]), string(n[1])) if isinstance(n, list) and len(n) == 2 else string(n)
             for n in listed(event["refused"], MAX_NAMES)
         }
+        # a snapshot of an older rankscope has no order: its tables' own
+        order = event.get("order", [key for _, key in new.by_role] + list(new.globals))
+        for key in listed(order, 2 * MAX_SERIES):
+            new._order.setdefault(string(key), len(new._order))
         return new
 
     def _series_of(self, state: Any) -> Series:
@@ -279,11 +288,14 @@ class MetricSeries:
         """The series by role and global only, a global-only series of a key that one role's
         series has too joined into that one: a step viewed without its spread (a run's first step
         after time buckets, ``sink.book.buckets``; a step past the spread limit) is not a chart
-        of its own."""
+        of its own. Keys come in the order they first came, in either table: a phase whose first
+        step came without its spread keeps its place before the phases after it."""
         roles: dict[str, list[str]] = {}
         for role, key in self.by_role:
             roles.setdefault(key, []).append(role)
-        by_role, alone = dict(self.by_role), {}
+        last = len(self._order)
+        by_role = dict(sorted(self.by_role.items(), key=lambda item: self._order.get(item[0][1], last)))
+        alone: dict[str, Series] = {}
         for key, series in self.globals.items():
             found = roles.get(key, ())
             if len(found) == 1:
