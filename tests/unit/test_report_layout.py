@@ -515,3 +515,23 @@ def test_a_phase_whose_first_step_came_without_its_spread_keeps_its_place() -> N
         (chart,) = pages.data()["phase_charts"]
         assert [line["phase"] for line in chart["lines"]] == ["data", "forward", "backward", "total"]
         assert [point[0] for point in chart["lines"][0]["points"]] == [0, 1]  # step 0's global value joined in
+
+
+def test_a_snapshots_order_keeps_only_charted_keys_and_a_full_page_restores() -> None:
+    """A snapshot's order naming keys of no series is not carried on (the next snapshot would
+    outgrow its bound), and one of a page full of series whose first step came without its spread
+    restores: a global-only series a role's joins is no chart of its own, as ``_charts`` counts."""
+    from rankscope.report.series import MAX_SERIES
+
+    summary = Summary()
+    keys = {f"k{i}": float(i) for i in range(MAX_SERIES - 1)}
+    summary.add({"kind": "step", "step": 0, "values": keys, "spread": {}})  # global only
+    summary.add(step(1, keys))  # then by role: every key in both tables
+    event = json.loads(json.dumps(summary.snapshot()))
+    event["order"] = [f"junk{i}" for i in range(2 * MAX_SERIES - len(keys))] + event["order"]
+    again = Summary()
+    again.add(event)
+    assert again.skipped_events == 0
+    lines = again.data()["roles"][0]["keys"]
+    assert [line["key"] for line in lines] == list(keys) and [p[0] for p in lines[0]["points"]] == [0, 1]
+    assert json.dumps(again.snapshot()).count("junk") == 0

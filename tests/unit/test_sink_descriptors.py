@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.sink.testing import SPARE, Descriptors, Plan, WriteAheadLog, out_of_descriptors
+from rankscope.sink.testing import RETAKEN, SPARE, Descriptors, Plan, WriteAheadLog, out_of_descriptors
 
 
 class Holder:
@@ -109,6 +109,41 @@ def test_room_another_hold_took_meanwhile_is_asked_for_again_not_refused() -> No
     assert budget.hold(newcomer, 1) and budget.refused == 0  # the old code gave up after three rounds
     assert [h.released for h in robbed] == [1, 1, 1] and thieves[0].released == 1
     assert budget.used == 3 and budget.holds(newcomer) == 1
+
+
+def test_room_taken_again_every_time_bounds_what_one_hold_evicts() -> None:
+    """Every room made goes to another hold: the hold gives up after its three tries and ``RETAKEN``
+    more, refused, not evicting holder after holder for the whole ``LEAVING_WAIT``."""
+    budget = Descriptors(Plan(limit=100, reserved=0, connections=0, runs=16))
+    evicted: list[str] = []
+
+    class Robbed(Holder):
+        def release(self) -> bool:
+            evicted.append(self.name)
+            budget.forget(self)
+            assert budget.hold(Robbed(f"thief{len(evicted)}"), 1)  # the room goes at once, to one robbed in turn
+            return super().release()
+
+    for i in range(16):
+        assert budget.hold(Robbed(f"r{i}"), 1)
+    assert not budget.hold(Holder("newcomer"), 1) and budget.refused == 1
+    assert len(evicted) == 3 + RETAKEN, evicted
+
+
+def test_a_release_that_raises_leaves_the_victims_after_it_free_to_go() -> None:
+    """The victims a round had not asked yet when one raised are not left "leaving": a later
+    ``let_go`` (it went quiet) or another hold still asks them."""
+    budget = Descriptors(Plan(limit=100, reserved=0, connections=0, runs=2))
+
+    class Raising(Holder):
+        def release(self) -> bool:
+            raise OSError(5, "I/O error closing its segment")
+
+    raising, after = Raising("raising"), Holder("after")
+    assert budget.hold(raising, 1) and budget.hold(after, 1)
+    with pytest.raises(OSError):
+        budget.hold(Holder("big"), 2)  # asks both: the first raises
+    assert budget.let_go(after) and after.released == 1 and budget.holds(after) == 0
 
 
 def test_when_every_holder_stays_in_use_a_hold_gives_up_at_once() -> None:

@@ -214,18 +214,21 @@ class MetricSeries:
             (string(role), string(key)): new._series_of(state)
             for role, key, state in listed(event["series"], MAX_SERIES)
         }
-        room = MAX_SERIES - len(new.by_role)
-        new.globals = {string(key): new._series_of(state) for key, state in listed(event["globals"], room)}
+        new.globals = {string(key): new._series_of(state) for key, state in listed(event["globals"], MAX_SERIES)}
+        if new._charts() > MAX_SERIES:  # a global-only series a role's joins is no chart of its own
+            raise ValueError("series")
         new.meta = {string(key): new._series_of(state) for key, state in listed(event["meta"], MAX_META_SERIES)}
         new.not_shown = strict(event["series_not_shown"])
         new._refused = {
             (string(n[0]), string(n[1])) if isinstance(n, list) and len(n) == 2 else string(n)
             for n in listed(event["refused"], MAX_NAMES)
         }
-        # a snapshot of an older rankscope has no order: its tables' own
-        order = event.get("order", [key for _, key in new.by_role] + list(new.globals))
-        for key in listed(order, 2 * MAX_SERIES):
-            new._order.setdefault(string(key), len(new._order))
+        # then the tables' own order (all of it, in a snapshot of an older rankscope); a key of no
+        # table is dropped: it could only grow the next snapshot's order past its bound
+        charted = dict.fromkeys([key for _, key in new.by_role] + list(new.globals))
+        for key in [*listed(event.get("order", []), 2 * MAX_SERIES), *charted]:
+            if string(key) in charted:
+                new._order.setdefault(key, len(new._order))
         return new
 
     def _series_of(self, state: Any) -> Series:

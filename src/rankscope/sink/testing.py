@@ -34,7 +34,7 @@ from .checked import (
     span_text,
 )
 from .config import RunLimits
-from .durable.descriptors import SPARE, Descriptors, Plan, out_of_descriptors
+from .durable.descriptors import RETAKEN, SPARE, Descriptors, Plan, out_of_descriptors
 from .durable.kept import KeptFile
 from .durable.retired import RetiredStore
 from .durable.wal import (
@@ -86,6 +86,7 @@ __all__ = [
     "MAX_CLOCK_SKEW_NS",
     "MAX_QUERY_RANKS",
     "RECORD_WEIGHT",
+    "RETAKEN",
     "SPARE",
     "Admission",
     "Agenda",

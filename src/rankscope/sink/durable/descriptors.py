@@ -50,6 +50,9 @@ SCAN = 32
 """Holders one ``hold`` asks at most to release (a share full of runs in use is not walked whole)."""
 LOG_INTERVAL = 10.0
 """Seconds between two log lines about running out of descriptors (the others are counted)."""
+RETAKEN = 8
+"""Rounds a ``hold`` asks again, beyond its three, when the room its victims made went to another
+thread's hold meanwhile: a flood from several clients is not refused, and no hold evicts without end."""
 LEAVING_WAIT = 2.0
 """Seconds a ``hold`` waits, at most, for holders other threads asked to let go: the room they
 make is coming, so it is no reason to refuse."""
@@ -142,7 +145,7 @@ class Descriptors:
         them); ``refusable`` False, or a holder growing: it opens them anyway, over the share.
         Holders other threads asked to let go are waited for (``LEAVING_WAIT``): a flood of new
         runs from several clients could find the oldest holders all leaving, and be refused."""
-        rounds, until = 0, time.monotonic() + LEAVING_WAIT
+        rounds, retaken, until = 0, 0, time.monotonic() + LEAVING_WAIT
         while rounds < 3:
             with self._lock:
                 held = self._held.pop(holder, None)
@@ -164,9 +167,12 @@ class Descriptors:
                     self._held[holder] = held
                     self.used += held
             # Outside the lock: a view's finish may take a while. A round whose victims let go
-            # counts only past the wait: the room it made may have gone to another thread's hold
-            # (a flood from several clients), and the next round asks the next least recent.
-            if not self._release(victims) or time.monotonic() > until:
+            # counts only past the wait or ``RETAKEN`` such rounds: the room it made may have gone
+            # to another thread's hold (a flood from several clients), and the next round asks
+            # the next least recent.
+            if self._release(victims) and retaken < RETAKEN and time.monotonic() < until:
+                retaken += 1
+            else:
                 rounds += 1
         return self._last_try(holder, n, refusable)
 
@@ -204,19 +210,27 @@ class Descriptors:
     def _release(self, victims: list[Holder]) -> int:
         """Ask each to let go now; one in use says no and goes to the back of the line. How many let go."""
         freed = 0
-        for victim in victims:
-            done = False
-            try:
-                done = victim.release()
-            finally:  # one that raised is in use: never left "leaving", which holds would wait for
+        asked = 0
+        try:
+            for victim in victims:
+                done = False
+                asked += 1
+                try:
+                    done = victim.release()
+                finally:  # one that raised is in use: never left "leaving", which holds would wait for
+                    with self._lock:
+                        self._leaving.discard(victim)
+                        if done:
+                            self.used -= self._held.pop(victim, 0)  # 0: it said so itself (``forget``)
+                            self.released += 1
+                            freed += 1
+                        elif victim in self._held:
+                            self._held.move_to_end(victim)
+                        self._answered.notify_all()
+        finally:  # one raised: those after it were never asked, so they are not leaving either
+            if asked < len(victims):
                 with self._lock:
-                    self._leaving.discard(victim)
-                    if done:
-                        self.used -= self._held.pop(victim, 0)  # 0: it said so itself (``forget``)
-                        self.released += 1
-                        freed += 1
-                    elif victim in self._held:
-                        self._held.move_to_end(victim)
+                    self._leaving.difference_update(victims[asked:])
                     self._answered.notify_all()
         return freed
 
