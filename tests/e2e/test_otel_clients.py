@@ -110,7 +110,7 @@ def test_a_prometheus_endpoint_scraped_by_the_collector_lands_in_the_experiment(
             "RANKSCOPE_SCRAPE_TARGET": f"127.0.0.1:{port}",
             "RANKSCOPE_SCRAPE_INTERVAL": "500ms",
             "RANKSCOPE_EXPERIMENT": "prom",
-            "RANKSCOPE_SINK": sink.endpoint,
+            "RANKSCOPE_SINK_ENDPOINT": sink.endpoint,
         }
         with collector(binaries["otelcol"], "prometheus", tmp_path, **env):
             deadline = time.monotonic() + 60

@@ -3,7 +3,7 @@
 The table (``SETTINGS``) is the single source of truth: ``Settings.load`` builds the frozen,
 validated settings of one ``init`` from it, ``resolve`` reads one setting for other callers
 (the CLI, the distro, instrumentors, the embedded sink), and the docs' settings page is
-generated from it (``docs/hooks.py``; also ``rankscope settings --markdown``).
+generated from it (``docs/hooks.py``; ``rankscope settings`` prints it).
 
 Every value goes through its setting's parser, whether it came from an argument or from the
 environment: a parser takes the text of an environment variable or a typed argument and
@@ -467,6 +467,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "RANKSCOPE_SCRAPE_PATH": "the Prometheus scrape config's path",
     "RANKSCOPE_EMPTY": "the Collector configs' empty string",
     "RANKSCOPE_SINK_ENDPOINT": "the Collector configs' sink",
+    "RANKSCOPE_REMOTE_WRITE_URL": "the remote-write Collector config's Prometheus",
     "RANKSCOPE_SINK_BACKENDS": "docker-compose's sink views",
 }
 """``RANKSCOPE_*`` variables that are not settings of a process and are read elsewhere: not unknown."""

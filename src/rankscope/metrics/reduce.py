@@ -334,7 +334,7 @@ Buckets follow OpenTelemetry's exponential histogram (bucket ``i`` holds
 ``(base**i, base**(i+1)]``), so a state is an OTel ExponentialHistogram point.
 A percentile is reported as the bucket's harmonic midpoint clamped to [min, max], so
 its relative error against the exact value at the same rank is at most
-``(base - 1) / (base + 1)`` = 0.55 %.
+``(base - 1) / (base + 1)`` = 0.542 %.
 """
 DISTRIBUTION_RELATIVE_ERROR = (2 ** (2**-DISTRIBUTION_SCALE) - 1) / (2 ** (2**-DISTRIBUTION_SCALE) + 1)
 DISTRIBUTION_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
