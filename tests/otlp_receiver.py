@@ -53,17 +53,25 @@ class _Store:
 
 
 class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self, store: _Store) -> None:
+    def __init__(self, store: GrpcReceiver) -> None:
         self.store = store
 
     def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
         self.store.add(request)
+        store = self.store
+        if store.first_answer_delay and store.answered_late is None:  # a slow endpoint, once
+            time.sleep(store.first_answer_delay)
+            store.answered_late = time.time_ns()
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
 class GrpcReceiver(_Store):
-    def __init__(self) -> None:
+    def __init__(self, first_answer_delay: float = 0.0) -> None:
         super().__init__()
+        self.first_answer_delay = first_answer_delay
+        """Seconds the first request's answer waits (kept, then answered late)."""
+        self.answered_late: int | None = None
+        """When that answer went (``time.time_ns()``)."""
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Servicer(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
