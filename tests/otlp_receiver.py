@@ -57,8 +57,8 @@ class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
         self.store = store
 
     def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
-        self.store.add(request)
         store = self.store
+        store.add(request)
         if store.first_answer_delay and store.answered_late is None:  # a slow endpoint, once
             time.sleep(store.first_answer_delay)
             store.answered_late = time.time_ns()

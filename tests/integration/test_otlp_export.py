@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 import rankscope as rs
@@ -149,10 +147,11 @@ rs.shutdown()
     assert done.stderr.count("does not take exports (") == 1, done.stderr
 
 
-def _marker_latencies_of(request: Any) -> list[int]:
-    """The steps whose flush markers ``request`` carries."""
+def _markers(receiver: GrpcReceiver) -> list[tuple[int, int, int]]:
+    """Each flush marker received: its step, its time (the flush) and its request's arrival (ns)."""
     return [
-        dp.attributes[0].value.int_value
+        (dp.attributes[0].value.int_value, dp.time_unix_nano, arrived)
+        for request, arrived in zip(list(receiver.requests), list(receiver.arrived), strict=True)
         for rm in request.resource_metrics
         for sm in rm.scope_metrics
         for m in sm.metrics
@@ -163,15 +162,7 @@ def _marker_latencies_of(request: Any) -> list[int]:
 
 def _marker_latencies(receiver: GrpcReceiver) -> dict[int, float]:
     """Seconds from each step's flush (its marker's time) to the arrival of the request that carried it."""
-    found = {}
-    for request, arrived in zip(list(receiver.requests), list(receiver.arrived), strict=True):
-        for rm in request.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if m.name == attr.FLUSH_MARKER:
-                        for dp in m.sum.data_points:
-                            found[dp.attributes[0].value.int_value] = (arrived - dp.time_unix_nano) / 1e9
-    return found
+    return {step: (arrived - flushed) / 1e9 for step, flushed, arrived in _markers(receiver)}
 
 
 @pytest.mark.timeout(90)
@@ -213,11 +204,8 @@ def test_steps_flushed_during_a_slow_round_leave_when_it_ends() -> None:
             time.sleep(0.6)
         receiver.wait_for(lambda _: len(_marker_latencies(receiver)) == 3, timeout=20)
         assert receiver.answered_late is not None
-        arrived = {step: receiver.answered_late / 1e9 for step in range(3)}
-        for request, when in zip(list(receiver.requests), list(receiver.arrived), strict=True):
-            for step in _marker_latencies_of(request):
-                arrived[step] = when / 1e9
-        after_the_slow_round = [arrived[step] - receiver.answered_late / 1e9 for step in (1, 2)]
+        arrived = {step: when for step, _, when in _markers(receiver)}
+        after_the_slow_round = [(arrived[step] - receiver.answered_late) / 1e9 for step in (1, 2)]
         assert max(after_the_slow_round) < 0.3, after_the_slow_round  # not a gap (0.6 s) after it
     finally:
         rs.shutdown()
